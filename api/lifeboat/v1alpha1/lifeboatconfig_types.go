@@ -1,0 +1,102 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ConfigName is the only name a LifeboatConfig may have.
+const ConfigName = "cluster"
+
+// FeatureGate names an optional lifeboat behaviour a cluster admin turns on.
+// +kubebuilder:validation:Enum=NodePressureEvictionLiveMigration
+type FeatureGate string
+
+const (
+	// FeatureGateNodePressureEvictionLiveMigration turns the kubelet's node-pressure
+	// eviction of a VM pod into an evacuation, as the VM's eviction strategy says (seed 001).
+	FeatureGateNodePressureEvictionLiveMigration FeatureGate = "NodePressureEvictionLiveMigration"
+)
+
+// +genclient
+// +genclient:nonNamespaced
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,categories=lifeboat
+// +kubebuilder:validation:XValidation:rule="self.metadata.name == 'cluster'",message="the LifeboatConfig must be named 'cluster'; there is one per cluster"
+// +kubebuilder:printcolumn:name="Eviction Strategy",type=string,JSONPath=`.spec.evictionStrategy`
+// +kubebuilder:printcolumn:name="Feature Gates",type=string,JSONPath=`.spec.featureGates`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// LifeboatConfig is lifeboat's cluster-wide configuration. There is one, named "cluster".
+type LifeboatConfig struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec LifeboatConfigSpec `json:"spec,omitempty"`
+}
+
+// LifeboatConfigSpec is the cluster admin's configuration.
+type LifeboatConfigSpec struct {
+	// FeatureGates lists the optional behaviours turned on.
+	// +listType=set
+	// +optional
+	FeatureGates []FeatureGate `json:"featureGates,omitempty"`
+
+	// EvictionStrategy applies to VMIs that do not set their own. Unset means None.
+	// +optional
+	EvictionStrategy *EvictionStrategy `json:"evictionStrategy,omitempty"`
+
+	// Migrations limits and tunes live migrations.
+	// +kubebuilder:default={}
+	// +optional
+	Migrations MigrationsConfig `json:"migrations,omitempty"`
+}
+
+// MigrationsConfig limits and tunes live migrations.
+type MigrationsConfig struct {
+	// ParallelMigrationsPerCluster is the most migrations running at once in the cluster.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:default=5
+	// +optional
+	ParallelMigrationsPerCluster *int32 `json:"parallelMigrationsPerCluster,omitempty"`
+
+	// ParallelOutboundMigrationsPerNode is the most migrations leaving one node at once.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:default=2
+	// +optional
+	ParallelOutboundMigrationsPerNode *int32 `json:"parallelOutboundMigrationsPerNode,omitempty"`
+
+	// BandwidthPerMigration caps each migration's transfer rate in bytes per second, for example 64Mi.
+	// Unset or zero means no cap.
+	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="bandwidthPerMigration cannot be negative"
+	// +optional
+	BandwidthPerMigration *resource.Quantity `json:"bandwidthPerMigration,omitempty"`
+
+	// AllowAutoConverge lets a migration throttle the guest's vCPUs to converge before its deadline.
+	// +kubebuilder:default=true
+	// +optional
+	AllowAutoConverge *bool `json:"allowAutoConverge,omitempty"`
+
+	// AllowPostCopy lets a migration switch to post-copy. Off by default: a network failure
+	// during post-copy loses the guest, since its memory is split between two nodes.
+	// +kubebuilder:default=false
+	// +optional
+	AllowPostCopy *bool `json:"allowPostCopy,omitempty"`
+
+	// AllowPause lets a migration pause the guest briefly, as a last resort, to finish before its deadline.
+	// +kubebuilder:default=true
+	// +optional
+	AllowPause *bool `json:"allowPause,omitempty"`
+}
+
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+
+// LifeboatConfigList is a list of LifeboatConfigs.
+type LifeboatConfigList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []LifeboatConfig `json:"items"`
+}

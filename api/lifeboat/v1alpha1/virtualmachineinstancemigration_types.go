@@ -1,0 +1,115 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// +genclient
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=vmim;vmims,categories=lifeboat
+// +kubebuilder:printcolumn:name="VMI",type=string,JSONPath=`.spec.vmiName`
+// +kubebuilder:printcolumn:name="Cause",type=string,JSONPath=`.status.cause`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.status.sourceNode`
+// +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.targetNode`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// VirtualMachineInstanceMigration moves one VMI from its node to another by live migration.
+type VirtualMachineInstanceMigration struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec VirtualMachineInstanceMigrationSpec `json:"spec"`
+	// +optional
+	Status VirtualMachineInstanceMigrationStatus `json:"status,omitempty"`
+}
+
+// VirtualMachineInstanceMigrationSpec names the VMI to move.
+type VirtualMachineInstanceMigrationSpec struct {
+	// VMIName is the VirtualMachineInstance, in the migration's namespace, to move.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="vmiName cannot be changed"
+	VMIName string `json:"vmiName"`
+}
+
+// VirtualMachineInstanceMigrationPhase is where a migration is.
+// +kubebuilder:validation:Enum=Pending;Scheduling;Scheduled;PreparingTarget;TargetReady;Running;Succeeded;Failed
+type VirtualMachineInstanceMigrationPhase string
+
+const (
+	// MigrationPending: accepted, no target pod yet.
+	MigrationPending VirtualMachineInstanceMigrationPhase = "Pending"
+	// MigrationScheduling: the target pod exists and waits for a node.
+	MigrationScheduling VirtualMachineInstanceMigrationPhase = "Scheduling"
+	// MigrationScheduled: the target pod is on a node.
+	MigrationScheduled VirtualMachineInstanceMigrationPhase = "Scheduled"
+	// MigrationPreparingTarget: the target agent prepares to receive the guest.
+	MigrationPreparingTarget VirtualMachineInstanceMigrationPhase = "PreparingTarget"
+	// MigrationTargetReady: the target listens for the guest's memory.
+	MigrationTargetReady VirtualMachineInstanceMigrationPhase = "TargetReady"
+	// MigrationRunning: memory is being transferred.
+	MigrationRunning VirtualMachineInstanceMigrationPhase = "Running"
+	// MigrationSucceeded: the guest runs on the target.
+	MigrationSucceeded VirtualMachineInstanceMigrationPhase = "Succeeded"
+	// MigrationFailed: the guest still runs on the source; FailureReason says why.
+	MigrationFailed VirtualMachineInstanceMigrationPhase = "Failed"
+)
+
+// VirtualMachineInstanceMigrationStatus is the progress of a migration.
+type VirtualMachineInstanceMigrationStatus struct {
+	// Phase is where the migration is.
+	// +optional
+	Phase VirtualMachineInstanceMigrationPhase `json:"phase,omitempty"`
+	// Cause is why the migration was made.
+	// +optional
+	Cause MigrationCause `json:"cause,omitempty"`
+	// Deadline is when the guest must have left the source node; for node pressure, when the kubelet kills the source pod.
+	// +optional
+	Deadline *metav1.Time `json:"deadline,omitempty"`
+	// SourceNode is the node the guest leaves.
+	// +optional
+	SourceNode string `json:"sourceNode,omitempty"`
+	// TargetNode is the node the guest goes to.
+	// +optional
+	TargetNode string `json:"targetNode,omitempty"`
+	// TargetPod is the launcher pod that receives the guest.
+	// +optional
+	TargetPod string `json:"targetPod,omitempty"`
+	// Mode is the furthest convergence mode used so far.
+	// +optional
+	Mode MigrationMode `json:"mode,omitempty"`
+	// StartTimestamp is when the memory transfer started.
+	// +optional
+	StartTimestamp *metav1.Time `json:"startTimestamp,omitempty"`
+	// EndTimestamp is when the migration ended, successfully or not.
+	// +optional
+	EndTimestamp *metav1.Time `json:"endTimestamp,omitempty"`
+	// PhaseTransitionTimestamps records when each phase was entered.
+	// +listType=map
+	// +listMapKey=phase
+	// +optional
+	PhaseTransitionTimestamps []MigrationPhaseTransition `json:"phaseTransitionTimestamps,omitempty"`
+	// FailureReason says why a failed migration failed.
+	// +optional
+	FailureReason string `json:"failureReason,omitempty"`
+}
+
+// MigrationPhaseTransition is when a migration entered a phase.
+type MigrationPhaseTransition struct {
+	// Phase is the phase entered.
+	Phase VirtualMachineInstanceMigrationPhase `json:"phase"`
+	// Timestamp is when.
+	Timestamp metav1.Time `json:"timestamp"`
+}
+
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+
+// VirtualMachineInstanceMigrationList is a list of VirtualMachineInstanceMigrations.
+type VirtualMachineInstanceMigrationList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []VirtualMachineInstanceMigration `json:"items"`
+}

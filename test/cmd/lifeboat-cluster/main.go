@@ -1,0 +1,182 @@
+// Command lifeboat-cluster runs lifeboat's local control plane outside the tests: for make demo,
+// and for anyone who wants a real API server with lifeboat's CRDs to poke at.
+//
+//	lifeboat-cluster build            build and cache the control plane binaries
+//	lifeboat-cluster up --dir DIR     start a control plane in the background, wait until ready
+//	lifeboat-cluster down --dir DIR   stop it and remove DIR
+//	lifeboat-cluster bin-dir          print the directory holding kubectl and the other binaries
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+)
+
+const (
+	pidFile   = "serve.pid"
+	readyFile = "ready"
+	errorFile = "error"
+	logFile   = "serve.log"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+	}
+	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
+	dir := fs.String("dir", ".demo/cluster", "directory for the control plane's files")
+	timeout := fs.Duration("timeout", 30*time.Minute, "how long up waits (this includes the first build)")
+	_ = fs.Parse(os.Args[2:])
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+
+	var err error
+	switch os.Args[1] {
+	case "build":
+		_, err = controlplane.EnsureBinaries(ctx, os.Stderr)
+	case "bin-dir":
+		var bins controlplane.Binaries
+		if bins, err = controlplane.EnsureBinaries(ctx, os.Stderr); err == nil {
+			fmt.Println(bins.Dir())
+		}
+	case "up":
+		err = up(ctx, *dir, *timeout)
+	case "serve":
+		err = serve(ctx, *dir)
+	case "down":
+		err = down(*dir)
+	default:
+		usage()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "lifeboat-cluster %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: lifeboat-cluster build | bin-dir | up [--dir DIR] | down [--dir DIR]")
+	os.Exit(2)
+}
+
+// up starts serve detached from this process (own session, output to a log file) so the
+// cluster outlives the make target that started it, then waits until serve says it is ready.
+func up(ctx context.Context, dir string, timeout time.Duration) error {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	if pid, err := readPID(dir); err == nil && syscall.Kill(pid, 0) == nil {
+		return fmt.Errorf("a control plane already runs from %s (pid %d); run lifeboat-cluster down --dir %s first", dir, pid, dir)
+	}
+	// Build in the foreground so the first run shows its progress.
+	if _, err := controlplane.EnsureBinaries(ctx, os.Stderr); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	log, err := os.Create(dir + "." + logFile)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	cmd := exec.Command(self, "serve", "--dir", dir)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(filepath.Join(dir, readyFile)); err == nil {
+			fmt.Printf("control plane ready: export KUBECONFIG=%s\n", filepath.Join(dir, "admin.kubeconfig"))
+			return cmd.Process.Release()
+		}
+		if b, err := os.ReadFile(dir + "." + errorFile); err == nil {
+			return errors.New(string(b))
+		}
+		if err := ctx.Err(); err != nil {
+			_ = cmd.Process.Kill()
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	_ = cmd.Process.Kill()
+	return fmt.Errorf("not ready after %s; see %s", timeout, log.Name())
+}
+
+// serve runs the control plane in the foreground until SIGTERM or SIGINT.
+func serve(ctx context.Context, dir string) error {
+	_ = os.Remove(dir + "." + errorFile)
+	cp, err := controlplane.Start(ctx, controlplane.Options{Dir: dir, Progress: os.Stderr})
+	if err != nil {
+		_ = os.WriteFile(dir+"."+errorFile, []byte(err.Error()), 0o644)
+		return err
+	}
+	defer cp.Stop()
+	if err := os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, readyFile), nil, 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "serving %s; stop with SIGTERM\n", cp.Host)
+	<-ctx.Done()
+	return nil
+}
+
+// down stops the serve process of dir and waits until it has removed its files.
+func down(dir string) error {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	pid, err := readPID(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			fmt.Printf("no control plane runs from %s\n", dir)
+			return nil
+		}
+		return err
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return err
+	}
+	for range 300 {
+		if syscall.Kill(pid, 0) != nil {
+			_ = os.RemoveAll(dir)
+			fmt.Printf("control plane in %s stopped\n", dir)
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("pid %d did not stop within 30s", pid)
+}
+
+func readPID(dir string) (int, error) {
+	b, err := os.ReadFile(filepath.Join(dir, pidFile))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}

@@ -1,0 +1,167 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Versions of the control plane the harness builds. They are pinned in test/tools.
+const (
+	KubernetesVersion = "v1.37.1"
+	EtcdVersion       = "v3.7.3"
+)
+
+// Binaries are the paths of the built control plane commands.
+type Binaries struct {
+	Etcd              string
+	APIServer         string
+	ControllerManager string
+	Scheduler         string
+	Kubectl           string
+}
+
+// Dir is the directory that holds the Kubernetes binaries (kubectl among them).
+func (b Binaries) Dir() string { return filepath.Dir(b.APIServer) }
+
+// CacheDir is where built binaries are kept: $LIFEBOAT_CACHE, else the user cache directory.
+func CacheDir() (string, error) {
+	if d := os.Getenv("LIFEBOAT_CACHE"); d != "" {
+		return d, nil
+	}
+	d, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("finding a cache directory (set LIFEBOAT_CACHE): %w", err)
+	}
+	return filepath.Join(d, "lifeboat"), nil
+}
+
+// RepoRoot finds the lifeboat checkout by walking up from the working directory,
+// so tests in any package and commands run from anywhere in the tree agree on it.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "test", "tools", "k8s", "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("not inside a lifeboat checkout: no test/tools/k8s/go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+type build struct {
+	out     string // path of the binary in the cache
+	module  string // tools module directory, relative to the repository root
+	pkg     string
+	ldflags string
+}
+
+// EnsureBinaries returns the control plane binaries, building the missing ones from the
+// pinned Go modules first. Builds are serialised across processes with a lock in the cache,
+// so parallel test packages build each binary once.
+func EnsureBinaries(ctx context.Context, progress io.Writer) (Binaries, error) {
+	cache, err := CacheDir()
+	if err != nil {
+		return Binaries{}, err
+	}
+	k8sDir := filepath.Join(cache, "k8s-"+KubernetesVersion)
+	etcdDir := filepath.Join(cache, "etcd-"+EtcdVersion)
+	bins := Binaries{
+		Etcd:              filepath.Join(etcdDir, "etcd"),
+		APIServer:         filepath.Join(k8sDir, "kube-apiserver"),
+		ControllerManager: filepath.Join(k8sDir, "kube-controller-manager"),
+		Scheduler:         filepath.Join(k8sDir, "kube-scheduler"),
+		Kubectl:           filepath.Join(k8sDir, "kubectl"),
+	}
+	version := "-X k8s.io/component-base/version.gitVersion=" + KubernetesVersion +
+		" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" +
+		" -X k8s.io/client-go/pkg/version.gitVersion=" + KubernetesVersion
+	builds := []build{
+		{out: bins.Etcd, module: "test/tools/etcd", pkg: "go.etcd.io/etcd/server/v3"},
+		{out: bins.APIServer, module: "test/tools/k8s", pkg: "k8s.io/kubernetes/cmd/kube-apiserver", ldflags: version},
+		{out: bins.ControllerManager, module: "test/tools/k8s", pkg: "k8s.io/kubernetes/cmd/kube-controller-manager", ldflags: version},
+		{out: bins.Scheduler, module: "test/tools/k8s", pkg: "k8s.io/kubernetes/cmd/kube-scheduler", ldflags: version},
+		{out: bins.Kubectl, module: "test/tools/k8s", pkg: "k8s.io/kubernetes/cmd/kubectl", ldflags: version},
+	}
+	if allExist(builds) {
+		return bins, nil
+	}
+
+	root, err := RepoRoot()
+	if err != nil {
+		return Binaries{}, err
+	}
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return Binaries{}, err
+	}
+	unlock, err := lockFile(filepath.Join(cache, ".build.lock"))
+	if err != nil {
+		return Binaries{}, err
+	}
+	defer unlock()
+
+	for _, b := range builds {
+		if _, err := os.Stat(b.out); err == nil {
+			continue // built while we waited for the lock, or earlier
+		}
+		if err := goBuild(ctx, root, b, progress); err != nil {
+			return Binaries{}, err
+		}
+	}
+	return bins, nil
+}
+
+func allExist(builds []build) bool {
+	for _, b := range builds {
+		if _, err := os.Stat(b.out); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+func goBuild(ctx context.Context, root string, b build, progress io.Writer) error {
+	if err := os.MkdirAll(filepath.Dir(b.out), 0o755); err != nil {
+		return err
+	}
+	fmt.Fprintf(progress, "building %s (once; cached in %s)\n", b.pkg, filepath.Dir(b.out))
+	tmp := b.out + ".partial"
+	args := []string{"build", "-buildvcs=false", "-trimpath", "-ldflags", strings.TrimSpace("-s -w " + b.ldflags), "-o", tmp, b.pkg}
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = filepath.Join(root, b.module)
+	cmd.Stdout = progress
+	cmd.Stderr = progress
+	if err := cmd.Run(); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("building %s in %s: %w", b.pkg, b.module, err)
+	}
+	return os.Rename(tmp, b.out)
+}
+
+func lockFile(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	return func() {
+		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		f.Close()
+	}, nil
+}

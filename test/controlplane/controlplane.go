@@ -1,0 +1,379 @@
+// Package controlplane runs a real, local Kubernetes control plane for lifeboat's tests and demo:
+// etcd, kube-apiserver (with the EvictionRequest API served), kube-controller-manager and
+// kube-scheduler, built from pinned Go modules, listening on loopback with TLS, with
+// lifeboat's CRDs installed.
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	lifeboat "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+)
+
+const (
+	dirPattern = "lifeboat-cp-*"
+	ownerFile  = "owner.pid"
+	// The service range is only allocated from; nothing here routes to it.
+	serviceCIDR = "10.96.0.0/24"
+	serviceIP   = "10.96.0.1"
+)
+
+// Options choose what runs. The zero value runs everything.
+type Options struct {
+	// Dir holds certificates, data and logs. Empty means a new temporary directory.
+	// The directory is removed by Stop either way.
+	Dir string
+	// WithoutControllerManager and WithoutScheduler leave those components out, for tests
+	// that need only the API server and want it sooner.
+	WithoutControllerManager bool
+	WithoutScheduler         bool
+	// CRDDir holds the CRDs to install; empty means manifests/crds in the checkout.
+	CRDDir string
+	// Progress receives build and start-up messages; nil discards them.
+	Progress io.Writer
+}
+
+// ControlPlane is a running local control plane.
+type ControlPlane struct {
+	// Dir holds the control plane's files, its component logs (<name>.log) among them.
+	Dir string
+	// Kubeconfig is the path of an admin (system:masters) kubeconfig.
+	Kubeconfig string
+	// Config is the admin REST configuration.
+	Config *rest.Config
+	// Kube and Lifeboat are admin clients.
+	Kube     kubernetes.Interface
+	Lifeboat lifeboat.Interface
+	// Binaries are the commands it runs, kubectl among them.
+	Binaries Binaries
+	// Host is the API server's URL.
+	Host string
+
+	pki   pki
+	procs []*process
+}
+
+// Start builds the binaries if they are not cached, starts the components and waits until the
+// API server is ready, the CRDs are Established and (with the controller manager) the default
+// service account exists, so that pods can be created at once. On error nothing is left running.
+func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
+	progress := opts.Progress
+	if progress == nil {
+		progress = io.Discard
+	}
+	bins, err := EnsureBinaries(ctx, progress)
+	if err != nil {
+		return nil, err
+	}
+	crdDir := opts.CRDDir
+	if crdDir == "" {
+		root, err := RepoRoot()
+		if err != nil {
+			return nil, err
+		}
+		crdDir = filepath.Join(root, "manifests", "crds")
+	}
+	_ = sweepStale(os.TempDir())
+
+	dir := opts.Dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", dirPattern); err != nil {
+			return nil, err
+		}
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		return nil, err
+	}
+	cp := &ControlPlane{Dir: dir, Binaries: bins}
+	defer func() {
+		if err != nil {
+			cp.Stop()
+		}
+	}()
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return nil, err
+	}
+	if cp.pki, err = newPKI(dir); err != nil {
+		return nil, fmt.Errorf("creating certificates: %w", err)
+	}
+
+	etcdURL, err := cp.startEtcd()
+	if err != nil {
+		return nil, err
+	}
+	if err := cp.startAPIServer(etcdURL); err != nil {
+		return nil, err
+	}
+	if err := cp.writeKubeconfig(); err != nil {
+		return nil, err
+	}
+	if err := cp.waitReady(ctx); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(progress, "kube-apiserver ready at %s\n", cp.Host)
+	if !opts.WithoutControllerManager {
+		if err := cp.startControllerManager(); err != nil {
+			return nil, err
+		}
+	}
+	if !opts.WithoutScheduler {
+		if err := cp.startScheduler(); err != nil {
+			return nil, err
+		}
+	}
+	if err := cp.InstallCRDs(ctx, crdDir); err != nil {
+		return nil, err
+	}
+	if !opts.WithoutControllerManager {
+		if err := cp.waitDefaultServiceAccount(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return cp, nil
+}
+
+// Stop ends every component and removes the control plane's directory.
+func (cp *ControlPlane) Stop() {
+	for i := len(cp.procs) - 1; i >= 0; i-- {
+		cp.procs[i].stop(10 * time.Second)
+	}
+	cp.procs = nil
+	if cp.Dir != "" {
+		_ = os.RemoveAll(cp.Dir)
+	}
+}
+
+// Kubectl runs the built kubectl against the control plane and returns its combined output.
+func (cp *ControlPlane) Kubectl(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, cp.Binaries.Kubectl, append([]string{"--kubeconfig", cp.Kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// LogTail returns the end of a component's log ("etcd", "kube-apiserver", ...), for failure messages.
+func (cp *ControlPlane) LogTail(component string) string {
+	for _, p := range cp.procs {
+		if p.name == component {
+			return p.logTail()
+		}
+	}
+	return ""
+}
+
+func (cp *ControlPlane) start(name, path string, args ...string) (*process, error) {
+	p, err := startProcess(cp.Dir, name, path, args...)
+	if p != nil {
+		cp.procs = append(cp.procs, p)
+	}
+	return p, err
+}
+
+func (cp *ControlPlane) startEtcd() (string, error) {
+	ports, err := freePorts(2)
+	if err != nil {
+		return "", err
+	}
+	client := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
+	_, err = cp.start("etcd", cp.Binaries.Etcd,
+		"--data-dir", filepath.Join(cp.Dir, "etcd"),
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "default="+peer,
+		// Test data need not survive a power cut; fsync would dominate start-up and every write.
+		"--unsafe-no-fsync",
+		"--log-level", "warn",
+	)
+	return client, err
+}
+
+func (cp *ControlPlane) startAPIServer(etcdURL string) error {
+	ports, err := freePorts(1)
+	if err != nil {
+		return err
+	}
+	cp.Host = fmt.Sprintf("https://127.0.0.1:%d", ports[0])
+	_, err = cp.start("kube-apiserver", cp.Binaries.APIServer,
+		"--etcd-servers", etcdURL,
+		// The default reconciler refuses loopback addresses, and nothing here routes to the
+		// kubernetes Service anyway.
+		"--endpoint-reconciler-type", "none",
+		"--bind-address", "127.0.0.1",
+		"--advertise-address", "127.0.0.1",
+		"--secure-port", strconv.Itoa(ports[0]),
+		"--tls-cert-file", cp.pki.ServingCert,
+		"--tls-private-key-file", cp.pki.ServeKey,
+		"--client-ca-file", cp.pki.CACert,
+		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file", cp.pki.SAPub,
+		"--service-account-signing-key-file", cp.pki.SAKey,
+		"--service-cluster-ip-range", serviceCIDR,
+		"--authorization-mode", "Node,RBAC",
+		"--feature-gates", "EvictionRequestAPI=true",
+		"--runtime-config", "lifecycle.k8s.io/v1alpha1=true",
+		"--cert-dir", filepath.Join(cp.Dir, "apiserver-certs"),
+	)
+	return err
+}
+
+func (cp *ControlPlane) startControllerManager() error {
+	_, err := cp.start("kube-controller-manager", cp.Binaries.ControllerManager,
+		"--kubeconfig", cp.Kubeconfig,
+		"--leader-elect=false",
+		"--secure-port=0",
+		"--use-service-account-credentials=false",
+		"--service-account-private-key-file", cp.pki.SAKey,
+		"--root-ca-file", cp.pki.CACert,
+		"--cluster-signing-cert-file", cp.pki.CACert,
+		"--cluster-signing-key-file", cp.pki.CAKey,
+	)
+	return err
+}
+
+func (cp *ControlPlane) startScheduler() error {
+	_, err := cp.start("kube-scheduler", cp.Binaries.Scheduler,
+		"--kubeconfig", cp.Kubeconfig,
+		"--authentication-kubeconfig", cp.Kubeconfig,
+		"--authorization-kubeconfig", cp.Kubeconfig,
+		"--leader-elect=false",
+		"--bind-address", "127.0.0.1",
+		"--secure-port=0",
+	)
+	return err
+}
+
+func (cp *ControlPlane) writeKubeconfig() error {
+	caData, err := os.ReadFile(cp.pki.CACert)
+	if err != nil {
+		return err
+	}
+	certData, err := os.ReadFile(cp.pki.AdminCert)
+	if err != nil {
+		return err
+	}
+	keyData, err := os.ReadFile(cp.pki.AdminKey)
+	if err != nil {
+		return err
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["lifeboat"] = &clientcmdapi.Cluster{Server: cp.Host, CertificateAuthorityData: caData}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: certData, ClientKeyData: keyData}
+	cfg.Contexts["lifeboat"] = &clientcmdapi.Context{Cluster: "lifeboat", AuthInfo: "admin", Namespace: "default"}
+	cfg.CurrentContext = "lifeboat"
+	cp.Kubeconfig = filepath.Join(cp.Dir, "admin.kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, cp.Kubeconfig); err != nil {
+		return err
+	}
+	if cp.Config, err = clientcmd.RESTConfigFromKubeConfig(mustRead(cp.Kubeconfig)); err != nil {
+		return err
+	}
+	// Tests create objects in bursts; the client-side default of 5 QPS would make them crawl.
+	cp.Config.QPS, cp.Config.Burst = 200, 400
+	if cp.Kube, err = kubernetes.NewForConfig(cp.Config); err != nil {
+		return err
+	}
+	cp.Lifeboat, err = lifeboat.NewForConfig(cp.Config)
+	return err
+}
+
+func mustRead(path string) []byte {
+	b, _ := os.ReadFile(path)
+	return b
+}
+
+// waitReady polls /readyz until it answers 200, failing early if a component has exited.
+func (cp *ControlPlane) waitReady(ctx context.Context) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := cp.exitedError(); err != nil {
+			return false, err
+		}
+		var status int
+		body, err := cp.Kube.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).StatusCode(&status).Raw()
+		if err != nil || status != 200 {
+			last = fmt.Sprintf("status %d: %v %s", status, err, body)
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil && cp.anyExited() {
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("waiting for kube-apiserver /readyz (last answer %s): %w\n%s", last, err, cp.LogTail("kube-apiserver"))
+	}
+	return nil
+}
+
+func (cp *ControlPlane) waitDefaultServiceAccount(ctx context.Context) error {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := cp.exitedError(); err != nil {
+			return false, err
+		}
+		_, err := cp.Kube.CoreV1().ServiceAccounts("default").Get(ctx, "default", getOptions)
+		return err == nil, nil
+	})
+	if err != nil && cp.anyExited() {
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("waiting for kube-controller-manager to create the default service account: %w\n%s",
+			err, cp.LogTail("kube-controller-manager"))
+	}
+	return nil
+}
+
+func (cp *ControlPlane) anyExited() bool { return cp.exitedError() != nil }
+
+// exitedError describes the first component that has exited, with the end of its log.
+func (cp *ControlPlane) exitedError() error {
+	for _, p := range cp.procs {
+		if p.exited() {
+			return p.exitError()
+		}
+	}
+	return nil
+}
+
+// freePorts asks the kernel for unused loopback ports. They are released before use, so a
+// race with another process is possible but brief; a component that loses it fails to start
+// with a clear bind error in its log.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, errors.Join(errors.New("finding a free port"), err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}

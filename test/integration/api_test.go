@@ -1,0 +1,443 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensions "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+)
+
+func testNamespace(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	ns, err := cluster.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "api-"},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating a namespace: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cluster.Kube.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
+	})
+	return ns.Name
+}
+
+func exampleVMI(name string) *v1alpha1.VirtualMachineInstance {
+	return &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{
+			CPUs:             1,
+			Memory:           resource.MustParse("128Mi"),
+			Boot:             v1alpha1.BootSource{Kernel: "/var/lib/lifeboat/vmlinuz", Initrd: "/var/lib/lifeboat/initrd.gz", Cmdline: "console=ttyS0"},
+			EvictionStrategy: ptr.To(v1alpha1.EvictionStrategyLiveMigrate),
+		},
+	}
+}
+
+func TestCRDsAreEstablished(t *testing.T) {
+	client, err := apiextensions.NewForConfig(cluster.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{
+		"virtualmachineinstances.lifeboat.dev",
+		"virtualmachineinstancemigrations.lifeboat.dev",
+		"lifeboatconfigs.lifeboat.dev",
+	} {
+		crd, err := client.ApiextensionsV1().CustomResourceDefinitions().Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Errorf("CRD %s: %v", name, err)
+			continue
+		}
+		if !controlplane.Established(crd) {
+			t.Errorf("CRD %s is not Established: %+v", name, crd.Status.Conditions)
+		}
+	}
+
+	resources, err := cluster.Kube.Discovery().ServerResourcesForGroupVersion("lifeboat.dev/v1alpha1")
+	if err != nil {
+		t.Fatalf("discovery of lifeboat.dev/v1alpha1: %v", err)
+	}
+	want := map[string]struct {
+		namespaced bool
+		shortName  string
+	}{
+		"virtualmachineinstances":          {true, "vmi"},
+		"virtualmachineinstancemigrations": {true, "vmim"},
+		"lifeboatconfigs":                  {false, ""},
+	}
+	for _, r := range resources.APIResources {
+		w, ok := want[r.Name]
+		if !ok {
+			continue
+		}
+		delete(want, r.Name)
+		if r.Namespaced != w.namespaced {
+			t.Errorf("%s: namespaced = %v, want %v", r.Name, r.Namespaced, w.namespaced)
+		}
+		if w.shortName != "" && !contains(r.ShortNames, w.shortName) {
+			t.Errorf("%s: short names %v lack %q", r.Name, r.ShortNames, w.shortName)
+		}
+	}
+	if len(want) != 0 {
+		t.Errorf("discovery does not serve %v", want)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// nextEvent waits for the watch's next event of the given type for the named object.
+func nextEvent(t *testing.T, w watch.Interface, typ watch.EventType, name string) {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatalf("watch closed before a %s event for %s", typ, name)
+			}
+			if m, err := metaName(ev.Object); err == nil && ev.Type == typ && m == name {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no %s event for %s within 30s", typ, name)
+		}
+	}
+}
+
+func metaName(obj any) (string, error) {
+	o, ok := obj.(metav1.Object)
+	if !ok {
+		return "", fmt.Errorf("%T has no metadata", obj)
+	}
+	return o.GetName(), nil
+}
+
+func TestVirtualMachineInstanceClient(t *testing.T) {
+	ctx := context.Background()
+	ns := testNamespace(t)
+	vmis := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns)
+
+	w, err := vmis.Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("watch: %v", err)
+	}
+	defer w.Stop()
+
+	created, err := vmis.Create(ctx, exampleVMI("vm1"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	nextEvent(t, w, watch.Added, "vm1")
+
+	got, err := vmis.Get(ctx, "vm1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get: %v", err)
+	}
+	if got.Spec.Memory.Cmp(resource.MustParse("128Mi")) != 0 || got.Spec.CPUs != 1 || *got.Spec.EvictionStrategy != v1alpha1.EvictionStrategyLiveMigrate {
+		t.Errorf("spec did not round-trip: %+v", got.Spec)
+	}
+
+	list, err := vmis.List(ctx, metav1.ListOptions{})
+	if err != nil || len(list.Items) != 1 || list.Items[0].Name != "vm1" {
+		t.Fatalf("list: %v, %d items", err, len(list.Items))
+	}
+
+	// Status goes through the status subresource only.
+	withStatus := created.DeepCopy()
+	withStatus.Status.Phase = v1alpha1.VMIRunning
+	withStatus.Status.NodeName = "node-a"
+	withStatus.Status.Conditions = []metav1.Condition{{
+		Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionTrue, Reason: "Migratable", LastTransitionTime: metav1.Now(),
+	}}
+	withStatus.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{
+		MigrationName: "m1", SourceNode: "node-a", TargetNode: "node-b", Cause: v1alpha1.MigrationCauseNodePressure, Mode: v1alpha1.MigrationModePreCopy,
+	}
+	updated, err := vmis.UpdateStatus(ctx, withStatus, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatalf("update status: %v", err)
+	}
+	nextEvent(t, w, watch.Modified, "vm1")
+	if updated.Status.Phase != v1alpha1.VMIRunning || updated.Status.NodeName != "node-a" ||
+		updated.Status.MigrationState.Cause != v1alpha1.MigrationCauseNodePressure {
+		t.Errorf("status did not round-trip: %+v", updated.Status)
+	}
+
+	// A spec update must not be able to change status.
+	sneaky := updated.DeepCopy()
+	sneaky.Status.NodeName = "node-z"
+	sneaky.Spec.CPUs = 2
+	afterUpdate, err := vmis.Update(ctx, sneaky, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	if afterUpdate.Spec.CPUs != 2 || afterUpdate.Status.NodeName != "node-a" {
+		t.Errorf("update: cpus = %d (want 2), nodeName = %q (want node-a: status is a subresource)", afterUpdate.Spec.CPUs, afterUpdate.Status.NodeName)
+	}
+
+	if err := vmis.Delete(ctx, "vm1", metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	nextEvent(t, w, watch.Deleted, "vm1")
+}
+
+func TestVirtualMachineInstanceMigrationClient(t *testing.T) {
+	ctx := context.Background()
+	ns := testNamespace(t)
+	vmims := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns)
+
+	w, err := vmims.Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("watch: %v", err)
+	}
+	defer w.Stop()
+
+	created, err := vmims.Create(ctx, &v1alpha1.VirtualMachineInstanceMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: "mig1"},
+		Spec:       v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm1"},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	nextEvent(t, w, watch.Added, "mig1")
+
+	deadline := metav1.NewTime(time.Now().Add(5 * time.Minute).Truncate(time.Second))
+	st := created.DeepCopy()
+	st.Status = v1alpha1.VirtualMachineInstanceMigrationStatus{
+		Phase: v1alpha1.MigrationRunning, Cause: v1alpha1.MigrationCauseNodePressure, Deadline: &deadline,
+		SourceNode: "node-a", TargetNode: "node-b", TargetPod: "launcher-vm1-xyz", Mode: v1alpha1.MigrationModeAutoConverge,
+		PhaseTransitionTimestamps: []v1alpha1.MigrationPhaseTransition{{Phase: v1alpha1.MigrationRunning, Timestamp: metav1.Now()}},
+	}
+	updated, err := vmims.UpdateStatus(ctx, st, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatalf("update status: %v", err)
+	}
+	nextEvent(t, w, watch.Modified, "mig1")
+	if !updated.Status.Deadline.Equal(&deadline) || updated.Status.Mode != v1alpha1.MigrationModeAutoConverge {
+		t.Errorf("status did not round-trip: %+v", updated.Status)
+	}
+
+	got, err := vmims.Get(ctx, "mig1", metav1.GetOptions{})
+	if err != nil || got.Status.Phase != v1alpha1.MigrationRunning {
+		t.Fatalf("get: %v, phase %q", err, got.Status.Phase)
+	}
+	list, err := vmims.List(ctx, metav1.ListOptions{})
+	if err != nil || len(list.Items) != 1 {
+		t.Fatalf("list: %v, %d items", err, len(list.Items))
+	}
+
+	changed := got.DeepCopy()
+	changed.Spec.VMIName = "another"
+	if _, err := vmims.Update(ctx, changed, metav1.UpdateOptions{}); err == nil || !strings.Contains(err.Error(), "vmiName cannot be changed") {
+		t.Errorf("changing spec.vmiName: got %v, want an error saying vmiName cannot be changed", err)
+	}
+}
+
+func TestLifeboatConfigClientAndDefaults(t *testing.T) {
+	ctx := context.Background()
+	configs := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs()
+
+	w, err := configs.Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatalf("watch: %v", err)
+	}
+	defer w.Stop()
+
+	created, err := configs.Create(ctx, &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	t.Cleanup(func() { _ = configs.Delete(context.Background(), v1alpha1.ConfigName, metav1.DeleteOptions{}) })
+	nextEvent(t, w, watch.Added, v1alpha1.ConfigName)
+
+	m := created.Spec.Migrations
+	if m.ParallelMigrationsPerCluster == nil || *m.ParallelMigrationsPerCluster != 5 ||
+		m.ParallelOutboundMigrationsPerNode == nil || *m.ParallelOutboundMigrationsPerNode != 2 {
+		t.Errorf("migration limits not defaulted to 5 per cluster and 2 per node: %+v", m)
+	}
+	if m.AllowAutoConverge == nil || !*m.AllowAutoConverge || m.AllowPostCopy == nil || *m.AllowPostCopy || m.AllowPause == nil || !*m.AllowPause {
+		t.Errorf("convergence switches not defaulted to autoConverge=true postCopy=false pause=true: %+v", m)
+	}
+
+	created.Spec.FeatureGates = []v1alpha1.FeatureGate{v1alpha1.FeatureGateNodePressureEvictionLiveMigration}
+	created.Spec.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrateIfPossible)
+	bw := resource.MustParse("64Mi")
+	created.Spec.Migrations.BandwidthPerMigration = &bw
+	if _, err := configs.Update(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	nextEvent(t, w, watch.Modified, v1alpha1.ConfigName)
+
+	list, err := configs.List(ctx, metav1.ListOptions{})
+	if err != nil || len(list.Items) != 1 {
+		t.Fatalf("list: %v", err)
+	}
+	got := list.Items[0]
+	if len(got.Spec.FeatureGates) != 1 || got.Spec.FeatureGates[0] != v1alpha1.FeatureGateNodePressureEvictionLiveMigration ||
+		*got.Spec.EvictionStrategy != v1alpha1.EvictionStrategyLiveMigrateIfPossible || got.Spec.Migrations.BandwidthPerMigration.Cmp(bw) != 0 {
+		t.Errorf("update did not round-trip: %+v", got.Spec)
+	}
+}
+
+// TestInvalidInputIsRejected sends what a person might write with kubectl and checks the
+// API server refuses it with a message that says what is wrong.
+func TestInvalidInputIsRejected(t *testing.T) {
+	ns := testNamespace(t)
+	dyn, err := dynamic.NewForConfig(cluster.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const vmi = `
+apiVersion: lifeboat.dev/v1alpha1
+kind: VirtualMachineInstance
+metadata: {name: bad}
+spec:
+  cpus: %s
+  memory: %s
+  evictionStrategy: %s
+  boot: %s
+`
+	const config = `
+apiVersion: lifeboat.dev/v1alpha1
+kind: LifeboatConfig
+metadata: {name: %s}
+spec: %s
+`
+	good := []any{"1", "128Mi", "LiveMigrate", "{kernel: /k}"}
+	vmiWith := func(i int, v string) string {
+		args := append([]any(nil), good...)
+		args[i] = v
+		return fmt.Sprintf(vmi, args...)
+	}
+	const strategies = `supported values: "None", "LiveMigrate", "LiveMigrateIfPossible", "External"`
+	cases := []struct {
+		name string
+		yaml string
+		want []string
+	}{
+		{"unknown eviction strategy", vmiWith(2, "Sometimes"), []string{`spec.evictionStrategy: Unsupported value: "Sometimes"`, strategies}},
+		{"zero memory", vmiWith(1, "0"), []string{"spec.memory", "memory must be greater than zero"}},
+		{"negative memory", vmiWith(1, "-1Gi"), []string{"spec.memory", "memory must be greater than zero"}},
+		{"memory that is not a quantity", vmiWith(1, "lots"), []string{"spec.memory"}},
+		{"zero CPUs", vmiWith(0, "0"), []string{"spec.cpus", "should be greater than or equal to 1"}},
+		{"negative CPUs", vmiWith(0, "-2"), []string{"spec.cpus", "should be greater than or equal to 1"}},
+		{"no boot source", vmiWith(3, "{cmdline: quiet}"), []string{"boot needs a kernel, a disk image, or both"}},
+		{"initrd without kernel", vmiWith(3, "{disk: /d, initrd: /i}"), []string{"boot.initrd needs boot.kernel"}},
+		{"config not named cluster", fmt.Sprintf(config, "mine", "{}"), []string{"the LifeboatConfig must be named 'cluster'"}},
+		{"config with unknown eviction strategy", fmt.Sprintf(config, "cluster", "{evictionStrategy: Always}"), []string{`spec.evictionStrategy: Unsupported value: "Always"`, strategies}},
+		{"config with unknown feature gate", fmt.Sprintf(config, "cluster", "{featureGates: [NodePressureEviction]}"), []string{`Unsupported value: "NodePressureEviction"`, `supported values: "NodePressureEvictionLiveMigration"`}},
+		{"config with zero parallel migrations", fmt.Sprintf(config, "cluster", "{migrations: {parallelMigrationsPerCluster: 0}}"), []string{"spec.migrations.parallelMigrationsPerCluster", "greater than or equal to 1"}},
+		{"config with negative bandwidth", fmt.Sprintf(config, "cluster", "{migrations: {bandwidthPerMigration: -1Mi}}"), []string{"bandwidthPerMigration cannot be negative"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			obj := &unstructured.Unstructured{}
+			if err := yaml.Unmarshal([]byte(tc.yaml), &obj.Object); err != nil {
+				t.Fatalf("test YAML: %v", err)
+			}
+			gvr := schema.GroupVersionResource{Group: v1alpha1.GroupName, Version: "v1alpha1", Resource: "virtualmachineinstances"}
+			var client dynamic.ResourceInterface = dyn.Resource(gvr).Namespace(ns)
+			if obj.GetKind() == "LifeboatConfig" {
+				gvr.Resource = "lifeboatconfigs"
+				client = dyn.Resource(gvr)
+			}
+			_, err := client.Create(context.Background(), obj, metav1.CreateOptions{})
+			if err == nil {
+				t.Fatalf("the API server accepted:\n%s", tc.yaml)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\ndoes not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestPrinterColumns(t *testing.T) {
+	ctx := context.Background()
+	ns := testNamespace(t)
+	vmis := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns)
+	vmi, err := vmis.Create(ctx, exampleVMI("printed"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmi.Status.Phase = v1alpha1.VMIRunning
+	vmi.Status.NodeName = "node-a"
+	vmi.Status.EvacuationNodeName = "node-a"
+	if _, err := vmis.UpdateStatus(ctx, vmi, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	vmims := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns)
+	mig, err := vmims.Create(ctx, &v1alpha1.VirtualMachineInstanceMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: "printed-mig"},
+		Spec:       v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "printed"},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mig.Status = v1alpha1.VirtualMachineInstanceMigrationStatus{
+		Phase: v1alpha1.MigrationRunning, Cause: v1alpha1.MigrationCauseNodePressure, SourceNode: "node-a", TargetNode: "node-b",
+	}
+	if _, err := vmims.UpdateStatus(ctx, mig, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	cases := []struct {
+		resource string
+		header   []string
+		row      []string
+	}{
+		{"vmi", []string{"NAME", "PHASE", "NODE", "EVACUATION NODE", "AGE"}, []string{"printed", "Running", "node-a", "node-a"}},
+		{"vmim", []string{"NAME", "VMI", "CAUSE", "PHASE", "SOURCE", "TARGET", "AGE"}, []string{"printed-mig", "printed", "NodePressure", "Running", "node-a", "node-b"}},
+	}
+	for _, tc := range cases {
+		out, err := cluster.Kubectl(ctx, "get", tc.resource, "-n", ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 2 {
+			t.Fatalf("kubectl get %s: want a header and one row, got:\n%s", tc.resource, out)
+		}
+		if got := splitColumns(lines[0]); strings.Join(got, "|") != strings.Join(tc.header, "|") {
+			t.Errorf("kubectl get %s header = %q, want %q", tc.resource, got, tc.header)
+		}
+		if got := strings.Fields(lines[1]); len(got) < len(tc.row) || strings.Join(got[:len(tc.row)], "|") != strings.Join(tc.row, "|") {
+			t.Errorf("kubectl get %s row = %q, want it to start with %q", tc.resource, got, tc.row)
+		}
+	}
+}
+
+// splitColumns splits a kubectl header on runs of two or more spaces (column names may contain one).
+func splitColumns(line string) []string {
+	var cols []string
+	for _, c := range strings.Split(line, "  ") {
+		if c = strings.TrimSpace(c); c != "" {
+			cols = append(cols, c)
+		}
+	}
+	return cols
+}

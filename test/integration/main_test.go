@@ -1,0 +1,12 @@
+// Package integration tests lifeboat against a real local control plane.
+package integration
+
+import (
+	"testing"
+
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+)
+
+var cluster *controlplane.ControlPlane
+
+func TestMain(m *testing.M) { controlplane.Main(m, &cluster, controlplane.Options{}) }
