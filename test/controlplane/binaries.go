@@ -73,6 +73,9 @@ type build struct {
 // pinned Go modules first. Builds are serialised across processes with a lock in the cache,
 // so parallel test packages build each binary once.
 func EnsureBinaries(ctx context.Context, progress io.Writer) (Binaries, error) {
+	if progress == nil {
+		progress = io.Discard
+	}
 	cache, err := CacheDir()
 	if err != nil {
 		return Binaries{}, err
