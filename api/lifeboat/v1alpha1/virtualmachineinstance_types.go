@@ -113,6 +113,12 @@ type VirtualMachineInstanceStatus struct {
 	// Phase is where the VMI is in its life.
 	// +optional
 	Phase VirtualMachineInstancePhase `json:"phase,omitempty"`
+	// Reason is a CamelCase word saying why the VMI is in its phase, for Failed and Succeeded.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// Message says the same for a person.
+	// +optional
+	Message string `json:"message,omitempty"`
 	// NodeName is the node the guest runs on.
 	// +optional
 	NodeName string `json:"nodeName,omitempty"`

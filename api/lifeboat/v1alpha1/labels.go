@@ -1,0 +1,15 @@
+package v1alpha1
+
+// Labels, annotations and finalizers lifeboat puts on objects.
+const (
+	// LabelVMIName and LabelVMIUID on a launcher pod name the VMI it runs.
+	LabelVMIName = "lifeboat.dev/vmi-name"
+	LabelVMIUID  = "lifeboat.dev/vmi-uid"
+	// LabelRole is "launcher" on every launcher pod.
+	LabelRole    = "lifeboat.dev/role"
+	RoleLauncher = "launcher"
+	// LabelKVMNode marks the nodes lifeboat runs VMs on.
+	LabelKVMNode = "lifeboat.dev/kvm"
+	// FinalizerShutdown keeps a deleted VMI until its guest has shut down and its pod is gone.
+	FinalizerShutdown = "lifeboat.dev/shutdown"
+)

@@ -1,0 +1,157 @@
+// Package notify is the wire protocol between a VM pod's launcher and its node's agent.
+//
+// A launcher connects to the agent's unix socket and sends frames; the agent never trusts a
+// frame's size or content. A frame is a 4-byte header and a JSON body:
+//
+//	byte 0:    protocol version (Version)
+//	byte 1:    reserved, zero
+//	bytes 2-3: body length, big-endian, at most MaxBody
+//	body:      one Message as JSON
+//
+// A frame that breaks any of these rules is an error; the agent then closes that connection
+// only.
+package notify
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+const (
+	// Version is the protocol version this package speaks.
+	Version = 1
+	// MaxBody is the largest body accepted. Messages are a few hundred bytes; the limit keeps a
+	// misbehaving peer from making the agent allocate.
+	MaxBody   = 16 << 10
+	headerLen = 4
+)
+
+// Kind says what a message reports.
+type Kind string
+
+const (
+	// KindHello is the first message on a connection: which VMI the launcher serves.
+	KindHello Kind = "Hello"
+	// KindDomainStarted reports that the launcher defined and started the domain.
+	KindDomainStarted Kind = "DomainStarted"
+	// KindGracefulShutdown reports that the launcher received SIGTERM (from the kubelet).
+	KindGracefulShutdown Kind = "GracefulShutdown"
+	// KindDomainGone reports that the domain no longer exists and the launcher is exiting.
+	KindDomainGone Kind = "DomainGone"
+	// KindFailed reports that the launcher could not start the domain.
+	KindFailed Kind = "Failed"
+)
+
+var kinds = map[Kind]bool{KindHello: true, KindDomainStarted: true, KindGracefulShutdown: true, KindDomainGone: true, KindFailed: true}
+
+// Message is one report from a launcher.
+type Message struct {
+	Kind Kind `json:"kind"`
+	// VMI identifies the VMI; every message carries it so the agent can check it matches the Hello.
+	VMI VMIRef `json:"vmi"`
+	// Time is when the launcher observed what it reports (for GracefulShutdown: the signal).
+	Time time.Time `json:"time"`
+	// PodGracePeriodSeconds is the pod's terminationGracePeriodSeconds (GracefulShutdown only).
+	PodGracePeriodSeconds int64 `json:"podGracePeriodSeconds,omitempty"`
+	// Reason says why, for DomainGone and Failed.
+	Reason string `json:"reason,omitempty"`
+}
+
+// VMIRef names a VMI.
+type VMIRef struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+}
+
+func (r VMIRef) String() string { return r.Namespace + "/" + r.Name + " (" + r.UID + ")" }
+
+// Errors a decoder returns for a malformed frame, for metrics and logs.
+var (
+	ErrVersion   = errors.New("unsupported protocol version")
+	ErrReserved  = errors.New("reserved header byte is not zero")
+	ErrTooLarge  = fmt.Errorf("frame body larger than %d bytes", MaxBody)
+	ErrEmpty     = errors.New("empty frame body")
+	ErrMalformed = errors.New("malformed message")
+)
+
+// Validate checks what a decoded message must hold.
+func (m *Message) Validate() error {
+	switch {
+	case !kinds[m.Kind]:
+		return fmt.Errorf("%w: unknown kind %q", ErrMalformed, m.Kind)
+	case m.VMI.UID == "" || m.VMI.Name == "" || m.VMI.Namespace == "":
+		return fmt.Errorf("%w: %s message without a full VMI reference", ErrMalformed, m.Kind)
+	case m.Time.IsZero():
+		return fmt.Errorf("%w: %s message without a time", ErrMalformed, m.Kind)
+	case m.PodGracePeriodSeconds < 0:
+		return fmt.Errorf("%w: negative pod grace period", ErrMalformed)
+	}
+	return nil
+}
+
+// Write encodes m as one frame.
+func Write(w io.Writer, m *Message) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	body, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if len(body) > MaxBody {
+		return ErrTooLarge
+	}
+	frame := make([]byte, headerLen, headerLen+len(body))
+	frame[0] = Version
+	binary.BigEndian.PutUint16(frame[2:], uint16(len(body)))
+	_, err = w.Write(append(frame, body...))
+	return err
+}
+
+// Read decodes one frame. It returns io.EOF at a clean end of stream, io.ErrUnexpectedEOF for
+// a frame cut short, and one of the Err values above (wrapped) for a malformed frame.
+func Read(r io.Reader) (*Message, error) {
+	var header [headerLen]byte
+	if _, err := io.ReadFull(r, header[:]); err != nil {
+		return nil, err
+	}
+	switch {
+	case header[0] != Version:
+		return nil, fmt.Errorf("%w %d (want %d)", ErrVersion, header[0], Version)
+	case header[1] != 0:
+		return nil, ErrReserved
+	}
+	n := int(binary.BigEndian.Uint16(header[2:]))
+	switch {
+	case n == 0:
+		return nil, ErrEmpty
+	case n > MaxBody:
+		return nil, fmt.Errorf("%w: %d", ErrTooLarge, n)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	m := &Message{}
+	if err := dec.Decode(m); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: trailing data after the message", ErrMalformed)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}

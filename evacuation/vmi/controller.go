@@ -1,0 +1,254 @@
+// Package vmi is the VMI controller: it gives each VirtualMachineInstance one launcher pod,
+// drives the VMI's phase from that pod, and on deletion lets the guest shut down before the
+// pod and the VMI go.
+package vmi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// Controller reconciles VirtualMachineInstances with their launcher pods.
+type Controller struct {
+	kube     kubernetes.Interface
+	lifeboat lifeboatclient.Interface
+	vmis     lifeboatlisters.VirtualMachineInstanceLister
+	pods     corelisters.PodLister
+	synced   []cache.InformerSynced
+	queue    workqueue.TypedRateLimitingInterface[string]
+	recorder record.EventRecorder
+	opts     PodOptions
+	now      func() metav1.Time
+	log      *slog.Logger
+}
+
+// New wires the controller to its informers. The pod informer should be filtered to launcher pods.
+func New(kube kubernetes.Interface, lb lifeboatclient.Interface, vmiInformer lifeboatinformers.VirtualMachineInstanceInformer,
+	podInformer coreinformers.PodInformer, recorder record.EventRecorder, opts PodOptions, log *slog.Logger) *Controller {
+	c := &Controller{
+		kube: kube, lifeboat: lb,
+		vmis: vmiInformer.Lister(), pods: podInformer.Lister(),
+		synced:   []cache.InformerSynced{vmiInformer.Informer().HasSynced, podInformer.Informer().HasSynced},
+		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "vmi"}),
+		recorder: recorder,
+		opts:     opts,
+		now:      metav1.Now,
+		log:      log.With("controller", "vmi"),
+	}
+	_, _ = vmiInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueue,
+		UpdateFunc: func(_, obj any) { c.enqueue(obj) },
+		DeleteFunc: c.enqueue,
+	})
+	_, _ = podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueueOwner,
+		UpdateFunc: func(_, obj any) { c.enqueueOwner(obj) },
+		DeleteFunc: c.enqueueOwner,
+	})
+	return c
+}
+
+func (c *Controller) enqueue(obj any) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err != nil {
+		utilruntime.HandleError(err)
+		return
+	}
+	c.queue.Add(key)
+}
+
+// enqueueOwner maps a launcher pod to the VMI that controls it.
+func (c *Controller) enqueueOwner(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	if ref := metav1.GetControllerOf(pod); ref != nil && ref.Kind == "VirtualMachineInstance" && ref.APIVersion == v1alpha1.SchemeGroupVersion.String() {
+		c.queue.Add(pod.Namespace + "/" + ref.Name)
+	}
+}
+
+// Run processes the queue with the given number of workers until ctx ends.
+func (c *Controller) Run(ctx context.Context, workers int) error {
+	defer utilruntime.HandleCrash()
+	defer c.queue.ShutDown()
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return errors.New("vmi controller: caches did not sync")
+	}
+	c.log.Info("started", "workers", workers)
+	for range workers {
+		go wait.UntilWithContext(ctx, c.runWorker, time.Second)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func (c *Controller) runWorker(ctx context.Context) {
+	for c.processNextWorkItem(ctx) {
+	}
+}
+
+// processNextWorkItem is the one place that decides about retries.
+func (c *Controller) processNextWorkItem(ctx context.Context) bool {
+	key, shutdown := c.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer c.queue.Done(key)
+	if err := c.sync(ctx, key); err != nil {
+		c.log.Error("sync failed, will retry", "vmi", key, "err", err)
+		c.queue.AddRateLimited(key)
+		return true
+	}
+	c.queue.Forget(key)
+	return true
+}
+
+func (c *Controller) sync(ctx context.Context, key string) error {
+	namespace, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil // a malformed key never becomes valid
+	}
+	cached, err := c.vmis.VirtualMachineInstances(namespace).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil // its pods go with it through their owner reference
+	}
+	if err != nil {
+		return err
+	}
+	vmi := cached.DeepCopy()
+	pod, err := c.launcherPod(vmi)
+	if err != nil {
+		return err
+	}
+
+	if vmi.DeletionTimestamp != nil {
+		return c.syncDeleted(ctx, vmi, pod)
+	}
+	if !hasFinalizer(vmi) {
+		vmi.Finalizers = append(vmi.Finalizers, v1alpha1.FinalizerShutdown)
+		if vmi, err = c.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(namespace).Update(ctx, vmi, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("adding the shutdown finalizer: %w", err)
+		}
+	}
+	if pod == nil && (vmi.Status.Phase == "" || vmi.Status.Phase == v1alpha1.VMIPending) {
+		if pod, err = c.createLauncherPod(ctx, vmi); err != nil {
+			return err
+		}
+	}
+	return c.updateStatus(ctx, vmi, pod)
+}
+
+// launcherPod finds the VMI's launcher pod among those it controls.
+func (c *Controller) launcherPod(vmi *v1alpha1.VirtualMachineInstance) (*corev1.Pod, error) {
+	pods, err := c.pods.Pods(vmi.Namespace).List(labels.SelectorFromSet(labels.Set{v1alpha1.LabelVMIUID: string(vmi.UID)}))
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range pods {
+		if ref := metav1.GetControllerOf(p); ref != nil && ref.UID == vmi.UID && p.Name == LauncherPodName(vmi) {
+			return p, nil
+		}
+	}
+	return nil, nil
+}
+
+func (c *Controller) createLauncherPod(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) (*corev1.Pod, error) {
+	pod, err := NewLauncherPod(vmi, c.opts)
+	if err != nil {
+		return nil, err
+	}
+	created, err := c.kube.CoreV1().Pods(vmi.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		// Our cache is behind; the pod's informer event will bring us back.
+		return nil, nil
+	}
+	if err != nil {
+		c.recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonFailedCreate, "creating launcher pod %s: %v", pod.Name, err)
+		return nil, fmt.Errorf("creating launcher pod %s: %w", pod.Name, err)
+	}
+	c.recorder.Eventf(vmi, corev1.EventTypeNormal, ReasonSuccessfulCreate, "created launcher pod %s", created.Name)
+	c.log.Info("created launcher pod", "vmi", vmi.Namespace+"/"+vmi.Name, "pod", created.Name)
+	return created, nil
+}
+
+func (c *Controller) updateStatus(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) error {
+	status, events := NextStatus(vmi, pod, c.now())
+	if !apiequality.Semantic.DeepEqual(status, vmi.Status) {
+		vmi.Status = status
+		if _, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(vmi.Namespace).UpdateStatus(ctx, vmi, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("updating status to %s: %w", status.Phase, err)
+		}
+	}
+	for _, e := range events {
+		c.recorder.Event(vmi, e.Type, e.Reason, e.Message)
+	}
+	return nil
+}
+
+// syncDeleted lets the guest shut down: deleting the pod sends the launcher SIGTERM, the agent
+// sees the VMI is being deleted and powers the guest off (ACPI, then destroy at its grace
+// period). Once the pod is gone, the finalizer goes and the VMI with it.
+func (c *Controller) syncDeleted(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) error {
+	if pod != nil {
+		if pod.DeletionTimestamp == nil {
+			err := c.kube.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("deleting launcher pod %s: %w", pod.Name, err)
+			}
+			c.recorder.Eventf(vmi, corev1.EventTypeNormal, ReasonShuttingDown, "shutting the guest down: deleting launcher pod %s", pod.Name)
+		}
+		if err := c.updateStatus(ctx, vmi, pod); err != nil {
+			return err
+		}
+		return nil // the pod's deletion brings us back
+	}
+	if !hasFinalizer(vmi) {
+		return nil
+	}
+	finalizers := vmi.Finalizers[:0]
+	for _, f := range vmi.Finalizers {
+		if f != v1alpha1.FinalizerShutdown {
+			finalizers = append(finalizers, f)
+		}
+	}
+	vmi.Finalizers = finalizers
+	if _, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(vmi.Namespace).Update(ctx, vmi, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("removing the shutdown finalizer: %w", err)
+	}
+	return nil
+}
+
+func hasFinalizer(vmi *v1alpha1.VirtualMachineInstance) bool {
+	for _, f := range vmi.Finalizers {
+		if f == v1alpha1.FinalizerShutdown {
+			return true
+		}
+	}
+	return false
+}

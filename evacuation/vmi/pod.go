@@ -1,0 +1,186 @@
+package vmi
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sort"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// The launcher pod's contract with the launcher (cmd/lifeboat-launcher) and the agent.
+const (
+	// ContainerName is the launcher pod's one container.
+	ContainerName = "compute"
+	// LauncherCommand is what the container runs.
+	LauncherCommand = "lifeboat-launcher"
+	// RunDir is the hostPath shared by launchers and the agent: per-VMI directories and the notify socket.
+	RunDir = "/var/run/lifeboat"
+	// EnvVMI holds the VMI (name, namespace, UID and spec) as JSON.
+	EnvVMI = "LIFEBOAT_VMI"
+	// EnvPodGracePeriod holds the pod's terminationGracePeriodSeconds, which the launcher reports with SIGTERM.
+	EnvPodGracePeriod = "LIFEBOAT_POD_GRACE_PERIOD_SECONDS"
+)
+
+// Sizing of the launcher pod around the guest. The kubelet ranks pods for node-pressure
+// eviction by usage above requests, so the request must cover what the pod really uses.
+const (
+	// DefaultGuestGracePeriodSeconds is the guest's ACPI shutdown time when the VMI sets none (KubeVirt's default).
+	DefaultGuestGracePeriodSeconds = 30
+	// PodGraceMarginSeconds is added to the guest's grace period for the pod: the time to
+	// destroy a guest that ignored ACPI, stop libvirtd and exit before the kubelet's SIGKILL.
+	PodGraceMarginSeconds = 15
+	// CPURequestPerVCPUMilli is the CPU request per guest vCPU: a 1:10 overcommit, as KubeVirt defaults to.
+	CPURequestPerVCPUMilli = 100
+)
+
+// fixedOverhead is the launcher, its libvirtd and QEMU's own memory, measured as under 140Mi with
+// a TCG guest; guestOverheadPercent covers page tables and QEMU's per-page bookkeeping.
+var fixedOverhead = resource.MustParse("160Mi")
+
+const guestOverheadPercent = 2
+
+// MemoryRequest is the launcher pod's memory request: the guest's memory plus the overhead above.
+func MemoryRequest(guest resource.Quantity) resource.Quantity {
+	total := guest.Value() + fixedOverhead.Value() + guest.Value()*guestOverheadPercent/100
+	return *resource.NewQuantity(total, resource.BinarySI)
+}
+
+// PodGracePeriodSeconds is the launcher pod's grace period for a VMI.
+func PodGracePeriodSeconds(vmi *v1alpha1.VirtualMachineInstance) int64 {
+	guest := int64(DefaultGuestGracePeriodSeconds)
+	if vmi.Spec.TerminationGracePeriodSeconds != nil {
+		guest = *vmi.Spec.TerminationGracePeriodSeconds
+	}
+	return guest + PodGraceMarginSeconds
+}
+
+// LauncherPodName is the name of a VMI's first launcher pod. It is fixed for the VMI (its UID is in
+// it) so that a create repeated after a stale cache read fails with AlreadyExists instead of
+// starting the guest twice.
+func LauncherPodName(vmi *v1alpha1.VirtualMachineInstance) string {
+	sum := sha256.Sum256([]byte(vmi.UID))
+	name := vmi.Name
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	return "launcher-" + name + "-" + hex.EncodeToString(sum[:])[:5]
+}
+
+// LauncherVMI is what the launcher receives in EnvVMI: enough to define the domain and identify itself.
+type LauncherVMI struct {
+	Namespace string                              `json:"namespace"`
+	Name      string                              `json:"name"`
+	UID       string                              `json:"uid"`
+	Spec      v1alpha1.VirtualMachineInstanceSpec `json:"spec"`
+}
+
+// PodOptions are the cluster-wide settings of launcher pods.
+type PodOptions struct {
+	// Image is the launcher image.
+	Image string
+	// Acceleration is passed to the launcher: kvm, tcg or auto.
+	Acceleration string
+}
+
+// NewLauncherPod builds the launcher pod of a VMI, owned by it.
+func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*corev1.Pod, error) {
+	payload, err := json.Marshal(LauncherVMI{Namespace: vmi.Namespace, Name: vmi.Name, UID: string(vmi.UID), Spec: vmi.Spec})
+	if err != nil {
+		return nil, fmt.Errorf("encoding the VMI for its launcher: %w", err)
+	}
+	grace := PodGracePeriodSeconds(vmi)
+	nodeSelector := map[string]string{v1alpha1.LabelKVMNode: "true"}
+	for k, v := range vmi.Spec.NodeSelector {
+		nodeSelector[k] = v
+	}
+	memory := MemoryRequest(vmi.Spec.Memory)
+	cpus := vmi.Spec.CPUs
+	if cpus == 0 {
+		cpus = 1
+	}
+	volumes, mounts := launcherVolumes(vmi)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      LauncherPodName(vmi),
+			Namespace: vmi.Namespace,
+			Labels: map[string]string{
+				v1alpha1.LabelRole:    v1alpha1.RoleLauncher,
+				v1alpha1.LabelVMIName: vmi.Name,
+				v1alpha1.LabelVMIUID:  string(vmi.UID),
+			},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vmi, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))},
+		},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: ptr.To(grace),
+			NodeSelector:                  nodeSelector,
+			AutomountServiceAccountToken:  ptr.To(false),
+			Containers: []corev1.Container{{
+				Name:    ContainerName,
+				Image:   opts.Image,
+				Command: []string{LauncherCommand},
+				Args:    []string{"--acceleration=" + opts.Acceleration},
+				Env: []corev1.EnvVar{
+					{Name: EnvVMI, Value: string(payload)},
+					{Name: EnvPodGracePeriod, Value: fmt.Sprint(grace)},
+					fieldEnv("POD_NAME", "metadata.name"),
+					fieldEnv("POD_NAMESPACE", "metadata.namespace"),
+					fieldEnv("POD_UID", "metadata.uid"),
+					fieldEnv("NODE_NAME", "spec.nodeName"),
+				},
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+					corev1.ResourceMemory: memory,
+					corev1.ResourceCPU:    *resource.NewMilliQuantity(int64(cpus)*CPURequestPerVCPUMilli, resource.DecimalSI),
+				}},
+				VolumeMounts: mounts,
+			}},
+			Volumes: volumes,
+		},
+	}, nil
+}
+
+func fieldEnv(name, path string) corev1.EnvVar {
+	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
+}
+
+// launcherVolumes mounts the shared run directory and, at the same paths, the directories of
+// the guest's boot files, which are paths on the node: read-only, but for a disk image's.
+func launcherVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []corev1.VolumeMount) {
+	volumes := []corev1.Volume{{
+		Name:         "lifeboat-run",
+		VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: RunDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}},
+	}}
+	mounts := []corev1.VolumeMount{{Name: "lifeboat-run", MountPath: RunDir}}
+	dirs := map[string]bool{} // directory → read-only
+	for _, p := range []string{vmi.Spec.Boot.Kernel, vmi.Spec.Boot.Initrd} {
+		if p != "" {
+			dirs[filepath.Dir(p)] = true
+		}
+	}
+	if d := vmi.Spec.Boot.Disk; d != "" {
+		dirs[filepath.Dir(d)] = false
+	}
+	sorted := make([]string, 0, len(dirs))
+	for d := range dirs {
+		sorted = append(sorted, d)
+	}
+	sort.Strings(sorted)
+	for i, d := range sorted {
+		name := fmt.Sprintf("boot-%d", i)
+		volumes = append(volumes, corev1.Volume{
+			Name:         name,
+			VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: d, Type: ptr.To(corev1.HostPathDirectory)}},
+		})
+		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: d, ReadOnly: dirs[d]})
+	}
+	return volumes, mounts
+}

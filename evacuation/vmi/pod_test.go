@@ -1,0 +1,93 @@
+package vmi
+
+import (
+	"encoding/json"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+func TestNewLauncherPod(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Name: "vm1", Namespace: "ns", UID: "0a1b"},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{
+			CPUs: 2, Memory: resource.MustParse("1Gi"),
+			Boot:                          v1alpha1.BootSource{Kernel: "/images/vmlinuz", Initrd: "/images/initrd.gz", Disk: "/disks/vm1.qcow2"},
+			TerminationGracePeriodSeconds: ptr.To[int64](60),
+			NodeSelector:                  map[string]string{"zone": "a"},
+		},
+	}
+	pod, err := NewLauncherPod(vmi, PodOptions{Image: "lifeboat-launcher:dev", Acceleration: "tcg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref := metav1.GetControllerOf(pod); ref == nil || ref.UID != vmi.UID || ref.Kind != "VirtualMachineInstance" {
+		t.Errorf("controller reference = %+v, want the VMI", ref)
+	}
+	if pod.Labels[v1alpha1.LabelVMIName] != "vm1" || pod.Labels[v1alpha1.LabelVMIUID] != "0a1b" || pod.Labels[v1alpha1.LabelRole] != v1alpha1.RoleLauncher {
+		t.Errorf("labels = %v", pod.Labels)
+	}
+	if pod.Spec.NodeSelector[v1alpha1.LabelKVMNode] != "true" || pod.Spec.NodeSelector["zone"] != "a" {
+		t.Errorf("node selector = %v, want the KVM label and the VMI's own", pod.Spec.NodeSelector)
+	}
+	if *pod.Spec.TerminationGracePeriodSeconds != 60+PodGraceMarginSeconds {
+		t.Errorf("pod grace = %d, want the VMI's 60 + %d", *pod.Spec.TerminationGracePeriodSeconds, PodGraceMarginSeconds)
+	}
+	if pod.Spec.RestartPolicy != corev1.RestartPolicyNever {
+		t.Errorf("restart policy = %s: a launcher must never be restarted under a running guest", pod.Spec.RestartPolicy)
+	}
+	c := pod.Spec.Containers[0]
+	wantMem := resource.MustParse("1Gi")
+	wantMem.Add(resource.MustParse("160Mi"))
+	wantMem.Add(*resource.NewQuantity(1<<30*2/100, resource.BinarySI))
+	if got := c.Resources.Requests[corev1.ResourceMemory]; got.Cmp(wantMem) != 0 {
+		t.Errorf("memory request = %s, want %s (guest + 160Mi + 2%%)", got.String(), wantMem.String())
+	}
+	if got := c.Resources.Requests[corev1.ResourceCPU]; got.MilliValue() != 200 {
+		t.Errorf("cpu request = %s, want 200m for 2 vCPUs", got.String())
+	}
+	var payload LauncherVMI
+	for _, e := range c.Env {
+		if e.Name == EnvVMI {
+			if err := json.Unmarshal([]byte(e.Value), &payload); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if payload.UID != "0a1b" || payload.Spec.Boot.Kernel != "/images/vmlinuz" {
+		t.Errorf("launcher payload = %+v", payload)
+	}
+	mounts := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = m.ReadOnly
+	}
+	if ro, ok := mounts["/images"]; !ok || !ro {
+		t.Errorf("boot image directory must be mounted read-only: %v", mounts)
+	}
+	if ro, ok := mounts["/disks"]; !ok || ro {
+		t.Errorf("disk image directory must be mounted read-write: %v", mounts)
+	}
+	if _, ok := mounts[RunDir]; !ok {
+		t.Errorf("run directory %s not mounted: %v", RunDir, mounts)
+	}
+}
+
+func TestLauncherPodNameIsStableAndShort(t *testing.T) {
+	a := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "a-very-long-virtual-machine-name-that-goes-on-and-on-and-on", UID: "u1"}}
+	b := a.DeepCopy()
+	b.UID = "u2"
+	if LauncherPodName(a) != LauncherPodName(a.DeepCopy()) {
+		t.Error("the name must be the same for the same VMI")
+	}
+	if LauncherPodName(a) == LauncherPodName(b) {
+		t.Error("a VMI re-created with the same name must get a new pod name")
+	}
+	if n := len(LauncherPodName(a)); n > 63 {
+		t.Errorf("name is %d characters; keep it a valid hostname label", n)
+	}
+}

@@ -1,0 +1,147 @@
+package vmi
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// Event is what the sync should record on the VMI after a status change.
+type Event struct {
+	Type, Reason, Message string
+}
+
+// Reasons of VMI events and status, CamelCase as Kubernetes has them.
+const (
+	ReasonSuccessfulCreate  = "SuccessfulCreate"
+	ReasonFailedCreate      = "FailedCreate"
+	ReasonScheduled         = "Scheduled"
+	ReasonFailedScheduling  = "FailedScheduling"
+	ReasonStopped           = "Stopped"
+	ReasonLauncherFailed    = "LauncherFailed"
+	ReasonLauncherVanished  = "LauncherPodVanished"
+	ReasonShuttingDown      = "ShuttingDown"
+	ReasonGuestShutDown     = "GuestShutDown"
+	conditionMessageUnknown = "the launcher pod ended"
+)
+
+var phaseOrder = map[v1alpha1.VirtualMachineInstancePhase]int{
+	"": 0, v1alpha1.VMIPending: 1, v1alpha1.VMIScheduling: 2, v1alpha1.VMIScheduled: 3, v1alpha1.VMIRunning: 4,
+	v1alpha1.VMISucceeded: 5, v1alpha1.VMIFailed: 5,
+}
+
+// Terminal reports whether a VMI phase is final.
+func Terminal(p v1alpha1.VirtualMachineInstancePhase) bool {
+	return p == v1alpha1.VMISucceeded || p == v1alpha1.VMIFailed
+}
+
+// NextStatus is the VMI status the launcher pod implies, and the events to record for the change.
+// pod is nil when the VMI has no launcher pod. Phases only move forward; Running and the
+// conditions on a running guest are the agent's to set.
+func NextStatus(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, now metav1.Time) (v1alpha1.VirtualMachineInstanceStatus, []Event) {
+	status := *vmi.Status.DeepCopy()
+	if Terminal(status.Phase) {
+		return status, nil
+	}
+	advance := func(p v1alpha1.VirtualMachineInstancePhase) bool {
+		if phaseOrder[p] > phaseOrder[status.Phase] {
+			status.Phase = p
+			return true
+		}
+		return false
+	}
+
+	if pod == nil {
+		if phaseOrder[status.Phase] <= phaseOrder[v1alpha1.VMIScheduling] {
+			advance(v1alpha1.VMIPending)
+			return status, nil
+		}
+		msg := "the launcher pod was deleted while the guest was " + string(status.Phase)
+		fail(&status, ReasonLauncherVanished, msg, now)
+		return status, []Event{{corev1.EventTypeWarning, ReasonLauncherVanished, msg}}
+	}
+
+	var events []Event
+	switch pod.Status.Phase {
+	case corev1.PodSucceeded:
+		status.Phase = v1alpha1.VMISucceeded
+		status.Reason, status.Message = ReasonGuestShutDown, "the guest shut down and its launcher exited"
+		setReady(&status, metav1.ConditionFalse, ReasonGuestShutDown, status.Message, now)
+		return status, []Event{{corev1.EventTypeNormal, ReasonStopped, status.Message}}
+	case corev1.PodFailed:
+		msg := podFailureMessage(pod)
+		fail(&status, ReasonLauncherFailed, msg, now)
+		return status, []Event{{corev1.EventTypeWarning, ReasonLauncherFailed, msg}}
+	}
+
+	if pod.Spec.NodeName == "" {
+		advance(v1alpha1.VMIScheduling)
+		if c := podCondition(pod, corev1.PodScheduled); c != nil && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			events = append(events, Event{corev1.EventTypeWarning, ReasonFailedScheduling,
+				fmt.Sprintf("launcher pod %s cannot be scheduled: %s", pod.Name, c.Message)})
+		}
+		return status, events
+	}
+	if advance(v1alpha1.VMIScheduled) {
+		status.NodeName = pod.Spec.NodeName
+		events = append(events, Event{corev1.EventTypeNormal, ReasonScheduled,
+			fmt.Sprintf("launcher pod %s scheduled to node %s", pod.Name, pod.Spec.NodeName)})
+	}
+	return status, events
+}
+
+func fail(status *v1alpha1.VirtualMachineInstanceStatus, reason, msg string, now metav1.Time) {
+	status.Phase = v1alpha1.VMIFailed
+	status.Reason, status.Message = reason, msg
+	setReady(status, metav1.ConditionFalse, reason, msg, now)
+}
+
+func setReady(status *v1alpha1.VirtualMachineInstanceStatus, s metav1.ConditionStatus, reason, msg string, now metav1.Time) {
+	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
+		Type: v1alpha1.VMIConditionReady, Status: s, Reason: reason, Message: msg, LastTransitionTime: now,
+	})
+}
+
+// podFailureMessage says how a failed launcher pod ended, from what the kubelet recorded.
+func podFailureMessage(pod *corev1.Pod) string {
+	msg := ""
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name != ContainerName || cs.State.Terminated == nil {
+			continue
+		}
+		t := cs.State.Terminated
+		msg = fmt.Sprintf("launcher container exited with code %d", t.ExitCode)
+		if t.Signal != 0 {
+			msg += fmt.Sprintf(" (signal %d)", t.Signal)
+		}
+		if t.Reason != "" {
+			msg += ", reason " + t.Reason
+		}
+		if t.Message != "" {
+			msg += ": " + t.Message
+		}
+	}
+	if pod.Status.Reason != "" {
+		if msg != "" {
+			msg = "; " + msg
+		}
+		msg = fmt.Sprintf("launcher pod %s: %s", pod.Status.Reason, pod.Status.Message) + msg
+	}
+	if msg == "" {
+		msg = conditionMessageUnknown
+	}
+	return msg
+}
+
+func podCondition(pod *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
+	for i := range pod.Status.Conditions {
+		if pod.Status.Conditions[i].Type == t {
+			return &pod.Status.Conditions[i]
+		}
+	}
+	return nil
+}
