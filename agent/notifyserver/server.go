@@ -1,0 +1,170 @@
+// Package notifyserver is the agent's end of the notify socket: it accepts launcher
+// connections, checks who is calling, decodes frames and hands valid messages on. A bad peer
+// or a bad frame costs only its own connection.
+package notifyserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+
+	"github.com/lifeboat-vm/lifeboat/api/notify"
+)
+
+// Handler receives each valid message, with the peer's process ID.
+type Handler func(m *notify.Message, peerPID int32)
+
+// Server serves the notify socket.
+type Server struct {
+	path        string
+	allowedUIDs map[uint32]bool
+	handle      Handler
+	log         *slog.Logger
+	// idle closes a connection that sends nothing for this long; launchers keep theirs open
+	// and quiet, so this is long, but it bounds a stuck peer.
+	idle time.Duration
+
+	rejected *prometheus.CounterVec
+	received *prometheus.CounterVec
+}
+
+// New makes a server for the socket at path that accepts peers running as one of allowedUIDs.
+func New(path string, allowedUIDs []uint32, handle Handler, reg prometheus.Registerer, log *slog.Logger) *Server {
+	s := &Server{
+		path: path, handle: handle, log: log.With("component", "notify"), idle: 24 * time.Hour,
+		allowedUIDs: map[uint32]bool{},
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_agent_notify_rejected_total",
+			Help: "Notify connections closed because of a bad peer or frame, by reason.",
+		}, []string{"reason"}),
+		received: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_agent_notify_messages_total",
+			Help: "Valid notify messages received, by kind.",
+		}, []string{"kind"}),
+	}
+	for _, uid := range allowedUIDs {
+		s.allowedUIDs[uid] = true
+	}
+	reg.MustRegister(s.rejected, s.received)
+	return s
+}
+
+// Serve listens until ctx ends. A stale socket file from an earlier agent is replaced.
+func (s *Server) Serve(ctx context.Context) error {
+	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing stale notify socket: %w", err)
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: s.path, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", s.path, err)
+	}
+	if err := os.Chmod(s.path, 0o660); err != nil {
+		l.Close()
+		return err
+	}
+	var wg sync.WaitGroup
+	go func() {
+		<-ctx.Done()
+		l.Close()
+	}()
+	for {
+		conn, err := l.AcceptUnix()
+		if err != nil {
+			wg.Wait()
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("accepting on %s: %w", s.path, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.serveConn(ctx, conn)
+		}()
+	}
+}
+
+func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn) {
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+
+	cred, err := peerCredentials(conn)
+	if err != nil {
+		s.reject("credentials", err, 0)
+		return
+	}
+	if !s.allowedUIDs[cred.Uid] {
+		s.reject("unauthorised", fmt.Errorf("peer pid %d runs as uid %d", cred.Pid, cred.Uid), cred.Pid)
+		return
+	}
+	var hello *notify.VMIRef
+	for {
+		_ = conn.SetReadDeadline(time.Now().Add(s.idle))
+		m, err := notify.Read(conn)
+		if errors.Is(err, io.EOF) || (err != nil && ctx.Err() != nil) {
+			return
+		}
+		if err != nil {
+			s.reject(reasonOf(err), err, cred.Pid)
+			return
+		}
+		switch {
+		case hello == nil && m.Kind != notify.KindHello:
+			s.reject("no-hello", fmt.Errorf("first message is %s, want Hello", m.Kind), cred.Pid)
+			return
+		case hello != nil && m.VMI != *hello:
+			s.reject("vmi-mismatch", fmt.Errorf("message for %s on a connection for %s", m.VMI, hello), cred.Pid)
+			return
+		case hello == nil:
+			ref := m.VMI
+			hello = &ref
+		}
+		s.received.WithLabelValues(string(m.Kind)).Inc()
+		s.handle(m, cred.Pid)
+	}
+}
+
+func (s *Server) reject(reason string, err error, pid int32) {
+	s.rejected.WithLabelValues(reason).Inc()
+	s.log.Warn("closing notify connection", "reason", reason, "peerPID", pid, "err", err)
+}
+
+func reasonOf(err error) string {
+	switch {
+	case errors.Is(err, notify.ErrVersion):
+		return "version"
+	case errors.Is(err, notify.ErrTooLarge):
+		return "oversized"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "truncated"
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return "idle"
+	default:
+		return "malformed"
+	}
+}
+
+func peerCredentials(conn *net.UnixConn) (*unix.Ucred, error) {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, credErr
+}

@@ -1,0 +1,179 @@
+package notifyserver
+
+import (
+	"context"
+	"encoding/binary"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/lifeboat-vm/lifeboat/api/notify"
+)
+
+type received struct {
+	mu   sync.Mutex
+	msgs []*notify.Message
+	pids []int32
+}
+
+func (r *received) handle(m *notify.Message, pid int32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, m)
+	r.pids = append(r.pids, pid)
+}
+
+func (r *received) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.msgs)
+}
+
+func startServer(t *testing.T, uids []uint32) (*Server, string, *received) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify.sock")
+	got := &received{}
+	s := New(path, uids, got.handle, prometheus.NewRegistry(), slogDiscard())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	// Probing with a connection would itself count as a rejection in some tests.
+	waitFor(t, "the socket to exist", func() bool {
+		_, err := os.Stat(path)
+		return err == nil
+	})
+	return s, path, got
+}
+
+// dial connects, retrying briefly: the socket file exists a moment before the server listens.
+func dial(t *testing.T, path string) net.Conn {
+	t.Helper()
+	var c net.Conn
+	waitFor(t, "a connection to "+path, func() bool {
+		var err error
+		c, err = net.Dial("unix", path)
+		return err == nil
+	})
+	return c
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return cond(), nil
+	})
+	if err != nil {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+func msg(kind notify.Kind, uid string) *notify.Message {
+	return &notify.Message{Kind: kind, VMI: notify.VMIRef{Namespace: "ns", Name: "vm", UID: uid}, Time: time.Now()}
+}
+
+// closed reports whether the server closed the connection.
+func closed(t *testing.T, c net.Conn) bool {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := c.Read(make([]byte, 1))
+	return err != nil && !os.IsTimeout(err)
+}
+
+func TestValidMessagesReachTheHandlerWithThePeerPID(t *testing.T) {
+	_, path, got := startServer(t, []uint32{uint32(os.Getuid())})
+	c := dial(t, path)
+	defer c.Close()
+	for _, k := range []notify.Kind{notify.KindHello, notify.KindDomainStarted, notify.KindGracefulShutdown} {
+		if err := notify.Write(c, msg(k, "u1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "three messages", func() bool { return got.count() == 3 })
+	if got.pids[0] != int32(os.Getpid()) {
+		t.Errorf("peer pid = %d, want ours (%d)", got.pids[0], os.Getpid())
+	}
+	if got.msgs[2].Kind != notify.KindGracefulShutdown {
+		t.Errorf("third message = %s", got.msgs[2].Kind)
+	}
+}
+
+func TestBadConnectionsAreClosedAloneAndCounted(t *testing.T) {
+	header := func(version byte, n uint16) []byte {
+		b := []byte{version, 0, 0, 0}
+		binary.BigEndian.PutUint16(b[2:], n)
+		return b
+	}
+	cases := []struct {
+		name   string
+		send   func(c net.Conn)
+		reason string
+	}{
+		{"oversized frame", func(c net.Conn) { _, _ = c.Write(header(notify.Version, 0xffff)) }, "oversized"},
+		{"wrong version", func(c net.Conn) { _, _ = c.Write(append(header(9, 2), "{}"...)) }, "version"},
+		{"garbage body", func(c net.Conn) { _, _ = c.Write(append(header(notify.Version, 4), "!!!!"...)) }, "malformed"},
+		{"no hello first", func(c net.Conn) { _ = notify.Write(c, msg(notify.KindGracefulShutdown, "u1")) }, "no-hello"},
+		{"another VMI after hello", func(c net.Conn) {
+			_ = notify.Write(c, msg(notify.KindHello, "u1"))
+			_ = notify.Write(c, msg(notify.KindGracefulShutdown, "u2"))
+		}, "vmi-mismatch"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, path, got := startServer(t, []uint32{uint32(os.Getuid())})
+			good := dial(t, path)
+			defer good.Close()
+			if err := notify.Write(good, msg(notify.KindHello, "good")); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the good hello", func() bool { return got.count() == 1 })
+
+			bad := dial(t, path)
+			defer bad.Close()
+			tc.send(bad)
+			if !closed(t, bad) {
+				t.Fatal("the server kept the bad connection open")
+			}
+			if n := testutil.ToFloat64(s.rejected.WithLabelValues(tc.reason)); n != 1 {
+				t.Errorf("rejected{reason=%q} = %v, want 1", tc.reason, n)
+			}
+			// The other launcher's connection is unaffected.
+			if err := notify.Write(good, msg(notify.KindDomainStarted, "good")); err != nil {
+				t.Fatalf("the good connection broke: %v", err)
+			}
+			waitFor(t, "the good connection's next message", func() bool {
+				got.mu.Lock()
+				defer got.mu.Unlock()
+				return got.msgs[len(got.msgs)-1].Kind == notify.KindDomainStarted && got.msgs[len(got.msgs)-1].VMI.UID == "good"
+			})
+		})
+	}
+}
+
+func TestUnauthorisedPeerIsRejected(t *testing.T) {
+	s, path, got := startServer(t, []uint32{uint32(os.Getuid()) + 4242})
+	c := dial(t, path)
+	defer c.Close()
+	_ = notify.Write(c, msg(notify.KindHello, "u1"))
+	if !closed(t, c) {
+		t.Fatal("a peer with a uid not allowed was served")
+	}
+	if n := testutil.ToFloat64(s.rejected.WithLabelValues("unauthorised")); n != 1 {
+		t.Errorf("rejected{reason=unauthorised} = %v, want 1", n)
+	}
+	if got.count() != 0 {
+		t.Errorf("the handler got %d messages from an unauthorised peer", got.count())
+	}
+}
