@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+var t0 = time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC)
+
+type vmiOpt func(*v1alpha1.VirtualMachineInstance)
+
+func testVMI(phase v1alpha1.VirtualMachineInstancePhase, opts ...vmiOpt) *v1alpha1.VirtualMachineInstance {
+	v := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "ns"}}
+	v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](20)
+	v.Status.Phase = phase
+	v.Status.NodeName = "node-1"
+	for _, o := range opts {
+		o(v)
+	}
+	return v
+}
+
+func deletedAt(t time.Time) vmiOpt {
+	return func(v *v1alpha1.VirtualMachineInstance) { v.DeletionTimestamp = ptr.To(metav1.NewTime(t)) }
+}
+
+func TestDecide(t *testing.T) {
+	sigterm := t0
+	cases := []struct {
+		name         string
+		vmi          *v1alpha1.VirtualMachineInstance
+		dom          *Domain
+		now          time.Time
+		wantPhase    v1alpha1.VirtualMachineInstancePhase
+		wantReady    metav1.ConditionStatus
+		wantMigrates metav1.ConditionStatus
+		wantShutdown bool
+		wantDestroy  bool
+		wantRequeue  time.Duration
+		wantEvent    string
+	}{
+		{name: "no domain yet: nothing to say", vmi: testVMI(v1alpha1.VMIScheduled), now: t0, wantPhase: ""},
+		{name: "running domain makes the VMI Running and Ready", vmi: testVMI(v1alpha1.VMIScheduled), dom: &Domain{State: DomainRunning}, now: t0,
+			wantPhase: v1alpha1.VMIRunning, wantReady: metav1.ConditionTrue, wantMigrates: metav1.ConditionTrue, wantEvent: ReasonStarted},
+		{name: "a disk on the node makes it not migratable, with the reason", vmi: testVMI(v1alpha1.VMIRunning), dom: &Domain{State: DomainRunning, NotMigratableReason: "LocalDisk"}, now: t0,
+			wantPhase: v1alpha1.VMIRunning, wantReady: metav1.ConditionTrue, wantMigrates: metav1.ConditionFalse},
+		{name: "crashed guest: Failed", vmi: testVMI(v1alpha1.VMIRunning), dom: &Domain{State: DomainCrashed}, now: t0,
+			wantPhase: v1alpha1.VMIFailed, wantReady: metav1.ConditionFalse, wantEvent: ReasonGuestCrashed},
+		{name: "deleted VMI: power button, look again at the deadline", vmi: testVMI(v1alpha1.VMIRunning, deletedAt(t0)), dom: &Domain{State: DomainRunning}, now: t0.Add(5 * time.Second),
+			wantPhase: v1alpha1.VMIRunning, wantReady: metav1.ConditionTrue, wantMigrates: metav1.ConditionTrue, wantShutdown: true, wantRequeue: 15 * time.Second, wantEvent: ReasonShuttingDown},
+		{name: "deleted VMI, button already pressed: only wait", vmi: testVMI(v1alpha1.VMIRunning, deletedAt(t0)), dom: &Domain{State: DomainShuttingDown, ShutdownSent: true}, now: t0.Add(10 * time.Second),
+			wantPhase: v1alpha1.VMIRunning, wantReady: metav1.ConditionTrue, wantMigrates: metav1.ConditionTrue, wantRequeue: 10 * time.Second},
+		{name: "deleted VMI past its grace: destroy", vmi: testVMI(v1alpha1.VMIRunning, deletedAt(t0)), dom: &Domain{State: DomainRunning, ShutdownSent: true}, now: t0.Add(20 * time.Second),
+			wantPhase: v1alpha1.VMIRunning, wantReady: metav1.ConditionTrue, wantMigrates: metav1.ConditionTrue, wantDestroy: true, wantEvent: ReasonDestroyed},
+		{name: "SIGTERM recorded by the launcher: graceful shutdown from the signal time", vmi: testVMI(v1alpha1.VMIRunning), dom: &Domain{State: DomainRunning, GracefulShutdown: &sigterm}, now: t0.Add(2 * time.Second),
+			wantPhase: v1alpha1.VMIRunning, wantReady: metav1.ConditionTrue, wantMigrates: metav1.ConditionTrue, wantShutdown: true, wantRequeue: 18 * time.Second, wantEvent: ReasonShuttingDown},
+		{name: "guest powered off: not Ready, phase left to the pod", vmi: testVMI(v1alpha1.VMIRunning), dom: &Domain{State: DomainShutoff}, now: t0,
+			wantPhase: v1alpha1.VMIRunning, wantReady: metav1.ConditionFalse},
+		{name: "terminal VMI: nothing", vmi: testVMI(v1alpha1.VMISucceeded), dom: &Domain{State: DomainRunning}, now: t0, wantPhase: ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			plan := Decide(tc.vmi, tc.dom, "node-1", tc.now)
+			if tc.wantPhase == "" {
+				if plan.Status != nil || plan.Shutdown || plan.Destroy {
+					t.Fatalf("want no action, got %+v", plan)
+				}
+				return
+			}
+			if plan.Status == nil {
+				t.Fatal("want a status")
+			}
+			if plan.Status.Phase != tc.wantPhase {
+				t.Errorf("phase = %s, want %s", plan.Status.Phase, tc.wantPhase)
+			}
+			for typ, want := range map[string]metav1.ConditionStatus{v1alpha1.VMIConditionReady: tc.wantReady, v1alpha1.VMIConditionLiveMigratable: tc.wantMigrates} {
+				c := meta.FindStatusCondition(plan.Status.Conditions, typ)
+				switch {
+				case want == "" && c != nil:
+					t.Errorf("condition %s = %s, want none", typ, c.Status)
+				case want != "" && (c == nil || c.Status != want):
+					t.Errorf("condition %s = %+v, want %s", typ, c, want)
+				}
+			}
+			if plan.Shutdown != tc.wantShutdown || plan.Destroy != tc.wantDestroy || plan.RequeueAfter != tc.wantRequeue {
+				t.Errorf("shutdown=%v destroy=%v requeue=%s, want %v %v %s", plan.Shutdown, plan.Destroy, plan.RequeueAfter, tc.wantShutdown, tc.wantDestroy, tc.wantRequeue)
+			}
+			var reasons []string
+			for _, e := range plan.Events {
+				reasons = append(reasons, e.Reason)
+			}
+			if got := strings.Join(reasons, ","); got != tc.wantEvent {
+				t.Errorf("events = %q, want %q", got, tc.wantEvent)
+			}
+		})
+	}
+}
