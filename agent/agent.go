@@ -1,0 +1,265 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/notify"
+)
+
+const uidIndex = "uid"
+
+// Config is what an agent needs to know of its node.
+type Config struct {
+	NodeName string
+	// DomainsDir holds one directory per launcher, named by VMI UID (/var/run/lifeboat/domains).
+	DomainsDir string
+	Dial       Dialer
+	Recorder   record.EventRecorder
+	Metrics    *Metrics
+	Log        *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Agent keeps the status of the VMIs on its node true and ends their guests as decided.
+type Agent struct {
+	cfg      Config
+	lifeboat lifeboatclient.Interface
+	informer cache.SharedIndexInformer
+	queue    workqueue.TypedRateLimitingInterface[string] // VMI UIDs
+
+	mu        sync.Mutex
+	launchers map[string]*launcher // by VMI UID
+}
+
+// launcher is the agent's link to one launcher.
+type launcher struct {
+	conn         DomainConn
+	shutdownSent bool
+}
+
+// New makes an agent. The informer must list the VMIs whose status.nodeName is this node.
+func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInstanceInformer) (*Agent, error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	a := &Agent{
+		cfg: cfg, lifeboat: lb, informer: vmis.Informer(),
+		queue:     workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "agent"}),
+		launchers: map[string]*launcher{},
+	}
+	if err := a.informer.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
+		return []string{string(obj.(metav1.Object).GetUID())}, nil
+	}}); err != nil {
+		return nil, err
+	}
+	_, err := a.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    a.enqueueVMI,
+		UpdateFunc: func(_, obj any) { a.enqueueVMI(obj) },
+	})
+	return a, err
+}
+
+func (a *Agent) enqueueVMI(obj any) {
+	if o, ok := obj.(metav1.Object); ok {
+		a.queue.Add(string(o.GetUID()))
+	}
+}
+
+// HandleNotify is the notify server's handler: a launcher's report makes the agent look again at once.
+func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
+	a.cfg.Log.Info("launcher report", "kind", m.Kind, "vmi", m.VMI.String(), "peerPID", peerPID, "reason", m.Reason)
+	if m.Kind == notify.KindGracefulShutdown {
+		a.cfg.Metrics.Signals.Inc()
+	}
+	a.queue.Add(m.VMI.UID)
+}
+
+// Run discovers launchers and reconciles until ctx ends.
+func (a *Agent) Run(ctx context.Context, workers int) error {
+	defer utilruntime.HandleCrash()
+	defer a.queue.ShutDown()
+	defer a.closeAll()
+	if !cache.WaitForCacheSync(ctx.Done(), a.informer.HasSynced) {
+		return errors.New("agent: VMI cache did not sync")
+	}
+	found, gone := make(chan string), make(chan string)
+	errc := make(chan error, 1)
+	go func() { errc <- discover(ctx, a.cfg.DomainsDir, found, gone) }()
+	for range workers {
+		go wait.UntilWithContext(ctx, a.runWorker, time.Second)
+	}
+	a.cfg.Log.Info("agent started", "node", a.cfg.NodeName, "domainsDir", a.cfg.DomainsDir)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			return err
+		case uid := <-found:
+			go a.connect(ctx, uid)
+		case uid := <-gone:
+			a.forget(uid)
+		}
+	}
+}
+
+// connect dials a launcher's libvirt and feeds its domain's changes to the queue until the
+// connection ends.
+func (a *Agent) connect(ctx context.Context, uid string) {
+	a.mu.Lock()
+	if _, ok := a.launchers[uid]; ok {
+		a.mu.Unlock()
+		return
+	}
+	a.launchers[uid] = &launcher{}
+	a.mu.Unlock()
+
+	socket := filepath.Join(a.cfg.DomainsDir, uid, LibvirtSocketName)
+	var conn DomainConn
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		conn, err = a.cfg.Dial(ctx, socket, uid)
+		return err == nil, nil
+	})
+	if err != nil {
+		a.cfg.Log.Error("cannot connect to a launcher's libvirt", "vmiUID", uid, "socket", socket, "err", err)
+		a.forget(uid)
+		return
+	}
+	a.mu.Lock()
+	a.launchers[uid].conn = conn
+	a.mu.Unlock()
+	a.cfg.Metrics.Launchers.Inc()
+	a.cfg.Log.Info("connected to launcher", "vmiUID", uid)
+	a.queue.Add(uid)
+	for range conn.Changes() {
+		a.queue.Add(uid)
+	}
+	a.cfg.Log.Info("launcher connection ended", "vmiUID", uid)
+	a.forget(uid)
+	a.queue.Add(uid)
+}
+
+func (a *Agent) forget(uid string) {
+	a.mu.Lock()
+	l, ok := a.launchers[uid]
+	delete(a.launchers, uid)
+	a.mu.Unlock()
+	if ok && l.conn != nil {
+		_ = l.conn.Close()
+		a.cfg.Metrics.Launchers.Dec()
+	}
+}
+
+func (a *Agent) closeAll() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for uid, l := range a.launchers {
+		if l.conn != nil {
+			_ = l.conn.Close()
+		}
+		delete(a.launchers, uid)
+	}
+}
+
+func (a *Agent) runWorker(ctx context.Context) {
+	for a.processNextWorkItem(ctx) {
+	}
+}
+
+func (a *Agent) processNextWorkItem(ctx context.Context) bool {
+	uid, shutdown := a.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer a.queue.Done(uid)
+	requeue, err := a.sync(ctx, uid)
+	switch {
+	case err != nil:
+		a.cfg.Log.Error("sync failed, will retry", "vmiUID", uid, "err", err)
+		a.queue.AddRateLimited(uid)
+	case requeue > 0:
+		a.queue.Forget(uid)
+		a.queue.AddAfter(uid, requeue)
+	default:
+		a.queue.Forget(uid)
+	}
+	return true
+}
+
+// sync observes one VMI and its domain, decides, and carries the decision out.
+func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
+	objs, err := a.informer.GetIndexer().ByIndex(uidIndex, uid)
+	if err != nil || len(objs) == 0 {
+		return 0, err // not on this node (yet): its informer event brings it back
+	}
+	vmi := objs[0].(*v1alpha1.VirtualMachineInstance).DeepCopy()
+
+	a.mu.Lock()
+	l := a.launchers[uid]
+	a.mu.Unlock()
+	if l == nil || l.conn == nil {
+		return 0, nil
+	}
+	dom, err := l.conn.Observe(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("observing the domain: %w", err)
+	}
+	if dom != nil {
+		dom.ShutdownSent = l.shutdownSent
+	}
+	plan := Decide(vmi, dom, a.cfg.NodeName, a.cfg.Now())
+
+	if plan.Shutdown {
+		if err := l.conn.Shutdown(ctx); err != nil {
+			return 0, fmt.Errorf("pressing the power button: %w", err)
+		}
+		a.mu.Lock()
+		l.shutdownSent = true
+		a.mu.Unlock()
+	}
+	if plan.Destroy {
+		if err := l.conn.Destroy(ctx); err != nil {
+			return 0, fmt.Errorf("destroying the guest: %w", err)
+		}
+	}
+	if plan.Status != nil && !apiequality.Semantic.DeepEqual(*plan.Status, vmi.Status) {
+		vmi.Status = *plan.Status
+		_, err := a.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(vmi.Namespace).UpdateStatus(ctx, vmi, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			return 0, fmt.Errorf("status changed under us: %w", err)
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			return 0, fmt.Errorf("writing status: %w", err)
+		}
+	}
+	for _, e := range plan.Events {
+		a.cfg.Recorder.Event(vmi, e.Type, e.Reason, e.Message)
+		if e.Type == corev1.EventTypeWarning {
+			a.cfg.Log.Warn(e.Message, "vmi", vmi.Namespace+"/"+vmi.Name, "reason", e.Reason)
+		} else {
+			a.cfg.Log.Info(e.Message, "vmi", vmi.Namespace+"/"+vmi.Name, "reason", e.Reason)
+		}
+	}
+	return plan.RequeueAfter, nil
+}

@@ -1,0 +1,93 @@
+package launcher
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/lifeboat-vm/lifeboat/api/notify"
+)
+
+// Notifier keeps the launcher's reports flowing to the agent. The agent may restart at any
+// time, so on every (re)connection it sends Hello and then every report made so far, in order;
+// the agent treats reports as idempotent observations.
+type Notifier struct {
+	socket string
+	vmi    notify.VMIRef
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	history []*notify.Message
+	wake    chan struct{}
+}
+
+// NewNotifier makes a notifier for the agent's socket at path.
+func NewNotifier(path string, vmi notify.VMIRef, log *slog.Logger) *Notifier {
+	return &Notifier{socket: path, vmi: vmi, log: log, wake: make(chan struct{}, 1)}
+}
+
+// Report queues a message and sends it at once if the agent is connected. It never blocks on the agent.
+func (n *Notifier) Report(kind notify.Kind, at time.Time, podGrace int64, reason string) {
+	m := &notify.Message{Kind: kind, VMI: n.vmi, Time: at, PodGracePeriodSeconds: podGrace, Reason: reason}
+	n.mu.Lock()
+	n.history = append(n.history, m)
+	n.mu.Unlock()
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run connects, sends and reconnects until ctx ends.
+func (n *Notifier) Run(ctx context.Context) {
+	for ctx.Err() == nil {
+		conn, err := (&net.Dialer{}).DialContext(ctx, "unix", n.socket)
+		if err != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+			continue
+		}
+		n.log.Info("connected to the agent", "socket", n.socket)
+		n.serve(ctx, conn)
+		conn.Close()
+	}
+}
+
+// serve sends Hello and the history, then each new report, until the connection fails.
+func (n *Notifier) serve(ctx context.Context, conn net.Conn) {
+	// The agent never writes; a read returning means it closed the connection.
+	closed := make(chan struct{})
+	go func() {
+		_, _ = conn.Read(make([]byte, 1))
+		close(closed)
+	}()
+	if err := notify.Write(conn, &notify.Message{Kind: notify.KindHello, VMI: n.vmi, Time: time.Now()}); err != nil {
+		return
+	}
+	sent := 0
+	for {
+		n.mu.Lock()
+		pending := n.history[sent:]
+		n.mu.Unlock()
+		for _, m := range pending {
+			if err := notify.Write(conn, m); err != nil {
+				n.log.Warn("lost the agent connection", "err", err)
+				return
+			}
+			sent++
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-closed:
+			n.log.Warn("the agent closed the connection")
+			return
+		case <-n.wake:
+		}
+	}
+}
