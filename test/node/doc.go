@@ -1,0 +1,33 @@
+// Package node emulates Kubernetes nodes for lifeboat's tests and demo: a kubelet stand-in that
+// registers a Node, keeps its Lease and Ready condition fresh, and runs the pods the real
+// kube-scheduler binds to it as host processes, writing pod status the way kubelet v1.37.1 does.
+//
+// Each container runs in its own PID and mount namespaces under a small init (the shim, a
+// re-execution of the current binary; see MaybeRunShim), so that killing a pod kills every
+// process the container started, daemons included, and hostPath volumes are bind-mounted at
+// their mountPath without touching the machine's mounts. Host paths under the node's private
+// prefixes live under the node's root directory, so several nodes on one machine do not share
+// them. There is no network namespace: pods share the machine's network and report the node's
+// loopback address as their IP.
+//
+// What the kubelet does that this package reproduces, from kubelet v1.37.1:
+//   - pod phase and conditions (getPhase, status.Generate*Condition), container states and
+//     reasons (Completed, Error, StartError, ContainerStatusUnknown, CrashLoopBackOff), the
+//     observedGeneration fields, and container statuses sorted by name;
+//   - restart policies Always and OnFailure with the kubelet's back-off (immediate first
+//     restart, then 10s doubling up to 5 minutes);
+//   - graceful termination: SIGTERM, SIGKILL when the grace period ends, a grace period that
+//     only ever shortens and is never below one second (pod_workers.go
+//     calculateEffectiveGracePeriod); a deleted pod gets a terminal status and is then deleted
+//     with grace period 0;
+//   - node-pressure eviction (EvictPod): the Evicted event with its annotations, the kubelet's
+//     message, grace min(evictionMaxPodGracePeriod, terminationGracePeriodSeconds), and a
+//     final status with phase Failed, reason Evicted and the DisruptionTarget condition. As in
+//     v1.37.1 (status_manager.go mergePodStatus), the condition reaches the API together with
+//     the terminal phase, once the containers have stopped, not before the SIGTERM.
+//
+// What it does not do: images (a container's command[0] names a binary in Config.Binaries),
+// init containers (such pods are rejected), probes, resource limits, volume types other than
+// hostPath and emptyDir (others, the service-account token volume among them, are not
+// mounted), envFrom and env values from ConfigMaps or Secrets, and node pressure conditions.
+package node

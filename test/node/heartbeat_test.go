@@ -1,0 +1,88 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// TestNodeStaysReady watches a node for longer than kube-controller-manager's
+// node-monitor-grace-period (40s): without heartbeats, the node lifecycle controller would
+// mark it NotReady and taint it.
+func TestNodeStaysReady(t *testing.T) {
+	t.Parallel()
+	const watchFor = 60 * time.Second
+	node := startNodes(t, 1)[0]
+
+	// The API server taints every new Node not-ready (admission plugin TaintNodesByCondition);
+	// the node lifecycle controller lifts the taint once it sees the node Ready.
+	var last *corev1.Node
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
+		n, err := cluster.Kube.CoreV1().Nodes().Get(ctx, node.Name(), metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = n
+		return nodeHealthy(n) == "", nil
+	})
+	if err != nil {
+		t.Fatalf("node %s: expected Ready and untainted after registering: %s", node.Name(), nodeHealthy(last))
+	}
+
+	ticker := time.NewTicker(2 * time.Second)
+	defer ticker.Stop()
+	for deadline := time.Now().Add(watchFor); time.Now().Before(deadline); <-ticker.C {
+		n, err := cluster.Kube.CoreV1().Nodes().Get(t.Context(), node.Name(), metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("reading the node: %v", err)
+		}
+		if problem := nodeHealthy(n); problem != "" {
+			t.Fatalf("node %s, %s after registering: %s", n.Name, time.Since(n.CreationTimestamp.Time).Round(time.Second), problem)
+		}
+	}
+	if age := time.Since(waitForLease(t, node).Spec.RenewTime.Time); age > 2*nodeLeaseRenewInterval {
+		t.Errorf("the lease was last renewed %s ago, want at most %s", age, 2*nodeLeaseRenewInterval)
+	}
+}
+
+// waitForLease waits for the node's Lease in kube-node-lease, held and owned by the node.
+func waitForLease(t *testing.T, node *Node) *coordinationv1.Lease {
+	t.Helper()
+	var last *coordinationv1.Lease
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
+		lease, err := cluster.Kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, node.Name(), metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = lease
+		owned := len(lease.OwnerReferences) == 1 && lease.OwnerReferences[0].Kind == "Node" && lease.OwnerReferences[0].Name == node.Name()
+		held := lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity == node.Name()
+		return owned && held && lease.Spec.RenewTime != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("node %s: expected its lease held, renewed and owned by the Node; last seen %+v", node.Name(), last)
+	}
+	return last
+}
+
+// nodeHealthy says what is wrong with n for the scheduler, or "" if nothing is.
+func nodeHealthy(n *corev1.Node) string {
+	if n == nil {
+		return "never read"
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+			return fmt.Sprintf("Ready=%s (%s: %s)", c.Status, c.Reason, c.Message)
+		}
+	}
+	if len(n.Spec.Taints) > 0 {
+		return fmt.Sprintf("tainted %v", n.Spec.Taints)
+	}
+	return ""
+}

@@ -1,0 +1,97 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+)
+
+// Node is a running emulated node.
+type Node struct {
+	cfg         Config
+	layout      layout
+	broadcaster record.EventBroadcaster
+	recorder    record.EventRecorder
+	pods        *podController
+
+	cancel     context.CancelFunc
+	background sync.WaitGroup
+	stopOnce   sync.Once
+}
+
+// Start registers the node and runs the pods bound to it until Stop. ctx bounds the start-up
+// only; its values (a logger, say) stay with the node. On error nothing is left running.
+func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
+	if cfg, err = cfg.withDefaults(); err != nil {
+		return nil, err
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("configuring node %s: %w", cfg.Name, err)
+	}
+	if err := os.MkdirAll(cfg.RootDir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating the root directory of node %s: %w", cfg.Name, err)
+	}
+	ctx = klog.NewContext(ctx, cfg.Logger)
+	n := &Node{cfg: cfg, layout: layout{root: cfg.RootDir, private: cfg.PrivateHostPaths}}
+	if err := n.register(ctx); err != nil {
+		return nil, err
+	}
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	n.cancel = cancel
+	n.broadcaster = record.NewBroadcaster(record.WithContext(runCtx))
+	n.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Client.CoreV1().Events("")})
+	n.recorder = n.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: cfg.Name})
+	if n.pods, err = newPodController(cfg.Client, cfg, n.recorder); err != nil {
+		cancel()
+		n.broadcaster.Shutdown()
+		return nil, err
+	}
+	n.background.Go(func() { n.runLease(runCtx) })
+	n.background.Go(func() { n.runStatus(runCtx) })
+	if err := n.pods.start(ctx, runCtx); err != nil {
+		n.Stop()
+		return nil, err
+	}
+	// The kubelet names its Node in events by name, with the name as UID too.
+	nodeRef := &corev1.ObjectReference{Kind: "Node", Name: cfg.Name, UID: types.UID(cfg.Name)}
+	n.recorder.Eventf(nodeRef, corev1.EventTypeNormal, "Starting", "Starting kubelet.")
+	cfg.Logger.Info("Node started", "address", cfg.Address, "root", cfg.RootDir)
+	return n, nil
+}
+
+// Stop ends everything the node runs: the processes of its pods are killed at once, as when
+// a machine fails, and its heartbeats and watches end. The Node object stays, as it does when
+// a kubelet stops: the node lifecycle controller marks it NotReady once the lease expires.
+// Stop may be called more than once.
+func (n *Node) Stop() {
+	n.stopOnce.Do(func() {
+		n.cancel()
+		n.pods.stop()
+		n.background.Wait()
+		n.pods.runtime.shutdown()
+		n.broadcaster.Shutdown()
+		n.cfg.Logger.Info("Node stopped")
+	})
+}
+
+// Name is the Node's name.
+func (n *Node) Name() string { return n.cfg.Name }
+
+// Address is the node's InternalIP, also the IP of its pods.
+func (n *Node) Address() string { return n.cfg.Address }
+
+// RootDir holds the node's private host paths and its pods' logs and volumes.
+func (n *Node) RootDir() string { return n.cfg.RootDir }
+
+// HostPath is where path, a host path on this node (that of a hostPath volume, say), is on
+// this machine: under RootDir for the node's private host paths, path itself otherwise.
+func (n *Node) HostPath(path string) string { return n.layout.hostPath(path) }

@@ -1,0 +1,168 @@
+package node
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// shimEnv carries the shim's spec; its presence is what makes MaybeRunShim act.
+	shimEnv = "LIFEBOAT_NODE_SHIM"
+	// reportFD is the pipe on which the shim tells the node whether the command started:
+	// shimStarted, or what went wrong.
+	reportFD    = 3
+	shimStarted = "started"
+	// shimFailed is the exit code of a shim that could not start its command, the code
+	// container runtimes give a container that fails to start.
+	shimFailed = 128
+)
+
+// forwardedSignals are passed on to the container's command.
+var forwardedSignals = []os.Signal{unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2}
+
+// shimSpec is one container's main process and its mounts.
+type shimSpec struct {
+	Path   string      `json:"path"`
+	Args   []string    `json:"args"`
+	Env    []string    `json:"env"`
+	Dir    string      `json:"dir"`
+	Mounts []bindMount `json:"mounts,omitempty"`
+}
+
+// MaybeRunShim turns the process into a container's init when the node started it as one, and
+// then never returns; otherwise it returns at once. Every program that starts nodes must call
+// it first thing in main or TestMain, because each container runs under a re-execution of the
+// current binary:
+//
+//	func TestMain(m *testing.M) {
+//		node.MaybeRunShim()
+//		controlplane.Main(m, &cluster, controlplane.Options{})
+//	}
+func MaybeRunShim() {
+	encoded, ok := os.LookupEnv(shimEnv)
+	if !ok {
+		return
+	}
+	os.Exit(runShim(encoded))
+}
+
+// runShim is PID 1 of a container's PID and mount namespaces. It makes the container's mounts,
+// starts the command, forwards signals to it, reaps every orphan, and exits with the command's
+// exit code (128+signal if a signal ended it). When it exits, the kernel kills whatever is left
+// in the namespace, daemons included.
+func runShim(encoded string) int {
+	// Handlers first: until this PID 1 has one, the kernel drops the node's SIGTERM.
+	signals := make(chan os.Signal, 16)
+	signal.Notify(signals, forwardedSignals...)
+
+	report := os.NewFile(reportFD, "report")
+	// The command must not hold the report pipe, or the node would wait for it to exit.
+	syscall.CloseOnExec(reportFD)
+	pid, err := startContained(encoded)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "lifeboat node shim: %v\n", err)
+		fmt.Fprint(report, err)
+		return shimFailed
+	}
+	fmt.Fprint(report, shimStarted)
+	report.Close()
+
+	go func() {
+		for sig := range signals {
+			_ = syscall.Kill(pid, sig.(syscall.Signal))
+		}
+	}()
+	return reap(pid)
+}
+
+func startContained(encoded string) (int, error) {
+	var spec shimSpec
+	if err := json.Unmarshal([]byte(encoded), &spec); err != nil {
+		return 0, fmt.Errorf("decoding the container spec: %w", err)
+	}
+	// The new mount namespace starts as a copy of the machine's: make it private so that
+	// nothing mounted here propagates back.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return 0, fmt.Errorf("making / private: %w", err)
+	}
+	// A /proc of the new PID namespace, where the container's processes find their own PIDs.
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return 0, fmt.Errorf("mounting /proc: %w", err)
+	}
+	for _, m := range spec.Mounts {
+		if err := bind(m); err != nil {
+			return 0, fmt.Errorf("mounting %s at %s: %w", m.Source, m.Target, err)
+		}
+	}
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		return 0, err
+	}
+	defer devNull.Close()
+	pid, err := syscall.ForkExec(spec.Path, spec.Args, &syscall.ProcAttr{
+		Dir:   spec.Dir,
+		Env:   spec.Env,
+		Files: []uintptr{devNull.Fd(), 1, 2},
+	})
+	if err != nil {
+		return 0, fmt.Errorf("starting %s: %w", spec.Path, err)
+	}
+	return pid, nil
+}
+
+// bind mounts m.Source at m.Target, creating the mount point as a runtime does in a
+// container's root file system; here that is the machine's.
+func bind(m bindMount) error {
+	info, err := os.Stat(m.Source)
+	if err != nil {
+		return err
+	}
+	if info.IsDir() {
+		err = os.MkdirAll(m.Target, 0o755)
+	} else if err = os.MkdirAll(filepath.Dir(m.Target), 0o755); err == nil {
+		var f *os.File
+		if f, err = os.OpenFile(m.Target, os.O_CREATE|os.O_RDONLY, 0o644); err == nil {
+			err = f.Close()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("creating the mount point: %w", err)
+	}
+	if err := unix.Mount(m.Source, m.Target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return err
+	}
+	if m.ReadOnly {
+		return unix.Mount("", m.Target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, "")
+	}
+	return nil
+}
+
+// reap waits for every child (orphans are re-parented to PID 1) until the main one exits, and
+// returns its exit code.
+func reap(main int) int {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "lifeboat node shim: waiting for the command: %v\n", err)
+			return shimFailed
+		}
+		if pid != main {
+			continue
+		}
+		if ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ws.ExitStatus()
+	}
+}
