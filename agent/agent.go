@@ -23,9 +23,13 @@ import (
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
+	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
 const uidIndex = "uid"
+
+// maxSocketPath is the longest path a unix socket address holds (sun_path is 108 bytes with its NUL).
+const maxSocketPath = 107
 
 // Config is what an agent needs to know of its node.
 type Config struct {
@@ -135,14 +139,20 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 	a.mu.Unlock()
 
 	socket := filepath.Join(a.cfg.DomainsDir, uid, LibvirtSocketName)
+	if len(socket) > maxSocketPath {
+		a.cfg.Log.Error("a launcher's libvirt socket path is longer than a unix socket path may be; shorten --run-dir",
+			"vmiUID", uid, "socket", socket, "length", len(socket), "max", maxSocketPath)
+		a.forget(uid)
+		return
+	}
 	var conn DomainConn
+	var dialErr error
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		var err error
-		conn, err = a.cfg.Dial(ctx, socket, uid)
-		return err == nil, nil
+		conn, dialErr = a.cfg.Dial(ctx, socket, uid)
+		return dialErr == nil, nil
 	})
 	if err != nil {
-		a.cfg.Log.Error("cannot connect to a launcher's libvirt", "vmiUID", uid, "socket", socket, "err", err)
+		a.cfg.Log.Error("cannot connect to a launcher's libvirt", "vmiUID", uid, "socket", socket, "err", err, "lastDialErr", dialErr)
 		a.forget(uid)
 		return
 	}
@@ -221,17 +231,19 @@ func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 	if l == nil || l.conn == nil {
 		return 0, nil
 	}
-	dom, err := l.conn.Observe(ctx)
+	name := domain.DomainName(vmi.Namespace, vmi.Name)
+	dom, err := l.conn.Observe(ctx, name)
 	if err != nil {
-		return 0, fmt.Errorf("observing the domain: %w", err)
+		return 0, fmt.Errorf("observing domain %s: %w", name, err)
 	}
 	if dom != nil {
 		dom.ShutdownSent = l.shutdownSent
+		dom.NotMigratableReason = NotMigratableReason(vmi)
 	}
 	plan := Decide(vmi, dom, a.cfg.NodeName, a.cfg.Now())
 
 	if plan.Shutdown {
-		if err := l.conn.Shutdown(ctx); err != nil {
+		if err := l.conn.Shutdown(ctx, name); err != nil {
 			return 0, fmt.Errorf("pressing the power button: %w", err)
 		}
 		a.mu.Lock()
@@ -239,7 +251,7 @@ func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 		a.mu.Unlock()
 	}
 	if plan.Destroy {
-		if err := l.conn.Destroy(ctx); err != nil {
+		if err := l.conn.Destroy(ctx, name); err != nil {
 			return 0, fmt.Errorf("destroying the guest: %w", err)
 		}
 	}

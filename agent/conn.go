@@ -6,14 +6,14 @@ import "context"
 type DomainConn interface {
 	// Observe reads the domain's state and lifeboat metadata; nil while the launcher has not
 	// defined its domain yet.
-	Observe(ctx context.Context) (*Domain, error)
+	Observe(ctx context.Context, domainName string) (*Domain, error)
 	// Changes receives a value whenever the domain's lifecycle changes and is closed when the
 	// connection to the launcher's libvirt ends.
 	Changes() <-chan struct{}
 	// Shutdown presses the guest's ACPI power button.
-	Shutdown(ctx context.Context) error
+	Shutdown(ctx context.Context, domainName string) error
 	// Destroy stops the guest at once.
-	Destroy(ctx context.Context) error
+	Destroy(ctx context.Context, domainName string) error
 	Close() error
 }
 

@@ -66,6 +66,15 @@ const (
 	ReasonMigratable      = "Migratable"
 )
 
+// NotMigratableReason says why a VMI cannot be live-migrated, or "" if it can. A disk image is a
+// file on the node: lifeboat does not copy storage, so only diskless (kernel-booted) guests move.
+func NotMigratableReason(vmi *v1alpha1.VirtualMachineInstance) string {
+	if vmi.Spec.Boot.Disk != "" {
+		return "LocalDisk"
+	}
+	return ""
+}
+
 // defaultGuestGrace is used when a VMI sets no grace period (KubeVirt's default).
 const defaultGuestGrace = 30 * time.Second
 

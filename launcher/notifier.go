@@ -18,9 +18,10 @@ type Notifier struct {
 	vmi    notify.VMIRef
 	log    *slog.Logger
 
-	mu      sync.Mutex
-	history []*notify.Message
-	wake    chan struct{}
+	mu        sync.Mutex
+	history   []*notify.Message
+	delivered int // of history, on the current connection
+	wake      chan struct{}
 }
 
 // NewNotifier makes a notifier for the agent's socket at path.
@@ -37,6 +38,24 @@ func (n *Notifier) Report(kind notify.Kind, at time.Time, podGrace int64, reason
 	select {
 	case n.wake <- struct{}{}:
 	default:
+	}
+}
+
+// Flush waits until every report so far was written to the agent, or until timeout: the
+// launcher's last words must not be lost to its exit, but an absent agent must not hold it.
+func (n *Notifier) Flush(timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		n.mu.Lock()
+		done := n.delivered == len(n.history)
+		n.mu.Unlock()
+		if done {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -69,17 +88,21 @@ func (n *Notifier) serve(ctx context.Context, conn net.Conn) {
 	if err := notify.Write(conn, &notify.Message{Kind: notify.KindHello, VMI: n.vmi, Time: time.Now()}); err != nil {
 		return
 	}
-	sent := 0
+	n.mu.Lock()
+	n.delivered = 0
+	n.mu.Unlock()
 	for {
 		n.mu.Lock()
-		pending := n.history[sent:]
+		pending := n.history[n.delivered:]
 		n.mu.Unlock()
 		for _, m := range pending {
 			if err := notify.Write(conn, m); err != nil {
 				n.log.Warn("lost the agent connection", "err", err)
 				return
 			}
-			sent++
+			n.mu.Lock()
+			n.delivered++
+			n.mu.Unlock()
 		}
 		select {
 		case <-ctx.Done():

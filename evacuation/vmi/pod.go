@@ -13,21 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
-)
-
-// The launcher pod's contract with the launcher (cmd/lifeboat-launcher) and the agent.
-const (
-	// ContainerName is the launcher pod's one container.
-	ContainerName = "compute"
-	// LauncherCommand is what the container runs.
-	LauncherCommand = "lifeboat-launcher"
-	// RunDir is the hostPath shared by launchers and the agent: per-VMI directories and the notify socket.
-	RunDir = "/var/run/lifeboat"
-	// EnvVMI holds the VMI (name, namespace, UID and spec) as JSON.
-	EnvVMI = "LIFEBOAT_VMI"
-	// EnvPodGracePeriod holds the pod's terminationGracePeriodSeconds, which the launcher reports with SIGTERM.
-	EnvPodGracePeriod = "LIFEBOAT_POD_GRACE_PERIOD_SECONDS"
 )
 
 // Sizing of the launcher pod around the guest. The kubelet ranks pods for node-pressure
@@ -75,14 +62,6 @@ func LauncherPodName(vmi *v1alpha1.VirtualMachineInstance) string {
 	return "launcher-" + name + "-" + hex.EncodeToString(sum[:])[:5]
 }
 
-// LauncherVMI is what the launcher receives in EnvVMI: enough to define the domain and identify itself.
-type LauncherVMI struct {
-	Namespace string                              `json:"namespace"`
-	Name      string                              `json:"name"`
-	UID       string                              `json:"uid"`
-	Spec      v1alpha1.VirtualMachineInstanceSpec `json:"spec"`
-}
-
 // PodOptions are the cluster-wide settings of launcher pods.
 type PodOptions struct {
 	// Image is the launcher image.
@@ -93,7 +72,7 @@ type PodOptions struct {
 
 // NewLauncherPod builds the launcher pod of a VMI, owned by it.
 func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*corev1.Pod, error) {
-	payload, err := json.Marshal(LauncherVMI{Namespace: vmi.Namespace, Name: vmi.Name, UID: string(vmi.UID), Spec: vmi.Spec})
+	payload, err := json.Marshal(launcher.VMI{Namespace: vmi.Namespace, Name: vmi.Name, UID: string(vmi.UID), Spec: vmi.Spec})
 	if err != nil {
 		return nil, fmt.Errorf("encoding the VMI for its launcher: %w", err)
 	}
@@ -125,13 +104,13 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 			NodeSelector:                  nodeSelector,
 			AutomountServiceAccountToken:  ptr.To(false),
 			Containers: []corev1.Container{{
-				Name:    ContainerName,
+				Name:    launcher.ContainerName,
 				Image:   opts.Image,
-				Command: []string{LauncherCommand},
+				Command: []string{launcher.Command},
 				Args:    []string{"--acceleration=" + opts.Acceleration},
 				Env: []corev1.EnvVar{
-					{Name: EnvVMI, Value: string(payload)},
-					{Name: EnvPodGracePeriod, Value: fmt.Sprint(grace)},
+					{Name: launcher.EnvVMI, Value: string(payload)},
+					{Name: launcher.EnvPodGracePeriod, Value: fmt.Sprint(grace)},
 					fieldEnv("POD_NAME", "metadata.name"),
 					fieldEnv("POD_NAMESPACE", "metadata.namespace"),
 					fieldEnv("POD_UID", "metadata.uid"),
@@ -157,9 +136,9 @@ func fieldEnv(name, path string) corev1.EnvVar {
 func launcherVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []corev1.VolumeMount) {
 	volumes := []corev1.Volume{{
 		Name:         "lifeboat-run",
-		VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: RunDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}},
+		VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: launcher.RunDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}},
 	}}
-	mounts := []corev1.VolumeMount{{Name: "lifeboat-run", MountPath: RunDir}}
+	mounts := []corev1.VolumeMount{{Name: "lifeboat-run", MountPath: launcher.RunDir}}
 	dirs := map[string]bool{} // directory → read-only
 	for _, p := range []string{vmi.Spec.Boot.Kernel, vmi.Spec.Boot.Initrd} {
 		if p != "" {

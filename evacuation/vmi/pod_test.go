@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
 
@@ -51,9 +52,9 @@ func TestNewLauncherPod(t *testing.T) {
 	if got := c.Resources.Requests[corev1.ResourceCPU]; got.MilliValue() != 200 {
 		t.Errorf("cpu request = %s, want 200m for 2 vCPUs", got.String())
 	}
-	var payload LauncherVMI
+	var payload launcher.VMI
 	for _, e := range c.Env {
-		if e.Name == EnvVMI {
+		if e.Name == launcher.EnvVMI {
 			if err := json.Unmarshal([]byte(e.Value), &payload); err != nil {
 				t.Fatal(err)
 			}
@@ -72,8 +73,8 @@ func TestNewLauncherPod(t *testing.T) {
 	if ro, ok := mounts["/disks"]; !ok || ro {
 		t.Errorf("disk image directory must be mounted read-write: %v", mounts)
 	}
-	if _, ok := mounts[RunDir]; !ok {
-		t.Errorf("run directory %s not mounted: %v", RunDir, mounts)
+	if _, ok := mounts[launcher.RunDir]; !ok {
+		t.Errorf("run directory %s not mounted: %v", launcher.RunDir, mounts)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
 
@@ -110,7 +111,7 @@ func setReady(status *v1alpha1.VirtualMachineInstanceStatus, s metav1.ConditionS
 func podFailureMessage(pod *corev1.Pod) string {
 	msg := ""
 	for _, cs := range pod.Status.ContainerStatuses {
-		if cs.Name != ContainerName || cs.State.Terminated == nil {
+		if cs.Name != launcher.ContainerName || cs.State.Terminated == nil {
 			continue
 		}
 		t := cs.State.Terminated

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
 
@@ -41,7 +42,7 @@ func unschedulable(msg string) podOpt {
 }
 func exited(code int32, reason string) podOpt {
 	return func(p *corev1.Pod) {
-		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: ContainerName,
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: launcher.ContainerName,
 			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: code, Reason: reason}}}}
 	}
 }

@@ -1,0 +1,89 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/lifeboat-vm/lifeboat/domain"
+)
+
+// libvirtConn is a DomainConn over a launcher's libvirt socket.
+type libvirtConn struct {
+	conn    *domain.Conn
+	changes chan struct{}
+	cancel  context.CancelFunc
+}
+
+// DialLibvirt connects to a launcher's libvirt and follows its lifecycle events.
+func DialLibvirt(ctx context.Context, socketPath, _ string) (DomainConn, error) {
+	conn, err := domain.Connect(socketPath)
+	if err != nil {
+		return nil, err
+	}
+	evCtx, cancel := context.WithCancel(context.Background())
+	events, err := conn.Events(evCtx)
+	if err != nil {
+		cancel()
+		conn.Close()
+		return nil, err
+	}
+	c := &libvirtConn{conn: conn, changes: make(chan struct{}, 1), cancel: cancel}
+	go func() {
+		defer close(c.changes)
+		for range events {
+			select {
+			case c.changes <- struct{}{}:
+			default: // a change is already pending; one look covers both
+			}
+		}
+	}()
+	return c, nil
+}
+
+func (c *libvirtConn) Changes() <-chan struct{} { return c.changes }
+
+func (c *libvirtConn) Observe(_ context.Context, name string) (*Domain, error) {
+	info, err := c.conn.Lookup(name)
+	if errors.Is(err, domain.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	d := &Domain{State: stateOf(info.State, info.Reason)}
+	md, err := c.conn.Metadata(name)
+	if err != nil {
+		return nil, fmt.Errorf("reading lifeboat's metadata of %s: %w", name, err)
+	}
+	if md.GracefulShutdown != nil {
+		t := md.GracefulShutdown.SignalTime
+		d.GracefulShutdown = &t
+	}
+	return d, nil
+}
+
+// stateOf maps libvirt's view to the agent's: a domain that stopped because it crashed
+// (on_crash=destroy) is a crash, not a power-off.
+func stateOf(s domain.State, r domain.Reason) DomainState {
+	switch {
+	case s == domain.Running:
+		return DomainRunning
+	case s == domain.Paused:
+		return DomainPaused
+	case s == domain.ShuttingDown:
+		return DomainShuttingDown
+	case s == domain.Crashed, s == domain.Shutoff && r == domain.ReasonCrashed:
+		return DomainCrashed
+	default:
+		return DomainShutoff
+	}
+}
+
+func (c *libvirtConn) Shutdown(_ context.Context, name string) error { return c.conn.Shutdown(name) }
+func (c *libvirtConn) Destroy(_ context.Context, name string) error  { return c.conn.Destroy(name) }
+
+func (c *libvirtConn) Close() error {
+	c.cancel()
+	return c.conn.Close()
+}

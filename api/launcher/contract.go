@@ -1,0 +1,47 @@
+// Package launcher is the contract between the VMI controller, which builds launcher pods,
+// and the launcher, which runs in them: what the pod passes and where things live.
+package launcher
+
+import "github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+
+const (
+	// ContainerName is the launcher pod's one container.
+	ContainerName = "compute"
+	// Command is what the container runs.
+	Command = "lifeboat-launcher"
+	// RunDir is the hostPath shared by launchers and the agent.
+	RunDir = "/var/run/lifeboat"
+	// DomainsDir holds one directory per launcher, named by VMI UID, with its libvirt
+	// socket (libvirt-sock) and the guest's console log (console.log).
+	DomainsDir = RunDir + "/domains"
+	// NotifySocket is the agent's socket launchers report to.
+	NotifySocket = RunDir + "/notify.sock"
+	// LibvirtSocket and ConsoleLog are the file names inside a launcher's directory.
+	LibvirtSocket = "libvirt-sock"
+	ConsoleLog    = "console.log"
+
+	// EnvVMI holds a VMI (as VMI, JSON).
+	EnvVMI = "LIFEBOAT_VMI"
+	// EnvPodGracePeriod holds the pod's terminationGracePeriodSeconds, reported with SIGTERM.
+	EnvPodGracePeriod = "LIFEBOAT_POD_GRACE_PERIOD_SECONDS"
+)
+
+// VMI is what a launcher is told of its VMI: enough to define the domain and to identify itself.
+type VMI struct {
+	Namespace string                              `json:"namespace"`
+	Name      string                              `json:"name"`
+	UID       string                              `json:"uid"`
+	Spec      v1alpha1.VirtualMachineInstanceSpec `json:"spec"`
+}
+
+// Exit codes of the launcher: how its VM ended. The pod's container status carries them.
+const (
+	// ExitGuestPoweredOff: the guest shut down (ACPI or from inside).
+	ExitGuestPoweredOff = 0
+	// ExitFailed: the launcher could not start or keep its domain.
+	ExitFailed = 1
+	// ExitDestroyed: the guest was destroyed (it did not power off in time).
+	ExitDestroyed = 2
+	// ExitCrashed: the guest crashed.
+	ExitCrashed = 3
+)

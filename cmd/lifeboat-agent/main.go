@@ -1,0 +1,128 @@
+// Command lifeboat-agent is lifeboat's node agent (the virt-handler analogue): one per KVM node.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/lifeboat-vm/lifeboat/agent"
+	"github.com/lifeboat-vm/lifeboat/agent/notifyserver"
+	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+type options struct {
+	kubeconfig, nodeName, runDir, listen string
+	workers                              int
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
+	flag.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	flag.StringVar(&o.runDir, "run-dir", "/var/run/lifeboat", "the hostPath shared with launchers: domains/<vmi-uid>/ and notify.sock")
+	flag.StringVar(&o.listen, "listen", ":8185", "address of /metrics and /healthz")
+	flag.IntVar(&o.workers, "workers", 4, "reconcile workers")
+	flag.Parse()
+
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("node", o.nodeName)
+	if err := run(o, log); err != nil {
+		log.Error("lifeboat-agent failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options, log *slog.Logger) error {
+	if o.nodeName == "" {
+		return errors.New("--node-name (or $NODE_NAME) is required")
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("loading the client configuration: %w", err)
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	lb, err := lifeboatclient.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+
+	if err := v1alpha1.AddToScheme(scheme.Scheme); err != nil {
+		return err
+	}
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "lifeboat-agent", Host: o.nodeName})
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	informers := lifeboatinformers.NewSharedInformerFactoryWithOptions(lb, 0, lifeboatinformers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+		lo.FieldSelector = "status.nodeName=" + o.nodeName
+	}))
+	a, err := agent.New(agent.Config{
+		NodeName:   o.nodeName,
+		DomainsDir: filepath.Join(o.runDir, "domains"),
+		Dial:       agent.DialLibvirt,
+		Recorder:   recorder,
+		Metrics:    agent.NewMetrics(reg),
+		Log:        log,
+	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances())
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(o.runDir, "domains"), 0o755); err != nil {
+		return err
+	}
+	// Launchers run as root, like the agent; nobody else may report to it.
+	notify := notifyserver.New(filepath.Join(o.runDir, "notify.sock"), []uint32{0}, a.HandleNotify, reg, log)
+
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	srv := &http.Server{Addr: o.listen, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	errc := make(chan error, 3)
+	go func() {
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("serving %s: %w", o.listen, err)
+		}
+	}()
+	go func() { errc <- notify.Serve(ctx) }()
+	informers.Start(ctx.Done())
+	go func() { errc <- a.Run(ctx, o.workers) }()
+
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	cancel()
+	shutdownCtx, done := context.WithTimeout(context.Background(), 5*time.Second)
+	defer done()
+	_ = srv.Shutdown(shutdownCtx)
+	return err
+}

@@ -1,0 +1,42 @@
+// Command lifeboat-launcher is the main process of a VM pod. Its exit code says how the VM
+// ended (see api/launcher): 0 powered off, 1 launcher failure, 2 destroyed, 3 crashed.
+package main
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
+	"github.com/lifeboat-vm/lifeboat/domain"
+	"github.com/lifeboat-vm/lifeboat/launcher"
+)
+
+func main() {
+	// The pod's libvirtd runs as a re-execution of this binary in its own mount namespace.
+	domain.MaybeRunLibvirtdShim()
+
+	domainsDir := flag.String("domains-dir", contract.DomainsDir, "per-VMI directories shared with the agent")
+	notifySocket := flag.String("notify-socket", contract.NotifySocket, "the agent's notify socket")
+	accel := flag.String("acceleration", "auto", "kvm, tcg, or auto (KVM only after a probe boot proves it works)")
+	flag.Parse()
+
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	// Listen before anything else: a SIGTERM during start-up must not kill the launcher.
+	sigterm := make(chan os.Signal, 4)
+	signal.Notify(sigterm, syscall.SIGTERM, syscall.SIGINT)
+
+	cfg, err := launcher.ConfigFromEnv(os.Getenv)
+	if err == nil {
+		cfg.Acceleration, err = domain.ParseAcceleration(*accel)
+	}
+	if err != nil {
+		log.Error("bad launcher configuration", "err", err)
+		os.Exit(contract.ExitFailed)
+	}
+	cfg.DomainsDir, cfg.NotifySocket, cfg.Log = *domainsDir, *notifySocket, log
+	os.Exit(launcher.Run(context.Background(), cfg, sigterm))
+}

@@ -1,0 +1,10 @@
+// Package domain is everything lifeboat does with libvirt: it turns a VirtualMachineInstance
+// into domain XML, runs a VM pod's private libvirt daemon, starts, watches and stops domains,
+// and keeps lifeboat's own record (the VMI it belongs to, a pending graceful shutdown) in
+// the domain's metadata, where it survives a restart of the agent and moves with a migration.
+//
+// It is the only package in lifeboat that imports libvirt; the rest see the small types here.
+//
+// Programs (and test binaries) that start a private daemon with StartLibvirtd must call
+// MaybeRunLibvirtdShim first thing in main (or TestMain).
+package domain

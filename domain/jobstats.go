@@ -1,0 +1,100 @@
+package domain
+
+import (
+	"fmt"
+	"time"
+
+	"libvirt.org/go/libvirt"
+)
+
+// JobType is the kind of a domain's current (or last) job, such as a migration.
+type JobType string
+
+const (
+	JobNone      JobType = "None"
+	JobBounded   JobType = "Bounded"
+	JobUnbounded JobType = "Unbounded"
+	JobCompleted JobType = "Completed"
+	JobFailed    JobType = "Failed"
+	JobCancelled JobType = "Cancelled"
+)
+
+var jobTypes = map[libvirt.DomainJobType]JobType{
+	libvirt.DOMAIN_JOB_NONE:      JobNone,
+	libvirt.DOMAIN_JOB_BOUNDED:   JobBounded,
+	libvirt.DOMAIN_JOB_UNBOUNDED: JobUnbounded,
+	libvirt.DOMAIN_JOB_COMPLETED: JobCompleted,
+	libvirt.DOMAIN_JOB_FAILED:    JobFailed,
+	libvirt.DOMAIN_JOB_CANCELLED: JobCancelled,
+}
+
+// JobStats is the progress of a domain's job, what a migration's convergence policy watches.
+// Figures libvirt did not report are zero.
+type JobStats struct {
+	Type JobType
+	// DataTotal, DataProcessed and DataRemaining are bytes of the whole job (memory and disks).
+	DataTotal     uint64
+	DataProcessed uint64
+	DataRemaining uint64
+	// MemoryDirtyRate is how fast the guest dirties memory, in bytes per second.
+	MemoryDirtyRate uint64
+	// MemoryBandwidth is how fast memory is transferred, in bytes per second.
+	MemoryBandwidth uint64
+	// MemoryIteration counts the passes over memory a pre-copy migration made.
+	MemoryIteration uint64
+	Elapsed         time.Duration
+}
+
+// pageSize is x86's page size, for when libvirt does not report the one the job uses.
+const pageSize = 4096
+
+// jobStatsFromLibvirt converts libvirt's job statistics. libvirt reports the dirty rate in
+// pages per second.
+func jobStatsFromLibvirt(info *libvirt.DomainJobInfo) JobStats {
+	typ, ok := jobTypes[info.Type]
+	if !ok {
+		typ = JobType(fmt.Sprintf("Unknown(%d)", info.Type))
+	}
+	page := uint64(pageSize)
+	if info.MemPageSizeSet && info.MemPageSize > 0 {
+		page = info.MemPageSize
+	}
+	s := JobStats{Type: typ}
+	if info.DataTotalSet {
+		s.DataTotal = info.DataTotal
+	}
+	if info.DataProcessedSet {
+		s.DataProcessed = info.DataProcessed
+	}
+	if info.DataRemainingSet {
+		s.DataRemaining = info.DataRemaining
+	}
+	if info.MemDirtyRateSet {
+		s.MemoryDirtyRate = info.MemDirtyRate * page
+	}
+	if info.MemBpsSet {
+		s.MemoryBandwidth = info.MemBps
+	}
+	if info.MemIterationSet {
+		s.MemoryIteration = info.MemIteration
+	}
+	if info.TimeElapsedSet {
+		s.Elapsed = time.Duration(info.TimeElapsed) * time.Millisecond
+	}
+	return s
+}
+
+// JobStats reports the progress of the named domain's current job; Type is JobNone when
+// there is none.
+func (c *Conn) JobStats(name string) (JobStats, error) {
+	dom, err := c.lookup(name)
+	if err != nil {
+		return JobStats{}, err
+	}
+	defer dom.Free()
+	info, err := dom.GetJobStats(0)
+	if err != nil {
+		return JobStats{}, fmt.Errorf("reading the job statistics of domain %q: %w", name, err)
+	}
+	return jobStatsFromLibvirt(info), nil
+}

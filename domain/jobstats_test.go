@@ -1,0 +1,54 @@
+package domain
+
+import (
+	"testing"
+	"time"
+
+	"libvirt.org/go/libvirt"
+)
+
+func TestJobStatsFromLibvirt(t *testing.T) {
+	tests := []struct {
+		name string
+		info libvirt.DomainJobInfo
+		want JobStats
+	}{
+		{name: "no job", info: libvirt.DomainJobInfo{Type: libvirt.DOMAIN_JOB_NONE}, want: JobStats{Type: JobNone}},
+		{
+			name: "migration under way",
+			info: libvirt.DomainJobInfo{
+				Type:         libvirt.DOMAIN_JOB_UNBOUNDED,
+				DataTotalSet: true, DataTotal: 300 << 20,
+				DataProcessedSet: true, DataProcessed: 200 << 20,
+				DataRemainingSet: true, DataRemaining: 100 << 20,
+				MemDirtyRateSet: true, MemDirtyRate: 2048,
+				MemPageSizeSet: true, MemPageSize: 4096,
+				MemBpsSet: true, MemBps: 50 << 20,
+				MemIterationSet: true, MemIteration: 3,
+				TimeElapsedSet: true, TimeElapsed: 6500,
+			},
+			want: JobStats{
+				Type: JobUnbounded, DataTotal: 300 << 20, DataProcessed: 200 << 20, DataRemaining: 100 << 20,
+				MemoryDirtyRate: 8 << 20, MemoryBandwidth: 50 << 20, MemoryIteration: 3, Elapsed: 6500 * time.Millisecond,
+			},
+		},
+		{
+			name: "dirty rate without a page size assumes 4 KiB",
+			info: libvirt.DomainJobInfo{Type: libvirt.DOMAIN_JOB_UNBOUNDED, MemDirtyRateSet: true, MemDirtyRate: 256},
+			want: JobStats{Type: JobUnbounded, MemoryDirtyRate: 1 << 20},
+		},
+		{
+			name: "figures not set are zero",
+			info: libvirt.DomainJobInfo{Type: libvirt.DOMAIN_JOB_COMPLETED, DataTotal: 1, TimeElapsed: 5},
+			want: JobStats{Type: JobCompleted},
+		},
+		{name: "a job type newer than lifeboat", info: libvirt.DomainJobInfo{Type: libvirt.DomainJobType(42)}, want: JobStats{Type: "Unknown(42)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := jobStatsFromLibvirt(&tt.info); got != tt.want {
+				t.Errorf("jobStatsFromLibvirt() = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,238 @@
+package domain
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Config is where a private libvirtd keeps its state and listens.
+type Config struct {
+	// Dir holds everything the daemon writes: its configuration, the directories mounted
+	// over libvirt's system paths, its log (libvirtd.log) and pid file. Created if missing.
+	Dir string
+	// SocketDir is where the daemon's socket libvirt-sock is made, such as the per-VMI
+	// directory the agent watches. Empty means Dir.
+	SocketDir string
+	// Binary is the daemon to run; empty means /usr/sbin/libvirtd.
+	Binary string
+}
+
+// stopTimeout is how long Stop waits after SIGTERM before it kills.
+const stopTimeout = 10 * time.Second
+
+// Libvirtd is a private libvirt daemon in its own mount namespace, a child of this process.
+type Libvirtd struct {
+	layout  daemonLayout
+	cmd     *exec.Cmd
+	logFile *os.File
+	done    chan struct{}
+	waitErr error
+	stop    sync.Once
+	stopErr error
+}
+
+// StartLibvirtd starts a private libvirtd for cfg and returns once it serves connections.
+// ctx bounds only the start; the daemon runs until Stop.
+func StartLibvirtd(ctx context.Context, cfg Config) (*Libvirtd, error) {
+	layout, err := layoutFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	binary := cfg.Binary
+	if binary == "" {
+		binary = "/usr/sbin/libvirtd"
+	}
+	if err := writeDaemonFiles(layout); err != nil {
+		return nil, err
+	}
+	spec, err := json.Marshal(shimSpec{
+		Mounts: layout.mounts(),
+		Binary: binary,
+		Args:   []string{"-f", layout.confFile(), "-p", layout.pidFile()},
+	})
+	if err != nil {
+		return nil, err
+	}
+	logFile, err := os.Create(layout.daemonLog())
+	if err != nil {
+		return nil, fmt.Errorf("creating the libvirtd log: %w", err)
+	}
+	cmd := &exec.Cmd{
+		// /proc/self/exe is this very binary even if its file was replaced or removed since.
+		Path:   "/proc/self/exe",
+		Args:   []string{"lifeboat-libvirtd-shim"},
+		Env:    append(os.Environ(), shimEnv+"="+string(spec)),
+		Stdout: logFile,
+		Stderr: logFile,
+		SysProcAttr: &syscall.SysProcAttr{
+			Unshareflags: syscall.CLONE_NEWNS,
+			// A daemon whose owner died (a test binary killed by its timeout, say) goes too.
+			Pdeathsig: syscall.SIGKILL,
+			Setpgid:   true,
+		},
+	}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting libvirtd: %w", err)
+	}
+	d := &Libvirtd{layout: layout, cmd: cmd, logFile: logFile, done: make(chan struct{})}
+	go func() {
+		d.waitErr = cmd.Wait()
+		logFile.Close()
+		close(d.done)
+	}()
+	if err := d.waitReady(ctx); err != nil {
+		_ = d.Stop()
+		return nil, err
+	}
+	return d, nil
+}
+
+// layoutFor checks cfg and makes its paths absolute: they end up in config files and are
+// used from inside the daemon's namespace.
+func layoutFor(cfg Config) (daemonLayout, error) {
+	if cfg.Dir == "" {
+		return daemonLayout{}, errors.New("starting libvirtd: Config.Dir is empty")
+	}
+	if cfg.SocketDir == "" {
+		cfg.SocketDir = cfg.Dir
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return daemonLayout{}, err
+	}
+	socketDir, err := filepath.Abs(cfg.SocketDir)
+	if err != nil {
+		return daemonLayout{}, err
+	}
+	for _, p := range []string{dir, socketDir} {
+		if strings.ContainsAny(p, "\"\n") {
+			return daemonLayout{}, fmt.Errorf("starting libvirtd: path %q has a quote or newline, which libvirt's config files cannot hold", p)
+		}
+	}
+	return daemonLayout{dir: dir, socketDir: socketDir}, nil
+}
+
+func writeDaemonFiles(l daemonLayout) error {
+	for _, d := range l.dirs() {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("creating libvirtd's directories: %w", err)
+		}
+	}
+	files := map[string]string{
+		l.confFile(): libvirtdConf(l.socketDir, uuid.NewString()),
+		l.qemuConf(): qemuConf(),
+	}
+	for path, content := range files {
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			return fmt.Errorf("writing libvirtd's configuration: %w", err)
+		}
+	}
+	return nil
+}
+
+// Socket is the path of the daemon's read-write socket, for Connect.
+func (d *Libvirtd) Socket() string { return d.layout.socket() }
+
+// LogPath is the daemon's log: its standard output and error, warnings and errors only.
+func (d *Libvirtd) LogPath() string { return d.layout.daemonLog() }
+
+// Done is closed when the daemon has exited.
+func (d *Libvirtd) Done() <-chan struct{} { return d.done }
+
+// waitReady polls until the daemon answers on its socket, it exits, or ctx ends. A QEMU
+// connection is the test: it needs the daemon's QEMU driver to be up, not just the socket.
+func (d *Libvirtd) waitReady(ctx context.Context) error {
+	ticker := time.NewTicker(50 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		if c, err := net.Dial("unix", d.Socket()); err == nil {
+			c.Close()
+			return d.answers(ctx)
+		}
+		select {
+		case <-d.done:
+			return d.exitError("libvirtd exited before it listened on " + d.Socket())
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for libvirtd to listen on %s: %w; %s", d.Socket(), ctx.Err(), d.logTail())
+		case <-ticker.C:
+		}
+	}
+}
+
+// answers opens and closes a libvirt connection. libvirtd accepts connections only once
+// its drivers are up, so the call may wait; it runs aside so ctx and the daemon's exit still end the wait.
+func (d *Libvirtd) answers(ctx context.Context) error {
+	result := make(chan error, 1)
+	go func() {
+		c, err := Connect(d.Socket())
+		if err == nil {
+			err = c.Close()
+		}
+		result <- err
+	}()
+	select {
+	case err := <-result:
+		if err != nil {
+			return fmt.Errorf("libvirtd listens on %s but does not serve: %w; %s", d.Socket(), err, d.logTail())
+		}
+		return nil
+	case <-d.done:
+		return d.exitError("libvirtd exited while starting")
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for libvirtd on %s to serve: %w; %s", d.Socket(), ctx.Err(), d.logTail())
+	}
+}
+
+// Stop ends the daemon (SIGTERM, then SIGKILL after a timeout) and then kills the QEMU
+// processes it leaves behind: libvirtd keeps guests running when it exits, by design,
+// but a VM pod's daemon goes only when its VM goes.
+func (d *Libvirtd) Stop() error {
+	d.stop.Do(func() {
+		select {
+		case <-d.done:
+		default:
+			_ = d.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-d.done:
+			case <-time.After(stopTimeout):
+				slog.Warn("libvirtd did not exit on SIGTERM; killing it", "pid", d.cmd.Process.Pid, "waited", stopTimeout)
+				_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
+				<-d.done
+			}
+		}
+		d.stopErr = killQEMUs(d.layout.qemuPidDir())
+	})
+	return d.stopErr
+}
+
+func (d *Libvirtd) exitError(what string) error {
+	return fmt.Errorf("%s (%v); %s", what, d.waitErr, d.logTail())
+}
+
+// logTail is the end of the daemon's log, for error messages.
+func (d *Libvirtd) logTail() string {
+	b, err := os.ReadFile(d.LogPath())
+	if err != nil || len(bytes.TrimSpace(b)) == 0 {
+		return "its log " + d.LogPath() + " is empty"
+	}
+	const max = 2000
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return "the end of its log " + d.LogPath() + ":\n" + string(bytes.TrimSpace(b))
+}

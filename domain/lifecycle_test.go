@@ -1,0 +1,229 @@
+package domain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/lifeboat-vm/lifeboat/test/guest"
+	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+)
+
+// waitEvent reads events until one of domain has type want, and returns it.
+func waitEvent(ctx context.Context, events <-chan Event, domain string, want EventType) (Event, error) {
+	var seen []Event
+	for {
+		select {
+		case e, ok := <-events:
+			if !ok {
+				return Event{}, fmt.Errorf("the event stream ended before a %s event of %s; seen: %+v", want, domain, seen)
+			}
+			seen = append(seen, e)
+			if e.Domain == domain && e.Type == want {
+				return e, nil
+			}
+		case <-ctx.Done():
+			return Event{}, fmt.Errorf("waiting for a %s event of %s: %w; seen: %+v", want, domain, ctx.Err(), seen)
+		}
+	}
+}
+
+// waitState polls the domain's state until it is want.
+func waitState(ctx context.Context, c *Conn, name string, want State) (Reason, error) {
+	ticker := time.NewTicker(100 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		state, reason, err := c.State(name)
+		if err == nil && state == want {
+			return reason, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("waiting for domain %s to be %s: %w; last state %s (%s), error %v", name, want, ctx.Err(), state, reason, err)
+		case <-ticker.C:
+		}
+	}
+}
+
+func TestACPIShutdownPowersTheGuestOff(t *testing.T) {
+	c := connect(t, startDaemon(t))
+	ctx := guestContext(t)
+	events, err := c.Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, console := runGuest(t, c, guestVMI(t, "acpi"))
+
+	started, err := waitEvent(ctx, events, name, EventStarted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if started.State != Running || started.Reason != ReasonBooted {
+		t.Errorf("Started event = %+v, want state %s reason %s", started, Running, ReasonBooted)
+	}
+	// The guest reads the power button only once it is ready; a press before would be lost.
+	if _, err := guest.WaitForLine(ctx, console, protocol.Ready); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Shutdown(name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := guest.WaitForLine(ctx, console, protocol.PowerButton); err != nil {
+		t.Fatal(err)
+	}
+	shutdown, err := waitEvent(ctx, events, name, EventShutdown)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shutdown.State != ShuttingDown {
+		t.Errorf("Shutdown event = %+v, want state %s", shutdown, ShuttingDown)
+	}
+	stopped, err := waitEvent(ctx, events, name, EventStopped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stopped.State != Shutoff || stopped.Reason != ReasonShutdown {
+		t.Errorf("Stopped event = %+v, want state %s reason %s", stopped, Shutoff, ReasonShutdown)
+	}
+	reason, err := waitState(ctx, c, name, Shutoff)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reason != ReasonShutdown {
+		t.Errorf("State() reason = %s, want %s", reason, ReasonShutdown)
+	}
+}
+
+func TestDestroyStopsTheGuestAtOnce(t *testing.T) {
+	c := connect(t, startDaemon(t))
+	ctx := guestContext(t)
+	events, err := c.Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, _ := runGuest(t, c, guestVMI(t, "destroy"))
+	if _, err := waitEvent(ctx, events, name, EventStarted); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Destroy(name); err != nil {
+		t.Fatal(err)
+	}
+	stopped, err := waitEvent(ctx, events, name, EventStopped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stopped.Reason != ReasonDestroyed {
+		t.Errorf("Stopped event = %+v, want reason %s", stopped, ReasonDestroyed)
+	}
+	state, reason, err := c.State(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state != Shutoff || reason != ReasonDestroyed {
+		t.Errorf("State() = %s, %s, want %s, %s", state, reason, Shutoff, ReasonDestroyed)
+	}
+	if err := c.Destroy(name); err == nil {
+		t.Error("Destroy() of a stopped domain succeeded, want an error")
+	}
+	if _, err := c.Lookup("default_nothing"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Lookup() of a missing domain = %v, want ErrNotFound", err)
+	}
+}
+
+func TestGracefulShutdownRecordSurvivesReconnect(t *testing.T) {
+	d := startDaemon(t)
+	c := connect(t, d)
+	vmi := guestVMI(t, "metadata")
+	name, _ := runGuest(t, c, vmi)
+
+	m, err := c.Metadata(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Namespace != vmi.Namespace || m.Name != vmi.Name || m.UID != string(vmi.UID) || m.GracefulShutdown != nil {
+		t.Fatalf("Metadata() of a new domain = %+v, want the VMI %s/%s %s and no graceful shutdown", m, vmi.Namespace, vmi.Name, vmi.UID)
+	}
+	signal := time.Date(2026, 11, 22, 10, 0, 0, 123456789, time.UTC)
+	want := GracefulShutdown{SignalTime: signal, Deadline: signal.Add(30 * time.Second)}
+	if err := c.SetGracefulShutdown(name, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A new connection, as a restarted agent would open.
+	c2 := connect(t, d)
+	check := func(when string) {
+		t.Helper()
+		m, err := c2.Metadata(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.UID != string(vmi.UID) || m.GracefulShutdown == nil ||
+			!m.GracefulShutdown.SignalTime.Equal(want.SignalTime) || !m.GracefulShutdown.Deadline.Equal(want.Deadline) {
+			t.Errorf("%s: Metadata() = %+v (graceful shutdown %+v), want graceful shutdown %+v", when, m, m.GracefulShutdown, want)
+		}
+	}
+	check("after reconnecting")
+	// The persistent definition has it too, so a stopped and restarted domain keeps it.
+	if err := c2.Destroy(name); err != nil {
+		t.Fatal(err)
+	}
+	check("in the persistent definition")
+}
+
+func TestTwoDaemonsEachRunAGuest(t *testing.T) {
+	type instance struct {
+		daemon  *Libvirtd
+		conn    *Conn
+		name    string
+		console string
+	}
+	var instances []instance
+	for _, vmName := range []string{"first", "second"} {
+		d := startDaemon(t)
+		c := connect(t, d)
+		name, console := runGuest(t, c, guestVMI(t, vmName))
+		instances = append(instances, instance{daemon: d, conn: c, name: name, console: console})
+	}
+	ctx := guestContext(t)
+	for _, in := range instances {
+		if _, err := guest.WaitForLine(ctx, in.console, protocol.Ready); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each daemon has only its own domain.
+	if _, err := instances[0].conn.Lookup(instances[1].name); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the first daemon looked up the second's domain: %v, want ErrNotFound", err)
+	}
+	if _, err := instances[1].conn.Lookup(instances[0].name); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the second daemon looked up the first's domain: %v, want ErrNotFound", err)
+	}
+
+	// Stopping one daemon takes its QEMU along and leaves the other guest running.
+	qemu := qemuPid(t, instances[0].daemon, instances[0].name)
+	if err := instances[0].daemon.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-instances[0].daemon.Done():
+	default:
+		t.Error("libvirtd still runs after Stop returned")
+	}
+	if isQEMU(qemu) {
+		t.Errorf("QEMU %d of the stopped daemon still runs", qemu)
+	}
+	before, _ := protocol.LastCounter(readFile(t, instances[1].console))
+	if _, err := guest.WaitForConsole(ctx, instances[1].console, fmt.Sprintf("a counter after %d", before), func(out string) bool {
+		n, ok := protocol.LastCounter(out)
+		return ok && n > before
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if state, _, err := instances[1].conn.State(instances[1].name); err != nil || state != Running {
+		t.Errorf("the other daemon's guest: state %s, error %v; want %s", state, err, Running)
+	}
+}

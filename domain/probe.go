@@ -1,0 +1,103 @@
+package domain
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/google/uuid"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"libvirt.org/go/libvirt"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// probeTimeout is how long a KVM probe guest has to print. Under working KVM a Linux
+// kernel prints within about a second; under nested KVM that cannot boot Linux it hangs
+// in its decompressor and prints nothing, however long one waits.
+const probeTimeout = 10 * time.Second
+
+// ResolveAcceleration turns Auto into KVM or TCG with ProbeKVM; KVM and TCG stay as asked.
+func ResolveAcceleration(ctx context.Context, conn *Conn, a Acceleration, kernel, initrd string) (Acceleration, error) {
+	if a != Auto {
+		if _, err := domainType(a); err != nil {
+			return "", err
+		}
+		return a, nil
+	}
+	ok, err := ProbeKVM(ctx, conn, kernel, initrd)
+	if err != nil {
+		return "", err
+	}
+	if ok {
+		return KVM, nil
+	}
+	return TCG, nil
+}
+
+// ProbeKVM boots a small transient KVM domain from kernel and initrd and reports whether
+// it printed anything on its serial console within a few seconds. Only a guest that printed
+// proves KVM can run it: QEMU starting, or a BIOS running, is not enough. Why KVM was found
+// unusable is logged. An error means the probe itself could not be made.
+func ProbeKVM(ctx context.Context, conn *Conn, kernel, initrd string) (bool, error) {
+	dir, err := os.MkdirTemp("", "lifeboat-kvm-probe-")
+	if err != nil {
+		return false, fmt.Errorf("probing KVM: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	console := filepath.Join(dir, "console.log")
+	id := uuid.New()
+	vmi := &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lifeboat", Name: "kvm-probe-" + id.String()[:8], UID: types.UID(id.String())},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{
+			CPUs:   1,
+			Memory: resource.MustParse("128Mi"),
+			// Not quiet: the kernel's first messages are the earliest proof that it runs.
+			Boot: v1alpha1.BootSource{Kernel: kernel, Initrd: initrd, Cmdline: "console=ttyS0"},
+		},
+	}
+	domainXML, err := DomainXML(vmi, XMLOptions{Acceleration: KVM, ConsoleLog: console})
+	if err != nil {
+		return false, fmt.Errorf("probing KVM: %w", err)
+	}
+	log := slog.With("probe", "kvm")
+	// Autodestroy: should this process die mid-probe, libvirt removes the domain when the
+	// connection closes.
+	dom, err := conn.virt.DomainCreateXML(domainXML, libvirt.DOMAIN_START_AUTODESTROY)
+	if err != nil {
+		log.Info("KVM is not usable: a KVM domain does not start; guests will run under TCG", "err", err)
+		return false, nil
+	}
+	defer func() {
+		if err := dom.Destroy(); err != nil {
+			log.Warn("destroying the KVM probe domain", "err", err)
+		}
+		dom.Free()
+	}()
+
+	probeCtx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	ticker := time.NewTicker(100 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		if fi, err := os.Stat(console); err == nil && fi.Size() > 0 {
+			log.Info("KVM is usable: a KVM guest printed on its serial console")
+			return true, nil
+		}
+		select {
+		case <-probeCtx.Done():
+			if ctx.Err() != nil {
+				return false, fmt.Errorf("probing KVM: %w", ctx.Err())
+			}
+			log.Info("KVM is not usable: a KVM guest printed nothing on its serial console; guests will run under TCG",
+				"waited", probeTimeout, "hint", "nested KVM can start QEMU and a BIOS yet hang a Linux kernel in its decompressor")
+			return false, nil
+		case <-ticker.C:
+		}
+	}
+}

@@ -1,0 +1,143 @@
+package domain
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/google/uuid"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// XMLOptions are the node-side choices DomainXML needs besides the VMI.
+type XMLOptions struct {
+	// Acceleration is KVM or TCG; resolve Auto with ResolveAcceleration first.
+	Acceleration Acceleration
+	// ConsoleLog is the file the guest's serial console is written to. The agent and
+	// tests read the guest's output there; nothing else is attached to the console.
+	ConsoleLog string
+	// DiskFormat is the format of spec.boot.disk, "qcow2" or "raw". Empty means by the
+	// file's extension: .qcow2 is qcow2, anything else raw.
+	DiskFormat string
+}
+
+// DomainName is the libvirt name of a VMI's domain. Kubernetes names cannot contain "_",
+// so the name is unambiguous.
+func DomainName(namespace, name string) string { return namespace + "_" + name }
+
+// machineType is the QEMU machine of every domain: q35 has ACPI (for the power button)
+// and is what both ends of a migration must agree on.
+const machineType = "q35"
+
+// DomainXML writes the libvirt domain of a VMI: its CPUs and memory, a direct kernel boot
+// and/or a virtio disk, the serial console to a file, ACPI, no network, and lifeboat's
+// metadata. The domain is destroyed (not restarted) when the guest powers off or crashes,
+// since the VMI's life ends there.
+func DomainXML(vmi *v1alpha1.VirtualMachineInstance, opts XMLOptions) (string, error) {
+	if vmi == nil {
+		return "", errors.New("writing domain XML: no VMI")
+	}
+	domType, err := domainType(opts.Acceleration)
+	if err != nil {
+		return "", err
+	}
+	if _, err := uuid.Parse(string(vmi.UID)); err != nil {
+		return "", fmt.Errorf("VMI %s/%s: its UID %q is the domain's UUID and must be one: %w", vmi.Namespace, vmi.Name, vmi.UID, err)
+	}
+	memoryKiB, err := memoryKiB(vmi)
+	if err != nil {
+		return "", err
+	}
+	boot := vmi.Spec.Boot
+	if boot.Kernel == "" && boot.Disk == "" {
+		return "", fmt.Errorf("VMI %s/%s boots nothing: it needs spec.boot.kernel or spec.boot.disk", vmi.Namespace, vmi.Name)
+	}
+	if opts.ConsoleLog == "" {
+		return "", errors.New("writing domain XML: no console log file")
+	}
+	metadata, err := marshalMetadata(Metadata{Namespace: vmi.Namespace, Name: vmi.Name, UID: string(vmi.UID)})
+	if err != nil {
+		return "", err
+	}
+	cpus := uint(1)
+	if vmi.Spec.CPUs > 0 {
+		cpus = uint(vmi.Spec.CPUs)
+	}
+	port := uint(0)
+	dom := &libvirtxml.Domain{
+		Type:     domType,
+		Name:     DomainName(vmi.Namespace, vmi.Name),
+		UUID:     string(vmi.UID),
+		Metadata: &libvirtxml.DomainMetadata{XML: metadata},
+		Memory:   &libvirtxml.DomainMemory{Value: memoryKiB, Unit: "KiB"},
+		VCPU:     &libvirtxml.DomainVCPU{Value: cpus},
+		OS: &libvirtxml.DomainOS{
+			Type:    &libvirtxml.DomainOSType{Arch: "x86_64", Machine: machineType, Type: "hvm"},
+			Kernel:  boot.Kernel,
+			Initrd:  boot.Initrd,
+			Cmdline: boot.Cmdline,
+		},
+		Features: &libvirtxml.DomainFeatureList{
+			ACPI: &libvirtxml.DomainFeature{},
+			APIC: &libvirtxml.DomainFeatureAPIC{},
+		},
+		Clock:      &libvirtxml.DomainClock{Offset: "utc"},
+		OnPoweroff: "destroy",
+		OnReboot:   "restart",
+		OnCrash:    "destroy",
+		Devices: &libvirtxml.DomainDeviceList{
+			Serials: []libvirtxml.DomainSerial{{
+				Source: &libvirtxml.DomainChardevSource{File: &libvirtxml.DomainChardevSourceFile{Path: opts.ConsoleLog}},
+				Target: &libvirtxml.DomainSerialTarget{Port: &port},
+			}},
+			// No balloon: lifeboat sizes guests by their pod's memory request, and every
+			// device is one more thing a migration must carry.
+			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "none"},
+		},
+	}
+	if boot.Disk != "" {
+		format, err := diskFormat(boot.Disk, opts.DiskFormat)
+		if err != nil {
+			return "", err
+		}
+		dom.Devices.Disks = []libvirtxml.DomainDisk{{
+			Device: "disk",
+			Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: format},
+			Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: boot.Disk}},
+			Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
+		}}
+	}
+	out, err := dom.Marshal()
+	if err != nil {
+		return "", fmt.Errorf("writing the domain XML of VMI %s/%s: %w", vmi.Namespace, vmi.Name, err)
+	}
+	return out, nil
+}
+
+// memoryKiB is the VMI's memory in KiB, rounded up.
+func memoryKiB(vmi *v1alpha1.VirtualMachineInstance) (uint, error) {
+	bytes, ok := vmi.Spec.Memory.AsInt64()
+	if !ok || bytes <= 0 {
+		return 0, fmt.Errorf("VMI %s/%s: memory %s is not a positive number of bytes", vmi.Namespace, vmi.Name, vmi.Spec.Memory.String())
+	}
+	return uint((bytes + 1023) / 1024), nil
+}
+
+// diskFormat is the format of a disk image. It is never read from the image itself:
+// a guest can write a qcow2 header into a raw disk and so make the host open files of its
+// choosing as backing files (the reason libvirt does not probe formats either).
+func diskFormat(path, explicit string) (string, error) {
+	switch explicit {
+	case "qcow2", "raw":
+		return explicit, nil
+	case "":
+		if strings.EqualFold(filepath.Ext(path), ".qcow2") {
+			return "qcow2", nil
+		}
+		return "raw", nil
+	}
+	return "", fmt.Errorf("disk format %q: want qcow2 or raw", explicit)
+}

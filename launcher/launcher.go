@@ -1,0 +1,188 @@
+// Package launcher is the VM pod's main process: it runs the pod's private libvirt daemon,
+// defines and starts the guest, and reports to the node agent. On SIGTERM it does not stop the
+// guest itself: it records the signal in the domain's metadata (where it survives an agent
+// restart), tells the agent, and keeps serving until the domain is gone or SIGKILL arrives.
+package launcher
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/notify"
+	"github.com/lifeboat-vm/lifeboat/domain"
+)
+
+// Config is the launcher's input, from its flags and its pod's environment.
+type Config struct {
+	VMI                   contract.VMI
+	PodGracePeriodSeconds int64
+	DomainsDir            string
+	NotifySocket          string
+	Acceleration          domain.Acceleration
+	Log                   *slog.Logger
+}
+
+// ConfigFromEnv reads the VMI and the pod grace period the launcher pod passes in its environment.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	var cfg Config
+	raw := getenv(contract.EnvVMI)
+	if raw == "" {
+		return cfg, fmt.Errorf("$%s is empty: the launcher runs only in a launcher pod", contract.EnvVMI)
+	}
+	if err := json.Unmarshal([]byte(raw), &cfg.VMI); err != nil {
+		return cfg, fmt.Errorf("decoding $%s: %w", contract.EnvVMI, err)
+	}
+	if cfg.VMI.UID == "" || cfg.VMI.Name == "" || cfg.VMI.Namespace == "" {
+		return cfg, fmt.Errorf("$%s lacks the VMI's namespace, name or UID", contract.EnvVMI)
+	}
+	if g := getenv(contract.EnvPodGracePeriod); g != "" {
+		n, err := strconv.ParseInt(g, 10, 64)
+		if err != nil || n < 0 {
+			return cfg, fmt.Errorf("$%s=%q is not a grace period in seconds", contract.EnvPodGracePeriod, g)
+		}
+		cfg.PodGracePeriodSeconds = n
+	}
+	return cfg, nil
+}
+
+// Run runs the VM until its domain is gone and returns the launcher's exit code.
+// SIGTERMs arrive on sigterm; ctx ends only with the process.
+func Run(ctx context.Context, cfg Config, sigterm <-chan os.Signal) int {
+	log := cfg.Log.With("vmi", cfg.VMI.Namespace+"/"+cfg.VMI.Name, "uid", cfg.VMI.UID)
+	ref := notify.VMIRef{Namespace: cfg.VMI.Namespace, Name: cfg.VMI.Name, UID: cfg.VMI.UID}
+	notifier := NewNotifier(cfg.NotifySocket, ref, log)
+	notifyCtx, stopNotifier := context.WithCancel(ctx)
+	notifierDone := make(chan struct{})
+	go func() {
+		notifier.Run(notifyCtx)
+		close(notifierDone)
+	}()
+	defer func() {
+		if !notifier.Flush(5 * time.Second) {
+			log.Warn("exiting before the agent heard the last reports")
+		}
+		stopNotifier()
+		<-notifierDone
+	}()
+
+	code, err := run(ctx, cfg, log, notifier, sigterm)
+	if err != nil {
+		log.Error("launcher failed", "err", err)
+		notifier.Report(notify.KindFailed, time.Now(), 0, err.Error())
+	}
+	return code
+}
+
+func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, sigterm <-chan os.Signal) (int, error) {
+	dir := filepath.Join(cfg.DomainsDir, cfg.VMI.UID)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return contract.ExitFailed, err
+	}
+	daemon, err := domain.StartLibvirtd(ctx, domain.Config{Dir: filepath.Join(dir, "libvirt"), SocketDir: dir})
+	if err != nil {
+		return contract.ExitFailed, fmt.Errorf("starting the pod's libvirtd: %w", err)
+	}
+	defer func() {
+		if err := daemon.Stop(); err != nil {
+			log.Warn("stopping libvirtd", "err", err)
+		}
+	}()
+	conn, err := domain.Connect(daemon.Socket())
+	if err != nil {
+		return contract.ExitFailed, err
+	}
+	defer conn.Close()
+	events, err := conn.Events(ctx)
+	if err != nil {
+		return contract.ExitFailed, err
+	}
+
+	vmi := &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: cfg.VMI.Namespace, Name: cfg.VMI.Name, UID: types.UID(cfg.VMI.UID)},
+		Spec:       cfg.VMI.Spec,
+	}
+	accel, err := domain.ResolveAcceleration(ctx, conn, cfg.Acceleration, vmi.Spec.Boot.Kernel, vmi.Spec.Boot.Initrd)
+	if err != nil {
+		return contract.ExitFailed, fmt.Errorf("choosing the acceleration: %w", err)
+	}
+	xml, err := domain.DomainXML(vmi, domain.XMLOptions{Acceleration: accel, ConsoleLog: filepath.Join(dir, contract.ConsoleLog)})
+	if err != nil {
+		return contract.ExitFailed, err
+	}
+	name := domain.DomainName(vmi.Namespace, vmi.Name)
+	if err := conn.DefineAndStart(xml); err != nil {
+		return contract.ExitFailed, err
+	}
+	log.Info("domain started", "domain", name, "acceleration", accel)
+	notifier.Report(notify.KindDomainStarted, time.Now(), 0, "")
+
+	// A stop event may have come before we listened for it; start from the current state.
+	if code, done := exitCode(conn, name); done {
+		return code, nil
+	}
+	for {
+		select {
+		case <-sigterm:
+			now := time.Now()
+			gs := domain.GracefulShutdown{SignalTime: now, Deadline: now.Add(time.Duration(cfg.PodGracePeriodSeconds) * time.Second)}
+			if err := conn.SetGracefulShutdown(name, gs); err != nil {
+				log.Error("recording the graceful-shutdown signal in the domain", "err", err)
+			}
+			log.Info("SIGTERM: told the agent; the guest keeps running until it decides", "podGracePeriodSeconds", cfg.PodGracePeriodSeconds)
+			notifier.Report(notify.KindGracefulShutdown, now, cfg.PodGracePeriodSeconds, "")
+		case ev, ok := <-events:
+			if !ok {
+				return contract.ExitFailed, errors.New("the libvirt event stream ended")
+			}
+			if ev.Domain != name {
+				continue
+			}
+			if code, done := exitCode(conn, name); done {
+				notifier.Report(notify.KindDomainGone, time.Now(), 0, fmt.Sprintf("domain %s: %s", ev.Type, ev.Reason))
+				log.Info("domain gone", "event", ev.Type, "reason", ev.Reason, "exitCode", code)
+				return code, nil
+			}
+		case <-daemon.Done():
+			return contract.ExitFailed, fmt.Errorf("libvirtd exited; see %s", daemon.LogPath())
+		case <-ctx.Done():
+			return contract.ExitFailed, ctx.Err()
+		}
+	}
+}
+
+// exitCode reports whether the domain has ended, and the launcher exit code that says how.
+func exitCode(conn *domain.Conn, name string) (int, bool) {
+	state, reason, err := conn.State(name)
+	if errors.Is(err, domain.ErrNotFound) {
+		return contract.ExitGuestPoweredOff, true
+	}
+	if err != nil {
+		return 0, false
+	}
+	return ExitCodeFor(state, reason)
+}
+
+// ExitCodeFor maps a domain's state to the launcher's exit code, if the domain has ended.
+func ExitCodeFor(state domain.State, reason domain.Reason) (int, bool) {
+	switch {
+	case state == domain.Crashed, state == domain.Shutoff && reason == domain.ReasonCrashed:
+		return contract.ExitCrashed, true
+	case state == domain.Shutoff && reason == domain.ReasonDestroyed:
+		return contract.ExitDestroyed, true
+	case state == domain.Shutoff:
+		return contract.ExitGuestPoweredOff, true
+	}
+	return 0, false
+}

@@ -1,0 +1,331 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/guest"
+	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/node"
+)
+
+// proc is a lifeboat process a test runs and may kill.
+type proc struct {
+	name string
+	args []string
+	log  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startProc(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, args: args, log: filepath.Join(t.TempDir(), name+".log")}
+	p.start(t)
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			b, _ := os.ReadFile(p.log)
+			t.Logf("%s log:\n%s", name, tail(string(b), 60))
+		}
+	})
+	return p
+}
+
+func (p *proc) start(t *testing.T) {
+	t.Helper()
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd = exec.Command(filepath.Join(bins, p.name), p.args...)
+	p.cmd.Stdout, p.cmd.Stderr = f, f
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p.done = make(chan struct{})
+	go func() {
+		_ = p.cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+}
+
+// kill ends the process at once, as a crash would.
+func (p *proc) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.kill()
+	}
+}
+
+func tail(s string, lines int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > lines {
+		l = l[len(l)-lines:]
+	}
+	return strings.Join(l, "\n")
+}
+
+func startController(t *testing.T) *proc {
+	return startProc(t, "lifeboat-controller", "--kubeconfig", cluster.Kubeconfig, "--acceleration", "tcg")
+}
+
+type testNode struct {
+	*node.Node
+	agent   *proc
+	metrics string // http://address:port/metrics
+}
+
+// startNodes starts n emulated nodes, each with its agent.
+func startNodes(t *testing.T, n int, configure ...func(*node.Config)) []*testNode {
+	t.Helper()
+	withLauncher := func(c *node.Config) {
+		c.Binaries = map[string]string{"lifeboat-launcher": filepath.Join(bins, "lifeboat-launcher")}
+		c.Capacity = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")}
+		c.RootDir = shortTempDir(t)
+	}
+	var out []*testNode
+	for _, n := range node.StartN(context.Background(), t, cluster.Kube, n, append([]func(*node.Config){withLauncher}, configure...)...) {
+		port := freePort(t, n.Address())
+		tn := &testNode{Node: n, metrics: fmt.Sprintf("http://%s:%d/metrics", n.Address(), port)}
+		tn.agent = startProc(t, "lifeboat-agent", "--kubeconfig", cluster.Kubeconfig, "--node-name", n.Name(),
+			"--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", fmt.Sprintf("%s:%d", n.Address(), port))
+		out = append(out, tn)
+	}
+	return out
+}
+
+// shortTempDir is a node root short enough for the unix sockets under it: a socket path may
+// not exceed 107 bytes, and t.TempDir's names, which include the test's, can take most of that.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "lbn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+func freePort(t *testing.T, addr string) int {
+	t.Helper()
+	l, err := net.Listen("tcp", addr+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// metric reads one sample of the agent's /metrics, e.g. `lifeboat_agent_launchers`.
+func (n *testNode) metric(t *testing.T, sample string) float64 {
+	t.Helper()
+	resp, err := http.Get(n.metrics)
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(sample) + ` (\S+)$`)
+	m := re.FindStringSubmatch(string(b))
+	if m == nil {
+		return -1
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v
+}
+
+func testNamespace(t *testing.T) string {
+	t.Helper()
+	ns, err := cluster.Kube.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpEvents(t, ns.Name)
+		}
+	})
+	return ns.Name
+}
+
+func dumpEvents(t *testing.T, ns string) {
+	events, err := cluster.Kube.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	for _, e := range events.Items {
+		t.Logf("event %s/%s %s %s: %s", e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Type, e.Reason, e.Message)
+	}
+}
+
+func newVMI(name string, mutate ...func(*v1alpha1.VirtualMachineInstance)) *v1alpha1.VirtualMachineInstance {
+	v := &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{
+			CPUs: 1, Memory: resource.MustParse("128Mi"),
+			Boot:                          v1alpha1.BootSource{Kernel: image.Kernel, Initrd: image.Initrd, Cmdline: guest.Cmdline},
+			TerminationGracePeriodSeconds: ptr.To[int64](20),
+			EvictionStrategy:              ptr.To(v1alpha1.EvictionStrategyNone),
+		},
+	}
+	for _, m := range mutate {
+		m(v)
+	}
+	return v
+}
+
+func createVMI(t *testing.T, ns string, v *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineInstance {
+	t.Helper()
+	created, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Create(context.Background(), v, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating VMI %s: %v", v.Name, err)
+	}
+	return created
+}
+
+// waitVMI polls the VMI until cond holds, failing with what was expected and what was seen.
+func waitVMI(t *testing.T, ns, name string, timeout time.Duration, what string, cond func(*v1alpha1.VirtualMachineInstance) bool) *v1alpha1.VirtualMachineInstance {
+	t.Helper()
+	var last *v1alpha1.VirtualMachineInstance
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = v
+		return cond(v), nil
+	})
+	if err != nil {
+		t.Fatalf("VMI %s/%s: want %s within %s; last seen %s", ns, name, what, timeout, describe(last))
+	}
+	return last
+}
+
+func describe(v *v1alpha1.VirtualMachineInstance) string {
+	if v == nil {
+		return "nothing"
+	}
+	return fmt.Sprintf("phase=%q node=%q reason=%q message=%q conditions=%+v", v.Status.Phase, v.Status.NodeName, v.Status.Reason, v.Status.Message, v.Status.Conditions)
+}
+
+func running(v *v1alpha1.VirtualMachineInstance) bool { return v.Status.Phase == v1alpha1.VMIRunning }
+
+// nodeOf returns the test node the VMI runs on.
+func nodeOf(t *testing.T, nodes []*testNode, v *v1alpha1.VirtualMachineInstance) *testNode {
+	t.Helper()
+	for _, n := range nodes {
+		if n.Name() == v.Status.NodeName {
+			return n
+		}
+	}
+	t.Fatalf("VMI %s runs on %q, not on a test node", v.Name, v.Status.NodeName)
+	return nil
+}
+
+// consolePath is where the launcher logs the guest's serial console, seen from the host.
+func (n *testNode) consolePath(v *v1alpha1.VirtualMachineInstance) string {
+	return filepath.Join(n.HostPath("/var/run/lifeboat"), "domains", string(v.UID), "console.log")
+}
+
+var counterLine = regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(protocol.CounterPrefix) + `(\d+)\r?$`)
+
+// lastCounter is the guest's latest counter on its console, or -1.
+func lastCounter(console string) int {
+	m := counterLine.FindAllStringSubmatch(console, -1)
+	if m == nil {
+		return -1
+	}
+	n, _ := strconv.Atoi(m[len(m)-1][1])
+	return n
+}
+
+// waitCounterPast waits until the guest's counter exceeds n: the guest kept running.
+func waitCounterPast(t *testing.T, path string, n int, timeout time.Duration) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	console, err := guest.WaitForConsole(ctx, path, fmt.Sprintf("a counter above %d", n), func(c string) bool { return lastCounter(c) > n })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lastCounter(console)
+}
+
+func launcherPod(t *testing.T, v *v1alpha1.VirtualMachineInstance) *corev1.Pod {
+	t.Helper()
+	pods, err := cluster.Kube.CoreV1().Pods(v.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(v.UID)})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("want one launcher pod for %s: %v, %d pods", v.Name, err, len(pods.Items))
+	}
+	return &pods.Items[0]
+}
+
+func waitEvent(t *testing.T, ns, object, reason string, timeout time.Duration) *corev1.Event {
+	t.Helper()
+	var found *corev1.Event
+	sel := fields.Set{"involvedObject.name": object, "reason": reason}.AsSelector().String()
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		evs, err := cluster.Kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err != nil || len(evs.Items) == 0 {
+			return false, nil
+		}
+		found = &evs.Items[0]
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("no %s event on %s/%s within %s", reason, ns, object, timeout)
+	}
+	return found
+}
+
+// launcherPID finds the host pid of the launcher process of a pod, from its environment.
+func launcherPID(t *testing.T, pod *corev1.Pod) int {
+	t.Helper()
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if filepath.Base(exe) != "lifeboat-launcher" {
+			continue
+		}
+		env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if strings.Contains(string(env), "\x00POD_NAME="+pod.Name+"\x00") || strings.HasPrefix(string(env), "POD_NAME="+pod.Name+"\x00") {
+			return pid
+		}
+	}
+	t.Fatalf("no lifeboat-launcher process for pod %s", pod.Name)
+	return 0
+}

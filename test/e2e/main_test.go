@@ -1,0 +1,55 @@
+// Package e2e runs lifeboat end to end on the local control plane: the real controller and
+// agents as processes, emulated nodes running real launchers, real libvirt and QEMU, and a real
+// Linux guest.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+	"github.com/lifeboat-vm/lifeboat/test/guest"
+	"github.com/lifeboat-vm/lifeboat/test/node"
+)
+
+var (
+	cluster *controlplane.ControlPlane
+	image   guest.Image
+	// bins holds lifeboat-agent, lifeboat-controller and lifeboat-launcher, built for this run.
+	bins string
+)
+
+func TestMain(m *testing.M) {
+	node.MaybeRunShim()
+	if err := prepare(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer os.RemoveAll(bins)
+	controlplane.Main(m, &cluster, controlplane.Options{})
+}
+
+func prepare() error {
+	var err error
+	if image, err = guest.Ensure(context.Background(), os.Stderr); err != nil {
+		return fmt.Errorf("preparing the test guest: %w", err)
+	}
+	if bins, err = os.MkdirTemp("", "lifeboat-e2e-bin-*"); err != nil {
+		return err
+	}
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("go", "build", "-o", bins+string(filepath.Separator), "./cmd/...")
+	cmd.Dir = root
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("building lifeboat's commands: %w", err)
+	}
+	return nil
+}

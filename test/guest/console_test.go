@@ -1,0 +1,51 @@
+package guest
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestHasLine(t *testing.T) {
+	console := "booting\r\nlifeboat-guest ready\r\nlifeboat-guest counter 1\n"
+	tests := []struct {
+		line string
+		want bool
+	}{
+		{"lifeboat-guest ready", true},
+		{"lifeboat-guest counter 1", true},
+		{"lifeboat-guest", false},
+		{"ready", false},
+	}
+	for _, tt := range tests {
+		if got := HasLine(console, tt.line); got != tt.want {
+			t.Errorf("HasLine(%q) = %v, want %v", tt.line, got, tt.want)
+		}
+	}
+}
+
+func TestWaitForLineSaysWhatItWaitedFor(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "console.log")
+	if err := os.WriteFile(path, []byte("booting\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := WaitForLine(ctx, path, "lifeboat-guest ready")
+	if err == nil || !strings.Contains(err.Error(), `"lifeboat-guest ready"`) || !strings.Contains(err.Error(), "booting") {
+		t.Fatalf("WaitForLine() error = %v, want one naming the line and showing the console", err)
+	}
+
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		_ = os.WriteFile(path, []byte("booting\r\nlifeboat-guest ready\r\n"), 0o644)
+	}()
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := WaitForLine(ctx, path, "lifeboat-guest ready"); err != nil {
+		t.Fatal(err)
+	}
+}

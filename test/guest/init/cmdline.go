@@ -1,0 +1,44 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+)
+
+// params are the kernel command-line parameters init acts on.
+type params struct {
+	dirty     int64 // bytes of memory to allocate and write
+	dirtyRate int64 // bytes per second of that memory to keep rewriting
+}
+
+// parseCmdline reads init's parameters from the kernel command line. Bad values are
+// reported and ignored, so one typo does not cost the guest its counter.
+func parseCmdline(cmdline string) (params, []error) {
+	var p params
+	var errs []error
+	for _, field := range strings.Fields(cmdline) {
+		key, value, _ := strings.Cut(field, "=")
+		var into *int64
+		switch key {
+		case protocol.DirtyParam:
+			into = &p.dirty
+		case protocol.DirtyRateParam:
+			into = &p.dirtyRate
+		default:
+			continue
+		}
+		size, err := protocol.ParseSize(value)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", key, err))
+			continue
+		}
+		*into = size
+	}
+	if p.dirtyRate > 0 && p.dirty == 0 {
+		errs = append(errs, fmt.Errorf("%s needs %s: there is no memory to rewrite", protocol.DirtyRateParam, protocol.DirtyParam))
+		p.dirtyRate = 0
+	}
+	return p, errs
+}

@@ -1,0 +1,30 @@
+package main
+
+import "testing"
+
+func TestParseCmdline(t *testing.T) {
+	tests := []struct {
+		name    string
+		cmdline string
+		want    params
+		errs    int
+	}{
+		{name: "nothing for init", cmdline: "console=ttyS0 quiet\n", want: params{}},
+		{name: "dirty only", cmdline: "console=ttyS0 lifeboat.dirty=64M", want: params{dirty: 64 << 20}},
+		{name: "dirty at a rate", cmdline: "lifeboat.dirty=64M lifeboat.dirtyrate=8M\n", want: params{dirty: 64 << 20, dirtyRate: 8 << 20}},
+		{name: "bad size is reported and ignored", cmdline: "lifeboat.dirty=lots lifeboat.dirtyrate=1M", want: params{}, errs: 2},
+		{name: "rate without memory", cmdline: "lifeboat.dirtyrate=1M", want: params{}, errs: 1},
+		{name: "key without value", cmdline: "lifeboat.dirty", want: params{}, errs: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, errs := parseCmdline(tt.cmdline)
+			if got != tt.want {
+				t.Errorf("parseCmdline() = %+v, want %+v", got, tt.want)
+			}
+			if len(errs) != tt.errs {
+				t.Errorf("parseCmdline() errors = %v, want %d", errs, tt.errs)
+			}
+		})
+	}
+}

@@ -1,0 +1,98 @@
+// Command init is the test guest's /init: a static program that runs as PID 1 in a
+// Linux guest booted from the lifeboat test image. It prints a ready line and then a
+// counter every second on the serial console, can keep a chosen amount of memory dirty
+// at a chosen rate (kernel command line, see package protocol), and powers the guest off
+// when the ACPI power button is pressed.
+//
+// PID 1 must never exit (the kernel would panic), so every failure is printed and init
+// goes on counting.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+)
+
+func main() {
+	con := &console{w: os.Stdout}
+	defer func() {
+		// A panic in main would end PID 1; report it and count instead.
+		if r := recover(); r != nil {
+			con.errorf("init: %v", r)
+			count(con)
+		}
+	}()
+
+	if err := mountFilesystems(); err != nil {
+		con.errorf("%v", err)
+	}
+	if err := loadModules(protocol.ModulesFile); err != nil {
+		con.errorf("%v", err)
+	}
+	if err := watchPowerButton(con); err != nil {
+		con.errorf("%v", err)
+	}
+	params, errs := parseCmdline(readCmdline())
+	for _, err := range errs {
+		con.errorf("%v", err)
+	}
+	if params.dirty > 0 {
+		if err := startDirtying(con, params.dirty, params.dirtyRate); err != nil {
+			con.errorf("%v", err)
+		} else {
+			con.println(protocol.Dirtying(params.dirty, params.dirtyRate))
+		}
+	}
+	con.println(protocol.Ready)
+	count(con)
+}
+
+// count prints the counter once a second, forever.
+func count(con *console) {
+	ticker := time.NewTicker(time.Second)
+	for n := 1; ; n++ {
+		<-ticker.C
+		con.println(protocol.Counter(n))
+	}
+}
+
+func readCmdline() string {
+	b, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
+// console writes whole lines to the serial console; goroutines share it.
+type console struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (c *console) println(line string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, _ = io.WriteString(c.w, line+"\n")
+}
+
+func (c *console) errorf(format string, args ...any) {
+	c.println(protocol.ErrorPrefix + fmt.Sprintf(format, args...))
+}
+
+// goSafely runs fn in a goroutine whose panic is reported instead of ending PID 1.
+func goSafely(con *console, name string, fn func()) {
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				con.errorf("%s: %v", name, r)
+			}
+		}()
+		fn()
+	}()
+}

@@ -1,0 +1,85 @@
+// Package protocol is what the test guest reads from its kernel command line and its image,
+// and what it prints on its serial console. The guest's /init, the image builder and the
+// tests that watch the guest share it, so they cannot drift apart.
+package protocol
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Lines the guest prints, each alone on a line of the serial console.
+const (
+	// Ready is printed once init has set up everything it serves (mounts, power button,
+	// dirty memory), so a test that sees it can act on the guest at once.
+	Ready = "lifeboat-guest ready"
+	// CounterPrefix starts the line printed once a second, followed by 1, 2, 3, ...
+	CounterPrefix = "lifeboat-guest counter "
+	// PowerButton is printed when the ACPI power button is pressed, just before power-off.
+	PowerButton = "lifeboat-guest power button: shutting down"
+	// ErrorPrefix starts a line that reports something init could not do; it keeps running.
+	ErrorPrefix = "lifeboat-guest error: "
+)
+
+// Kernel command-line parameters the guest understands.
+const (
+	// DirtyParam is how much memory the guest allocates and writes, in bytes with an
+	// optional K, M or G suffix (binary units): lifeboat.dirty=64M.
+	DirtyParam = "lifeboat.dirty"
+	// DirtyRateParam is how many bytes per second of that memory the guest keeps
+	// rewriting, with the same suffixes: lifeboat.dirtyrate=8M.
+	DirtyRateParam = "lifeboat.dirtyrate"
+)
+
+// ModulesFile lists, one absolute path a line and dependencies first, the kernel modules
+// in the image that init loads before anything else (the ACPI power button driver and the
+// input event interface that reports its presses).
+const ModulesFile = "/etc/lifeboat-guest/modules"
+
+// Counter formats the counter line for n.
+func Counter(n int) string { return CounterPrefix + strconv.Itoa(n) }
+
+// Dirtying is the line the guest prints once its dirty memory is allocated.
+func Dirtying(size, rate int64) string {
+	return fmt.Sprintf("lifeboat-guest dirtying %d bytes at %d bytes/s", size, rate)
+}
+
+// LastCounter returns the highest counter in console output, and false if there is none.
+func LastCounter(console string) (int, bool) {
+	last, found := 0, false
+	for _, line := range strings.Split(console, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimRight(line, "\r"), CounterPrefix)
+		if !ok {
+			continue
+		}
+		if n, err := strconv.Atoi(rest); err == nil && n >= last {
+			last, found = n, true
+		}
+	}
+	return last, found
+}
+
+// ParseSize parses a byte count with an optional K, M or G suffix (powers of 1024).
+func ParseSize(s string) (int64, error) {
+	multiplier := int64(1)
+	digits := s
+	if n := len(s); n > 0 {
+		switch s[n-1] {
+		case 'K', 'k':
+			multiplier, digits = 1<<10, s[:n-1]
+		case 'M', 'm':
+			multiplier, digits = 1<<20, s[:n-1]
+		case 'G', 'g':
+			multiplier, digits = 1<<30, s[:n-1]
+		}
+	}
+	v, err := strconv.ParseInt(digits, 10, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("size %q: want a non-negative number of bytes with an optional K, M or G suffix", s)
+	}
+	if v > (1<<62)/multiplier {
+		return 0, fmt.Errorf("size %q is too large", s)
+	}
+	return v * multiplier, nil
+}

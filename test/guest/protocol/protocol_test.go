@@ -1,0 +1,54 @@
+package protocol
+
+import "testing"
+
+func TestParseSize(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    int64
+		wantErr bool
+	}{
+		{in: "0", want: 0},
+		{in: "4096", want: 4096},
+		{in: "64K", want: 64 << 10},
+		{in: "64M", want: 64 << 20},
+		{in: "64m", want: 64 << 20},
+		{in: "1G", want: 1 << 30},
+		{in: "", wantErr: true},
+		{in: "M", wantErr: true},
+		{in: "-1M", wantErr: true},
+		{in: "12T", wantErr: true},
+		{in: "9223372036854775807G", wantErr: true},
+	}
+	for _, tt := range tests {
+		got, err := ParseSize(tt.in)
+		if (err != nil) != tt.wantErr {
+			t.Errorf("ParseSize(%q) error = %v, want error %v", tt.in, err, tt.wantErr)
+			continue
+		}
+		if got != tt.want {
+			t.Errorf("ParseSize(%q) = %d, want %d", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestLastCounter(t *testing.T) {
+	tests := []struct {
+		name    string
+		console string
+		want    int
+		wantOK  bool
+	}{
+		{name: "none", console: "lifeboat-guest ready\n", wantOK: false},
+		{name: "highest", console: Counter(1) + "\r\n" + Counter(2) + "\r\n" + Counter(3) + "\r\n", want: 3, wantOK: true},
+		{name: "partial last line", console: Counter(9) + "\n" + CounterPrefix, want: 9, wantOK: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := LastCounter(tt.console)
+			if got != tt.want || ok != tt.wantOK {
+				t.Errorf("LastCounter() = %d, %v, want %d, %v", got, ok, tt.want, tt.wantOK)
+			}
+		})
+	}
+}
