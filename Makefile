@@ -20,7 +20,7 @@ CODEGEN   := $(GO) run k8s.io/code-generator/cmd
 DEMO_DIR  := $(CURDIR)/.demo/cluster
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: all generate verify-generated lint test binaries demo demo-down clean
+.PHONY: all generate verify-generated lint test binaries lifeboat-bins demo demo-down clean
 
 all: test
 
@@ -62,22 +62,35 @@ binaries:
 test: verify-generated lint binaries
 	$(GO) test -count=1 -timeout 30m ./...
 
-$(CLUSTER): $(shell find test/controlplane test/cmd -name '*.go') go.mod
+$(CLUSTER): $(shell find test api -name '*.go') go.mod
 	$(GO) build -o $@ ./test/cmd/lifeboat-cluster
 
-demo: $(CLUSTER)
+# lifeboat's own commands, for the demo (the tests build their own).
+lifeboat-bins:
+	$(GO) build -o bin/ ./cmd/...
+
+ACCELERATION ?= auto
+KUBECTL = "$$($(CLUSTER) bin-dir)/kubectl" --kubeconfig $(DEMO_DIR)/admin.kubeconfig
+
+demo: $(CLUSTER) lifeboat-bins
 	@$(CLUSTER) down --dir $(DEMO_DIR) >/dev/null
-	$(CLUSTER) up --dir $(DEMO_DIR)
-	@kubectl="$$($(CLUSTER) bin-dir)/kubectl --kubeconfig $(DEMO_DIR)/admin.kubeconfig"; set -x; \
-	$$kubectl apply --server-side -f manifests/examples/lifeboatconfig.yaml -f manifests/examples/vmi.yaml && \
-	$$kubectl get crds -o custom-columns=CRD:.metadata.name,ESTABLISHED:'.status.conditions[?(@.type=="Established")].status' && \
-	$$kubectl get lifeboatconfig,vmi,vmim -o wide && \
-	{ $$kubectl apply -f - <<<'{"apiVersion":"lifeboat.dev/v1alpha1","kind":"VirtualMachineInstance","metadata":{"name":"typo"},"spec":{"memory":"256Mi","evictionStrategy":"LiveMigrateAlways","boot":{"kernel":"/k"}}}' || true; }
+	$(CLUSTER) up --dir $(DEMO_DIR) --nodes 2 --lifeboat-bin bin --acceleration $(ACCELERATION)
+	@set -e; read kernel initrd <<<"$$($(CLUSTER) guest)"; set -x; \
+	$(KUBECTL) apply --server-side -f manifests/examples/lifeboatconfig.yaml; \
+	sed -e "s|/var/lib/lifeboat/guest/vmlinuz|$$kernel|" -e "s|/var/lib/lifeboat/guest/initrd.gz|$$initrd|" manifests/examples/vmi.yaml \
+		| $(KUBECTL) apply --server-side -f -; \
+	$(KUBECTL) get nodes -L lifeboat.dev/kvm; \
+	$(KUBECTL) wait vmi/demo --for=jsonpath='{.status.phase}'=Running --timeout=5m; \
+	$(KUBECTL) get vmi,pods -o wide; \
+	$(CLUSTER) console default/demo --dir $(DEMO_DIR) --wait-for "lifeboat-guest counter 3" --timeout 3m; \
+	$(KUBECTL) get events --field-selector involvedObject.name=demo
 	@echo
-	@echo "The control plane keeps running. To use it:"
+	@echo "The cluster keeps running: 2 emulated nodes with lifeboat agents, the lifeboat controller, the demo VM."
 	@echo "  export KUBECONFIG=$(DEMO_DIR)/admin.kubeconfig PATH=$$($(CLUSTER) bin-dir):\$$PATH"
-	@echo "  kubectl get vmi"
-	@echo "Component logs: $(DEMO_DIR)/*.log.   Stop it: make demo-down"
+	@echo "  kubectl get vmi,pods -o wide"
+	@echo "  $(CLUSTER) console default/demo --dir $(DEMO_DIR)     # the guest's serial console"
+	@echo "  kubectl delete vmi demo                              # shuts the guest down through ACPI"
+	@echo "Logs: $(DEMO_DIR)/*.log.   Stop everything: make demo-down"
 
 demo-down: $(CLUSTER)
 	$(CLUSTER) down --dir $(DEMO_DIR)

@@ -1,10 +1,13 @@
 // Command lifeboat-cluster runs lifeboat's local control plane outside the tests: for make demo,
 // and for anyone who wants a real API server with lifeboat's CRDs to poke at.
 //
-//	lifeboat-cluster build            build and cache the control plane binaries
-//	lifeboat-cluster up --dir DIR     start a control plane in the background, wait until ready
-//	lifeboat-cluster down --dir DIR   stop it and remove DIR
-//	lifeboat-cluster bin-dir          print the directory holding kubectl and the other binaries
+//	lifeboat-cluster build              build and cache the control plane binaries
+//	lifeboat-cluster up --dir DIR       start a control plane in the background, wait until ready;
+//	    --nodes N --lifeboat-bin BIN    also N emulated nodes with an agent each, and the controller
+//	lifeboat-cluster down --dir DIR     stop it and remove DIR
+//	lifeboat-cluster bin-dir            print the directory holding kubectl and the other binaries
+//	lifeboat-cluster guest              print the test guest's kernel and initrd (built once, cached)
+//	lifeboat-cluster console NS/NAME    print a demo VMI's guest console [--wait-for LINE]
 package main
 
 import (
@@ -22,6 +25,8 @@ import (
 	"time"
 
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+	"github.com/lifeboat-vm/lifeboat/test/guest"
+	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
 const (
@@ -32,13 +37,25 @@ const (
 )
 
 func main() {
+	// Emulated nodes run each container under a re-execution of this binary.
+	node.MaybeRunShim()
 	if len(os.Args) < 2 {
 		usage()
 	}
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	dir := fs.String("dir", ".demo/cluster", "directory for the control plane's files")
-	timeout := fs.Duration("timeout", 30*time.Minute, "how long up waits (this includes the first build)")
-	_ = fs.Parse(os.Args[2:])
+	timeout := fs.Duration("timeout", 30*time.Minute, "how long up (or console --wait-for) waits; up's includes the first build")
+	var lb lifeboatOptions
+	fs.IntVar(&lb.nodes, "nodes", 0, "emulated nodes to start, each with a lifeboat agent; with any, the controller runs too")
+	fs.StringVar(&lb.bin, "lifeboat-bin", "bin", "directory holding lifeboat-agent, lifeboat-controller and lifeboat-launcher")
+	fs.StringVar(&lb.acceleration, "acceleration", "auto", "guest acceleration: kvm, tcg or auto")
+	waitFor := fs.String("wait-for", "", "console: wait until the guest printed this line")
+	args := os.Args[2:]
+	var ref string
+	if os.Args[1] == "console" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		ref, args = args[0], args[1:]
+	}
+	_ = fs.Parse(args)
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 
@@ -52,9 +69,16 @@ func main() {
 			fmt.Println(bins.Dir())
 		}
 	case "up":
-		err = up(ctx, *dir, *timeout)
+		err = up(ctx, *dir, *timeout, lb)
 	case "serve":
-		err = serve(ctx, *dir)
+		err = serve(ctx, *dir, lb)
+	case "guest":
+		var img guest.Image
+		if img, err = guest.Ensure(ctx, os.Stderr); err == nil {
+			fmt.Println(img.Kernel, img.Initrd)
+		}
+	case "console":
+		err = console(ctx, *dir, ref, *waitFor, *timeout)
 	case "down":
 		err = down(*dir)
 	default:
@@ -67,13 +91,13 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: lifeboat-cluster build | bin-dir | up [--dir DIR] | down [--dir DIR]")
+	fmt.Fprintln(os.Stderr, "usage: lifeboat-cluster build | bin-dir | guest | up [--dir DIR] [--nodes N --lifeboat-bin BIN] | down [--dir DIR] | console NS/NAME [--wait-for LINE]")
 	os.Exit(2)
 }
 
 // up starts serve detached from this process (own session, output to a log file) so the
 // cluster outlives the make target that started it, then waits until serve says it is ready.
-func up(ctx context.Context, dir string, timeout time.Duration) error {
+func up(ctx context.Context, dir string, timeout time.Duration, lb lifeboatOptions) error {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return err
@@ -100,7 +124,11 @@ func up(ctx context.Context, dir string, timeout time.Duration) error {
 		return err
 	}
 	defer log.Close()
-	cmd := exec.Command(self, "serve", "--dir", dir)
+	bin, err := filepath.Abs(lb.bin)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(self, "serve", "--dir", dir, "--nodes", strconv.Itoa(lb.nodes), "--lifeboat-bin", bin, "--acceleration", lb.acceleration)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -126,14 +154,24 @@ func up(ctx context.Context, dir string, timeout time.Duration) error {
 }
 
 // serve runs the control plane in the foreground until SIGTERM or SIGINT.
-func serve(ctx context.Context, dir string) error {
+func serve(ctx context.Context, dir string, lb lifeboatOptions) error {
 	_ = os.Remove(dir + "." + errorFile)
-	cp, err := controlplane.Start(ctx, controlplane.Options{Dir: dir, Progress: os.Stderr})
-	if err != nil {
+	fail := func(err error) error {
 		_ = os.WriteFile(dir+"."+errorFile, []byte(err.Error()), 0o644)
 		return err
 	}
+	cp, err := controlplane.Start(ctx, controlplane.Options{Dir: dir, Progress: os.Stderr})
+	if err != nil {
+		return fail(err)
+	}
 	defer cp.Stop()
+	if lb.nodes > 0 {
+		stop, err := startLifeboat(ctx, cp, lb)
+		if err != nil {
+			return fail(err)
+		}
+		defer stop()
+	}
 	if err := os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		return err
 	}

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/klog/v2"
+
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+	"github.com/lifeboat-vm/lifeboat/test/node"
+)
+
+// nodesRoot holds the emulated nodes' private host paths. It is short on purpose: the launchers'
+// libvirt sockets live under it, and a unix socket path may not exceed 107 bytes.
+const nodesRoot = "/tmp/lifeboat-demo"
+
+// lifeboatOptions say how to run lifeboat on the demo cluster.
+type lifeboatOptions struct {
+	nodes        int
+	bin          string // directory with lifeboat-agent, lifeboat-controller, lifeboat-launcher
+	acceleration string
+}
+
+// startLifeboat starts the emulated nodes, an agent on each, and the controller; stop ends them.
+func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboatOptions) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+		_ = os.RemoveAll(nodesRoot)
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	if err := os.RemoveAll(nodesRoot); err != nil {
+		return stop, err
+	}
+	controller, err := startChild(cp.Dir, filepath.Join(o.bin, "lifeboat-controller"),
+		"--kubeconfig", cp.Kubeconfig, "--acceleration", o.acceleration)
+	if err != nil {
+		return stop, err
+	}
+	stops = append(stops, controller)
+	for i := 1; i <= o.nodes; i++ {
+		name, addr := fmt.Sprintf("node-%d", i), fmt.Sprintf("127.0.0.%d", 10+i)
+		n, err := node.Start(ctx, node.Config{
+			Client: cp.Kube, Name: name, Address: addr, RootDir: filepath.Join(nodesRoot, name),
+			Capacity:                  corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")},
+			Binaries:                  map[string]string{"lifeboat-launcher": filepath.Join(o.bin, "lifeboat-launcher")},
+			EvictionMaxPodGracePeriod: 60,
+			Logger:                    klog.Background().WithValues("node", name),
+		})
+		if err != nil {
+			return stop, fmt.Errorf("starting node %s: %w", name, err)
+		}
+		stops = append(stops, n.Stop)
+		agent, err := startChild(cp.Dir, filepath.Join(o.bin, "lifeboat-agent"), "--kubeconfig", cp.Kubeconfig,
+			"--node-name", name, "--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", addr+":8185")
+		if err != nil {
+			return stop, err
+		}
+		stops = append(stops, agent)
+	}
+	return stop, nil
+}
+
+// startChild runs a lifeboat binary with its log in dir; the returned function stops it.
+func startChild(dir, path string, args ...string) (func(), error) {
+	name := filepath.Base(path)
+	for i := 0; i < len(args)-1; i++ {
+		if args[i] == "--node-name" {
+			name += "-" + args[i+1]
+		}
+	}
+	log, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return nil, fmt.Errorf("starting %s (run make demo, which builds it): %w", path, err)
+	}
+	return func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		log.Close()
+	}, nil
+}
