@@ -21,6 +21,7 @@ import (
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/domain"
@@ -37,7 +38,11 @@ type Config struct {
 	// DomainsDir holds one directory per launcher, named by VMI UID (/var/run/lifeboat/domains).
 	DomainsDir string
 	Dial       Dialer
-	Recorder   record.EventRecorder
+	// Configs lists LifeboatConfigs (the one named cluster holds the feature gates).
+	Configs lifeboatlisters.LifeboatConfigLister
+	// MaxPodGracePeriod is the node's kubelet evictionMaxPodGracePeriod in seconds; nil if unknown.
+	MaxPodGracePeriod *int64
+	Recorder          record.EventRecorder
 	Metrics    *Metrics
 	Log        *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -49,6 +54,7 @@ type Agent struct {
 	cfg      Config
 	lifeboat lifeboatclient.Interface
 	informer cache.SharedIndexInformer
+	synced   []cache.InformerSynced
 	queue    workqueue.TypedRateLimitingInterface[string] // VMI UIDs
 
 	mu        sync.Mutex
@@ -61,8 +67,8 @@ type launcher struct {
 	shutdownSent bool
 }
 
-// New makes an agent. The informer must list the VMIs whose status.nodeName is this node.
-func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInstanceInformer) (*Agent, error) {
+// New makes an agent. The VMI informer must list the VMIs whose status.nodeName is this node.
+func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInstanceInformer, configs lifeboatinformers.LifeboatConfigInformer) (*Agent, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -76,11 +82,35 @@ func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.Virtual
 	}}); err != nil {
 		return nil, err
 	}
-	_, err := a.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := a.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    a.enqueueVMI,
 		UpdateFunc: func(_, obj any) { a.enqueueVMI(obj) },
+	}); err != nil {
+		return nil, err
+	}
+	// A feature gate turned on while a launcher waits must take effect for it.
+	a.synced = []cache.InformerSynced{a.informer.HasSynced, configs.Informer().HasSynced}
+	_, err := configs.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { a.enqueueAll() },
+		UpdateFunc: func(_, _ any) { a.enqueueAll() },
+		DeleteFunc: func(any) { a.enqueueAll() },
 	})
 	return a, err
+}
+
+func (a *Agent) enqueueAll() {
+	for _, obj := range a.informer.GetStore().List() {
+		a.enqueueVMI(obj)
+	}
+}
+
+// eviction is what Decide needs to know of the eviction settings now.
+func (a *Agent) eviction() Eviction {
+	ev := Eviction{MaxPodGracePeriod: a.cfg.MaxPodGracePeriod}
+	if c, err := a.cfg.Configs.Get(v1alpha1.ConfigName); err == nil {
+		ev.Config = c
+	}
+	return ev
 }
 
 func (a *Agent) enqueueVMI(obj any) {
@@ -92,9 +122,6 @@ func (a *Agent) enqueueVMI(obj any) {
 // HandleNotify is the notify server's handler: a launcher's report makes the agent look again at once.
 func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 	a.cfg.Log.Info("launcher report", "kind", m.Kind, "vmi", m.VMI.String(), "peerPID", peerPID, "reason", m.Reason)
-	if m.Kind == notify.KindGracefulShutdown {
-		a.cfg.Metrics.Signals.Inc()
-	}
 	a.queue.Add(m.VMI.UID)
 }
 
@@ -103,7 +130,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 	defer utilruntime.HandleCrash()
 	defer a.queue.ShutDown()
 	defer a.closeAll()
-	if !cache.WaitForCacheSync(ctx.Done(), a.informer.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), a.synced...) {
 		return errors.New("agent: VMI cache did not sync")
 	}
 	found, gone := make(chan string), make(chan string)
@@ -228,19 +255,18 @@ func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 	a.mu.Lock()
 	l := a.launchers[uid]
 	a.mu.Unlock()
-	if l == nil || l.conn == nil {
-		return 0, nil
-	}
 	name := domain.DomainName(vmi.Namespace, vmi.Name)
-	dom, err := l.conn.Observe(ctx, name)
-	if err != nil {
-		return 0, fmt.Errorf("observing domain %s: %w", name, err)
+	var dom *Domain
+	if l != nil && l.conn != nil {
+		if dom, err = l.conn.Observe(ctx, name); err != nil {
+			return 0, fmt.Errorf("observing domain %s: %w", name, err)
+		}
+		if dom != nil {
+			dom.ShutdownSent = l.shutdownSent
+			dom.NotMigratableReason = NotMigratableReason(vmi)
+		}
 	}
-	if dom != nil {
-		dom.ShutdownSent = l.shutdownSent
-		dom.NotMigratableReason = NotMigratableReason(vmi)
-	}
-	plan := Decide(vmi, dom, a.cfg.NodeName, a.cfg.Now())
+	plan := Decide(vmi, dom, a.eviction(), a.cfg.NodeName, a.cfg.Now())
 
 	if plan.Shutdown {
 		if err := l.conn.Shutdown(ctx, name); err != nil {
@@ -264,6 +290,17 @@ func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 		if err != nil && !apierrors.IsNotFound(err) {
 			return 0, fmt.Errorf("writing status: %w", err)
 		}
+		if plan.Marked {
+			latency := a.cfg.Now().Sub(*dom.GracefulShutdown)
+			a.cfg.Metrics.MarkLatency.Observe(latency.Seconds())
+			a.cfg.Log.Info("marked for evacuation", "vmi", vmi.Namespace+"/"+vmi.Name, "deadline", vmi.Status.EvacuationDeadline, "markLatency", latency)
+		}
+	}
+	if plan.SignalDecision != "" {
+		a.cfg.Metrics.SignalDecisions.WithLabelValues(plan.SignalDecision).Inc()
+	}
+	if plan.Lost {
+		a.cfg.Metrics.EvacuationsLost.Inc()
 	}
 	for _, e := range plan.Events {
 		a.cfg.Recorder.Event(vmi, e.Type, e.Reason, e.Message)

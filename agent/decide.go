@@ -37,8 +37,19 @@ type Domain struct {
 	GracefulShutdown *time.Time
 	// NotMigratableReason is empty when the guest can be live-migrated.
 	NotMigratableReason string
+	// PodDeadline is when the launcher's pod grace period ends, as the launcher recorded it
+	// with the signal (signal time + terminationGracePeriodSeconds).
+	PodDeadline *time.Time
 	// ShutdownSent is true once this agent pressed the guest's power button.
 	ShutdownSent bool
+}
+
+// Eviction is what the agent knows of the cluster's and its kubelet's eviction settings.
+type Eviction struct {
+	// Config is the LifeboatConfig named cluster, nil if there is none.
+	Config *v1alpha1.LifeboatConfig
+	// MaxPodGracePeriod is the kubelet's evictionMaxPodGracePeriod in seconds, nil if unknown.
+	MaxPodGracePeriod *int64
 }
 
 // Plan is what the agent does for one VMI after observing it.
@@ -50,7 +61,19 @@ type Plan struct {
 	// RequeueAfter, if positive, asks to look again then (the destroy deadline).
 	RequeueAfter time.Duration
 	Events       []Event
+	// SignalDecision is set when this plan is the first answer to a launcher's SIGTERM:
+	// "evacuate" or "shutdown" (a metric label).
+	SignalDecision string
+	// Marked is true when this plan marks the VMI for evacuation; Lost when it records that the
+	// VM stayed on the node past its evacuation deadline.
+	Marked, Lost bool
 }
+
+// Decisions on a launcher's SIGTERM, as metric labels.
+const (
+	DecisionEvacuate = "evacuate"
+	DecisionShutdown = "shutdown"
+)
 
 // Event is a Kubernetes Event for the VMI.
 type Event struct{ Type, Reason, Message string }
@@ -64,6 +87,14 @@ const (
 	ReasonGuestRunning    = "GuestRunning"
 	ReasonGuestNotRunning = "GuestNotRunning"
 	ReasonMigratable      = "Migratable"
+	// ReasonNodePressure is the EvictionRequested reason (and the migration cause) of a
+	// kubelet's node-pressure eviction.
+	ReasonNodePressure = "NodePressure"
+	// ReasonEvacuationRequested is the Event of a new mark.
+	ReasonEvacuationRequested = "EvacuationRequested"
+	// ReasonEvacuationDeadlineExceeded says the VM was still on the node when the kubelet's
+	// grace period ended: it was lost.
+	ReasonEvacuationDeadlineExceeded = "EvacuationDeadlineExceeded"
 )
 
 // NotMigratableReason says why a VMI cannot be live-migrated, or "" if it can. A disk image is a
@@ -80,13 +111,21 @@ const defaultGuestGrace = 30 * time.Second
 
 // Decide is the agent's reconcile decision for one VMI on this node. vmi is never nil; dom is
 // nil when the agent has no domain for it (not started yet, or gone).
-func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, node string, now time.Time) Plan {
+func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node string, now time.Time) Plan {
 	var plan Plan
+	status := vmi.Status.DeepCopy()
+	nowMeta := metav1.NewTime(now)
+	if evacuationLost(vmi, dom, node, now) {
+		msg := fmt.Sprintf("the VM was still on node %s when its evacuation deadline %s passed; it was lost with its pod",
+			node, vmi.Status.EvacuationDeadline.UTC().Format(time.RFC3339))
+		setCondition(status, v1alpha1.VMIConditionEvictionRequested, metav1.ConditionFalse, ReasonEvacuationDeadlineExceeded, msg, nowMeta)
+		plan.Events = append(plan.Events, Event{corev1.EventTypeWarning, ReasonEvacuationDeadlineExceeded, msg})
+		plan.Status, plan.Lost = status, true
+		return plan
+	}
 	if dom == nil || isTerminal(vmi.Status.Phase) {
 		return plan
 	}
-	status := vmi.Status.DeepCopy()
-	nowMeta := metav1.NewTime(now)
 
 	switch {
 	case dom.State == DomainCrashed:
@@ -107,7 +146,15 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, node string, now 
 			setCondition(status, v1alpha1.VMIConditionLiveMigratable, metav1.ConditionFalse, dom.NotMigratableReason,
 				"the guest cannot be live-migrated: "+dom.NotMigratableReason, nowMeta)
 		}
-		if start, why, ok := shutdownStart(vmi, dom); ok {
+		if ShouldEvacuateVMI(vmi, dom, ev.Config) {
+			// Hold the shutdown: the evacuation controller moves the VM before the kubelet's deadline.
+			plan.Marked = mark(status, vmi, dom, ev, node, nowMeta)
+			if plan.Marked {
+				plan.SignalDecision = DecisionEvacuate
+				c := meta.FindStatusCondition(status.Conditions, v1alpha1.VMIConditionEvictionRequested)
+				plan.Events = append(plan.Events, Event{corev1.EventTypeNormal, ReasonEvacuationRequested, c.Message})
+			}
+		} else if start, why, ok := shutdownStart(vmi, dom); ok {
 			deadline := start.Add(guestGrace(vmi))
 			switch {
 			case !now.Before(deadline):
@@ -116,6 +163,9 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, node string, now 
 					fmt.Sprintf("the guest did not power off within its grace period (%s) and was destroyed", guestGrace(vmi))})
 			case !dom.ShutdownSent:
 				plan.Shutdown = true
+				if vmi.DeletionTimestamp == nil {
+					plan.SignalDecision = DecisionShutdown
+				}
 				plan.RequeueAfter = deadline.Sub(now)
 				plan.Events = append(plan.Events, Event{corev1.EventTypeNormal, ReasonShuttingDown,
 					fmt.Sprintf("%s: pressing the guest's power button; it is destroyed at %s", why, deadline.UTC().Format(time.RFC3339))})
@@ -128,6 +178,38 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, node string, now 
 	}
 	plan.Status = status
 	return plan
+}
+
+// mark sets the evacuation mark for a node-pressure eviction; it reports whether the mark is new.
+func mark(status *v1alpha1.VirtualMachineInstanceStatus, vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node string, now metav1.Time) bool {
+	podGrace := guestGrace(vmi)
+	if dom.PodDeadline != nil {
+		podGrace = dom.PodDeadline.Sub(*dom.GracefulShutdown)
+	}
+	deadline, assumed := EvictionDeadline(*dom.GracefulShutdown, podGrace, ev.MaxPodGracePeriod)
+	msg := fmt.Sprintf("the kubelet is evicting the launcher pod (SIGTERM at %s); the VM must leave node %s by %s",
+		dom.GracefulShutdown.UTC().Format(time.RFC3339), node, deadline.UTC().Format(time.RFC3339))
+	if assumed {
+		msg += fmt.Sprintf(" (the kubelet's evictionMaxPodGracePeriod is unknown to the agent: assuming the pod's grace period of %s)", podGrace)
+	}
+	isNew := vmi.Status.EvacuationNodeName != node
+	status.EvacuationNodeName = node
+	status.EvacuationDeadline = &metav1.Time{Time: deadline}
+	setCondition(status, v1alpha1.VMIConditionEvictionRequested, metav1.ConditionTrue, ReasonNodePressure, msg, now)
+	return isNew
+}
+
+// evacuationLost reports whether a VM marked for evacuation from this node was still here,
+// no longer alive, when its deadline passed, and that has not been recorded yet.
+func evacuationLost(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, node string, now time.Time) bool {
+	if vmi.Status.EvacuationNodeName != node || vmi.Status.NodeName != node || vmi.Status.EvacuationDeadline == nil {
+		return false
+	}
+	if now.Before(vmi.Status.EvacuationDeadline.Time) || (dom != nil && dom.State.Alive()) {
+		return false
+	}
+	c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested)
+	return c == nil || c.Reason != ReasonEvacuationDeadlineExceeded
 }
 
 // shutdownStart says whether the guest must be shut down and from when its grace period runs:

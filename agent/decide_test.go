@@ -67,7 +67,7 @@ func TestDecide(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			plan := Decide(tc.vmi, tc.dom, "node-1", tc.now)
+			plan := Decide(tc.vmi, tc.dom, Eviction{}, "node-1", tc.now)
 			if tc.wantPhase == "" {
 				if plan.Status != nil || plan.Shutdown || plan.Destroy {
 					t.Fatalf("want no action, got %+v", plan)

@@ -56,9 +56,9 @@ func (c *libvirtConn) Observe(_ context.Context, name string) (*Domain, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading lifeboat's metadata of %s: %w", name, err)
 	}
-	if md.GracefulShutdown != nil {
-		t := md.GracefulShutdown.SignalTime
-		d.GracefulShutdown = &t
+	if gs := md.GracefulShutdown; gs != nil {
+		signal, deadline := gs.SignalTime, gs.Deadline
+		d.GracefulShutdown, d.PodDeadline = &signal, &deadline
 	}
 	return d, nil
 }

@@ -6,8 +6,12 @@ import "github.com/prometheus/client_golang/prometheus"
 type Metrics struct {
 	// Launchers is the number of launchers whose libvirt the agent is connected to.
 	Launchers prometheus.Gauge
-	// Signals counts graceful-shutdown signals launchers reported.
-	Signals prometheus.Counter
+	// SignalDecisions counts launchers' SIGTERMs by what the agent decided: evacuate or shutdown.
+	SignalDecisions *prometheus.CounterVec
+	// MarkLatency is the time from the launcher receiving SIGTERM to the API server accepting the mark.
+	MarkLatency prometheus.Histogram
+	// EvacuationsLost counts marked VMs still on the node when their deadline passed.
+	EvacuationsLost prometheus.Counter
 }
 
 // NewMetrics registers the agent's metrics.
@@ -16,10 +20,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Launchers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "lifeboat_agent_launchers", Help: "Launchers whose libvirt daemon the agent is connected to.",
 		}),
-		Signals: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "lifeboat_agent_graceful_shutdown_signals_total", Help: "SIGTERMs launchers reported to the agent.",
+		SignalDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_agent_graceful_shutdown_signals_total",
+			Help: "SIGTERMs launchers received, by the agent's decision (evacuate or shutdown).",
+		}, []string{"decision"}),
+		MarkLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "lifeboat_agent_mark_latency_seconds",
+			Help:    "Time from a launcher's SIGTERM to the evacuation mark accepted by the API server.",
+			Buckets: prometheus.ExponentialBuckets(0.002, 2, 12),
+		}),
+		EvacuationsLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_agent_evacuations_lost_total",
+			Help: "VMs marked for evacuation that were still on the node when the kubelet's deadline passed.",
 		}),
 	}
-	reg.MustRegister(m.Launchers, m.Signals)
+	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost)
 	return m
 }

@@ -33,8 +33,9 @@ import (
 )
 
 type options struct {
-	kubeconfig, nodeName, runDir, listen string
-	workers                              int
+	kubeconfig, nodeName, runDir, listen, kubeletConfig string
+	workers                                             int
+	maxPodGracePeriod                                   int64
 }
 
 func main() {
@@ -44,6 +45,9 @@ func main() {
 	flag.StringVar(&o.runDir, "run-dir", "/var/run/lifeboat", "the hostPath shared with launchers: domains/<vmi-uid>/ and notify.sock")
 	flag.StringVar(&o.listen, "listen", ":8185", "address of /metrics and /healthz")
 	flag.IntVar(&o.workers, "workers", 4, "reconcile workers")
+	flag.StringVar(&o.kubeletConfig, "kubelet-config", "", "the node kubelet's KubeletConfiguration file, read for evictionMaxPodGracePeriod")
+	flag.Int64Var(&o.maxPodGracePeriod, "eviction-max-pod-grace-period", -1,
+		"the node kubelet's evictionMaxPodGracePeriod in seconds, if --kubelet-config is not given; -1 means unknown (the pod's grace period is assumed)")
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("node", o.nodeName)
@@ -56,6 +60,15 @@ func main() {
 func run(o options, log *slog.Logger) error {
 	if o.nodeName == "" {
 		return errors.New("--node-name (or $NODE_NAME) is required")
+	}
+	maxGrace, err := kubeletMaxPodGracePeriod(o)
+	if err != nil {
+		return err
+	}
+	if maxGrace == nil {
+		log.Warn("the kubelet's evictionMaxPodGracePeriod is unknown (give --kubelet-config or --eviction-max-pod-grace-period): evacuation deadlines assume the pod's own grace period, which the kubelet may cut short")
+	} else {
+		log.Info("evacuation deadlines use the kubelet's evictionMaxPodGracePeriod", "seconds", *maxGrace)
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
 	if err != nil {
@@ -85,14 +98,18 @@ func run(o options, log *slog.Logger) error {
 	informers := lifeboatinformers.NewSharedInformerFactoryWithOptions(lb, 0, lifeboatinformers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 		lo.FieldSelector = "status.nodeName=" + o.nodeName
 	}))
+	// The node filter above must not apply to the cluster-scoped configuration.
+	configInformers := lifeboatinformers.NewSharedInformerFactory(lb, 0)
 	a, err := agent.New(agent.Config{
-		NodeName:   o.nodeName,
-		DomainsDir: filepath.Join(o.runDir, "domains"),
-		Dial:       agent.DialLibvirt,
-		Recorder:   recorder,
-		Metrics:    agent.NewMetrics(reg),
-		Log:        log,
-	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances())
+		NodeName:          o.nodeName,
+		DomainsDir:        filepath.Join(o.runDir, "domains"),
+		Dial:              agent.DialLibvirt,
+		Configs:           configInformers.Lifeboat().V1alpha1().LifeboatConfigs().Lister(),
+		MaxPodGracePeriod: maxGrace,
+		Recorder:          recorder,
+		Metrics:           agent.NewMetrics(reg),
+		Log:               log,
+	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs())
 	if err != nil {
 		return err
 	}
@@ -114,6 +131,7 @@ func run(o options, log *slog.Logger) error {
 	}()
 	go func() { errc <- notify.Serve(ctx) }()
 	informers.Start(ctx.Done())
+	configInformers.Start(ctx.Done())
 	go func() { errc <- a.Run(ctx, o.workers) }()
 
 	select {
@@ -125,4 +143,23 @@ func run(o options, log *slog.Logger) error {
 	defer done()
 	_ = srv.Shutdown(shutdownCtx)
 	return err
+}
+
+// kubeletMaxPodGracePeriod is the kubelet's evictionMaxPodGracePeriod from the flags, nil if unknown.
+func kubeletMaxPodGracePeriod(o options) (*int64, error) {
+	if o.kubeletConfig != "" {
+		data, err := os.ReadFile(o.kubeletConfig)
+		if err != nil {
+			return nil, err
+		}
+		v, err := agent.MaxPodGracePeriodFromKubeletConfig(data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", o.kubeletConfig, err)
+		}
+		return &v, nil
+	}
+	if o.maxPodGracePeriod >= 0 {
+		return &o.maxPodGracePeriod, nil
+	}
+	return nil, nil
 }

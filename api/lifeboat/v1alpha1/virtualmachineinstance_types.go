@@ -126,6 +126,10 @@ type VirtualMachineInstanceStatus struct {
 	// EvacuationNodeName, when equal to NodeName, marks the VMI for evacuation from that node.
 	// +optional
 	EvacuationNodeName string `json:"evacuationNodeName,omitempty"`
+	// EvacuationDeadline is when the VM must have left EvacuationNodeName: for node pressure,
+	// when the kubelet kills the launcher pod (signal time + min(pod grace, evictionMaxPodGracePeriod)).
+	// +optional
+	EvacuationDeadline *metav1.Time `json:"evacuationDeadline,omitempty"`
 	// Conditions: Ready, LiveMigratable, EvictionRequested.
 	// +listType=map
 	// +listMapKey=type

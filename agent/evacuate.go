@@ -1,0 +1,69 @@
+package agent
+
+import (
+	"fmt"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// ShouldEvacuateVMI is seed 001's shouldEvacuateVMI, behind the NodePressureEvictionLiveMigration
+// gate: a running VMI, not being deleted, whose launcher received SIGTERM, is marked for evacuation
+// instead of shut down if its eviction strategy asks for it and, for the LiveMigrate strategies,
+// it can be live-migrated. config may be nil (no LifeboatConfig: the gate is off).
+func ShouldEvacuateVMI(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, config *v1alpha1.LifeboatConfig) bool {
+	if !v1alpha1.FeatureGateEnabled(config, v1alpha1.FeatureGateNodePressureEvictionLiveMigration) {
+		return false
+	}
+	if vmi == nil || dom == nil || vmi.Status.Phase != v1alpha1.VMIRunning || !dom.State.Alive() {
+		return false
+	}
+	// The user's intent to delete wins over an eviction.
+	if vmi.DeletionTimestamp != nil {
+		return false
+	}
+	if dom.GracefulShutdown == nil {
+		return false
+	}
+	switch v1alpha1.EffectiveEvictionStrategy(vmi, config) {
+	case v1alpha1.EvictionStrategyLiveMigrate, v1alpha1.EvictionStrategyLiveMigrateIfPossible:
+		return dom.NotMigratableReason == ""
+	case v1alpha1.EvictionStrategyExternal:
+		return true
+	default:
+		return false
+	}
+}
+
+// EvictionDeadline is when the kubelet kills a pod it evicted for node pressure at signal:
+// after min(pod grace, evictionMaxPodGracePeriod) seconds, and never sooner than the kubelet's
+// minimum of one second. maxGrace is nil when the kubelet's setting is unknown; the pod's grace
+// is then assumed, and assumed says so.
+func EvictionDeadline(signal time.Time, podGrace time.Duration, maxGrace *int64) (deadline time.Time, assumed bool) {
+	grace := podGrace
+	if maxGrace != nil {
+		grace = min(grace, time.Duration(*maxGrace)*time.Second)
+	}
+	return signal.Add(max(grace, time.Second)), maxGrace == nil
+}
+
+// MaxPodGracePeriodFromKubeletConfig reads evictionMaxPodGracePeriod from a KubeletConfiguration
+// file, where leaving it out means the kubelet's default, 0.
+func MaxPodGracePeriodFromKubeletConfig(data []byte) (int64, error) {
+	var cfg struct {
+		Kind                      string `json:"kind"`
+		EvictionMaxPodGracePeriod int64  `json:"evictionMaxPodGracePeriod"`
+	}
+	if err := yaml.Unmarshal(data, &cfg); err != nil {
+		return 0, fmt.Errorf("reading the kubelet configuration: %w", err)
+	}
+	if cfg.Kind != "KubeletConfiguration" {
+		return 0, fmt.Errorf("the kubelet configuration has kind %q, want KubeletConfiguration", cfg.Kind)
+	}
+	if cfg.EvictionMaxPodGracePeriod < 0 {
+		return 0, fmt.Errorf("evictionMaxPodGracePeriod is negative (%d)", cfg.EvictionMaxPodGracePeriod)
+	}
+	return cfg.EvictionMaxPodGracePeriod, nil
+}

@@ -1,0 +1,26 @@
+package v1alpha1
+
+// EffectiveEvictionStrategy is the VMI's own strategy, else the cluster's, else None.
+// config may be nil (no LifeboatConfig exists).
+func EffectiveEvictionStrategy(vmi *VirtualMachineInstance, config *LifeboatConfig) EvictionStrategy {
+	if vmi.Spec.EvictionStrategy != nil {
+		return *vmi.Spec.EvictionStrategy
+	}
+	if config != nil && config.Spec.EvictionStrategy != nil {
+		return *config.Spec.EvictionStrategy
+	}
+	return EvictionStrategyNone
+}
+
+// FeatureGateEnabled reports whether the cluster's configuration turns gate on; config may be nil.
+func FeatureGateEnabled(config *LifeboatConfig, gate FeatureGate) bool {
+	if config == nil {
+		return false
+	}
+	for _, g := range config.Spec.FeatureGates {
+		if g == gate {
+			return true
+		}
+	}
+	return false
+}
