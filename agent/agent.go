@@ -43,8 +43,8 @@ type Config struct {
 	// MaxPodGracePeriod is the node's kubelet evictionMaxPodGracePeriod in seconds; nil if unknown.
 	MaxPodGracePeriod *int64
 	Recorder          record.EventRecorder
-	Metrics    *Metrics
-	Log        *slog.Logger
+	Metrics           *Metrics
+	Log               *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }

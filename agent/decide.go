@@ -106,6 +106,10 @@ func NotMigratableReason(vmi *v1alpha1.VirtualMachineInstance) string {
 	return ""
 }
 
+// lostCheckSlack is how long after an evacuation deadline the agent checks whether the VM was
+// lost: the kubelet's kill and the end of the launcher's connection take a moment.
+const lostCheckSlack = 2 * time.Second
+
 // defaultGuestGrace is used when a VMI sets no grace period (KubeVirt's default).
 const defaultGuestGrace = 30 * time.Second
 
@@ -149,6 +153,8 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node
 		if ShouldEvacuateVMI(vmi, dom, ev.Config) {
 			// Hold the shutdown: the evacuation controller moves the VM before the kubelet's deadline.
 			plan.Marked = mark(status, vmi, dom, ev, node, nowMeta)
+			// Look again just after the deadline: if the VM is still here then, it was lost.
+			plan.RequeueAfter = status.EvacuationDeadline.Sub(now) + lostCheckSlack
 			if plan.Marked {
 				plan.SignalDecision = DecisionEvacuate
 				c := meta.FindStatusCondition(status.Conditions, v1alpha1.VMIConditionEvictionRequested)
@@ -205,7 +211,9 @@ func evacuationLost(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, node stri
 	if vmi.Status.EvacuationNodeName != node || vmi.Status.NodeName != node || vmi.Status.EvacuationDeadline == nil {
 		return false
 	}
-	if now.Before(vmi.Status.EvacuationDeadline.Time) || (dom != nil && dom.State.Alive()) {
+	// The kubelet counts its grace from before the launcher saw the signal, so it may kill a
+	// moment before the recorded deadline; within the slack, a VM that is gone was lost.
+	if now.Before(vmi.Status.EvacuationDeadline.Add(-lostCheckSlack)) || (dom != nil && dom.State.Alive()) {
 		return false
 	}
 	c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested)

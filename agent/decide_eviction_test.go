@@ -15,7 +15,9 @@ import (
 func TestDecideOnNodePressure(t *testing.T) {
 	signal := t0
 	podDeadline := t0.Add(35 * time.Second)
-	liveMigrate := func(v *v1alpha1.VirtualMachineInstance) { v.Spec.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrate) }
+	liveMigrate := func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrate)
+	}
 	marked := func(v *v1alpha1.VirtualMachineInstance) {
 		v.Status.EvacuationNodeName = "node-1"
 		v.Status.EvacuationDeadline = ptr.To(metav1.NewTime(t0.Add(30 * time.Second)))

@@ -112,17 +112,23 @@ func startNodes(t *testing.T, n int, configure ...func(*node.Config)) []*testNod
 		c.Binaries = map[string]string{"lifeboat-launcher": filepath.Join(bins, "lifeboat-launcher")}
 		c.Capacity = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")}
 		c.RootDir = shortTempDir(t)
+		c.EvictionMaxPodGracePeriod = evictionMaxPodGracePeriod
 	}
 	var out []*testNode
 	for _, n := range node.StartN(context.Background(), t, cluster.Kube, n, append([]func(*node.Config){withLauncher}, configure...)...) {
 		port := freePort(t, n.Address())
 		tn := &testNode{Node: n, metrics: fmt.Sprintf("http://%s:%d/metrics", n.Address(), port)}
 		tn.agent = startProc(t, "lifeboat-agent", "--kubeconfig", cluster.Kubeconfig, "--node-name", n.Name(),
+			"--eviction-max-pod-grace-period", strconv.Itoa(evictionMaxPodGracePeriod),
 			"--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", fmt.Sprintf("%s:%d", n.Address(), port))
 		out = append(out, tn)
 	}
 	return out
 }
+
+// evictionMaxPodGracePeriod is the emulated kubelets' setting, which their agents are told:
+// short, so a test can watch a marked VM's deadline pass.
+const evictionMaxPodGracePeriod = 12
 
 // shortTempDir is a node root short enough for the unix sockets under it: a socket path may
 // not exceed 107 bytes, and t.TempDir's names, which include the test's, can take most of that.
