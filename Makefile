@@ -4,6 +4,7 @@
 #   make test        everything CI runs: generated files fresh, lint, unit and integration tests
 #   make generate    regenerate deep-copy, clients, informers, listers and CRDs from api/
 #   make demo-down   stop the demo cluster
+#   make bench       benchmarks (control plane start-up, evacuation mark latency)
 
 SHELL := /bin/bash
 GO ?= go
@@ -20,7 +21,7 @@ CODEGEN   := $(GO) run k8s.io/code-generator/cmd
 DEMO_DIR  := $(CURDIR)/.demo/cluster
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: all generate verify-generated lint test binaries lifeboat-bins demo demo-down clean
+.PHONY: all generate verify-generated lint test bench binaries lifeboat-bins demo demo-down clean
 
 all: test
 
@@ -61,6 +62,10 @@ binaries:
 
 test: verify-generated lint binaries
 	$(GO) test -count=1 -timeout 30m ./...
+
+# Benchmarks against the real control plane; figures and how to read them: docs/benchmarks.md.
+bench: binaries
+	$(GO) test -run '^$$' -bench . -benchtime=1x -count=5 ./test/bench/ ./test/controlplane/ -args -signals=200
 
 $(CLUSTER): $(shell find test api -name '*.go') go.mod
 	$(GO) build -o $@ ./test/cmd/lifeboat-cluster
