@@ -10,18 +10,12 @@ import (
 	"os/signal"
 	"syscall"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/tools/record"
 
-	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/cmd/internal/kube"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
 
@@ -45,34 +39,23 @@ func run(kubeconfig string, podOpts vmi.PodOptions, workers int, log *slog.Logge
 	default:
 		return fmt.Errorf("--acceleration=%q: want kvm, tcg or auto", podOpts.Acceleration)
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return fmt.Errorf("loading the client configuration: %w", err)
-	}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	lb, err := lifeboatclient.NewForConfig(cfg)
+	kubeClient, lb, err := kube.Clients(kubeconfig)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
-
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
-	defer broadcaster.Shutdown()
-	if err := v1alpha1.AddToScheme(scheme.Scheme); err != nil {
+	recorder, stopRecorder, err := kube.Recorder(ctx, kubeClient, "lifeboat-controller", "")
+	if err != nil {
 		return err
 	}
-	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "lifeboat-controller"})
+	defer stopRecorder()
 
-	kubeInformers := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	kubeInformers := informers.NewSharedInformerFactoryWithOptions(kubeClient, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.LabelSelector = v1alpha1.LabelRole + "=" + v1alpha1.RoleLauncher
 	}))
 	lbInformers := lifeboatinformers.NewSharedInformerFactory(lb, 0)
-	vmiController := vmi.New(kube, lb, lbInformers.Lifeboat().V1alpha1().VirtualMachineInstances(),
+	vmiController := vmi.New(kubeClient, lb, lbInformers.Lifeboat().V1alpha1().VirtualMachineInstances(),
 		kubeInformers.Core().V1().Pods(), recorder, podOpts, log)
 	kubeInformers.Start(ctx.Done())
 	lbInformers.Start(ctx.Done())

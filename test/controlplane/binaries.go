@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/lifeboat-vm/lifeboat/test/internal/cache"
 )
 
 // Versions of the control plane the harness builds. They are pinned in test/tools.
@@ -30,18 +30,6 @@ type Binaries struct {
 
 // Dir is the directory that holds the Kubernetes binaries (kubectl among them).
 func (b Binaries) Dir() string { return filepath.Dir(b.APIServer) }
-
-// CacheDir is where built binaries are kept: $LIFEBOAT_CACHE, else the user cache directory.
-func CacheDir() (string, error) {
-	if d := os.Getenv("LIFEBOAT_CACHE"); d != "" {
-		return d, nil
-	}
-	d, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("finding a cache directory (set LIFEBOAT_CACHE): %w", err)
-	}
-	return filepath.Join(d, "lifeboat"), nil
-}
 
 // RepoRoot finds the lifeboat checkout by walking up from the working directory,
 // so tests in any package and commands run from anywhere in the tree agree on it.
@@ -76,12 +64,12 @@ func EnsureBinaries(ctx context.Context, progress io.Writer) (Binaries, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	cache, err := CacheDir()
+	cacheDir, err := cache.Dir()
 	if err != nil {
 		return Binaries{}, err
 	}
-	k8sDir := filepath.Join(cache, "k8s-"+KubernetesVersion)
-	etcdDir := filepath.Join(cache, "etcd-"+EtcdVersion)
+	k8sDir := filepath.Join(cacheDir, "k8s-"+KubernetesVersion)
+	etcdDir := filepath.Join(cacheDir, "etcd-"+EtcdVersion)
 	bins := Binaries{
 		Etcd:              filepath.Join(etcdDir, "etcd"),
 		APIServer:         filepath.Join(k8sDir, "kube-apiserver"),
@@ -107,10 +95,7 @@ func EnsureBinaries(ctx context.Context, progress io.Writer) (Binaries, error) {
 	if err != nil {
 		return Binaries{}, err
 	}
-	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return Binaries{}, err
-	}
-	unlock, err := lockFile(filepath.Join(cache, ".build.lock"))
+	unlock, err := cache.Lock(filepath.Join(cacheDir, ".build.lock"))
 	if err != nil {
 		return Binaries{}, err
 	}
@@ -152,19 +137,4 @@ func goBuild(ctx context.Context, root string, b build, progress io.Writer) erro
 		return fmt.Errorf("building %s in %s: %w", b.pkg, b.module, err)
 	}
 	return os.Rename(tmp, b.out)
-}
-
-func lockFile(path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("locking %s: %w", path, err)
-	}
-	return func() {
-		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
-		f.Close()
-	}, nil
 }

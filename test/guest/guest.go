@@ -12,6 +12,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/lifeboat-vm/lifeboat/test/internal/cache"
 )
 
 // Image is a bootable test guest: paths of a kernel and an initrd for direct kernel boot.
@@ -50,16 +52,12 @@ func Ensure(ctx context.Context, progress io.Writer) (Image, error) {
 	return Image{Kernel: kernel.vmlinuz(), Initrd: initrd}, nil
 }
 
-// cacheDir is where the image is kept: $LIFEBOAT_CACHE/guest, else the user cache
-// directory's lifeboat/guest, the same root test/controlplane caches its binaries in.
+// cacheDir is where the image is kept: guest/ in the harness's cache, beside the control
+// plane's binaries.
 func cacheDir() (string, error) {
-	root := os.Getenv("LIFEBOAT_CACHE")
-	if root == "" {
-		userCache, err := os.UserCacheDir()
-		if err != nil {
-			return "", fmt.Errorf("finding a cache directory for the guest image (set LIFEBOAT_CACHE): %w", err)
-		}
-		root = filepath.Join(userCache, "lifeboat")
+	root, err := cache.Dir()
+	if err != nil {
+		return "", err
 	}
 	abs, err := filepath.Abs(filepath.Join(root, "guest"))
 	if err != nil {

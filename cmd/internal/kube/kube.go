@@ -1,0 +1,42 @@
+// Package kube is the API wiring lifeboat's commands share: clients and an event recorder.
+package kube
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+
+	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// Clients connects with the kubeconfig file, or in-cluster when it is empty.
+func Clients(kubeconfig string) (kubernetes.Interface, lifeboatclient.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading the client configuration: %w", err)
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	lb, err := lifeboatclient.NewForConfig(cfg)
+	return kube, lb, err
+}
+
+// Recorder records Events on core and lifeboat objects as component (on host, if not empty)
+// until ctx ends; stop flushes it.
+func Recorder(ctx context.Context, kube kubernetes.Interface, component, host string) (rec record.EventRecorder, stop func(), err error) {
+	if err := v1alpha1.AddToScheme(scheme.Scheme); err != nil {
+		return nil, nil, err
+	}
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
+	return broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: component, Host: host}), broadcaster.Shutdown, nil
+}
