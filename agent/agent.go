@@ -184,8 +184,16 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 		return
 	}
 	a.mu.Lock()
-	a.launchers[uid].conn = conn
+	l, ok := a.launchers[uid]
+	if ok {
+		l.conn = conn
+	}
 	a.mu.Unlock()
+	if !ok {
+		// The launcher's directory went away while we dialled.
+		_ = conn.Close()
+		return
+	}
 	a.cfg.Metrics.Launchers.Inc()
 	a.cfg.Log.Info("connected to launcher", "vmiUID", uid)
 	a.queue.Add(uid)
@@ -254,22 +262,27 @@ func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 
 	a.mu.Lock()
 	l := a.launchers[uid]
+	var conn DomainConn
+	var shutdownSent bool
+	if l != nil {
+		conn, shutdownSent = l.conn, l.shutdownSent
+	}
 	a.mu.Unlock()
 	name := domain.DomainName(vmi.Namespace, vmi.Name)
 	var dom *Domain
-	if l != nil && l.conn != nil {
-		if dom, err = l.conn.Observe(ctx, name); err != nil {
+	if conn != nil {
+		if dom, err = conn.Observe(ctx, name); err != nil {
 			return 0, fmt.Errorf("observing domain %s: %w", name, err)
 		}
 		if dom != nil {
-			dom.ShutdownSent = l.shutdownSent
+			dom.ShutdownSent = shutdownSent
 			dom.NotMigratableReason = NotMigratableReason(vmi)
 		}
 	}
 	plan := Decide(vmi, dom, a.eviction(), a.cfg.NodeName, a.cfg.Now())
 
 	if plan.Shutdown {
-		if err := l.conn.Shutdown(ctx, name); err != nil {
+		if err := conn.Shutdown(ctx, name); err != nil {
 			return 0, fmt.Errorf("pressing the power button: %w", err)
 		}
 		a.mu.Lock()
@@ -277,7 +290,7 @@ func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 		a.mu.Unlock()
 	}
 	if plan.Destroy {
-		if err := l.conn.Destroy(ctx, name); err != nil {
+		if err := conn.Destroy(ctx, name); err != nil {
 			return 0, fmt.Errorf("destroying the guest: %w", err)
 		}
 	}
