@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/cmd/internal/kube"
+	"github.com/lifeboat-vm/lifeboat/evacuation/evacuate"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
 
@@ -55,9 +57,16 @@ func run(kubeconfig string, podOpts vmi.PodOptions, workers int, log *slog.Logge
 		o.LabelSelector = v1alpha1.LabelRole + "=" + v1alpha1.RoleLauncher
 	}))
 	lbInformers := lifeboatinformers.NewSharedInformerFactory(lb, 0)
-	vmiController := vmi.New(kubeClient, lb, lbInformers.Lifeboat().V1alpha1().VirtualMachineInstances(),
-		kubeInformers.Core().V1().Pods(), recorder, podOpts, log)
+	lbv1 := lbInformers.Lifeboat().V1alpha1()
+	vmiController := vmi.New(kubeClient, lb, lbv1.VirtualMachineInstances(), kubeInformers.Core().V1().Pods(), recorder, podOpts, log)
+	evacuationController := evacuate.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), recorder, log)
 	kubeInformers.Start(ctx.Done())
 	lbInformers.Start(ctx.Done())
-	return vmiController.Run(ctx, workers)
+
+	errc := make(chan error, 2)
+	go func() { errc <- vmiController.Run(ctx, workers) }()
+	go func() { errc <- evacuationController.Run(ctx) }()
+	err = <-errc
+	cancel()
+	return errors.Join(err, <-errc)
 }

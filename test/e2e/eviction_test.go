@@ -147,6 +147,15 @@ func TestNodePressureMarksLiveMigrateVMs(t *testing.T) {
 	evicted := evict(t, n, vmi)
 	v := expectMarked(t, n, vmi)
 
+	// The evacuation controller turns the mark into a migration that says why and by when.
+	m := waitMigration(t, v)
+	if m.Status.Cause != v1alpha1.MigrationCauseNodePressure || m.Status.SourceNode != n.Name() ||
+		m.Status.Deadline == nil || !m.Status.Deadline.Equal(v.Status.EvacuationDeadline) {
+		t.Errorf("migration %s: cause %q source %q deadline %v; want NodePressure, %s, the VMI's deadline %v",
+			m.Name, m.Status.Cause, m.Status.SourceNode, m.Status.Deadline, n.Name(), v.Status.EvacuationDeadline)
+	}
+	waitEvent(t, v.Namespace, v.Name, "EvacuationMigrationCreated", 10*time.Second)
+
 	if err := evicted(); err != nil {
 		t.Fatalf("the eviction: %v", err)
 	}
@@ -193,7 +202,31 @@ func TestNodePressureMarksExternalVMs(t *testing.T) {
 	setConfig(t, true)
 	n, vmi := runningVM(t, "pressure-external", strategy(v1alpha1.EvictionStrategyExternal))
 	evict(t, n, vmi)
-	expectMarked(t, n, vmi)
+	v := expectMarked(t, n, vmi)
+	waitEvent(t, v.Namespace, v.Name, "EvacuationLeftToExternalController", 10*time.Second)
+	migrations, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil || len(migrations.Items) != 0 {
+		t.Errorf("lifeboat never migrates an External VM: %v, %d migrations", err, len(migrations.Items))
+	}
+}
+
+// waitMigration waits for the one migration of a VMI to exist with its status recorded.
+func waitMigration(t *testing.T, v *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineInstanceMigration {
+	t.Helper()
+	var found *v1alpha1.VirtualMachineInstanceMigration
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).List(ctx, metav1.ListOptions{
+			LabelSelector: v1alpha1.LabelVMIUID + "=" + string(v.UID)})
+		if err != nil || len(list.Items) != 1 || list.Items[0].Status.Phase == "" {
+			return false, nil
+		}
+		found = &list.Items[0]
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("no migration with a recorded status for VMI %s within 20s", v.Name)
+	}
+	return found
 }
 
 // TestAgentKilledBetweenSignalAndMark: the launcher records the signal in the domain, so an agent

@@ -1,0 +1,216 @@
+package evacuate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// LabelEvacuation marks the migrations this controller creates.
+const LabelEvacuation = "lifeboat.dev/evacuation"
+
+// Event reasons on VMIs.
+const (
+	ReasonMigrationCreated  = "EvacuationMigrationCreated"
+	ReasonLeftToExternal    = "EvacuationLeftToExternalController"
+	ReasonFailedToMigrate   = "FailedCreateMigration"
+	globalKey               = "evacuations"
+	resyncUnfinishedRecords = time.Minute
+)
+
+// Controller creates migrations for marked VMIs. The parallel limits are cluster-wide, so it
+// decides for the whole cluster at once, from its caches, with one worker.
+type Controller struct {
+	lifeboat   lifeboatclient.Interface
+	vmis       lifeboatlisters.VirtualMachineInstanceLister
+	migrations lifeboatlisters.VirtualMachineInstanceMigrationLister
+	configs    lifeboatlisters.LifeboatConfigLister
+	synced     []cache.InformerSynced
+	queue      workqueue.TypedRateLimitingInterface[string]
+	recorder   record.EventRecorder
+	log        *slog.Logger
+	now        func() time.Time
+
+	// announced remembers the External marks already reported, so each gets one Event.
+	mu        sync.Mutex
+	announced map[string]bool
+}
+
+// New wires the controller to its informers.
+func New(lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInstanceInformer, migrations lifeboatinformers.VirtualMachineInstanceMigrationInformer,
+	configs lifeboatinformers.LifeboatConfigInformer, recorder record.EventRecorder, log *slog.Logger) *Controller {
+	c := &Controller{
+		lifeboat: lb, vmis: vmis.Lister(), migrations: migrations.Lister(), configs: configs.Lister(),
+		synced:   []cache.InformerSynced{vmis.Informer().HasSynced, migrations.Informer().HasSynced, configs.Informer().HasSynced},
+		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "evacuation"}),
+		recorder: recorder, log: log.With("controller", "evacuation"), now: time.Now,
+		announced: map[string]bool{},
+	}
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.queue.Add(globalKey) },
+		UpdateFunc: func(_, _ any) { c.queue.Add(globalKey) },
+		DeleteFunc: func(any) { c.queue.Add(globalKey) },
+	}
+	for _, inf := range []cache.SharedIndexInformer{vmis.Informer(), migrations.Informer(), configs.Informer()} {
+		_, _ = inf.AddEventHandler(handler)
+	}
+	return c
+}
+
+// Run processes the queue until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	defer utilruntime.HandleCrash()
+	defer c.queue.ShutDown()
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return errors.New("evacuation controller: caches did not sync")
+	}
+	c.log.Info("started")
+	go wait.UntilWithContext(ctx, func(ctx context.Context) {
+		for c.processNextWorkItem(ctx) {
+		}
+	}, time.Second)
+	<-ctx.Done()
+	return nil
+}
+
+func (c *Controller) processNextWorkItem(ctx context.Context) bool {
+	key, shutdown := c.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer c.queue.Done(key)
+	retryAfter, err := c.sync(ctx)
+	switch {
+	case err != nil:
+		c.log.Error("sync failed, will retry", "err", err)
+		c.queue.AddRateLimited(key)
+	case retryAfter > 0:
+		c.queue.Forget(key)
+		c.queue.AddAfter(key, retryAfter)
+	default:
+		c.queue.Forget(key)
+	}
+	return true
+}
+
+func (c *Controller) sync(ctx context.Context) (time.Duration, error) {
+	vmis, err := c.vmis.List(labels.Everything())
+	if err != nil {
+		return 0, err
+	}
+	migrations, err := c.migrations.List(labels.Everything())
+	if err != nil {
+		return 0, err
+	}
+	config, err := c.configs.Get(v1alpha1.ConfigName)
+	if err != nil {
+		config = nil // no configuration: the defaults
+	}
+	var errs []error
+	retryAfter, err := c.completeRecords(ctx, migrations)
+	errs = append(errs, err)
+
+	d := Plan(vmis, migrations, config, c.now())
+	for _, vmi := range d.External {
+		c.announceExternal(vmi)
+	}
+	for _, cand := range d.Create {
+		errs = append(errs, c.create(ctx, cand))
+	}
+	if d.RetryAfter > 0 && (retryAfter == 0 || d.RetryAfter < retryAfter) {
+		retryAfter = d.RetryAfter
+	}
+	return retryAfter, errors.Join(errs...)
+}
+
+// create makes the migration and records its cause and deadline on it at once.
+func (c *Controller) create(ctx context.Context, cand Candidate) error {
+	vmi := cand.VMI
+	m := &v1alpha1.VirtualMachineInstanceMigration{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: vmi.Name + "-evacuation-",
+			Namespace:    vmi.Namespace,
+			Labels: map[string]string{
+				v1alpha1.LabelVMIName: vmi.Name, v1alpha1.LabelVMIUID: string(vmi.UID), LabelEvacuation: "true",
+			},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vmi, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))},
+		},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: vmi.Name},
+	}
+	created, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(vmi.Namespace).Create(ctx, m, metav1.CreateOptions{})
+	if err != nil {
+		c.recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonFailedToMigrate, "creating its evacuation migration: %v", err)
+		return fmt.Errorf("creating a migration for %s/%s: %w", vmi.Namespace, vmi.Name, err)
+	}
+	created.Status = initialStatus(cand, c.now())
+	if _, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(vmi.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("recording the cause of migration %s: %w", created.Name, err)
+	}
+	msg := fmt.Sprintf("created migration %s (cause %s", created.Name, cand.Cause)
+	if cand.Deadline != nil {
+		msg += ", deadline " + cand.Deadline.UTC().Format(time.RFC3339)
+	}
+	c.recorder.Event(vmi, corev1.EventTypeNormal, ReasonMigrationCreated, msg+") to move the VM off node "+vmi.Status.NodeName)
+	c.log.Info("created evacuation migration", "vmi", vmi.Namespace+"/"+vmi.Name, "migration", created.Name, "cause", cand.Cause, "deadline", cand.Deadline)
+	return nil
+}
+
+func initialStatus(cand Candidate, now time.Time) v1alpha1.VirtualMachineInstanceMigrationStatus {
+	return v1alpha1.VirtualMachineInstanceMigrationStatus{
+		Phase: v1alpha1.MigrationPending, Cause: cand.Cause, Deadline: cand.Deadline, SourceNode: cand.VMI.Status.NodeName,
+		PhaseTransitionTimestamps: []v1alpha1.MigrationPhaseTransition{{Phase: v1alpha1.MigrationPending, Timestamp: metav1.NewTime(now)}},
+	}
+}
+
+// completeRecords fills in the status of our migrations whose creation was followed by a
+// failed status write, so that no migration exists without its cause.
+func (c *Controller) completeRecords(ctx context.Context, migrations []*v1alpha1.VirtualMachineInstanceMigration) (time.Duration, error) {
+	var errs []error
+	var retry time.Duration
+	for _, m := range migrations {
+		if m.Labels[LabelEvacuation] != "true" || m.Status.Phase != "" {
+			continue
+		}
+		vmi, err := c.vmis.VirtualMachineInstances(m.Namespace).Get(m.Spec.VMIName)
+		if err != nil {
+			retry = resyncUnfinishedRecords
+			continue
+		}
+		m = m.DeepCopy()
+		m.Status = initialStatus(candidate(vmi), c.now())
+		if _, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(m.Namespace).UpdateStatus(ctx, m, metav1.UpdateOptions{}); err != nil {
+			errs = append(errs, fmt.Errorf("recording the cause of migration %s: %w", m.Name, err))
+		}
+	}
+	return retry, errors.Join(errs...)
+}
+
+// announceExternal tells, once per mark, that lifeboat leaves this VMI to an external controller.
+func (c *Controller) announceExternal(vmi *v1alpha1.VirtualMachineInstance) {
+	key := string(vmi.UID) + "/" + candidate(vmi).markedAt.String()
+	c.mu.Lock()
+	seen := c.announced[key]
+	c.announced[key] = true
+	c.mu.Unlock()
+	if !seen {
+		c.recorder.Eventf(vmi, corev1.EventTypeNormal, ReasonLeftToExternal,
+			"marked for evacuation from node %s; its eviction strategy is External, so lifeboat leaves the move to the external controller", vmi.Status.NodeName)
+	}
+}

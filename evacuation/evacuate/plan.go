@@ -1,0 +1,211 @@
+// Package evacuate is the evacuation controller: it turns evacuation marks into migrations.
+// For each running VMI whose status.evacuationNodeName equals its nodeName, that is not already
+// migrating and whose eviction strategy allows a migration, it creates a
+// VirtualMachineInstanceMigration that records why (the cause) and, for node pressure, by when
+// (the deadline), within the cluster's parallel-migration limits and most urgent first.
+package evacuate
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// Candidate is a marked VMI and what its migration would record.
+type Candidate struct {
+	VMI      *v1alpha1.VirtualMachineInstance
+	Cause    v1alpha1.MigrationCause
+	Deadline *metav1.Time
+	// markedAt is when the mark was set (the EvictionRequested condition's transition).
+	markedAt time.Time
+}
+
+// Decision is what one look at the cluster concludes.
+type Decision struct {
+	// Create are the candidates to create migrations for now, most urgent first.
+	Create []Candidate
+	// External are marked VMIs left to an external controller.
+	External []*v1alpha1.VirtualMachineInstance
+	// RetryAfter, if positive, is when a candidate held back by its backoff becomes due.
+	RetryAfter time.Duration
+}
+
+// Backoff after a failed migration while the mark stays: base doubling up to max.
+const (
+	backoffBase = 5 * time.Second
+	backoffMax  = 2 * time.Minute
+)
+
+// Plan decides which marked VMIs get a migration now. migrations are all existing migrations;
+// config may be nil (defaults: 5 per cluster, 2 outbound per node).
+func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.VirtualMachineInstanceMigration, config *v1alpha1.LifeboatConfig, now time.Time) Decision {
+	var d Decision
+	perCluster, perNode := limits(config)
+	active, outbound := 0, map[string]int{}
+	migrating := map[string]bool{}       // VMI names (namespace/name) with an unfinished migration
+	failures := map[string][]time.Time{} // VMI UID → end times of failed migrations
+	for _, m := range migrations {
+		key := m.Namespace + "/" + m.Spec.VMIName
+		switch m.Status.Phase {
+		case v1alpha1.MigrationSucceeded:
+		case v1alpha1.MigrationFailed:
+			if uid := m.Labels[v1alpha1.LabelVMIUID]; uid != "" && m.Status.EndTimestamp != nil {
+				failures[uid] = append(failures[uid], m.Status.EndTimestamp.Time)
+			}
+		default:
+			active++
+			outbound[m.Status.SourceNode]++
+			migrating[key] = true
+		}
+	}
+
+	var candidates []Candidate
+	for _, vmi := range vmis {
+		if !marked(vmi) || migrating[vmi.Namespace+"/"+vmi.Name] || vmi.DeletionTimestamp != nil {
+			continue
+		}
+		switch v1alpha1.EffectiveEvictionStrategy(vmi, config) {
+		case v1alpha1.EvictionStrategyExternal:
+			d.External = append(d.External, vmi)
+			continue
+		case v1alpha1.EvictionStrategyLiveMigrate, v1alpha1.EvictionStrategyLiveMigrateIfPossible:
+			if !migratable(vmi) {
+				continue
+			}
+		default:
+			continue
+		}
+		c := candidate(vmi)
+		if wait := backoff(failures[string(vmi.UID)], c.markedAt, now); wait > 0 {
+			if d.RetryAfter == 0 || wait < d.RetryAfter {
+				d.RetryAfter = wait
+			}
+			continue
+		}
+		candidates = append(candidates, c)
+	}
+	slices.SortStableFunc(candidates, orderedBy(earliestDeadline, causePriority, markedFirst, byName))
+	for _, c := range candidates {
+		node := c.VMI.Status.NodeName
+		if active >= perCluster {
+			break
+		}
+		if outbound[node] >= perNode {
+			continue
+		}
+		active++
+		outbound[node]++
+		d.Create = append(d.Create, c)
+	}
+	return d
+}
+
+func limits(config *v1alpha1.LifeboatConfig) (perCluster, perNode int) {
+	perCluster, perNode = 5, 2
+	if config == nil {
+		return
+	}
+	if p := config.Spec.Migrations.ParallelMigrationsPerCluster; p != nil {
+		perCluster = int(*p)
+	}
+	if p := config.Spec.Migrations.ParallelOutboundMigrationsPerNode; p != nil {
+		perNode = int(*p)
+	}
+	return
+}
+
+func marked(vmi *v1alpha1.VirtualMachineInstance) bool {
+	return vmi.Status.Phase == v1alpha1.VMIRunning && vmi.Status.NodeName != "" && vmi.Status.EvacuationNodeName == vmi.Status.NodeName
+}
+
+func migratable(vmi *v1alpha1.VirtualMachineInstance) bool {
+	c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionLiveMigratable)
+	return c != nil && c.Status == metav1.ConditionTrue
+}
+
+// candidate reads the cause from the EvictionRequested condition's reason, which every path
+// that marks a VMI sets (the agent: NodePressure; the webhook: APIEviction; ...).
+func candidate(vmi *v1alpha1.VirtualMachineInstance) Candidate {
+	c := Candidate{VMI: vmi, Cause: v1alpha1.MigrationCauseManual, Deadline: vmi.Status.EvacuationDeadline}
+	if cond := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); cond != nil && cond.Status == metav1.ConditionTrue {
+		c.markedAt = cond.LastTransitionTime.Time
+		switch cause := v1alpha1.MigrationCause(cond.Reason); cause {
+		case v1alpha1.MigrationCauseNodePressure, v1alpha1.MigrationCauseAPIEviction, v1alpha1.MigrationCauseEvictionRequest, v1alpha1.MigrationCauseDrain:
+			c.Cause = cause
+		}
+	}
+	return c
+}
+
+// backoff is how long a VMI must still wait after its failed migrations since the mark.
+func backoff(failedAt []time.Time, markedAt, now time.Time) time.Duration {
+	var n int
+	var last time.Time
+	for _, t := range failedAt {
+		if t.Before(markedAt) {
+			continue // failures of an earlier evacuation do not count against this one
+		}
+		n++
+		if t.After(last) {
+			last = t
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	wait := backoffBase << min(n-1, 10)
+	return max(min(wait, backoffMax)-now.Sub(last), 0)
+}
+
+// less compares two candidates: negative when a goes first.
+type less func(a, b Candidate) int
+
+// orderedBy composes comparators: the first that tells them apart decides.
+func orderedBy(cmps ...less) func(a, b Candidate) int {
+	return func(a, b Candidate) int {
+		for _, c := range cmps {
+			if r := c(a, b); r != 0 {
+				return r
+			}
+		}
+		return 0
+	}
+}
+
+// earliestDeadline: a deadline goes before none, an earlier one before a later one.
+func earliestDeadline(a, b Candidate) int {
+	switch {
+	case a.Deadline == nil && b.Deadline == nil:
+		return 0
+	case a.Deadline == nil:
+		return 1
+	case b.Deadline == nil:
+		return -1
+	}
+	return a.Deadline.Time.Compare(b.Deadline.Time)
+}
+
+// causePriority: node pressure first (the kubelet will kill), then drains, then the rest.
+func causePriority(a, b Candidate) int {
+	rank := func(c v1alpha1.MigrationCause) int {
+		switch c {
+		case v1alpha1.MigrationCauseNodePressure:
+			return 0
+		case v1alpha1.MigrationCauseDrain:
+			return 1
+		}
+		return 2
+	}
+	return cmp.Compare(rank(a.Cause), rank(b.Cause))
+}
+
+func markedFirst(a, b Candidate) int { return a.markedAt.Compare(b.markedAt) }
+
+func byName(a, b Candidate) int {
+	return cmp.Compare(a.VMI.Namespace+"/"+a.VMI.Name, b.VMI.Namespace+"/"+b.VMI.Name)
+}

@@ -1,0 +1,132 @@
+package evacuate
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+var now = time.Date(2026, 11, 22, 4, 0, 0, 0, time.UTC)
+
+type vmiOpt func(*v1alpha1.VirtualMachineInstance)
+
+// markedVMI is a running, live-migratable VMI on node marked for cause, deadline seconds from now (0: none).
+func markedVMI(name, node string, cause string, deadline int, opts ...vmiOpt) *v1alpha1.VirtualMachineInstance {
+	v := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name)}}
+	v.Spec.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrate)
+	v.Status.Phase, v.Status.NodeName, v.Status.EvacuationNodeName = v1alpha1.VMIRunning, node, node
+	if deadline != 0 {
+		v.Status.EvacuationDeadline = ptr.To(metav1.NewTime(now.Add(time.Duration(deadline) * time.Second)))
+	}
+	v.Status.Conditions = []metav1.Condition{
+		{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionTrue, Reason: "Migratable"},
+		{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionTrue, Reason: cause, LastTransitionTime: metav1.NewTime(now.Add(-time.Minute))},
+	}
+	for _, o := range opts {
+		o(v)
+	}
+	return v
+}
+
+func withStrategy(s v1alpha1.EvictionStrategy) vmiOpt {
+	return func(v *v1alpha1.VirtualMachineInstance) { v.Spec.EvictionStrategy = ptr.To(s) }
+}
+
+func notMigratable(v *v1alpha1.VirtualMachineInstance) {
+	v.Status.Conditions[0].Status, v.Status.Conditions[0].Reason = metav1.ConditionFalse, "LocalDisk"
+}
+
+func unmarked(v *v1alpha1.VirtualMachineInstance) { v.Status.EvacuationNodeName = "" }
+
+func migration(vmi, source string, phase v1alpha1.VirtualMachineInstanceMigrationPhase, endedAgo time.Duration) *v1alpha1.VirtualMachineInstanceMigration {
+	m := &v1alpha1.VirtualMachineInstanceMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: vmi + "-mig", Labels: map[string]string{v1alpha1.LabelVMIUID: "uid-" + vmi}},
+		Spec:       v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: vmi},
+		Status:     v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: phase, SourceNode: source},
+	}
+	if endedAgo != 0 {
+		m.Status.EndTimestamp = ptr.To(metav1.NewTime(now.Add(-endedAgo)))
+	}
+	return m
+}
+
+func config(perCluster, perNode int32) *v1alpha1.LifeboatConfig {
+	return &v1alpha1.LifeboatConfig{Spec: v1alpha1.LifeboatConfigSpec{Migrations: v1alpha1.MigrationsConfig{
+		ParallelMigrationsPerCluster: ptr.To(perCluster), ParallelOutboundMigrationsPerNode: ptr.To(perNode),
+	}}}
+}
+
+func TestPlan(t *testing.T) {
+	cases := []struct {
+		name       string
+		vmis       []*v1alpha1.VirtualMachineInstance
+		migrations []*v1alpha1.VirtualMachineInstanceMigration
+		config     *v1alpha1.LifeboatConfig
+		want       []string // "name:cause", in order
+		external   []string
+		retryAfter time.Duration
+	}{
+		{name: "a marked LiveMigrate VMI gets a migration with its cause",
+			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 30)}, want: []string{"a:NodePressure"}},
+		{name: "unmarked VMIs are left alone",
+			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 30, unmarked)}},
+		{name: "already migrating: no second migration",
+			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 30)},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationRunning, 0)}},
+		{name: "External: left to the external controller",
+			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "APIEviction", 0, withStrategy(v1alpha1.EvictionStrategyExternal))}, external: []string{"a"}},
+		{name: "None: never migrated",
+			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "APIEviction", 0, withStrategy(v1alpha1.EvictionStrategyNone))}},
+		{name: "LiveMigrateIfPossible: only when migratable",
+			vmis: []*v1alpha1.VirtualMachineInstance{
+				markedVMI("a", "n1", "Drain", 0, withStrategy(v1alpha1.EvictionStrategyLiveMigrateIfPossible)),
+				markedVMI("b", "n1", "Drain", 0, withStrategy(v1alpha1.EvictionStrategyLiveMigrateIfPossible), notMigratable),
+			}, want: []string{"a:Drain"}},
+		{name: "earliest deadline first, then node pressure before drains before the rest",
+			vmis: []*v1alpha1.VirtualMachineInstance{
+				markedVMI("api", "n1", "APIEviction", 0), markedVMI("drain", "n2", "Drain", 0),
+				markedVMI("late", "n3", "NodePressure", 90), markedVMI("soon", "n4", "NodePressure", 20),
+			}, want: []string{"soon:NodePressure", "late:NodePressure", "drain:Drain", "api:APIEviction"}},
+		{name: "at most parallelOutboundMigrationsPerNode leave one node",
+			vmis: []*v1alpha1.VirtualMachineInstance{
+				markedVMI("a", "n1", "NodePressure", 10), markedVMI("b", "n1", "NodePressure", 20), markedVMI("c", "n1", "NodePressure", 30), markedVMI("d", "n2", "NodePressure", 40),
+			}, config: config(5, 2), want: []string{"a:NodePressure", "b:NodePressure", "d:NodePressure"}},
+		{name: "running migrations count against the limits",
+			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 10), markedVMI("b", "n2", "NodePressure", 20)},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("x", "n1", v1alpha1.MigrationRunning, 0), migration("y", "n3", v1alpha1.MigrationScheduling, 0)},
+			config:     config(3, 1), want: []string{"b:NodePressure"}},
+		{name: "a failed migration is retried after a backoff that grows",
+			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 60)},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationFailed, 2*time.Second), migration("a", "n1", v1alpha1.MigrationFailed, 30*time.Second)},
+			retryAfter: 8 * time.Second},
+		{name: "after the backoff, the retry",
+			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 60)},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationFailed, 6*time.Second)},
+			want:       []string{"a:NodePressure"}},
+		{name: "failures before this mark do not count",
+			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 60)},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationFailed, 2*time.Minute)},
+			want:       []string{"a:NodePressure"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Plan(tc.vmis, tc.migrations, tc.config, now)
+			var got, external []string
+			for _, c := range d.Create {
+				got = append(got, fmt.Sprintf("%s:%s", c.VMI.Name, c.Cause))
+			}
+			for _, v := range d.External {
+				external = append(external, v.Name)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) || fmt.Sprint(external) != fmt.Sprint(tc.external) || d.RetryAfter != tc.retryAfter {
+				t.Errorf("create %v external %v retryAfter %s; want %v %v %s", got, external, d.RetryAfter, tc.want, tc.external, tc.retryAfter)
+			}
+		})
+	}
+}
