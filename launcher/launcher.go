@@ -26,7 +26,9 @@ import (
 
 // Config is the launcher's input, from its flags and its pod's environment.
 type Config struct {
-	VMI                   contract.VMI
+	VMI contract.VMI
+	// MigrationTarget, if not empty, is the UID of the migration this launcher receives the guest in.
+	MigrationTarget       string
 	PodGracePeriodSeconds int64
 	DomainsDir            string
 	NotifySocket          string
@@ -47,6 +49,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	if cfg.VMI.UID == "" || cfg.VMI.Name == "" || cfg.VMI.Namespace == "" {
 		return cfg, fmt.Errorf("$%s lacks the VMI's namespace, name or UID", contract.EnvVMI)
 	}
+	cfg.MigrationTarget = getenv(contract.EnvMigrationTarget)
 	if g := getenv(contract.EnvPodGracePeriod); g != "" {
 		n, err := strconv.ParseInt(g, 10, 64)
 		if err != nil || n < 0 {
@@ -109,23 +112,16 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 		return contract.ExitFailed, err
 	}
 
-	vmi := &v1alpha1.VirtualMachineInstance{
-		ObjectMeta: metav1.ObjectMeta{Namespace: cfg.VMI.Namespace, Name: cfg.VMI.Name, UID: types.UID(cfg.VMI.UID)},
-		Spec:       cfg.VMI.Spec,
-	}
-	accel, err := domain.ResolveAcceleration(ctx, conn, cfg.Acceleration, vmi.Spec.Boot.Kernel, vmi.Spec.Boot.Initrd)
-	if err != nil {
-		return contract.ExitFailed, fmt.Errorf("choosing the acceleration: %w", err)
-	}
-	xml, err := domain.DomainXML(vmi, domain.XMLOptions{Acceleration: accel, ConsoleLog: filepath.Join(dir, contract.ConsoleLog)})
-	if err != nil {
+	name := domain.DomainName(cfg.VMI.Namespace, cfg.VMI.Name)
+	if cfg.MigrationTarget != "" {
+		arrived, err := awaitGuest(ctx, conn, name, events, daemon.Done(), sigterm, log)
+		if !arrived {
+			return contract.ExitGuestPoweredOff, err
+		}
+		log.Info("the guest arrived by migration", "domain", name, "migration", cfg.MigrationTarget)
+	} else if err := startGuest(ctx, conn, cfg, dir); err != nil {
 		return contract.ExitFailed, err
 	}
-	name := domain.DomainName(vmi.Namespace, vmi.Name)
-	if err := conn.DefineAndStart(xml); err != nil {
-		return contract.ExitFailed, err
-	}
-	log.Info("domain started", "domain", name, "acceleration", accel)
 	notifier.Report(notify.KindDomainStarted, time.Now(), 0, "")
 
 	// A stop event may have come before we listened for it; start from the current state.
@@ -158,6 +154,51 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 			return contract.ExitFailed, fmt.Errorf("libvirtd exited; see %s", daemon.LogPath())
 		case <-ctx.Done():
 			return contract.ExitFailed, ctx.Err()
+		}
+	}
+}
+
+// startGuest defines and starts the VMI's domain.
+func startGuest(ctx context.Context, conn *domain.Conn, cfg Config, dir string) error {
+	vmi := &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: cfg.VMI.Namespace, Name: cfg.VMI.Name, UID: types.UID(cfg.VMI.UID)},
+		Spec:       cfg.VMI.Spec,
+	}
+	accel, err := domain.ResolveAcceleration(ctx, conn, cfg.Acceleration, vmi.Spec.Boot.Kernel, vmi.Spec.Boot.Initrd)
+	if err != nil {
+		return fmt.Errorf("choosing the acceleration: %w", err)
+	}
+	xml, err := domain.DomainXML(vmi, domain.XMLOptions{Acceleration: accel, ConsoleLog: filepath.Join(dir, contract.ConsoleLog)})
+	if err != nil {
+		return err
+	}
+	if err := conn.DefineAndStart(xml); err != nil {
+		return err
+	}
+	cfg.Log.Info("domain started", "domain", domain.DomainName(vmi.Namespace, vmi.Name), "acceleration", accel)
+	return nil
+}
+
+// awaitGuest waits, as a migration target, until the domain runs here. A SIGTERM before that
+// means the migration failed or was cancelled: there is nothing to keep, so the launcher ends.
+func awaitGuest(ctx context.Context, conn *domain.Conn, name string, events <-chan domain.Event, daemonDone <-chan struct{}, sigterm <-chan os.Signal, log *slog.Logger) (bool, error) {
+	log.Info("migration target: waiting for the guest", "domain", name)
+	for {
+		if state, _, err := conn.State(name); err == nil && state == domain.Running {
+			return true, nil
+		}
+		select {
+		case _, ok := <-events:
+			if !ok {
+				return false, errors.New("the libvirt event stream ended while waiting for the guest")
+			}
+		case <-sigterm:
+			log.Info("SIGTERM before the guest arrived: the migration ended without this target")
+			return false, nil
+		case <-daemonDone:
+			return false, errors.New("libvirtd exited while waiting for the guest")
+		case <-ctx.Done():
+			return false, ctx.Err()
 		}
 	}
 }

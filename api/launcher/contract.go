@@ -24,6 +24,11 @@ const (
 	EnvVMI = "LIFEBOAT_VMI"
 	// EnvPodGracePeriod holds the pod's terminationGracePeriodSeconds, reported with SIGTERM.
 	EnvPodGracePeriod = "LIFEBOAT_POD_GRACE_PERIOD_SECONDS"
+	// EnvMigrationTarget, when set (to the migration's UID), makes the launcher a migration
+	// target: it runs its libvirtd and waits for the domain to arrive instead of starting one.
+	EnvMigrationTarget = "LIFEBOAT_MIGRATION_TARGET"
+	// LabelMigrationUID on a target launcher pod names its migration.
+	LabelMigrationUID = "lifeboat.dev/migration-uid"
 )
 
 // VMI is what a launcher is told of its VMI: enough to define the domain and to identify itself.

@@ -18,6 +18,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/cmd/internal/kube"
 	"github.com/lifeboat-vm/lifeboat/evacuation/evacuate"
+	"github.com/lifeboat-vm/lifeboat/evacuation/migration"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
 
@@ -60,13 +61,15 @@ func run(kubeconfig string, podOpts vmi.PodOptions, workers int, log *slog.Logge
 	lbv1 := lbInformers.Lifeboat().V1alpha1()
 	vmiController := vmi.New(kubeClient, lb, lbv1.VirtualMachineInstances(), kubeInformers.Core().V1().Pods(), recorder, podOpts, log)
 	evacuationController := evacuate.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), recorder, log)
+	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), kubeInformers.Core().V1().Pods(), recorder, podOpts, log)
 	kubeInformers.Start(ctx.Done())
 	lbInformers.Start(ctx.Done())
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- vmiController.Run(ctx, workers) }()
 	go func() { errc <- evacuationController.Run(ctx) }()
+	go func() { errc <- migrationController.Run(ctx, workers) }()
 	err = <-errc
 	cancel()
-	return errors.Join(err, <-errc)
+	return errors.Join(err, <-errc, <-errc)
 }

@@ -164,18 +164,19 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	return c.updateStatus(ctx, vmi, pod)
 }
 
-// launcherPod finds the VMI's launcher pod among those it controls.
+// launcherPod finds the VMI's active launcher pod among those it controls.
 func (c *Controller) launcherPod(vmi *v1alpha1.VirtualMachineInstance) (*corev1.Pod, error) {
 	pods, err := c.pods.Pods(vmi.Namespace).List(labels.SelectorFromSet(labels.Set{v1alpha1.LabelVMIUID: string(vmi.UID)}))
 	if err != nil {
 		return nil, err
 	}
+	owned := pods[:0:0]
 	for _, p := range pods {
-		if ref := metav1.GetControllerOf(p); ref != nil && ref.UID == vmi.UID && p.Name == LauncherPodName(vmi) {
-			return p, nil
+		if ref := metav1.GetControllerOf(p); ref != nil && ref.UID == vmi.UID {
+			owned = append(owned, p)
 		}
 	}
-	return nil, nil
+	return ActivePod(vmi, owned), nil
 }
 
 func (c *Controller) createLauncherPod(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) (*corev1.Pod, error) {

@@ -54,12 +54,15 @@ func PodGracePeriodSeconds(vmi *v1alpha1.VirtualMachineInstance) int64 {
 // it) so that a create repeated after a stale cache read fails with AlreadyExists instead of
 // starting the guest twice.
 func LauncherPodName(vmi *v1alpha1.VirtualMachineInstance) string {
-	sum := sha256.Sum256([]byte(vmi.UID))
-	name := vmi.Name
-	if len(name) > 40 {
-		name = name[:40]
+	return podName(vmi.Name, string(vmi.UID))
+}
+
+func podName(vmiName, uid string) string {
+	sum := sha256.Sum256([]byte(uid))
+	if len(vmiName) > 40 {
+		vmiName = vmiName[:40]
 	}
-	return "launcher-" + name + "-" + hex.EncodeToString(sum[:])[:5]
+	return "launcher-" + vmiName + "-" + hex.EncodeToString(sum[:])[:5]
 }
 
 // PodOptions are the cluster-wide settings of launcher pods.
@@ -125,6 +128,51 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 			Volumes: volumes,
 		},
 	}, nil
+}
+
+// NewTargetPod builds the launcher pod that receives a VMI in a migration: the VMI's launcher pod,
+// named for the migration, told to wait for the guest, and kept off the source node.
+func NewTargetPod(vmi *v1alpha1.VirtualMachineInstance, m *v1alpha1.VirtualMachineInstanceMigration, opts PodOptions) (*corev1.Pod, error) {
+	pod, err := NewLauncherPod(vmi, opts)
+	if err != nil {
+		return nil, err
+	}
+	pod.Name = TargetPodName(vmi, m)
+	pod.Labels[launcher.LabelMigrationUID] = string(m.UID)
+	c := &pod.Spec.Containers[0]
+	c.Env = append(c.Env, corev1.EnvVar{Name: launcher.EnvMigrationTarget, Value: string(m.UID)})
+	pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{
+				Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpNotIn, Values: []string{vmi.Status.NodeName},
+			}},
+		}}},
+	}}
+	return pod, nil
+}
+
+// TargetPodName is fixed for a migration, so a repeated create fails with AlreadyExists.
+func TargetPodName(vmi *v1alpha1.VirtualMachineInstance, m *v1alpha1.VirtualMachineInstanceMigration) string {
+	return podName(vmi.Name, string(m.UID))
+}
+
+// ActivePod is the pod that runs the VMI's guest: once the VMI has a node, the unfinished pod
+// on that node (after a migration, the former target); before, its first launcher pod. pods are
+// the pods the VMI controls.
+func ActivePod(vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod) *corev1.Pod {
+	var finished *corev1.Pod
+	for _, p := range pods {
+		switch {
+		case vmi.Status.NodeName == "" && p.Name == LauncherPodName(vmi):
+			return p
+		case vmi.Status.NodeName == "" || p.Spec.NodeName != vmi.Status.NodeName:
+		case p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed:
+			finished = p // the VMI's last pod, unless a live one is there too
+		default:
+			return p
+		}
+	}
+	return finished
 }
 
 func fieldEnv(name, path string) corev1.EnvVar {

@@ -92,3 +92,39 @@ func TestLauncherPodNameIsStableAndShort(t *testing.T) {
 		t.Errorf("name is %d characters; keep it a valid hostname label", n)
 	}
 }
+
+func TestActivePod(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm", UID: "u1"}}
+	first := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: LauncherPodName(vmi)}, Spec: corev1.PodSpec{NodeName: "a"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	target := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "launcher-vm-target"}, Spec: corev1.PodSpec{NodeName: "b"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	sourceDone := first.DeepCopy()
+	sourceDone.Status.Phase = corev1.PodSucceeded
+	back := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "launcher-vm-back"}, Spec: corev1.PodSpec{NodeName: "a"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	cases := []struct {
+		name string
+		node string
+		pods []*corev1.Pod
+		want *corev1.Pod
+	}{
+		{"before scheduling: the first launcher pod", "", []*corev1.Pod{first}, first},
+		{"running on a: the pod on a, not the migration target on b", "a", []*corev1.Pod{first, target}, first},
+		{"migrated to b: the former target", "b", []*corev1.Pod{sourceDone, target}, target},
+		{"migrated back to a: the live pod, not the finished one", "a", []*corev1.Pod{sourceDone, target, back}, back},
+		{"the guest ended: its finished pod", "a", []*corev1.Pod{sourceDone}, sourceDone},
+		{"no pod on the VMI's node", "c", []*corev1.Pod{first, target}, nil},
+	}
+	for _, tc := range cases {
+		v := vmi.DeepCopy()
+		v.Status.NodeName = tc.node
+		if got := ActivePod(v, tc.pods); got != tc.want {
+			t.Errorf("%s: got %v, want %v", tc.name, podNameOf(got), podNameOf(tc.want))
+		}
+	}
+}
+
+func podNameOf(p *corev1.Pod) string {
+	if p == nil {
+		return "none"
+	}
+	return p.Name
+}

@@ -77,6 +77,10 @@ type VirtualMachineInstanceMigrationStatus struct {
 	// TargetPod is the launcher pod that receives the guest.
 	// +optional
 	TargetPod string `json:"targetPod,omitempty"`
+	// TargetProxy is where the target node's agent listens for this migration, set when the
+	// target is ready; the source node's agent forwards the migration there.
+	// +optional
+	TargetProxy *MigrationProxy `json:"targetProxy,omitempty"`
 	// Mode is the furthest convergence mode used so far.
 	// +optional
 	Mode MigrationMode `json:"mode,omitempty"`
@@ -94,6 +98,14 @@ type VirtualMachineInstanceMigrationStatus struct {
 	// FailureReason says why a failed migration failed.
 	// +optional
 	FailureReason string `json:"failureReason,omitempty"`
+}
+
+// MigrationProxy is the pair of TCP endpoints (host:port) a target agent serves for one migration.
+type MigrationProxy struct {
+	// Libvirt reaches the target launcher's libvirt daemon.
+	Libvirt string `json:"libvirt"`
+	// Memory reaches the target QEMU's incoming migration stream.
+	Memory string `json:"memory"`
 }
 
 // MigrationPhaseTransition is when a migration entered a phase.

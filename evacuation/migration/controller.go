@@ -1,0 +1,252 @@
+package migration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
+)
+
+// FinalizerCleanup keeps a deleted migration until its target pod is gone.
+const FinalizerCleanup = "lifeboat.dev/migration-cleanup"
+
+// Controller reconciles VirtualMachineInstanceMigrations with their target pods.
+type Controller struct {
+	kube       kubernetes.Interface
+	lifeboat   lifeboatclient.Interface
+	migrations lifeboatlisters.VirtualMachineInstanceMigrationLister
+	vmis       lifeboatlisters.VirtualMachineInstanceLister
+	pods       corelisters.PodLister
+	synced     []cache.InformerSynced
+	queue      workqueue.TypedRateLimitingInterface[string]
+	recorder   record.EventRecorder
+	opts       vmi.PodOptions
+	log        *slog.Logger
+}
+
+// New wires the controller to its informers; the pod informer should hold launcher pods.
+func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations lifeboatinformers.VirtualMachineInstanceMigrationInformer,
+	vmis lifeboatinformers.VirtualMachineInstanceInformer, pods coreinformers.PodInformer, recorder record.EventRecorder, opts vmi.PodOptions, log *slog.Logger) *Controller {
+	c := &Controller{
+		kube: kube, lifeboat: lb, migrations: migrations.Lister(), vmis: vmis.Lister(), pods: pods.Lister(),
+		synced:   []cache.InformerSynced{migrations.Informer().HasSynced, vmis.Informer().HasSynced, pods.Informer().HasSynced},
+		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "migration"}),
+		recorder: recorder, opts: opts, log: log.With("controller", "migration"),
+	}
+	_, _ = migrations.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueue,
+		UpdateFunc: func(_, obj any) { c.enqueue(obj) },
+		DeleteFunc: c.enqueue,
+	})
+	// A VMI's or a pod's change concerns the migrations of that VMI.
+	byVMI := cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueueForVMI,
+		UpdateFunc: func(_, obj any) { c.enqueueForVMI(obj) },
+		DeleteFunc: c.enqueueForVMI,
+	}
+	_, _ = vmis.Informer().AddEventHandler(byVMI)
+	_, _ = pods.Informer().AddEventHandler(byVMI)
+	return c
+}
+
+func (c *Controller) enqueue(obj any) {
+	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+		c.queue.Add(key)
+	}
+}
+
+func (c *Controller) enqueueForVMI(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	o, ok := obj.(metav1.Object)
+	if !ok {
+		return
+	}
+	name := o.GetName()
+	if _, isPod := obj.(*corev1.Pod); isPod {
+		name = o.GetLabels()[v1alpha1.LabelVMIName]
+	}
+	ms, err := c.migrations.VirtualMachineInstanceMigrations(o.GetNamespace()).List(labels.Everything())
+	if err != nil {
+		return
+	}
+	for _, m := range ms {
+		if m.Spec.VMIName == name {
+			c.queue.Add(m.Namespace + "/" + m.Name)
+		}
+	}
+}
+
+// Run processes the queue with workers until ctx ends.
+func (c *Controller) Run(ctx context.Context, workers int) error {
+	defer utilruntime.HandleCrash()
+	defer c.queue.ShutDown()
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+		return errors.New("migration controller: caches did not sync")
+	}
+	c.log.Info("started", "workers", workers)
+	for range workers {
+		go wait.UntilWithContext(ctx, func(ctx context.Context) {
+			for c.processNextWorkItem(ctx) {
+			}
+		}, time.Second)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func (c *Controller) processNextWorkItem(ctx context.Context) bool {
+	key, shutdown := c.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer c.queue.Done(key)
+	if err := c.sync(ctx, key); err != nil {
+		c.log.Error("sync failed, will retry", "migration", key, "err", err)
+		c.queue.AddRateLimited(key)
+		return true
+	}
+	c.queue.Forget(key)
+	return true
+}
+
+func (c *Controller) sync(ctx context.Context, key string) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
+	}
+	cached, err := c.migrations.VirtualMachineInstanceMigrations(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	m := cached.DeepCopy()
+	v, err := c.vmis.VirtualMachineInstances(ns).Get(m.Spec.VMIName)
+	if apierrors.IsNotFound(err) {
+		v = nil
+	} else if err != nil {
+		return err
+	}
+	target, err := c.targetPod(m, v)
+	if err != nil {
+		return err
+	}
+	if m.DeletionTimestamp != nil {
+		return c.cleanUp(ctx, m, target)
+	}
+	if !hasFinalizer(m) {
+		m.Finalizers = append(m.Finalizers, FinalizerCleanup)
+		if m, err = c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Update(ctx, m, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("adding the cleanup finalizer: %w", err)
+		}
+	}
+
+	status, action, events := Next(m, v, target, metav1.Now())
+	switch action {
+	case CreateTargetPod:
+		pod, err := vmi.NewTargetPod(v, m, c.opts)
+		if err != nil {
+			return err
+		}
+		if _, err := c.kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			c.recorder.Eventf(m, corev1.EventTypeWarning, "FailedCreate", "creating target pod %s: %v", pod.Name, err)
+			return fmt.Errorf("creating target pod %s: %w", pod.Name, err)
+		}
+	case DeleteTargetPod:
+		if err := c.deletePod(ctx, target); err != nil {
+			return err
+		}
+	}
+	if !apiequality.Semantic.DeepEqual(status, m.Status) {
+		m.Status = status
+		if _, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).UpdateStatus(ctx, m, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("updating status to %s: %w", status.Phase, err)
+		}
+	}
+	for _, e := range events {
+		c.recorder.Event(m, e.Type, e.Reason, e.Message)
+	}
+	return nil
+}
+
+// targetPod is the migration's target pod, if it exists.
+func (c *Controller) targetPod(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachineInstance) (*corev1.Pod, error) {
+	if v == nil {
+		return nil, nil
+	}
+	pod, err := c.pods.Pods(m.Namespace).Get(vmi.TargetPodName(v, m))
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	return pod, err
+}
+
+// cleanUp cancels: the source agent aborts a running transfer when it sees the deletion; the
+// target pod goes unless the guest already runs there.
+func (c *Controller) cleanUp(ctx context.Context, m *v1alpha1.VirtualMachineInstanceMigration, target *corev1.Pod) error {
+	if m.Status.Phase != v1alpha1.MigrationSucceeded && target != nil {
+		if err := c.deletePod(ctx, target); err != nil {
+			return err
+		}
+		c.recorder.Eventf(m, corev1.EventTypeNormal, "Cancelled", "migration deleted before it finished; deleted target pod %s", target.Name)
+	}
+	if !hasFinalizer(m) {
+		return nil
+	}
+	var keep []string
+	for _, f := range m.Finalizers {
+		if f != FinalizerCleanup {
+			keep = append(keep, f)
+		}
+	}
+	m.Finalizers = keep
+	_, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(m.Namespace).Update(ctx, m, metav1.UpdateOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("removing the cleanup finalizer: %w", err)
+	}
+	return nil
+}
+
+func (c *Controller) deletePod(ctx context.Context, pod *corev1.Pod) error {
+	if pod.DeletionTimestamp != nil {
+		return nil
+	}
+	err := c.kube.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting target pod %s: %w", pod.Name, err)
+	}
+	return nil
+}
+
+func hasFinalizer(m *v1alpha1.VirtualMachineInstanceMigration) bool {
+	for _, f := range m.Finalizers {
+		if f == FinalizerCleanup {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,110 @@
+// Package migration is the migration controller: for each VirtualMachineInstanceMigration it
+// creates a target launcher pod off the source node and moves the migration's phase until the
+// agents take over (the target agent: PreparingTarget → TargetReady; the source agent: Running →
+// Succeeded or Failed). It cleans up after failed and cancelled migrations.
+package migration
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// Action is what the controller does besides writing the status.
+type Action int
+
+const (
+	// NoAction: only the status (if it changed).
+	NoAction Action = iota
+	// CreateTargetPod: the migration needs its target pod.
+	CreateTargetPod
+	// DeleteTargetPod: the migration failed or was cancelled; its target pod must go.
+	DeleteTargetPod
+)
+
+// Event is a Kubernetes Event for the migration.
+type Event struct{ Type, Reason, Message string }
+
+// Terminal reports whether a migration phase is final.
+func Terminal(p v1alpha1.VirtualMachineInstanceMigrationPhase) bool {
+	return p == v1alpha1.MigrationSucceeded || p == v1alpha1.MigrationFailed
+}
+
+// Next is the migration's next status from what the cluster shows: its VMI (nil if gone) and
+// its target pod (nil if none). Phases the agents own (PreparingTarget onwards) are left to them.
+func Next(m *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, target *corev1.Pod, now metav1.Time) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
+	status := *m.Status.DeepCopy()
+	fail := func(reason string) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
+		setPhase(&status, v1alpha1.MigrationFailed, now)
+		status.FailureReason, status.EndTimestamp = reason, &now
+		action := NoAction
+		if target != nil {
+			action = DeleteTargetPod
+		}
+		return status, action, []Event{{corev1.EventTypeWarning, "MigrationFailed", reason}}
+	}
+	switch {
+	case status.Phase == v1alpha1.MigrationFailed:
+		if target != nil && target.DeletionTimestamp == nil {
+			return status, DeleteTargetPod, nil
+		}
+		return status, NoAction, nil
+	case status.Phase == v1alpha1.MigrationSucceeded:
+		return status, NoAction, nil
+	case vmi == nil:
+		return fail(fmt.Sprintf("VMI %s does not exist", m.Spec.VMIName))
+	case vmi.Status.Phase != v1alpha1.VMIRunning:
+		return fail(fmt.Sprintf("VMI %s is %s, not Running", vmi.Name, vmi.Status.Phase))
+	case target != nil && target.Status.Phase == corev1.PodFailed:
+		return fail(fmt.Sprintf("target pod %s failed: %s %s", target.Name, target.Status.Reason, target.Status.Message))
+	}
+
+	switch status.Phase {
+	case "", v1alpha1.MigrationPending:
+		if status.SourceNode == "" {
+			status.SourceNode = vmi.Status.NodeName
+		}
+		if target == nil {
+			setPhase(&status, v1alpha1.MigrationPending, now)
+			return status, CreateTargetPod, nil
+		}
+		setPhase(&status, v1alpha1.MigrationScheduling, now)
+		status.TargetPod = target.Name
+		return status, NoAction, []Event{{corev1.EventTypeNormal, "TargetPodCreated", "created target pod " + target.Name}}
+	case v1alpha1.MigrationScheduling:
+		if target == nil {
+			return fail("the target pod was deleted")
+		}
+		if target.Spec.NodeName == "" {
+			return status, NoAction, nil
+		}
+		setPhase(&status, v1alpha1.MigrationScheduled, now)
+		status.TargetNode = target.Spec.NodeName
+		return status, NoAction, []Event{{corev1.EventTypeNormal, "TargetScheduled", "target pod " + target.Name + " scheduled to node " + target.Spec.NodeName}}
+	case v1alpha1.MigrationScheduled:
+		if target == nil {
+			return fail("the target pod was deleted")
+		}
+		if target.Status.Phase != corev1.PodRunning {
+			return status, NoAction, nil
+		}
+		setPhase(&status, v1alpha1.MigrationPreparingTarget, now)
+		return status, NoAction, []Event{{corev1.EventTypeNormal, "PreparingTarget", "the target launcher runs on " + status.TargetNode + "; its agent prepares to receive the guest"}}
+	}
+	if target == nil && !Terminal(status.Phase) {
+		return fail("the target pod was deleted")
+	}
+	return status, NoAction, nil
+}
+
+// setPhase moves the phase and records when.
+func setPhase(status *v1alpha1.VirtualMachineInstanceMigrationStatus, p v1alpha1.VirtualMachineInstanceMigrationPhase, now metav1.Time) {
+	if status.Phase == p {
+		return
+	}
+	status.Phase = p
+	status.PhaseTransitionTimestamps = append(status.PhaseTransitionTimestamps, v1alpha1.MigrationPhaseTransition{Phase: p, Timestamp: now})
+}

@@ -1,0 +1,60 @@
+package migration
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+func TestNext(t *testing.T) {
+	now := metav1.NewTime(time.Date(2026, 11, 22, 4, 0, 0, 0, time.UTC))
+	running := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm"}}
+	running.Status.Phase, running.Status.NodeName = v1alpha1.VMIRunning, "a"
+	stopped := running.DeepCopy()
+	stopped.Status.Phase = v1alpha1.VMISucceeded
+	mig := func(phase v1alpha1.VirtualMachineInstanceMigrationPhase) *v1alpha1.VirtualMachineInstanceMigration {
+		m := &v1alpha1.VirtualMachineInstanceMigration{Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
+		m.Status.Phase, m.Status.SourceNode = phase, "a"
+		return m
+	}
+	pod := func(node string, phase corev1.PodPhase) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "target"}, Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: phase}}
+	}
+	cases := []struct {
+		name       string
+		m          *v1alpha1.VirtualMachineInstanceMigration
+		vmi        *v1alpha1.VirtualMachineInstance
+		target     *corev1.Pod
+		wantPhase  v1alpha1.VirtualMachineInstanceMigrationPhase
+		wantAction Action
+		wantReason string // part of the failure reason
+	}{
+		{"new: create the target pod", mig(""), running, nil, v1alpha1.MigrationPending, CreateTargetPod, ""},
+		{"target pod exists: Scheduling", mig(v1alpha1.MigrationPending), running, pod("", corev1.PodPending), v1alpha1.MigrationScheduling, NoAction, ""},
+		{"target pod on a node: Scheduled", mig(v1alpha1.MigrationScheduling), running, pod("b", corev1.PodPending), v1alpha1.MigrationScheduled, NoAction, ""},
+		{"target launcher runs: the target agent prepares", mig(v1alpha1.MigrationScheduled), running, pod("b", corev1.PodRunning), v1alpha1.MigrationPreparingTarget, NoAction, ""},
+		{"the agents' phases are theirs", mig(v1alpha1.MigrationRunning), running, pod("b", corev1.PodRunning), v1alpha1.MigrationRunning, NoAction, ""},
+		{"VMI no longer running: Failed", mig(v1alpha1.MigrationScheduling), stopped, pod("", corev1.PodPending), v1alpha1.MigrationFailed, DeleteTargetPod, "not Running"},
+		{"VMI gone: Failed", mig(v1alpha1.MigrationPending), nil, nil, v1alpha1.MigrationFailed, NoAction, "does not exist"},
+		{"target pod failed: Failed, pod removed", mig(v1alpha1.MigrationPreparingTarget), running, pod("b", corev1.PodFailed), v1alpha1.MigrationFailed, DeleteTargetPod, "target pod target failed"},
+		{"target pod deleted mid-way: Failed", mig(v1alpha1.MigrationTargetReady), running, nil, v1alpha1.MigrationFailed, NoAction, "deleted"},
+		{"failed by an agent: the target pod goes", mig(v1alpha1.MigrationFailed), running, pod("b", corev1.PodRunning), v1alpha1.MigrationFailed, DeleteTargetPod, ""},
+		{"succeeded: nothing", mig(v1alpha1.MigrationSucceeded), running, pod("b", corev1.PodRunning), v1alpha1.MigrationSucceeded, NoAction, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			status, action, _ := Next(tc.m, tc.vmi, tc.target, now)
+			if status.Phase != tc.wantPhase || action != tc.wantAction {
+				t.Errorf("phase %s action %d, want %s %d", status.Phase, action, tc.wantPhase, tc.wantAction)
+			}
+			if !strings.Contains(status.FailureReason, tc.wantReason) {
+				t.Errorf("failure reason %q lacks %q", status.FailureReason, tc.wantReason)
+			}
+		})
+	}
+}
