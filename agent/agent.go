@@ -40,6 +40,8 @@ type Config struct {
 	Dial       Dialer
 	// Configs lists LifeboatConfigs (the one named cluster holds the feature gates).
 	Configs lifeboatlisters.LifeboatConfigLister
+	// NodeAddress is where this node's migration proxies listen for other nodes.
+	NodeAddress string
 	// MaxPodGracePeriod is the node's kubelet evictionMaxPodGracePeriod in seconds; nil if unknown.
 	MaxPodGracePeriod *int64
 	Recorder          record.EventRecorder
@@ -59,6 +61,8 @@ type Agent struct {
 
 	mu        sync.Mutex
 	launchers map[string]*launcher // by VMI UID
+
+	migrations *migrations
 }
 
 // launcher is the agent's link to one launcher.
@@ -67,8 +71,10 @@ type launcher struct {
 	shutdownSent bool
 }
 
-// New makes an agent. The VMI informer must list the VMIs whose status.nodeName is this node.
-func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInstanceInformer, configs lifeboatinformers.LifeboatConfigInformer) (*Agent, error) {
+// New makes an agent. The VMI informer must list the VMIs whose status.nodeName is this node;
+// the migration informer lists migrations (the agent acts on those from or to this node).
+func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInstanceInformer, configs lifeboatinformers.LifeboatConfigInformer,
+	migrationInformer lifeboatinformers.VirtualMachineInstanceMigrationInformer) (*Agent, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -88,6 +94,7 @@ func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.Virtual
 	}); err != nil {
 		return nil, err
 	}
+	a.migrations = a.newMigrations(lb, migrationInformer, cfg.NodeAddress)
 	// A feature gate turned on while a launcher waits must take effect for it.
 	a.synced = []cache.InformerSynced{a.informer.HasSynced, configs.Informer().HasSynced}
 	_, err := configs.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -139,6 +146,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 	for range workers {
 		go wait.UntilWithContext(ctx, a.runWorker, time.Second)
 	}
+	go a.migrations.run(ctx)
 	a.cfg.Log.Info("agent started", "node", a.cfg.NodeName, "domainsDir", a.cfg.DomainsDir)
 	for {
 		select {
@@ -197,12 +205,34 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 	a.cfg.Metrics.Launchers.Inc()
 	a.cfg.Log.Info("connected to launcher", "vmiUID", uid)
 	a.queue.Add(uid)
+	// A target launcher's connection is what a waiting migration needs.
+	a.migrations.enqueueAll()
 	for range conn.Changes() {
 		a.queue.Add(uid)
 	}
 	a.cfg.Log.Info("launcher connection ended", "vmiUID", uid)
 	a.forget(uid)
 	a.queue.Add(uid)
+}
+
+// connected reports whether the agent holds a connection to the launcher of the VMI with uid.
+func (a *Agent) connected(uid string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	l := a.launchers[uid]
+	return l != nil && l.conn != nil
+}
+
+// migrator is the launcher connection of the VMI with uid, for migrating; nil if none.
+func (a *Agent) migrator(uid string) Migrator {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if l := a.launchers[uid]; l != nil {
+		if mg, ok := l.conn.(Migrator); ok {
+			return mg
+		}
+	}
+	return nil
 }
 
 func (a *Agent) forget(uid string) {

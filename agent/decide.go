@@ -130,6 +130,7 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node
 	if dom == nil || isTerminal(vmi.Status.Phase) {
 		return plan
 	}
+	dom = withoutSourceSignal(vmi, dom, node)
 
 	switch {
 	case dom.State == DomainCrashed:
@@ -184,6 +185,19 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node
 	}
 	plan.Status = status
 	return plan
+}
+
+// withoutSourceSignal drops a SIGTERM record that came with the guest from the node it migrated
+// from: that signal was the source pod's, and this node's launcher never received it.
+func withoutSourceSignal(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, node string) *Domain {
+	s := vmi.Status.MigrationState
+	if dom.GracefulShutdown == nil || s == nil || !s.Completed || s.TargetNode != node || s.EndTimestamp == nil ||
+		!dom.GracefulShutdown.Before(s.EndTimestamp.Time) {
+		return dom
+	}
+	d := *dom
+	d.GracefulShutdown, d.PodDeadline = nil, nil
+	return &d
 }
 
 // mark sets the evacuation mark for a node-pressure eviction; it reports whether the mark is new.

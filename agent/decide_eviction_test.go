@@ -64,6 +64,13 @@ func TestDecideOnNodePressure(t *testing.T) {
 				return v
 			}(), dom: nil, ev: Eviction{Config: gateOn(nil)}, now: t0.Add(40 * time.Second),
 			wantMark: true},
+		{name: "a signal that came with the guest from the migration's source is not this node's",
+			vmi: func() *v1alpha1.VirtualMachineInstance {
+				v := testVMI(v1alpha1.VMIRunning, liveMigrate)
+				v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{SourceNode: "node-0", TargetNode: "node-1", Completed: true,
+					EndTimestamp: ptr.To(metav1.NewTime(t0.Add(3 * time.Second)))}
+				return v
+			}(), dom: signalled(), ev: Eviction{Config: gateOn(nil)}, now: t0.Add(4 * time.Second)},
 		{name: "deadline not reached and the launcher reconnecting: nothing yet",
 			vmi: testVMI(v1alpha1.VMIRunning, liveMigrate, marked), dom: nil, ev: Eviction{Config: gateOn(nil)}, now: t0.Add(10 * time.Second),
 			wantMark: true},

@@ -87,3 +87,10 @@ func (c *libvirtConn) Close() error {
 	c.cancel()
 	return c.conn.Close()
 }
+
+func (c *libvirtConn) Migrate(ctx context.Context, name string, opts domain.MigrateOptions) error {
+	return c.conn.Migrate(ctx, name, opts)
+}
+func (c *libvirtConn) JobStats(name string) (domain.JobStats, error) { return c.conn.JobStats(name) }
+func (c *libvirtConn) StartPostCopy(name string) error               { return c.conn.StartPostCopy(name) }
+func (c *libvirtConn) Suspend(name string) error                     { return c.conn.Suspend(name) }

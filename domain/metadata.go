@@ -90,6 +90,17 @@ func (c *Conn) Metadata(name string) (Metadata, error) {
 // in its running and its persistent definition alike, so it survives restarts of the agent
 // and of libvirt.
 func (c *Conn) SetGracefulShutdown(name string, gs GracefulShutdown) error {
+	return c.setGracefulShutdown(name, &gs)
+}
+
+// ClearGracefulShutdown removes the graceful shutdown record. The record is the pod's, not the
+// guest's, but metadata travels with a migrating domain: the launcher that receives the guest
+// clears what the launcher it came from was told.
+func (c *Conn) ClearGracefulShutdown(name string) error {
+	return c.setGracefulShutdown(name, nil)
+}
+
+func (c *Conn) setGracefulShutdown(name string, gs *GracefulShutdown) error {
 	dom, err := c.lookup(name)
 	if err != nil {
 		return err
@@ -103,7 +114,7 @@ func (c *Conn) SetGracefulShutdown(name string, gs GracefulShutdown) error {
 	if err != nil {
 		return err
 	}
-	m.GracefulShutdown = &gs
+	m.GracefulShutdown = gs
 	updated, err := marshalMetadata(m)
 	if err != nil {
 		return err
@@ -117,7 +128,7 @@ func (c *Conn) SetGracefulShutdown(name string, gs GracefulShutdown) error {
 		return fmt.Errorf("checking whether domain %q is persistent: %w", name, err)
 	}
 	if err := dom.SetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, updated, metadataPrefix, MetadataNamespace, metadataImpact(active, persistent)); err != nil {
-		return fmt.Errorf("writing the graceful shutdown into the metadata of domain %q: %w", name, err)
+		return fmt.Errorf("writing the graceful shutdown record of domain %q: %w", name, err)
 	}
 	return nil
 }

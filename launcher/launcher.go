@@ -119,6 +119,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 			return contract.ExitGuestPoweredOff, err
 		}
 		log.Info("the guest arrived by migration", "domain", name, "migration", cfg.MigrationTarget)
+		if err := conn.ClearGracefulShutdown(name); err != nil {
+			return contract.ExitFailed, fmt.Errorf("clearing the source pod's shutdown record from the arrived guest: %w", err)
+		}
 	} else if err := startGuest(ctx, conn, cfg, dir); err != nil {
 		return contract.ExitFailed, err
 	}
@@ -145,7 +148,16 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 			if ev.Domain != name {
 				continue
 			}
-			if code, done := exitCode(conn, name); done {
+			// The event says how the domain ended; asking libvirt afterwards may find the
+			// domain already undefined (after a migration away, at once).
+			code, done := ExitCodeFor(ev.State, ev.Reason)
+			if !done && ev.Type == domain.EventUndefined {
+				code, done = contract.ExitGuestPoweredOff, true
+			}
+			if !done {
+				code, done = exitCode(conn, name)
+			}
+			if done {
 				notifier.Report(notify.KindDomainGone, time.Now(), 0, fmt.Sprintf("domain %s: %s", ev.Type, ev.Reason))
 				log.Info("domain gone", "event", ev.Type, "reason", ev.Reason, "exitCode", code)
 				return code, nil

@@ -26,15 +26,16 @@ import (
 )
 
 type options struct {
-	kubeconfig, nodeName, runDir, listen, kubeletConfig string
-	workers                                             int
-	maxPodGracePeriod                                   int64
+	kubeconfig, nodeName, nodeAddress, runDir, listen, kubeletConfig string
+	workers                                                          int
+	maxPodGracePeriod                                                int64
 }
 
 func main() {
 	var o options
 	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
 	flag.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	flag.StringVar(&o.nodeAddress, "node-address", os.Getenv("NODE_IP"), "this node's address, where migration proxies listen for other nodes (default $NODE_IP)")
 	flag.StringVar(&o.runDir, "run-dir", "/var/run/lifeboat", "the hostPath shared with launchers: domains/<vmi-uid>/ and notify.sock")
 	flag.StringVar(&o.listen, "listen", ":8185", "address of /metrics and /healthz")
 	flag.IntVar(&o.workers, "workers", 4, "reconcile workers")
@@ -80,7 +81,7 @@ func run(o options, log *slog.Logger) error {
 	informers := lifeboatinformers.NewSharedInformerFactoryWithOptions(lb, 0, lifeboatinformers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 		lo.FieldSelector = "status.nodeName=" + o.nodeName
 	}))
-	// The node filter above must not apply to the cluster-scoped configuration.
+	// The node filter above applies to VMIs only: the configuration and migrations come unfiltered.
 	configInformers := lifeboatinformers.NewSharedInformerFactory(lb, 0)
 	a, err := agent.New(agent.Config{
 		NodeName:          o.nodeName,
@@ -88,10 +89,12 @@ func run(o options, log *slog.Logger) error {
 		Dial:              agent.DialLibvirt,
 		Configs:           configInformers.Lifeboat().V1alpha1().LifeboatConfigs().Lister(),
 		MaxPodGracePeriod: maxGrace,
+		NodeAddress:       o.nodeAddress,
 		Recorder:          recorder,
 		Metrics:           agent.NewMetrics(reg),
 		Log:               log,
-	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs())
+	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs(),
+		configInformers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations())
 	if err != nil {
 		return err
 	}

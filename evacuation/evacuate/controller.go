@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
@@ -159,9 +160,8 @@ func (c *Controller) create(ctx context.Context, cand Candidate) error {
 		c.recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonFailedToMigrate, "creating its evacuation migration: %v", err)
 		return fmt.Errorf("creating a migration for %s/%s: %w", vmi.Namespace, vmi.Name, err)
 	}
-	created.Status = initialStatus(cand, c.now())
-	if _, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(vmi.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("recording the cause of migration %s: %w", created.Name, err)
+	if err := c.recordCause(ctx, created.Namespace, created.Name, cand); err != nil {
+		return err
 	}
 	msg := fmt.Sprintf("created migration %s (cause %s", created.Name, cand.Cause)
 	if cand.Deadline != nil {
@@ -172,34 +172,49 @@ func (c *Controller) create(ctx context.Context, cand Candidate) error {
 	return nil
 }
 
-func initialStatus(cand Candidate, now time.Time) v1alpha1.VirtualMachineInstanceMigrationStatus {
-	return v1alpha1.VirtualMachineInstanceMigrationStatus{
-		Phase: v1alpha1.MigrationPending, Cause: cand.Cause, Deadline: cand.Deadline, SourceNode: cand.VMI.Status.NodeName,
-		PhaseTransitionTimestamps: []v1alpha1.MigrationPhaseTransition{{Phase: v1alpha1.MigrationPending, Timestamp: metav1.NewTime(now)}},
+// recordCause writes why and by when on a migration. The migration controller may write its
+// first phase at the same time, so this retries on conflicts and touches only its own fields.
+func (c *Controller) recordCause(ctx context.Context, ns, name string, cand Candidate) error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		m, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		m.Status.Cause, m.Status.Deadline = cand.Cause, cand.Deadline
+		if m.Status.SourceNode == "" {
+			m.Status.SourceNode = cand.VMI.Status.NodeName
+		}
+		if m.Status.Phase == "" {
+			m.Status.Phase = v1alpha1.MigrationPending
+			m.Status.PhaseTransitionTimestamps = append(m.Status.PhaseTransitionTimestamps,
+				v1alpha1.MigrationPhaseTransition{Phase: v1alpha1.MigrationPending, Timestamp: metav1.NewTime(c.now())})
+		}
+		_, err = c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).UpdateStatus(ctx, m, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("recording the cause of migration %s: %w", name, err)
 	}
+	return nil
 }
 
-// completeRecords fills in the status of our migrations whose creation was followed by a
-// failed status write, so that no migration exists without its cause.
+// completeRecords fills in the cause of our migrations whose creation was followed by a failed
+// status write, so that no migration exists without saying why.
 func (c *Controller) completeRecords(ctx context.Context, migrations []*v1alpha1.VirtualMachineInstanceMigration) (time.Duration, error) {
 	var errs []error
-	var retry time.Duration
+	var wait time.Duration
 	for _, m := range migrations {
-		if m.Labels[LabelEvacuation] != "true" || m.Status.Phase != "" {
+		if m.Labels[LabelEvacuation] != "true" || m.Status.Cause != "" {
 			continue
 		}
 		vmi, err := c.vmis.VirtualMachineInstances(m.Namespace).Get(m.Spec.VMIName)
 		if err != nil {
-			retry = resyncUnfinishedRecords
+			wait = resyncUnfinishedRecords
 			continue
 		}
-		m = m.DeepCopy()
-		m.Status = initialStatus(candidate(vmi), c.now())
-		if _, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(m.Namespace).UpdateStatus(ctx, m, metav1.UpdateOptions{}); err != nil {
-			errs = append(errs, fmt.Errorf("recording the cause of migration %s: %w", m.Name, err))
-		}
+		errs = append(errs, c.recordCause(ctx, m.Namespace, m.Name, candidate(vmi)))
 	}
-	return retry, errors.Join(errs...)
+	return wait, errors.Join(errs...)
 }
 
 // announceExternal tells, once per mark, that lifeboat leaves this VMI to an external controller.

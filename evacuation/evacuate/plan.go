@@ -66,7 +66,7 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 
 	var candidates []Candidate
 	for _, vmi := range vmis {
-		if !marked(vmi) || migrating[vmi.Namespace+"/"+vmi.Name] || vmi.DeletionTimestamp != nil {
+		if !marked(vmi) || migrating[vmi.Namespace+"/"+vmi.Name] || openMigration(vmi) || vmi.DeletionTimestamp != nil {
 			continue
 		}
 		switch v1alpha1.EffectiveEvictionStrategy(vmi, config) {
@@ -121,6 +121,13 @@ func limits(config *v1alpha1.LifeboatConfig) (perCluster, perNode int) {
 
 func marked(vmi *v1alpha1.VirtualMachineInstance) bool {
 	return vmi.Status.Phase == v1alpha1.VMIRunning && vmi.Status.NodeName != "" && vmi.Status.EvacuationNodeName == vmi.Status.NodeName
+}
+
+// openMigration: the VMI records a migration that has not ended (its record may be written
+// before or after the migration object's).
+func openMigration(vmi *v1alpha1.VirtualMachineInstance) bool {
+	s := vmi.Status.MigrationState
+	return s != nil && !s.Completed && !s.Failed
 }
 
 func migratable(vmi *v1alpha1.VirtualMachineInstance) bool {

@@ -79,6 +79,10 @@ func TestPlan(t *testing.T) {
 		{name: "already migrating: no second migration",
 			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 30)},
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationRunning, 0)}},
+		{name: "the VMI records an unfinished migration: none more",
+			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 30, func(v *v1alpha1.VirtualMachineInstance) {
+				v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationName: "a-mig"}
+			})}},
 		{name: "External: left to the external controller",
 			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "APIEviction", 0, withStrategy(v1alpha1.EvictionStrategyExternal))}, external: []string{"a"}},
 		{name: "None: never migrated",

@@ -80,6 +80,12 @@ func TestNextStatus(t *testing.T) {
 			wantPhase: v1alpha1.VMIFailed, wantReason: ReasonLauncherFailed, wantEvent: ReasonLauncherFailed, wantMessage: "launcher pod Evicted: The node was low on resource: memory."},
 		{name: "pod deleted under a running guest: Failed", vmi: vmiIn(v1alpha1.VMIRunning),
 			wantPhase: v1alpha1.VMIFailed, wantReason: ReasonLauncherVanished, wantEvent: ReasonLauncherVanished},
+		{name: "source launcher ended while its migration is open: wait for the outcome",
+			vmi: func() *v1alpha1.VirtualMachineInstance {
+				v := vmiIn(v1alpha1.VMIRunning)
+				v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{SourceNode: "node-1", TargetNode: "node-2"}
+				return v
+			}(), pod: pod(onNode("node-1"), inPhase(corev1.PodSucceeded), exited(0, "Completed")), wantPhase: v1alpha1.VMIRunning},
 		{name: "terminal VMIs do not change", vmi: vmiIn(v1alpha1.VMISucceeded), pod: pod(inPhase(corev1.PodFailed)), wantPhase: v1alpha1.VMISucceeded},
 	}
 	for _, tc := range cases {

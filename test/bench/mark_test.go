@@ -160,7 +160,8 @@ func setUp(b *testing.B, n int) *bed {
 		MaxPodGracePeriod: ptrTo[int64](300),
 		Recorder:          broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "lifeboat-agent"}),
 		Metrics:           agent.NewMetrics(reg), Log: log,
-	}, cp.Lifeboat, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs())
+	}, cp.Lifeboat, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs(),
+		configInformers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations())
 	if err != nil {
 		b.Fatal(err)
 	}

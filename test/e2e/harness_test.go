@@ -119,16 +119,34 @@ func startNodes(t *testing.T, n int, configure ...func(*node.Config)) []*testNod
 		port := freePort(t, n.Address())
 		tn := &testNode{Node: n, metrics: fmt.Sprintf("http://%s:%d/metrics", n.Address(), port)}
 		tn.agent = startProc(t, "lifeboat-agent", "--kubeconfig", cluster.Kubeconfig, "--node-name", n.Name(),
-			"--eviction-max-pod-grace-period", strconv.Itoa(evictionMaxPodGracePeriod),
+			"--eviction-max-pod-grace-period", strconv.Itoa(evictionMaxPodGracePeriod), "--node-address", n.Address(),
 			"--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", fmt.Sprintf("%s:%d", n.Address(), port))
 		out = append(out, tn)
+		t.Cleanup(func() {
+			if t.Failed() {
+				tn.dumpContainerLogs(t)
+			}
+		})
 	}
 	return out
 }
 
+// dumpContainerLogs shows the end of every container log on the node, for a failed test.
+func (n *testNode) dumpContainerLogs(t *testing.T) {
+	pods, err := cluster.Kube.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name()})
+	if err != nil {
+		return
+	}
+	for i := range pods.Items {
+		if log, err := n.ContainerLog(&pods.Items[i], "compute"); err == nil {
+			t.Logf("container log of %s on %s:\n%s", pods.Items[i].Name, n.Name(), tail(log, 25))
+		}
+	}
+}
+
 // evictionMaxPodGracePeriod is the emulated kubelets' setting, which their agents are told:
 // short, so a test can watch a marked VM's deadline pass.
-const evictionMaxPodGracePeriod = 12
+const evictionMaxPodGracePeriod = 25
 
 // shortTempDir is a node root short enough for the unix sockets under it: a socket path may
 // not exceed 107 bytes, and t.TempDir's names, which include the test's, can take most of that.

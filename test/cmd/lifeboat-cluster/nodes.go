@@ -64,7 +64,7 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 		}
 		stops = append(stops, n.Stop)
 		agent, err := startChild(cp.Dir, filepath.Join(o.bin, "lifeboat-agent"), "--kubeconfig", cp.Kubeconfig,
-			"--node-name", name, "--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", addr+":8185")
+			"--node-name", name, "--node-address", addr, "--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", addr+":8185")
 		if err != nil {
 			return stop, err
 		}

@@ -1,0 +1,99 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// Progress is what the convergence policy observes of a running migration.
+type Progress struct {
+	// Remaining is the memory still to copy, in bytes.
+	Remaining uint64
+	// DirtyRate is how fast the guest dirties memory and Bandwidth how fast it is sent, in bytes per second.
+	DirtyRate, Bandwidth uint64
+	// Elapsed is the time since the transfer started; SinceEscalation since the last step up.
+	Elapsed, SinceEscalation time.Duration
+	// TimeLeft is the time until the deadline (for node pressure, the kubelet's SIGKILL); zero or
+	// negative when it has passed, and meaningless when HasDeadline is false.
+	TimeLeft    time.Duration
+	HasDeadline bool
+}
+
+// Allowed are the convergence modes the LifeboatConfig permits beyond pre-copy.
+type Allowed struct{ AutoConverge, PostCopy, Pause bool }
+
+// Convergence policy constants.
+const (
+	// convergenceWarmUp: the first pass over memory says nothing of convergence yet.
+	convergenceWarmUp = 2 * time.Second
+	// escalationDwell gives a step (auto-converge throttling, in particular) time to show its effect.
+	escalationDwell = 3 * time.Second
+	// safetyMargin is kept between the projected end and the deadline: the switch-over and the
+	// source launcher's exit must also fit before the kubelet's SIGKILL.
+	safetyMargin = 5 * time.Second
+)
+
+// NextMode is the deadline-aware convergence policy: it escalates pre-copy → auto-converge →
+// post-copy (or, where post-copy is not allowed, pause) when the migration, at its current
+// pace, would not end before the deadline minus a safety margin. It never steps down, and
+// jumps to the last resort when even a full-speed copy of what remains would barely fit.
+func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alpha1.MigrationMode {
+	if current == "" {
+		current = v1alpha1.MigrationModePreCopy
+	}
+	if !p.HasDeadline || p.Elapsed < convergenceWarmUp || isFinal(current) {
+		return current
+	}
+	budget := p.TimeLeft - safetyMargin
+	finish, converging := projectedFinish(p)
+	if converging && finish <= budget {
+		return current
+	}
+	last := lastResort(allowed)
+	// Copying what remains at full speed, with the guest stopped from dirtying it, is what the
+	// last resort costs; when that no longer fits comfortably, take it now.
+	if last != "" && copyTime(p.Remaining, p.Bandwidth) >= budget/2 {
+		return last
+	}
+	if p.SinceEscalation < escalationDwell && current != v1alpha1.MigrationModePreCopy {
+		return current
+	}
+	switch {
+	case current == v1alpha1.MigrationModePreCopy && allowed.AutoConverge:
+		return v1alpha1.MigrationModeAutoConverge
+	case last != "":
+		return last
+	}
+	return current
+}
+
+func isFinal(m v1alpha1.MigrationMode) bool {
+	return m == v1alpha1.MigrationModePostCopy || m == v1alpha1.MigrationModePaused
+}
+
+func lastResort(a Allowed) v1alpha1.MigrationMode {
+	switch {
+	case a.PostCopy:
+		return v1alpha1.MigrationModePostCopy
+	case a.Pause:
+		return v1alpha1.MigrationModePaused
+	}
+	return ""
+}
+
+// projectedFinish is how long pre-copy still needs at the current rates; not converging when
+// the guest dirties memory as fast as it is sent.
+func projectedFinish(p Progress) (time.Duration, bool) {
+	if p.Bandwidth <= p.DirtyRate {
+		return 0, false
+	}
+	return copyTime(p.Remaining, p.Bandwidth-p.DirtyRate), true
+}
+
+func copyTime(bytes, rate uint64) time.Duration {
+	if rate == 0 {
+		return time.Duration(1<<62 - 1)
+	}
+	return time.Duration(float64(bytes) / float64(rate) * float64(time.Second))
+}

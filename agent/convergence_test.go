@@ -1,0 +1,56 @@
+package agent
+
+import (
+	"testing"
+	"time"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+func TestNextMode(t *testing.T) {
+	const mib = 1 << 20
+	all := Allowed{AutoConverge: true, PostCopy: true, Pause: true}
+	noPostCopy := Allowed{AutoConverge: true, Pause: true}
+	converging := Progress{Remaining: 100 * mib, DirtyRate: 10 * mib, Bandwidth: 110 * mib, Elapsed: 5 * time.Second, SinceEscalation: 5 * time.Second, TimeLeft: 60 * time.Second, HasDeadline: true}
+	slow := converging
+	slow.DirtyRate, slow.Bandwidth = 100*mib, 110*mib // 10s to finish beyond a 5s budget
+	slow.TimeLeft = 10 * time.Second
+	stuck := converging
+	stuck.DirtyRate = 200 * mib
+	late := stuck
+	late.TimeLeft = 6 * time.Second
+	justEscalated := stuck
+	justEscalated.SinceEscalation = time.Second
+	warmingUp := stuck
+	warmingUp.Elapsed = time.Second
+	noDeadline := stuck
+	noDeadline.HasDeadline = false
+	cases := []struct {
+		name    string
+		current v1alpha1.MigrationMode
+		p       Progress
+		allowed Allowed
+		want    v1alpha1.MigrationMode
+	}{
+		{"converging in time: stay in pre-copy", v1alpha1.MigrationModePreCopy, converging, all, v1alpha1.MigrationModePreCopy},
+		{"first pass: too early to judge", v1alpha1.MigrationModePreCopy, warmingUp, all, v1alpha1.MigrationModePreCopy},
+		{"no deadline: never escalate", v1alpha1.MigrationModePreCopy, noDeadline, all, v1alpha1.MigrationModePreCopy},
+		{"not converging: auto-converge first", v1alpha1.MigrationModePreCopy, stuck, all, v1alpha1.MigrationModeAutoConverge},
+		{"converging too slowly for the deadline: auto-converge", v1alpha1.MigrationModePreCopy, slow, all, v1alpha1.MigrationModeAutoConverge},
+		{"auto-converge just started: give it time", v1alpha1.MigrationModeAutoConverge, justEscalated, all, v1alpha1.MigrationModeAutoConverge},
+		{"auto-converge did not help: post-copy", v1alpha1.MigrationModeAutoConverge, stuck, all, v1alpha1.MigrationModePostCopy},
+		{"auto-converge did not help, post-copy not allowed: pause", v1alpha1.MigrationModeAutoConverge, stuck, noPostCopy, v1alpha1.MigrationModePaused},
+		{"auto-converge not allowed: straight to the last resort", v1alpha1.MigrationModePreCopy, stuck, Allowed{Pause: true}, v1alpha1.MigrationModePaused},
+		{"the deadline is close: the last resort at once", v1alpha1.MigrationModePreCopy, late, all, v1alpha1.MigrationModePostCopy},
+		{"nothing allowed: pre-copy to the end", v1alpha1.MigrationModePreCopy, stuck, Allowed{}, v1alpha1.MigrationModePreCopy},
+		{"post-copy is final", v1alpha1.MigrationModePostCopy, stuck, all, v1alpha1.MigrationModePostCopy},
+		{"paused is final", v1alpha1.MigrationModePaused, stuck, all, v1alpha1.MigrationModePaused},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := NextMode(tc.current, tc.p, tc.allowed); got != tc.want {
+				t.Errorf("NextMode = %s, want %s", got, tc.want)
+			}
+		})
+	}
+}

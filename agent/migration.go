@@ -1,0 +1,287 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
+	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/domain"
+)
+
+// Migrator is what the agent's migration roles need of a launcher's libvirt, beyond DomainConn.
+type Migrator interface {
+	Migrate(ctx context.Context, name string, opts domain.MigrateOptions) error
+	JobStats(name string) (domain.JobStats, error)
+	StartPostCopy(name string) error
+	Suspend(name string) error
+}
+
+// migrations runs this node's part of live migrations: as target, the proxies to the target
+// launcher; as source, the proxies from the source launcher and the migration itself.
+type migrations struct {
+	a        *Agent
+	lifeboat lifeboatclient.Interface
+	lister   lifeboatlisters.VirtualMachineInstanceMigrationLister
+	synced   cache.InformerSynced
+	queue    workqueue.TypedRateLimitingInterface[string]
+	address  string // this node's address, where target proxies listen
+
+	mu     sync.Mutex
+	active map[string]*activeMigration // by migration UID
+}
+
+type activeMigration struct {
+	keyName string // namespace/name of the migration
+	cancel  context.CancelFunc
+	proxies []*migrationproxy.Proxy
+}
+
+func (am *activeMigration) key() string { return am.keyName }
+
+func (a *Agent) newMigrations(lb lifeboatclient.Interface, informer lifeboatinformers.VirtualMachineInstanceMigrationInformer, address string) *migrations {
+	m := &migrations{
+		a: a, lifeboat: lb, lister: informer.Lister(), synced: informer.Informer().HasSynced, address: address,
+		queue:  workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "agent-migrations"}),
+		active: map[string]*activeMigration{},
+	}
+	enqueue := func(obj any) {
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			m.queue.Add(key)
+		}
+	}
+	_, _ = informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) }, DeleteFunc: enqueue,
+	})
+	return m
+}
+
+func (m *migrations) enqueueAll() {
+	list, err := m.lister.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	for _, mig := range list {
+		m.queue.Add(mig.Namespace + "/" + mig.Name)
+	}
+}
+
+func (m *migrations) run(ctx context.Context) {
+	defer m.queue.ShutDown()
+	if !cache.WaitForCacheSync(ctx.Done(), m.synced) {
+		return
+	}
+	go wait.UntilWithContext(ctx, func(ctx context.Context) {
+		for m.processNext(ctx) {
+		}
+	}, time.Second)
+	<-ctx.Done()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for uid, am := range m.active {
+		am.stop()
+		delete(m.active, uid)
+	}
+}
+
+func (m *migrations) processNext(ctx context.Context) bool {
+	key, shutdown := m.queue.Get()
+	if shutdown {
+		return false
+	}
+	defer m.queue.Done(key)
+	if err := m.sync(ctx, key); err != nil {
+		m.a.cfg.Log.Error("migration sync failed, will retry", "migration", key, "err", err)
+		m.queue.AddRateLimited(key)
+		return true
+	}
+	m.queue.Forget(key)
+	return true
+}
+
+func (am *activeMigration) stop() {
+	am.cancel()
+	for _, p := range am.proxies {
+		_ = p.Close()
+	}
+}
+
+// finish ends this node's part of a migration.
+func (m *migrations) finish(uid string) {
+	m.mu.Lock()
+	am := m.active[uid]
+	delete(m.active, uid)
+	m.mu.Unlock()
+	if am != nil {
+		am.stop()
+	}
+}
+
+func (m *migrations) sync(ctx context.Context, key string) error {
+	ns, name, _ := cache.SplitMetaNamespaceKey(key)
+	cached, err := m.lister.VirtualMachineInstanceMigrations(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		m.finishByKey(key)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	mig := cached.DeepCopy()
+	uid := string(mig.UID)
+	node := m.a.cfg.NodeName
+	switch {
+	case mig.DeletionTimestamp != nil || isMigrationTerminal(mig.Status.Phase):
+		// Cancelled or over: stop whatever runs here (a running pre-copy is aborted).
+		m.finish(uid)
+		return nil
+	case mig.Status.TargetNode == node && mig.Status.Phase == v1alpha1.MigrationPreparingTarget:
+		return m.prepareTarget(ctx, mig)
+	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationTargetReady:
+		return m.startSource(ctx, mig)
+	}
+	return nil
+}
+
+func (m *migrations) finishByKey(key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for uid, am := range m.active {
+		if am.key() == key {
+			am.stop()
+			delete(m.active, uid)
+		}
+	}
+}
+
+func isMigrationTerminal(p v1alpha1.VirtualMachineInstanceMigrationPhase) bool {
+	return p == v1alpha1.MigrationSucceeded || p == v1alpha1.MigrationFailed
+}
+
+// vmiUID finds the UID of a migration's VMI, which names the launcher directories on both nodes.
+func (m *migrations) vmiUID(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration) (string, *v1alpha1.VirtualMachineInstance, error) {
+	vmi, err := m.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(mig.Namespace).Get(ctx, mig.Spec.VMIName, metav1.GetOptions{})
+	if err != nil {
+		return "", nil, fmt.Errorf("reading VMI %s: %w", mig.Spec.VMIName, err)
+	}
+	return string(vmi.UID), vmi, nil
+}
+
+// prepareTarget opens this node's proxies to the target launcher and says where they are.
+func (m *migrations) prepareTarget(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration) error {
+	uid, _, err := m.vmiUID(ctx, mig)
+	if err != nil {
+		return err
+	}
+	if !m.a.connected(uid) {
+		return fmt.Errorf("the target launcher of %s is not connected yet", mig.Spec.VMIName)
+	}
+	m.mu.Lock()
+	_, running := m.active[string(mig.UID)]
+	m.mu.Unlock()
+	if running {
+		return nil
+	}
+	dir := filepath.Join(m.a.cfg.DomainsDir, uid)
+	pctx, cancel := context.WithCancel(context.Background())
+	am := &activeMigration{cancel: cancel, keyName: mig.Namespace + "/" + mig.Name}
+	libvirt, err := migrationproxy.ListenTCP(pctx, net.JoinHostPort(m.address, "0"), filepath.Join(dir, contract.LibvirtSocket))
+	if err != nil {
+		cancel()
+		return fmt.Errorf("listening for the migration's libvirt connection: %w", err)
+	}
+	memory, err := migrationproxy.ListenTCP(pctx, net.JoinHostPort(m.address, "0"), filepath.Join(dir, domain.MigrationQEMUSocket))
+	if err != nil {
+		cancel()
+		_ = libvirt.Close()
+		return fmt.Errorf("listening for the migration's memory stream: %w", err)
+	}
+	am.proxies = []*migrationproxy.Proxy{libvirt, memory}
+	m.mu.Lock()
+	m.active[string(mig.UID)] = am
+	m.mu.Unlock()
+
+	mig.Status.TargetProxy = &v1alpha1.MigrationProxy{Libvirt: libvirt.Addr().String(), Memory: memory.Addr().String()}
+	setMigrationPhase(mig, v1alpha1.MigrationTargetReady)
+	if _, err := m.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(mig.Namespace).UpdateStatus(ctx, mig, metav1.UpdateOptions{}); err != nil {
+		m.finish(string(mig.UID))
+		return fmt.Errorf("announcing the target proxies: %w", err)
+	}
+	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "TargetReady", "node %s listens for the guest at %s (libvirt) and %s (memory)", m.a.cfg.NodeName, libvirt.Addr(), memory.Addr())
+	return nil
+}
+
+func setMigrationPhase(mig *v1alpha1.VirtualMachineInstanceMigration, p v1alpha1.VirtualMachineInstanceMigrationPhase) {
+	if mig.Status.Phase == p {
+		return
+	}
+	mig.Status.Phase = p
+	mig.Status.PhaseTransitionTimestamps = append(mig.Status.PhaseTransitionTimestamps, v1alpha1.MigrationPhaseTransition{Phase: p, Timestamp: metav1.Now()})
+}
+
+// updateMigration writes a change to a migration's status, retrying conflicts with a fresh copy.
+func (m *migrations) updateMigration(ctx context.Context, ns, name string, change func(*v1alpha1.VirtualMachineInstanceMigration)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		mig, err := m.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		change(mig)
+		_, err = m.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).UpdateStatus(ctx, mig, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+// updateVMI writes a change to a VMI's status, retrying conflicts with a fresh copy.
+func (m *migrations) updateVMI(ctx context.Context, ns, name string, change func(*v1alpha1.VirtualMachineInstance)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		vmi, err := m.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		change(vmi)
+		_, err = m.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).UpdateStatus(ctx, vmi, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+var errNoProxy = errors.New("the migration has no target proxy")
+
+// dialer dials a target proxy endpoint.
+func dialer(addr string) func(ctx context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	}
+}
+
+// clearMark is what a successful migration does to its VMI: the guest runs on the target now.
+func clearMark(vmi *v1alpha1.VirtualMachineInstance, mig *v1alpha1.VirtualMachineInstanceMigration, now metav1.Time) {
+	vmi.Status.NodeName = mig.Status.TargetNode
+	vmi.Status.EvacuationNodeName = ""
+	vmi.Status.EvacuationDeadline = nil
+	if c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); c != nil && c.Status == metav1.ConditionTrue {
+		meta.SetStatusCondition(&vmi.Status.Conditions, metav1.Condition{
+			Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionFalse, Reason: "Evacuated",
+			Message: fmt.Sprintf("the VM moved from node %s to node %s by migration %s", mig.Status.SourceNode, mig.Status.TargetNode, mig.Name), LastTransitionTime: now,
+		})
+	}
+}

@@ -1,0 +1,211 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/domain"
+)
+
+// progressInterval is how often the source agent reads a running migration's statistics.
+const progressInterval = 500 * time.Millisecond
+
+// startSource opens the proxies from the source launcher's directory to the target's and
+// starts the migration; runSource carries it to its end.
+func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration) error {
+	if mig.Status.TargetProxy == nil {
+		return errNoProxy
+	}
+	m.mu.Lock()
+	_, running := m.active[string(mig.UID)]
+	m.mu.Unlock()
+	if running {
+		return nil
+	}
+	uid, vmi, err := m.vmiUID(ctx, mig)
+	if err != nil {
+		return err
+	}
+	mg := m.a.migrator(uid)
+	if mg == nil {
+		return fmt.Errorf("the source launcher of %s is not connected", vmi.Name)
+	}
+	dir := filepath.Join(m.a.cfg.DomainsDir, uid)
+	pctx, cancel := context.WithCancel(context.Background())
+	am := &activeMigration{cancel: cancel, keyName: mig.Namespace + "/" + mig.Name}
+	for _, p := range []struct{ socket, target string }{
+		{domain.MigrationLibvirtSocket, mig.Status.TargetProxy.Libvirt},
+		{domain.MigrationQEMUSocket, mig.Status.TargetProxy.Memory},
+	} {
+		proxy, err := migrationproxy.ListenUnix(pctx, filepath.Join(dir, p.socket), dialer(p.target))
+		if err != nil {
+			am.stop()
+			return fmt.Errorf("listening on %s for the migration: %w", p.socket, err)
+		}
+		am.proxies = append(am.proxies, proxy)
+	}
+	m.mu.Lock()
+	m.active[string(mig.UID)] = am
+	m.mu.Unlock()
+
+	now := metav1.Now()
+	err = m.updateMigration(ctx, mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) {
+		setMigrationPhase(x, v1alpha1.MigrationRunning)
+		x.Status.StartTimestamp, x.Status.Mode = &now, v1alpha1.MigrationModePreCopy
+	})
+	if err == nil {
+		err = m.updateVMI(ctx, vmi.Namespace, vmi.Name, func(v *v1alpha1.VirtualMachineInstance) {
+			v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{
+				MigrationName: mig.Name, MigrationUID: string(mig.UID), SourceNode: mig.Status.SourceNode, TargetNode: mig.Status.TargetNode,
+				StartTimestamp: &now, Mode: v1alpha1.MigrationModePreCopy, Cause: mig.Status.Cause,
+			}
+		})
+	}
+	if err != nil {
+		m.finish(string(mig.UID))
+		return fmt.Errorf("recording the start of migration %s: %w", mig.Name, err)
+	}
+	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "MigrationStarted", "moving %s from node %s to node %s", vmi.Name, mig.Status.SourceNode, mig.Status.TargetNode)
+	go m.runSource(pctx, mig.DeepCopy(), vmi, mg)
+	return nil
+}
+
+// runSource migrates, escalating convergence as the deadline nears, and records the outcome.
+func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mg Migrator) {
+	defer m.finish(string(mig.UID))
+	name := domain.DomainName(vmi.Namespace, vmi.Name)
+	allowed, bandwidth := migrationSettings(m.a.eviction().Config)
+	// The launcher's libvirt sees its directory at the path in the pod, not at the agent's.
+	destURI, migrateURI := domain.ProxiedURIs(filepath.Join(contract.DomainsDir, string(vmi.UID)))
+	opts := domain.MigrateOptions{DestURI: destURI, MigrateURI: migrateURI, Bandwidth: bandwidth, AutoConverge: allowed.AutoConverge, AllowPostCopy: allowed.PostCopy}
+	done := make(chan error, 1)
+	go func() { done <- mg.Migrate(ctx, name, opts) }()
+
+	log := m.a.cfg.Log.With("migration", mig.Namespace+"/"+mig.Name, "vmi", vmi.Name)
+	mode, escalated := v1alpha1.MigrationModePreCopy, time.Now()
+	ticker := time.NewTicker(progressInterval)
+	defer ticker.Stop()
+	var result error
+	for running := true; running; {
+		select {
+		case result = <-done:
+			running = false
+		case <-ticker.C:
+			next, err := m.converge(mig, mg, name, mode, escalated, allowed)
+			if err != nil {
+				log.Warn("escalating the migration", "to", next, "err", err)
+				continue
+			}
+			if next != mode {
+				log.Info("migration escalated", "from", mode, "to", next)
+				mode, escalated = next, time.Now()
+				m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "MigrationEscalated", "switched to %s to finish before the deadline", next)
+				_ = m.updateMigration(context.Background(), mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) { x.Status.Mode = next })
+			}
+		}
+	}
+	m.record(mig, vmi, mode, result)
+}
+
+// converge reads the job's progress and applies the convergence policy's next step.
+func (m *migrations) converge(mig *v1alpha1.VirtualMachineInstanceMigration, mg Migrator, name string, mode v1alpha1.MigrationMode, escalated time.Time, allowed Allowed) (v1alpha1.MigrationMode, error) {
+	stats, err := mg.JobStats(name)
+	if err != nil || stats.Type != domain.JobUnbounded {
+		return mode, nil // not started yet, or over: nothing to steer
+	}
+	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: stats.MemoryBandwidth,
+		Elapsed: stats.Elapsed, SinceEscalation: time.Since(escalated)}
+	if mig.Status.Deadline != nil {
+		p.HasDeadline, p.TimeLeft = true, time.Until(mig.Status.Deadline.Time)
+	}
+	next := NextMode(mode, p, allowed)
+	switch {
+	case next == mode:
+	case next == v1alpha1.MigrationModePostCopy:
+		err = mg.StartPostCopy(name)
+	case next == v1alpha1.MigrationModePaused:
+		err = mg.Suspend(name)
+	}
+	if err != nil {
+		return mode, err
+	}
+	return next, nil
+}
+
+// record writes the outcome on the migration and the VMI. On failure the mark stays, so the
+// evacuation controller retries.
+func (m *migrations) record(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mode v1alpha1.MigrationMode, result error) {
+	ctx := context.Background()
+	now := metav1.Now()
+	reason := ""
+	if result != nil {
+		reason = result.Error()
+		if errors.Is(result, context.Canceled) {
+			reason = "cancelled: " + reason
+		}
+	}
+	// The VMI first: once the migration reads finished, the evacuation controller must already
+	// see the VM where it now is, or it would start another migration for the old mark.
+	err := m.updateVMI(ctx, vmi.Namespace, vmi.Name, func(v *v1alpha1.VirtualMachineInstance) {
+		if s := v.Status.MigrationState; s != nil && s.MigrationUID == string(mig.UID) {
+			s.EndTimestamp, s.Mode, s.Completed, s.Failed = &now, mode, result == nil, result != nil
+		}
+		if result == nil {
+			clearMark(v, mig, now)
+		}
+	})
+	if err != nil {
+		m.a.cfg.Log.Error("recording the end of a migration on its VMI", "vmi", vmi.Name, "err", err)
+	}
+	err = m.updateMigration(ctx, mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) {
+		x.Status.EndTimestamp, x.Status.Mode = &now, mode
+		if result == nil {
+			setMigrationPhase(x, v1alpha1.MigrationSucceeded)
+		} else {
+			setMigrationPhase(x, v1alpha1.MigrationFailed)
+			x.Status.FailureReason = reason
+		}
+	})
+	if err != nil {
+		m.a.cfg.Log.Error("recording the end of a migration", "migration", mig.Name, "err", err)
+	}
+	if result == nil {
+		m.a.cfg.Recorder.Eventf(vmi, corev1.EventTypeNormal, "Migrated", "moved from node %s to node %s (%s, cause %s)", mig.Status.SourceNode, mig.Status.TargetNode, mode, mig.Status.Cause)
+		m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "MigrationSucceeded", "the guest runs on node %s", mig.Status.TargetNode)
+		return
+	}
+	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeWarning, "MigrationFailed", "%s; the guest keeps running on node %s", reason, mig.Status.SourceNode)
+}
+
+// migrationSettings are the LifeboatConfig's convergence switches and bandwidth cap, with the
+// API's defaults when there is no configuration.
+func migrationSettings(config *v1alpha1.LifeboatConfig) (Allowed, uint64) {
+	allowed := Allowed{AutoConverge: true, Pause: true}
+	if config == nil {
+		return allowed, 0
+	}
+	c := config.Spec.Migrations
+	if c.AllowAutoConverge != nil {
+		allowed.AutoConverge = *c.AllowAutoConverge
+	}
+	if c.AllowPostCopy != nil {
+		allowed.PostCopy = *c.AllowPostCopy
+	}
+	if c.AllowPause != nil {
+		allowed.Pause = *c.AllowPause
+	}
+	var bandwidth uint64
+	if c.BandwidthPerMigration != nil && c.BandwidthPerMigration.Value() > 0 {
+		bandwidth = uint64(c.BandwidthPerMigration.Value())
+	}
+	return allowed, bandwidth
+}

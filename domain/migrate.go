@@ -1,0 +1,200 @@
+package domain
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"libvirt.org/go/libvirt"
+)
+
+// Socket file names in a VMI's directory for a migration through the agents' proxies. The
+// directory has the same path on both nodes, so the names mean the same on both: on the
+// source node the agent's proxy listens on them, on the target node the launcher's libvirt
+// and QEMU do (libvirt-sock, and the socket the destination QEMU creates for the stream).
+const (
+	MigrationLibvirtSocket = "migration-libvirt.sock"
+	MigrationQEMUSocket    = "migration-qemu.sock"
+)
+
+// ProxiedURIs are the DestURI and MigrateURI of a migration through the agents' proxies
+// from and to the VMI directory vmiDir.
+func ProxiedURIs(vmiDir string) (destURI, migrateURI string) {
+	return SocketURI(filepath.Join(vmiDir, MigrationLibvirtSocket)), "unix://" + filepath.Join(vmiDir, MigrationQEMUSocket)
+}
+
+// MigrateOptions say where and how Migrate moves a domain.
+type MigrateOptions struct {
+	// DestURI is the destination daemon's libvirt URI as the source daemon reaches it, such
+	// as SocketURI of the migration-libvirt.sock the source agent's proxy listens on.
+	DestURI string
+	// MigrateURI is where the source QEMU sends the memory stream and where the
+	// destination QEMU listens for it: unix:///path (the proxied socket, the same path on
+	// both nodes) or tcp://host:port.
+	MigrateURI string
+	// ListenAddress is the address the destination QEMU listens on for a tcp:// MigrateURI;
+	// empty for unix:// (the socket path says it all) or to leave libvirt's default.
+	ListenAddress string
+	// Bandwidth caps the pre-copy transfer, in bytes per second; 0 is no cap. libvirt
+	// takes MiB/s, so it is rounded up to whole MiB/s.
+	Bandwidth uint64
+	// AutoConverge lets QEMU throttle the guest's vCPUs when memory is dirtied faster than
+	// it is sent.
+	AutoConverge bool
+	// AllowPostCopy prepares the migration so that StartPostCopy can switch it to post-copy
+	// later; the migration starts as pre-copy either way.
+	AllowPostCopy bool
+}
+
+// migrateFlags are the libvirt flags for opts. A lifeboat migration is always live (the
+// guest runs while its memory is copied) and peer-to-peer (the source daemon drives it, so
+// it goes on without the agent's connection to the destination), never tunnelled through
+// libvirt's own connection (QEMU's stream goes through its own proxied socket, which is
+// faster), and moves the definition with the guest: the domain belongs to the destination
+// launcher afterwards and to the source launcher no more.
+func migrateFlags(opts MigrateOptions) libvirt.DomainMigrateFlags {
+	flags := libvirt.MIGRATE_LIVE | libvirt.MIGRATE_PEER2PEER | libvirt.MIGRATE_PERSIST_DEST | libvirt.MIGRATE_UNDEFINE_SOURCE
+	if opts.AutoConverge {
+		flags |= libvirt.MIGRATE_AUTO_CONVERGE
+	}
+	if opts.AllowPostCopy {
+		flags |= libvirt.MIGRATE_POSTCOPY
+	}
+	return flags
+}
+
+// bandwidthMiB is a bytes-per-second cap in libvirt's MiB/s, rounded up so that a small
+// non-zero cap does not become 0, which libvirt reads as no cap.
+func bandwidthMiB(bytesPerSecond uint64) uint64 {
+	const mib = 1 << 20
+	return (bytesPerSecond + mib - 1) / mib
+}
+
+// migrateParams are libvirt's typed parameters for opts. The post-copy phase is not
+// capped: once the guest runs on the destination it stalls on every page still missing,
+// so those must come as fast as the network allows.
+func migrateParams(opts MigrateOptions) *libvirt.DomainMigrateParameters {
+	p := &libvirt.DomainMigrateParameters{URISet: true, URI: opts.MigrateURI}
+	if opts.ListenAddress != "" {
+		p.ListenAddressSet, p.ListenAddress = true, opts.ListenAddress
+	}
+	if opts.Bandwidth > 0 {
+		p.BandwidthSet, p.Bandwidth = true, bandwidthMiB(opts.Bandwidth)
+	}
+	return p
+}
+
+// abortRetry is how often Migrate tries again to abort a job that has not started yet.
+const abortRetry = 100 * time.Millisecond
+
+// Migrate live-migrates the named domain to another daemon and returns when the migration
+// has ended: with nil once the guest runs on the destination and the source domain is gone.
+//
+// Cancelling ctx aborts the migration: the guest keeps running on the source, nothing is
+// left on the destination, and the error wraps ctx's error. A migration past the point of
+// no return (switched to post-copy, or already completing) cannot be aborted; Migrate then
+// waits for its end and returns nil if the guest did arrive, since that is where it runs.
+func (c *Conn) Migrate(ctx context.Context, name string, opts MigrateOptions) error {
+	if opts.DestURI == "" || opts.MigrateURI == "" {
+		return fmt.Errorf("migrating domain %q: the destination's libvirt URI and migration URI are both needed", name)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("migrating domain %q: %w", name, err)
+	}
+	dom, err := c.lookup(name)
+	if err != nil {
+		return err
+	}
+	defer dom.Free()
+
+	done := make(chan error, 1)
+	go func() { done <- dom.MigrateToURI3(opts.DestURI, migrateParams(opts), migrateFlags(opts)) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("migrating domain %q to %s over %s: %w", name, opts.DestURI, opts.MigrateURI, err)
+		}
+		return nil
+	case <-ctx.Done():
+	}
+	migrateErr, abortErr := abortUntilDone(dom, done)
+	if migrateErr == nil {
+		return nil
+	}
+	if abortErr != nil {
+		return fmt.Errorf("migrating domain %q: %w; aborting it failed: %w; the migration ended with: %w", name, ctx.Err(), abortErr, migrateErr)
+	}
+	return fmt.Errorf("migrating domain %q: %w; the migration was aborted: %w", name, ctx.Err(), migrateErr)
+}
+
+// abortUntilDone aborts the domain's job and waits for the migration's result on done.
+// An abort can come before libvirt has started the job, and then fails: it is repeated
+// until it succeeds or the migration ends, so a cancelled migration never runs on unchecked.
+// The last abort error is returned only if no abort succeeded.
+func abortUntilDone(dom *libvirt.Domain, done <-chan error) (migrateErr, abortErr error) {
+	ticker := time.NewTicker(abortRetry)
+	defer ticker.Stop()
+	for {
+		if abortErr = dom.AbortJob(); abortErr == nil {
+			return <-done, nil
+		}
+		select {
+		case err := <-done:
+			return err, abortErr
+		case <-ticker.C:
+		}
+	}
+}
+
+// StartPostCopy switches the named domain's running migration, started with
+// AllowPostCopy, to post-copy: the guest moves to the destination at once and fetches the
+// memory it still lacks from the source on demand. It is the end of the road for a
+// migration that does not converge: from here it can no longer be aborted, and if the
+// connection between the nodes breaks the guest is lost on both.
+func (c *Conn) StartPostCopy(name string) error {
+	dom, err := c.lookup(name)
+	if err != nil {
+		return err
+	}
+	defer dom.Free()
+	if err := dom.MigrateStartPostCopy(0); err != nil {
+		return fmt.Errorf("switching the migration of domain %q to post-copy: %w", name, err)
+	}
+	return nil
+}
+
+// Suspend pauses the named domain's vCPUs. During a migration this stops the guest from
+// dirtying memory, so the migration converges at the cost of the guest's time paused.
+// The guest runs again on the destination when the migration ends: libvirt (9.0) resumes
+// it there since Migrate does not ask for VIR_MIGRATE_PAUSED, although it was paused on
+// the source. If the migration fails instead, the guest stays paused on the source.
+func (c *Conn) Suspend(name string) error {
+	dom, err := c.lookup(name)
+	if err != nil {
+		return err
+	}
+	defer dom.Free()
+	if err := dom.Suspend(); err != nil {
+		return fmt.Errorf("pausing domain %q: %w", name, err)
+	}
+	return nil
+}
+
+// SetMaxDowntime sets how long the named domain's migration may pause the guest for the
+// final copy. A longer downtime lets a migration finish whose guest dirties memory nearly
+// as fast as it is sent, without post-copy or pausing.
+func (c *Conn) SetMaxDowntime(name string, downtime time.Duration) error {
+	if downtime < time.Millisecond {
+		return fmt.Errorf("setting the maximum migration downtime of domain %q: %s is less than libvirt's unit, a millisecond", name, downtime)
+	}
+	dom, err := c.lookup(name)
+	if err != nil {
+		return err
+	}
+	defer dom.Free()
+	if err := dom.MigrateSetMaxDowntime(uint64(downtime.Milliseconds()), 0); err != nil {
+		return fmt.Errorf("setting the maximum migration downtime of domain %q to %s: %w", name, downtime, err)
+	}
+	return nil
+}

@@ -1,0 +1,71 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// TestNodePressureLiveMigratesTheVM is the heart of lifeboat: the kubelet evicts a LiveMigrate
+// VM's pod for memory pressure; the VM moves to the other node by live migration before the
+// kubelet's grace period ends, its guest never stops counting, and the source launcher exits 0.
+func TestNodePressureLiveMigratesTheVM(t *testing.T) {
+	setConfig(t, true)
+	startController(t)
+	nodes := startNodes(t, 2)
+	ns := testNamespace(t)
+	vmi := createVMI(t, ns, newVMI("moving", strategy(v1alpha1.EvictionStrategyLiveMigrate)))
+	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
+	source := nodeOf(t, nodes, vmi)
+	before := waitCounterPast(t, source.consolePath(vmi), 0, bootTimeout)
+	sourcePod := launcherPod(t, vmi)
+
+	evicted := evict(t, source, vmi)
+	signalled := time.Now()
+	moved := waitVMI(t, ns, vmi.Name, time.Duration(evictionMaxPodGracePeriod)*time.Second, "the VM on the other node",
+		func(v *v1alpha1.VirtualMachineInstance) bool {
+			return v.Status.NodeName != "" && v.Status.NodeName != source.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
+		})
+	took := time.Since(signalled)
+	target := nodeOf(t, nodes, moved)
+	t.Logf("migrated from %s to %s %s after the eviction (mode %s)", source.Name(), target.Name(), took.Round(time.Millisecond), moved.Status.MigrationState.Mode)
+
+	// The guest kept running: its console, now written on the target node, counts on without a reboot.
+	waitCounterPast(t, target.consolePath(moved), before+2, 30*time.Second)
+	if c := meta.FindStatusCondition(moved.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); moved.Status.EvacuationNodeName != "" || c == nil || c.Status != metav1.ConditionFalse {
+		t.Errorf("a migrated VM is no longer marked: %s", describe(moved))
+	}
+	if s := moved.Status.MigrationState; s.Cause != v1alpha1.MigrationCauseNodePressure || s.SourceNode != source.Name() || s.TargetNode != target.Name() {
+		t.Errorf("migration state %+v: want cause NodePressure from %s to %s", s, source.Name(), target.Name())
+	}
+	m := waitMigration(t, moved)
+	if m.Status.Phase != v1alpha1.MigrationSucceeded || m.Status.Mode == "" {
+		t.Errorf("migration %s: phase %s mode %q, want Succeeded with its mode", m.Name, m.Status.Phase, m.Status.Mode)
+	}
+
+	// The source launcher exited 0 by itself, before the kubelet's SIGKILL.
+	if err := evicted(); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := cluster.Kube.CoreV1().Pods(ns).Get(context.Background(), sourcePod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs := pod.Status.ContainerStatuses; len(cs) != 1 || cs[0].State.Terminated == nil || cs[0].State.Terminated.ExitCode != 0 {
+		t.Errorf("the source launcher must exit 0 before the grace period ends: %+v", cs)
+	} else if end := cs[0].State.Terminated.FinishedAt.Time; end.After(signalled.Add(time.Duration(evictionMaxPodGracePeriod) * time.Second)) {
+		t.Errorf("the source launcher exited at %s, after the grace period", end)
+	}
+	if pod.Status.Phase != corev1.PodFailed || pod.Status.Reason != "Evicted" {
+		t.Logf("source pod: phase %s reason %s (the kubelet records an evicted pod as Failed/Evicted)", pod.Status.Phase, pod.Status.Reason)
+	}
+	if v := waitVMI(t, ns, vmi.Name, 10*time.Second, "Running on the target", running); v.Status.NodeName != target.Name() {
+		t.Errorf("the VMI must run on %s: %s", target.Name(), describe(v))
+	}
+}
