@@ -63,6 +63,8 @@ type Agent struct {
 	launchers map[string]*launcher // by VMI UID
 
 	migrations *migrations
+	// migratedAway holds, by VMI UID, when a launcher reported its guest left by migration.
+	migratedAway sync.Map
 }
 
 // launcher is the agent's link to one launcher.
@@ -129,6 +131,9 @@ func (a *Agent) enqueueVMI(obj any) {
 // HandleNotify is the notify server's handler: a launcher's report makes the agent look again at once.
 func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 	a.cfg.Log.Info("launcher report", "kind", m.Kind, "vmi", m.VMI.String(), "peerPID", peerPID, "reason", m.Reason)
+	if m.Kind == notify.KindDomainGone && m.Reason == notify.ReasonMigrated {
+		a.migratedAway.Store(m.VMI.UID, m.Time)
+	}
 	a.queue.Add(m.VMI.UID)
 }
 

@@ -19,6 +19,10 @@ import (
 // progressInterval is how often the source agent reads a running migration's statistics.
 const progressInterval = 500 * time.Millisecond
 
+// launcherReportWait is how long a failed migration call waits for the source launcher's report
+// (it flushes its last reports before it exits).
+const launcherReportWait = 6 * time.Second
+
 // startSource opens the proxies from the source launcher's directory to the target's and
 // starts the migration; runSource carries it to its end.
 func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration) error {
@@ -91,6 +95,7 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	go func() { done <- mg.Migrate(ctx, name, opts) }()
 
 	log := m.a.cfg.Log.With("migration", mig.Namespace+"/"+mig.Name, "vmi", vmi.Name)
+	start := time.Now()
 	mode, escalated := v1alpha1.MigrationModePreCopy, time.Now()
 	ticker := time.NewTicker(progressInterval)
 	defer ticker.Stop()
@@ -113,7 +118,28 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 			}
 		}
 	}
+	if result != nil && m.leftByMigration(string(vmi.UID), start) {
+		// The reply to the migration call can be lost as the source daemon exits; the source
+		// launcher saw its guest leave by migration, so the guest runs on the target.
+		log.Warn("the migration call failed, but the source launcher reports the guest left by migration", "err", result)
+		result = nil
+	}
 	m.record(mig, vmi, mode, result)
+}
+
+// leftByMigration waits briefly for the source launcher's last report and tells whether it said
+// its guest left by migration since start.
+func (m *migrations) leftByMigration(uid string, start time.Time) bool {
+	deadline := time.Now().Add(launcherReportWait)
+	for {
+		if at, ok := m.a.migratedAway.Load(uid); ok && !at.(time.Time).Before(start) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // converge reads the job's progress and applies the convergence policy's next step.
@@ -153,11 +179,16 @@ func (m *migrations) record(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *
 			reason = "cancelled: " + reason
 		}
 	}
+	// The cause may have been recorded after this agent's copy of the migration was taken.
+	if fresh, err := m.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(mig.Namespace).Get(ctx, mig.Name, metav1.GetOptions{}); err == nil {
+		mig = fresh
+	}
 	// The VMI first: once the migration reads finished, the evacuation controller must already
 	// see the VM where it now is, or it would start another migration for the old mark.
 	err := m.updateVMI(ctx, vmi.Namespace, vmi.Name, func(v *v1alpha1.VirtualMachineInstance) {
 		if s := v.Status.MigrationState; s != nil && s.MigrationUID == string(mig.UID) {
 			s.EndTimestamp, s.Mode, s.Completed, s.Failed = &now, mode, result == nil, result != nil
+			s.Cause = mig.Status.Cause
 		}
 		if result == nil {
 			clearMark(v, mig, now)

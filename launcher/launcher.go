@@ -158,7 +158,12 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 				code, done = exitCode(conn, name)
 			}
 			if done {
-				notifier.Report(notify.KindDomainGone, time.Now(), 0, fmt.Sprintf("domain %s: %s", ev.Type, ev.Reason))
+				if ev.Reason == domain.ReasonMigrated {
+					// The source daemon still confirms the migration to its peer; it undefines the
+					// domain when that is done, and must live until then.
+					awaitUndefined(events, name, log)
+				}
+				notifier.Report(notify.KindDomainGone, time.Now(), 0, string(ev.Reason))
 				log.Info("domain gone", "event", ev.Type, "reason", ev.Reason, "exitCode", code)
 				return code, nil
 			}
@@ -211,6 +216,25 @@ func awaitGuest(ctx context.Context, conn *domain.Conn, name string, events <-ch
 			return false, errors.New("libvirtd exited while waiting for the guest")
 		case <-ctx.Done():
 			return false, ctx.Err()
+		}
+	}
+}
+
+// confirmTimeout bounds the wait for a migrated domain's undefinition.
+const confirmTimeout = 10 * time.Second
+
+// awaitUndefined waits until the named domain is undefined, the end of a migration's confirm phase.
+func awaitUndefined(events <-chan domain.Event, name string, log *slog.Logger) {
+	timeout := time.After(confirmTimeout)
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok || (ev.Domain == name && ev.Type == domain.EventUndefined) {
+				return
+			}
+		case <-timeout:
+			log.Warn("the migrated domain was not undefined in time; exiting anyway", "waited", confirmTimeout)
+			return
 		}
 	}
 }

@@ -41,7 +41,7 @@ const (
 	KindDomainStarted Kind = "DomainStarted"
 	// KindGracefulShutdown reports that the launcher received SIGTERM (from the kubelet).
 	KindGracefulShutdown Kind = "GracefulShutdown"
-	// KindDomainGone reports that the domain no longer exists and the launcher is exiting.
+	// KindDomainGone reports that the domain no longer runs here and the launcher is exiting.
 	KindDomainGone Kind = "DomainGone"
 	// KindFailed reports that the launcher could not start the domain.
 	KindFailed Kind = "Failed"
@@ -58,7 +58,8 @@ type Message struct {
 	Time time.Time `json:"time"`
 	// PodGracePeriodSeconds is the pod's terminationGracePeriodSeconds (GracefulShutdown only).
 	PodGracePeriodSeconds int64 `json:"podGracePeriodSeconds,omitempty"`
-	// Reason says why, for DomainGone and Failed.
+	// Reason says why, for DomainGone (the domain's stop reason: Shutdown, Destroyed, Crashed,
+	// Migrated, ...) and Failed (an error message).
 	Reason string `json:"reason,omitempty"`
 }
 
@@ -70,6 +71,9 @@ type VMIRef struct {
 }
 
 func (r VMIRef) String() string { return r.Namespace + "/" + r.Name + " (" + r.UID + ")" }
+
+// ReasonMigrated is a DomainGone reason: the guest left by live migration and runs elsewhere.
+const ReasonMigrated = "Migrated"
 
 // Errors a decoder returns for a malformed frame, for metrics and logs.
 var (

@@ -175,7 +175,8 @@ func (c *Controller) create(ctx context.Context, cand Candidate) error {
 // recordCause writes why and by when on a migration. The migration controller may write its
 // first phase at the same time, so this retries on conflicts and touches only its own fields.
 func (c *Controller) recordCause(ctx context.Context, ns, name string, cand Candidate) error {
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	// The migration controller and the target agent write this migration's status at once.
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		m, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err

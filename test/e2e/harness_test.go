@@ -115,11 +115,15 @@ func startNodes(t *testing.T, n int, configure ...func(*node.Config)) []*testNod
 		c.EvictionMaxPodGracePeriod = evictionMaxPodGracePeriod
 	}
 	var out []*testNode
-	for _, n := range node.StartN(context.Background(), t, cluster.Kube, n, append([]func(*node.Config){withLauncher}, configure...)...) {
+	// The agent is told the same evictionMaxPodGracePeriod as its node's kubelet.
+	maxGrace := map[string]int64{}
+	record := func(c *node.Config) { maxGrace[c.Name] = c.EvictionMaxPodGracePeriod }
+	configure = append(append([]func(*node.Config){withLauncher}, configure...), record)
+	for _, n := range node.StartN(context.Background(), t, cluster.Kube, n, configure...) {
 		port := freePort(t, n.Address())
 		tn := &testNode{Node: n, metrics: fmt.Sprintf("http://%s:%d/metrics", n.Address(), port)}
 		tn.agent = startProc(t, "lifeboat-agent", "--kubeconfig", cluster.Kubeconfig, "--node-name", n.Name(),
-			"--eviction-max-pod-grace-period", strconv.Itoa(evictionMaxPodGracePeriod), "--node-address", n.Address(),
+			"--eviction-max-pod-grace-period", strconv.FormatInt(maxGrace[n.Name()], 10), "--node-address", n.Address(),
 			"--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", fmt.Sprintf("%s:%d", n.Address(), port))
 		out = append(out, tn)
 		t.Cleanup(func() {
@@ -146,7 +150,7 @@ func (n *testNode) dumpContainerLogs(t *testing.T) {
 
 // evictionMaxPodGracePeriod is the emulated kubelets' setting, which their agents are told:
 // short, so a test can watch a marked VM's deadline pass.
-const evictionMaxPodGracePeriod = 25
+const evictionMaxPodGracePeriod = 12
 
 // shortTempDir is a node root short enough for the unix sockets under it: a socket path may
 // not exceed 107 bytes, and t.TempDir's names, which include the test's, can take most of that.

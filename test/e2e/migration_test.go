@@ -7,20 +7,30 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
 // TestNodePressureLiveMigratesTheVM is the heart of lifeboat: the kubelet evicts a LiveMigrate
-// VM's pod for memory pressure; the VM moves to the other node by live migration before the
-// kubelet's grace period ends, its guest never stops counting, and the source launcher exits 0.
+// VM's pod for memory pressure, with a 60 s grace; the VM, whose guest keeps dirtying memory,
+// moves to the other node by live migration before the grace ends, its guest never stops
+// counting, and the source launcher exits 0.
 func TestNodePressureLiveMigratesTheVM(t *testing.T) {
+	const grace = 60
 	setConfig(t, true)
 	startController(t)
-	nodes := startNodes(t, 2)
+	nodes := startNodes(t, 2, func(c *node.Config) { c.EvictionMaxPodGracePeriod = grace })
 	ns := testNamespace(t)
-	vmi := createVMI(t, ns, newVMI("moving", strategy(v1alpha1.EvictionStrategyLiveMigrate)))
+	vmi := createVMI(t, ns, newVMI("moving", strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.Memory = resource.MustParse("256Mi")
+		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](grace)
+		v.Spec.Boot.Cmdline += " " + protocol.DirtyParam + "=64M " + protocol.DirtyRateParam + "=8M"
+	}))
 	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
 	source := nodeOf(t, nodes, vmi)
 	before := waitCounterPast(t, source.consolePath(vmi), 0, bootTimeout)
@@ -28,7 +38,7 @@ func TestNodePressureLiveMigratesTheVM(t *testing.T) {
 
 	evicted := evict(t, source, vmi)
 	signalled := time.Now()
-	moved := waitVMI(t, ns, vmi.Name, time.Duration(evictionMaxPodGracePeriod)*time.Second, "the VM on the other node",
+	moved := waitVMI(t, ns, vmi.Name, grace*time.Second, "the VM on the other node",
 		func(v *v1alpha1.VirtualMachineInstance) bool {
 			return v.Status.NodeName != "" && v.Status.NodeName != source.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
 		})
@@ -59,7 +69,7 @@ func TestNodePressureLiveMigratesTheVM(t *testing.T) {
 	}
 	if cs := pod.Status.ContainerStatuses; len(cs) != 1 || cs[0].State.Terminated == nil || cs[0].State.Terminated.ExitCode != 0 {
 		t.Errorf("the source launcher must exit 0 before the grace period ends: %+v", cs)
-	} else if end := cs[0].State.Terminated.FinishedAt.Time; end.After(signalled.Add(time.Duration(evictionMaxPodGracePeriod) * time.Second)) {
+	} else if end := cs[0].State.Terminated.FinishedAt.Time; end.After(signalled.Add(grace * time.Second)) {
 		t.Errorf("the source launcher exited at %s, after the grace period", end)
 	}
 	if pod.Status.Phase != corev1.PodFailed || pod.Status.Reason != "Evicted" {
