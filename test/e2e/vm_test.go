@@ -124,9 +124,24 @@ func TestTooBigVMIStaysScheduling(t *testing.T) {
 	startNodes(t, 1)
 	ns := testNamespace(t)
 	vmi := createVMI(t, ns, newVMI("too-big", func(v *v1alpha1.VirtualMachineInstance) { v.Spec.Memory = resource.MustParse("64Gi") }))
-	ev := waitEvent(t, ns, vmi.Name, "FailedScheduling", time.Minute)
-	if !strings.Contains(ev.Message, "Insufficient memory") {
-		t.Errorf("the event must say why: %q", ev.Message)
+	// A new node carries the not-ready taint for a moment; the scheduler's answer after that says why.
+	var messages []string
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		evs, err := cluster.Kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + vmi.Name + ",reason=FailedScheduling"})
+		if err != nil {
+			return false, nil
+		}
+		messages = messages[:0]
+		for _, e := range evs.Items {
+			messages = append(messages, e.Message)
+			if strings.Contains(e.Message, "Insufficient memory") {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("want a FailedScheduling event on the VMI saying Insufficient memory; got %q", messages)
 	}
 	if v := waitVMI(t, ns, vmi.Name, 5*time.Second, "phase Scheduling", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.Status.Phase == v1alpha1.VMIScheduling
