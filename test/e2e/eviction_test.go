@@ -22,13 +22,16 @@ import (
 )
 
 // setConfig makes the cluster's LifeboatConfig turn node-pressure evacuation on or off.
-func setConfig(t *testing.T, gateOn bool) {
+func setConfig(t *testing.T, gateOn bool, mutate ...func(*v1alpha1.LifeboatConfig)) {
 	t.Helper()
 	ctx := context.Background()
 	configs := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs()
 	cfg := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}}
 	if gateOn {
 		cfg.Spec.FeatureGates = []v1alpha1.FeatureGate{v1alpha1.FeatureGateNodePressureEvictionLiveMigration}
+	}
+	for _, m := range mutate {
+		m(cfg)
 	}
 	_ = configs.Delete(ctx, v1alpha1.ConfigName, metav1.DeleteOptions{})
 	if _, err := configs.Create(ctx, cfg, metav1.CreateOptions{}); err != nil {

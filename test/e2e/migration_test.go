@@ -6,9 +6,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -78,4 +80,61 @@ func TestNodePressureLiveMigratesTheVM(t *testing.T) {
 	if v := waitVMI(t, ns, vmi.Name, 10*time.Second, "Running on the target", running); v.Status.NodeName != target.Name() {
 		t.Errorf("the VMI must run on %s: %s", target.Name(), describe(v))
 	}
+}
+
+// TestDeletingAnUnfinishedMigrationCancelsIt: a pre-copy migration that cannot finish (1 MiB/s
+// for a guest that keeps dirtying memory) is deleted mid-way; the guest keeps running on the
+// source, the target pod goes, and the migration object is gone.
+func TestDeletingAnUnfinishedMigrationCancelsIt(t *testing.T) {
+	setConfig(t, false, func(c *v1alpha1.LifeboatConfig) {
+		c.Spec.Migrations.BandwidthPerMigration = ptr.To(resource.MustParse("1Mi"))
+		c.Spec.Migrations.AllowAutoConverge, c.Spec.Migrations.AllowPause = ptr.To(false), ptr.To(false)
+	})
+	startController(t)
+	nodes := startNodes(t, 2)
+	ns := testNamespace(t)
+	vmi := createVMI(t, ns, newVMI("cancelled", func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.Memory = resource.MustParse("256Mi")
+		v.Spec.Boot.Cmdline += " " + protocol.DirtyParam + "=64M " + protocol.DirtyRateParam + "=8M"
+	}))
+	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
+	source := nodeOf(t, nodes, vmi)
+	before := waitCounterPast(t, source.consolePath(vmi), 0, bootTimeout)
+
+	migrations := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns)
+	m, err := migrations.Create(context.Background(), &v1alpha1.VirtualMachineInstanceMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: "by-hand"}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: vmi.Name},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var targetPod string
+	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, err := migrations.Get(ctx, m.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		targetPod = got.Status.TargetPod
+		return got.Status.Phase == v1alpha1.MigrationRunning, nil
+	})
+	if err != nil {
+		t.Fatalf("the migration did not reach Running within a minute")
+	}
+	if err := migrations.Delete(context.Background(), m.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, migErr := migrations.Get(ctx, m.Name, metav1.GetOptions{})
+		_, podErr := cluster.Kube.CoreV1().Pods(ns).Get(ctx, targetPod, metav1.GetOptions{})
+		return apierrors.IsNotFound(migErr) && apierrors.IsNotFound(podErr), nil
+	})
+	if err != nil {
+		t.Fatalf("after its deletion, the migration and its target pod %s must be gone", targetPod)
+	}
+	after := waitCounterPast(t, source.consolePath(vmi), before+2, 30*time.Second)
+	v := waitVMI(t, ns, vmi.Name, 5*time.Second, "Running", running)
+	if v.Status.NodeName != source.Name() {
+		t.Errorf("a cancelled migration leaves the VM where it was: %s", describe(v))
+	}
+	waitCounterPast(t, source.consolePath(vmi), after+1, 10*time.Second)
 }
