@@ -79,12 +79,12 @@ func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachi
 		return fmt.Errorf("recording the start of migration %s: %w", mig.Name, err)
 	}
 	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "MigrationStarted", "moving %s from node %s to node %s", vmi.Name, mig.Status.SourceNode, mig.Status.TargetNode)
-	go m.runSource(pctx, mig.DeepCopy(), vmi, mg)
+	go m.runSource(pctx, cancel, mig.DeepCopy(), vmi, mg)
 	return nil
 }
 
 // runSource migrates, escalating convergence as the deadline nears, and records the outcome.
-func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mg Migrator) {
+func (m *migrations) runSource(ctx context.Context, cancel context.CancelFunc, mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mg Migrator) {
 	defer m.finish(string(mig.UID))
 	name := domain.DomainName(vmi.Namespace, vmi.Name)
 	allowed, bandwidth := migrationSettings(m.a.eviction().Config)
@@ -105,6 +105,11 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 		case result = <-done:
 			running = false
 		case <-ticker.C:
+			if !isFinal(mode) && m.markCleared(mig, string(vmi.UID)) {
+				log.Info("the evacuation mark was cleared: cancelling the migration")
+				cancel()
+				continue
+			}
 			next, err := m.converge(mig, mg, name, mode, escalated, allowed)
 			if err != nil {
 				log.Warn("escalating the migration", "to", next, "err", err)
@@ -140,6 +145,20 @@ func (m *migrations) leftByMigration(uid string, start time.Time) bool {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// markCleared reports whether an evacuation's reason went away: its VMI is no longer marked for
+// evacuation from the source node (someone cancelled the evacuation).
+func (m *migrations) markCleared(mig *v1alpha1.VirtualMachineInstanceMigration, uid string) bool {
+	if mig.Labels[v1alpha1.LabelEvacuation] != "true" {
+		return false
+	}
+	objs, err := m.a.informer.GetIndexer().ByIndex(uidIndex, uid)
+	if err != nil || len(objs) == 0 {
+		return false
+	}
+	vmi := objs[0].(*v1alpha1.VirtualMachineInstance)
+	return vmi.Status.NodeName == mig.Status.SourceNode && vmi.Status.EvacuationNodeName != mig.Status.SourceNode
 }
 
 // converge reads the job's progress and applies the convergence policy's next step.

@@ -61,8 +61,8 @@ func server(t *testing.T, path string, handle func(c *net.UnixConn)) {
 	}()
 }
 
-// replyAfterEOF reads its whole request, then answers with its length and SHA-free echo:
-// a server that only answers once the client has half-closed, as a migration stream's end needs.
+// replyAfterEOF reads its whole request, then answers with its length and the request
+// itself: a server that answers only once the client has half-closed its side.
 func replyAfterEOF(c *net.UnixConn) {
 	req, err := io.ReadAll(c)
 	if err != nil {
@@ -297,11 +297,13 @@ func TestDialUnixRetryGivesUp(t *testing.T) {
 func TestUnreachableTargetDropsTheConnection(t *testing.T) {
 	dir := shortDir(t)
 	source := filepath.Join(dir, "drop.sock")
-	if _, err := ListenUnix(t.Context(), source, func(context.Context) (net.Conn, error) {
+	p, err := ListenUnix(t.Context(), source, func(context.Context) (net.Conn, error) {
 		return nil, errors.New("target node unreachable")
-	}); err != nil {
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = p.Close() })
 	c, err := net.Dial("unix", source)
 	if err != nil {
 		t.Fatal(err)

@@ -24,9 +24,6 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
 
-// LabelEvacuation marks the migrations this controller creates.
-const LabelEvacuation = "lifeboat.dev/evacuation"
-
 // Event reasons on VMIs.
 const (
 	ReasonMigrationCreated  = "EvacuationMigrationCreated"
@@ -149,7 +146,7 @@ func (c *Controller) create(ctx context.Context, cand Candidate) error {
 			GenerateName: vmi.Name + "-evacuation-",
 			Namespace:    vmi.Namespace,
 			Labels: map[string]string{
-				v1alpha1.LabelVMIName: vmi.Name, v1alpha1.LabelVMIUID: string(vmi.UID), LabelEvacuation: "true",
+				v1alpha1.LabelVMIName: vmi.Name, v1alpha1.LabelVMIUID: string(vmi.UID), v1alpha1.LabelEvacuation: "true",
 			},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vmi, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))},
 		},
@@ -205,7 +202,7 @@ func (c *Controller) completeRecords(ctx context.Context, migrations []*v1alpha1
 	var errs []error
 	var wait time.Duration
 	for _, m := range migrations {
-		if m.Labels[LabelEvacuation] != "true" || m.Status.Cause != "" {
+		if m.Labels[v1alpha1.LabelEvacuation] != "true" || m.Status.Cause != "" {
 			continue
 		}
 		vmi, err := c.vmis.VirtualMachineInstances(m.Namespace).Get(m.Spec.VMIName)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -135,6 +137,80 @@ func TestDeletingAnUnfinishedMigrationCancelsIt(t *testing.T) {
 	v := waitVMI(t, ns, vmi.Name, 5*time.Second, "Running", running)
 	if v.Status.NodeName != source.Name() {
 		t.Errorf("a cancelled migration leaves the VM where it was: %s", describe(v))
+	}
+	waitCounterPast(t, source.consolePath(vmi), after+1, 10*time.Second)
+}
+
+// TestClearingTheMarkCancelsTheEvacuation: a VMI marked for evacuation (as a drain marks it) gets
+// a migration; clearing the mark before it finishes cancels it and the guest stays where it was.
+func TestClearingTheMarkCancelsTheEvacuation(t *testing.T) {
+	setConfig(t, false, func(c *v1alpha1.LifeboatConfig) {
+		c.Spec.Migrations.BandwidthPerMigration = ptr.To(resource.MustParse("1Mi"))
+		c.Spec.Migrations.AllowAutoConverge, c.Spec.Migrations.AllowPause = ptr.To(false), ptr.To(false)
+	})
+	startController(t)
+	nodes := startNodes(t, 2)
+	ns := testNamespace(t)
+	vmi := createVMI(t, ns, newVMI("uncancelled", strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.Memory = resource.MustParse("256Mi")
+		v.Spec.Boot.Cmdline += " " + protocol.DirtyParam + "=64M " + protocol.DirtyRateParam + "=8M"
+	}))
+	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
+	source := nodeOf(t, nodes, vmi)
+	before := waitCounterPast(t, source.consolePath(vmi), 0, bootTimeout)
+
+	setMark := func(mark bool) {
+		t.Helper()
+		err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+			v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(context.Background(), vmi.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if mark {
+				v.Status.EvacuationNodeName = v.Status.NodeName
+				meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionTrue, Reason: "Drain", Message: "test drain"})
+			} else {
+				v.Status.EvacuationNodeName = ""
+				meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionFalse, Reason: "Cancelled", Message: "test cancel"})
+			}
+			_, err = cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).UpdateStatus(context.Background(), v, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	setMark(true)
+	var m *v1alpha1.VirtualMachineInstanceMigration
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).List(ctx, metav1.ListOptions{})
+		if err != nil || len(list.Items) != 1 {
+			return false, nil
+		}
+		m = &list.Items[0]
+		return m.Status.Phase == v1alpha1.MigrationRunning, nil
+	})
+	if err != nil {
+		t.Fatal("the mark did not lead to a running migration within a minute")
+	}
+	if m.Status.Cause != v1alpha1.MigrationCauseDrain {
+		t.Errorf("migration cause %q, want Drain", m.Status.Cause)
+	}
+	setMark(false)
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Get(ctx, m.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		m = got
+		return m.Status.Phase == v1alpha1.MigrationFailed, nil
+	})
+	if err != nil || !strings.Contains(m.Status.FailureReason, "cancel") {
+		t.Fatalf("clearing the mark must cancel the migration: phase %s reason %q", m.Status.Phase, m.Status.FailureReason)
+	}
+	after := waitCounterPast(t, source.consolePath(vmi), before+2, 30*time.Second)
+	if v := waitVMI(t, ns, vmi.Name, 5*time.Second, "Running", running); v.Status.NodeName != source.Name() {
+		t.Errorf("a cancelled evacuation leaves the VM where it was: %s", describe(v))
 	}
 	waitCounterPast(t, source.consolePath(vmi), after+1, 10*time.Second)
 }

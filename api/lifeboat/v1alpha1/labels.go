@@ -10,6 +10,8 @@ const (
 	RoleLauncher = "launcher"
 	// LabelKVMNode marks the nodes lifeboat runs VMs on.
 	LabelKVMNode = "lifeboat.dev/kvm"
+	// LabelEvacuation is "true" on the migrations the evacuation controller makes for a mark.
+	LabelEvacuation = "lifeboat.dev/evacuation"
 	// FinalizerShutdown keeps a deleted VMI until its guest has shut down and its pod is gone.
 	FinalizerShutdown = "lifeboat.dev/shutdown"
 )
