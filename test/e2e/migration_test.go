@@ -194,7 +194,11 @@ func TestClearingTheMarkCancelsTheEvacuation(t *testing.T) {
 		t.Fatal("the mark did not lead to a running migration within a minute")
 	}
 	if m.Status.Cause != v1alpha1.MigrationCauseDrain {
-		t.Errorf("migration cause %q, want Drain", m.Status.Cause)
+		var writers []string
+		for _, f := range m.ManagedFields {
+			writers = append(writers, f.Manager+"/"+f.Subresource+"/"+string(f.Operation))
+		}
+		t.Errorf("migration cause %q, want Drain; status %+v; writers %v", m.Status.Cause, m.Status, writers)
 	}
 	setMark(false)
 	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
