@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
@@ -26,11 +25,10 @@ import (
 
 // Event reasons on VMIs.
 const (
-	ReasonMigrationCreated  = "EvacuationMigrationCreated"
-	ReasonLeftToExternal    = "EvacuationLeftToExternalController"
-	ReasonFailedToMigrate   = "FailedCreateMigration"
-	globalKey               = "evacuations"
-	resyncUnfinishedRecords = time.Minute
+	ReasonMigrationCreated = "EvacuationMigrationCreated"
+	ReasonLeftToExternal   = "EvacuationLeftToExternalController"
+	ReasonFailedToMigrate  = "FailedCreateMigration"
+	globalKey              = "evacuations"
 )
 
 // Controller creates migrations for marked VMIs. The parallel limits are cluster-wide, so it
@@ -122,9 +120,6 @@ func (c *Controller) sync(ctx context.Context) (time.Duration, error) {
 		config = nil // no configuration: the defaults
 	}
 	var errs []error
-	retryAfter, err := c.completeRecords(ctx, migrations)
-	errs = append(errs, err)
-
 	d := Plan(vmis, migrations, config, c.now())
 	for _, vmi := range d.External {
 		c.announceExternal(vmi)
@@ -132,10 +127,7 @@ func (c *Controller) sync(ctx context.Context) (time.Duration, error) {
 	for _, cand := range d.Create {
 		errs = append(errs, c.create(ctx, cand))
 	}
-	if d.RetryAfter > 0 && (retryAfter == 0 || d.RetryAfter < retryAfter) {
-		retryAfter = d.RetryAfter
-	}
-	return retryAfter, errors.Join(errs...)
+	return d.RetryAfter, errors.Join(errs...)
 }
 
 // create makes the migration and records its cause and deadline on it at once.
@@ -148,17 +140,19 @@ func (c *Controller) create(ctx context.Context, cand Candidate) error {
 			Labels: map[string]string{
 				v1alpha1.LabelVMIName: vmi.Name, v1alpha1.LabelVMIUID: string(vmi.UID), v1alpha1.LabelEvacuation: "true",
 			},
+			// The status is the migration controller's to write; these say what to record in it.
+			Annotations:     map[string]string{v1alpha1.AnnotationCause: string(cand.Cause)},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vmi, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))},
 		},
 		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: vmi.Name},
+	}
+	if cand.Deadline != nil {
+		m.Annotations[v1alpha1.AnnotationDeadline] = cand.Deadline.UTC().Format(time.RFC3339)
 	}
 	created, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(vmi.Namespace).Create(ctx, m, metav1.CreateOptions{})
 	if err != nil {
 		c.recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonFailedToMigrate, "creating its evacuation migration: %v", err)
 		return fmt.Errorf("creating a migration for %s/%s: %w", vmi.Namespace, vmi.Name, err)
-	}
-	if err := c.recordCause(ctx, created.Namespace, created.Name, cand); err != nil {
-		return err
 	}
 	msg := fmt.Sprintf("created migration %s (cause %s", created.Name, cand.Cause)
 	if cand.Deadline != nil {
@@ -167,52 +161,6 @@ func (c *Controller) create(ctx context.Context, cand Candidate) error {
 	c.recorder.Event(vmi, corev1.EventTypeNormal, ReasonMigrationCreated, msg+") to move the VM off node "+vmi.Status.NodeName)
 	c.log.Info("created evacuation migration", "vmi", vmi.Namespace+"/"+vmi.Name, "migration", created.Name, "cause", cand.Cause, "deadline", cand.Deadline)
 	return nil
-}
-
-// recordCause writes why and by when on a migration. The migration controller may write its
-// first phase at the same time, so this retries on conflicts and touches only its own fields.
-func (c *Controller) recordCause(ctx context.Context, ns, name string, cand Candidate) error {
-	// The migration controller and the target agent write this migration's status at once.
-	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		m, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		m.Status.Cause, m.Status.Deadline = cand.Cause, cand.Deadline
-		if m.Status.SourceNode == "" {
-			m.Status.SourceNode = cand.VMI.Status.NodeName
-		}
-		if m.Status.Phase == "" {
-			m.Status.Phase = v1alpha1.MigrationPending
-			m.Status.PhaseTransitionTimestamps = append(m.Status.PhaseTransitionTimestamps,
-				v1alpha1.MigrationPhaseTransition{Phase: v1alpha1.MigrationPending, Timestamp: metav1.NewTime(c.now())})
-		}
-		_, err = c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).UpdateStatus(ctx, m, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("recording the cause of migration %s: %w", name, err)
-	}
-	return nil
-}
-
-// completeRecords fills in the cause of our migrations whose creation was followed by a failed
-// status write, so that no migration exists without saying why.
-func (c *Controller) completeRecords(ctx context.Context, migrations []*v1alpha1.VirtualMachineInstanceMigration) (time.Duration, error) {
-	var errs []error
-	var wait time.Duration
-	for _, m := range migrations {
-		if m.Labels[v1alpha1.LabelEvacuation] != "true" || m.Status.Cause != "" {
-			continue
-		}
-		vmi, err := c.vmis.VirtualMachineInstances(m.Namespace).Get(m.Spec.VMIName)
-		if err != nil {
-			wait = resyncUnfinishedRecords
-			continue
-		}
-		errs = append(errs, c.recordCause(ctx, m.Namespace, m.Name, candidate(vmi)))
-	}
-	return wait, errors.Join(errs...)
 }
 
 // announceExternal tells, once per mark, that lifeboat leaves this VMI to an external controller.

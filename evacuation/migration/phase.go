@@ -6,6 +6,7 @@ package migration
 
 import (
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -67,6 +68,9 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMach
 		if status.SourceNode == "" {
 			status.SourceNode = vmi.Status.NodeName
 		}
+		if status.Cause == "" {
+			status.Cause, status.Deadline = requested(m)
+		}
 		if target == nil {
 			setPhase(&status, v1alpha1.MigrationPending, now)
 			return status, CreateTargetPod, nil
@@ -98,6 +102,21 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMach
 		return fail("the target pod was deleted")
 	}
 	return status, NoAction, nil
+}
+
+// requested is the cause and deadline its creator put on a migration; a migration without them
+// was made by a person.
+func requested(m *v1alpha1.VirtualMachineInstanceMigration) (v1alpha1.MigrationCause, *metav1.Time) {
+	cause := v1alpha1.MigrationCauseManual
+	switch c := v1alpha1.MigrationCause(m.Annotations[v1alpha1.AnnotationCause]); c {
+	case v1alpha1.MigrationCauseNodePressure, v1alpha1.MigrationCauseAPIEviction, v1alpha1.MigrationCauseEvictionRequest, v1alpha1.MigrationCauseDrain:
+		cause = c
+	}
+	var deadline *metav1.Time
+	if t, err := time.Parse(time.RFC3339, m.Annotations[v1alpha1.AnnotationDeadline]); err == nil {
+		deadline = &metav1.Time{Time: t}
+	}
+	return cause, deadline
 }
 
 // setPhase moves the phase and records when.

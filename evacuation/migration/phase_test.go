@@ -58,3 +58,30 @@ func TestNext(t *testing.T) {
 		})
 	}
 }
+
+func TestTheFirstStatusRecordsTheRequestedCause(t *testing.T) {
+	now := metav1.NewTime(time.Date(2026, 11, 22, 4, 0, 0, 0, time.UTC))
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm"}}
+	vmi.Status.Phase, vmi.Status.NodeName = v1alpha1.VMIRunning, "a"
+	cases := []struct {
+		name         string
+		annotations  map[string]string
+		wantCause    v1alpha1.MigrationCause
+		wantDeadline string
+	}{
+		{"made by the evacuation controller", map[string]string{v1alpha1.AnnotationCause: "NodePressure", v1alpha1.AnnotationDeadline: "2026-11-22T04:01:00Z"}, v1alpha1.MigrationCauseNodePressure, "2026-11-22T04:01:00Z"},
+		{"made by a person", nil, v1alpha1.MigrationCauseManual, ""},
+		{"an unknown cause is not recorded as one", map[string]string{v1alpha1.AnnotationCause: "Boredom"}, v1alpha1.MigrationCauseManual, ""},
+	}
+	for _, tc := range cases {
+		m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Annotations: tc.annotations}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
+		status, _, _ := Next(m, vmi, nil, now)
+		deadline := ""
+		if status.Deadline != nil {
+			deadline = status.Deadline.UTC().Format(time.RFC3339)
+		}
+		if status.Cause != tc.wantCause || deadline != tc.wantDeadline || status.SourceNode != "a" {
+			t.Errorf("%s: cause %q deadline %q source %q; want %q %q a", tc.name, status.Cause, deadline, status.SourceNode, tc.wantCause, tc.wantDeadline)
+		}
+	}
+}

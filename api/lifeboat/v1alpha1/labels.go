@@ -12,6 +12,10 @@ const (
 	LabelKVMNode = "lifeboat.dev/kvm"
 	// LabelEvacuation is "true" on the migrations the evacuation controller makes for a mark.
 	LabelEvacuation = "lifeboat.dev/evacuation"
+	// AnnotationCause and AnnotationDeadline (RFC 3339) on a new migration say why it is made and
+	// by when; the migration controller records them in its status. Without them the cause is Manual.
+	AnnotationCause    = "lifeboat.dev/cause"
+	AnnotationDeadline = "lifeboat.dev/deadline"
 	// FinalizerShutdown keeps a deleted VMI until its guest has shut down and its pod is gone.
 	FinalizerShutdown = "lifeboat.dev/shutdown"
 )
