@@ -94,3 +94,4 @@ func (c *libvirtConn) Migrate(ctx context.Context, name string, opts domain.Migr
 func (c *libvirtConn) JobStats(name string) (domain.JobStats, error) { return c.conn.JobStats(name) }
 func (c *libvirtConn) StartPostCopy(name string) error               { return c.conn.StartPostCopy(name) }
 func (c *libvirtConn) Suspend(name string) error                     { return c.conn.Suspend(name) }
+func (c *libvirtConn) Resume(name string) error                      { return c.conn.Resume(name) }

@@ -34,6 +34,7 @@ type Migrator interface {
 	JobStats(name string) (domain.JobStats, error)
 	StartPostCopy(name string) error
 	Suspend(name string) error
+	Resume(name string) error
 }
 
 // migrations runs this node's part of live migrations: as target, the proxies to the target

@@ -129,6 +129,12 @@ func (m *migrations) runSource(ctx context.Context, cancel context.CancelFunc, m
 		log.Warn("the migration call failed, but the source launcher reports the guest left by migration", "err", result)
 		result = nil
 	}
+	if result != nil && mode == v1alpha1.MigrationModePaused {
+		// The guest was paused to converge and did not leave: it must run on here.
+		if err := mg.Resume(name); err != nil {
+			log.Error("resuming the guest after a failed migration", "err", err)
+		}
+	}
 	m.record(mig, vmi, mode, result)
 }
 

@@ -181,6 +181,20 @@ func (c *Conn) Suspend(name string) error {
 	return nil
 }
 
+// Resume runs the named domain's vCPUs again: after a migration that failed once the guest
+// was paused to make it converge, the guest must run on where it is.
+func (c *Conn) Resume(name string) error {
+	dom, err := c.lookup(name)
+	if err != nil {
+		return err
+	}
+	defer dom.Free()
+	if err := dom.Resume(); err != nil {
+		return fmt.Errorf("resuming domain %q: %w", name, err)
+	}
+	return nil
+}
+
 // SetMaxDowntime sets how long the named domain's migration may pause the guest for the
 // final copy. A longer downtime lets a migration finish whose guest dirties memory nearly
 // as fast as it is sent, without post-copy or pausing.

@@ -1,0 +1,109 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+
+	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/domain"
+)
+
+// stuckMigrator is a migration that cannot converge and fails once the guest is paused.
+type stuckMigrator struct {
+	mu                         sync.Mutex
+	suspended                  chan struct{}
+	resumed, postCopyRequested bool
+}
+
+func (s *stuckMigrator) Migrate(ctx context.Context, _ string, _ domain.MigrateOptions) error {
+	select {
+	case <-s.suspended:
+		return errors.New("the connection to the target broke")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *stuckMigrator) JobStats(string) (domain.JobStats, error) {
+	const mib = 1 << 20
+	return domain.JobStats{Type: domain.JobUnbounded, DataRemaining: 1024 * mib, MemoryDirtyRate: 200 * mib, MemoryBandwidth: 100 * mib, Elapsed: 5 * time.Second}, nil
+}
+
+func (s *stuckMigrator) StartPostCopy(string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.postCopyRequested = true
+	return nil
+}
+
+func (s *stuckMigrator) Suspend(string) error {
+	close(s.suspended)
+	return nil
+}
+
+func (s *stuckMigrator) Resume(string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.resumed = true
+	return nil
+}
+
+// TestAFailedMigrationResumesAGuestItPaused: a migration that would miss its deadline is paused
+// to converge (post-copy not allowed); when it fails anyway, the guest runs on at the source.
+func TestAFailedMigrationResumesAGuestItPaused(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm"}}
+	vmi.Status.Phase, vmi.Status.NodeName = v1alpha1.VMIRunning, "source"
+	mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
+	mig.Status = v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: v1alpha1.MigrationRunning, SourceNode: "source", TargetNode: "target",
+		Cause: v1alpha1.MigrationCauseNodePressure, Deadline: ptr.To(metav1.NewTime(time.Now().Add(20 * time.Second)))}
+	vmi.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationName: "mig", MigrationUID: "uid-mig"}
+	config := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}}
+	config.Spec.Migrations = v1alpha1.MigrationsConfig{AllowAutoConverge: ptr.To(false), AllowPostCopy: ptr.To(false), AllowPause: ptr.To(true)}
+
+	client := lifeboatfake.NewSimpleClientset(vmi, mig, config)
+	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
+	a, err := New(Config{
+		NodeName: "source", Recorder: record.NewFakeRecorder(100), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister(),
+	}, client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
+		informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	informers.Start(ctx.Done())
+	informers.WaitForCacheSync(ctx.Done())
+
+	fake := &stuckMigrator{suspended: make(chan struct{})}
+	runCtx, stop := context.WithTimeout(ctx, 30*time.Second)
+	defer stop()
+	a.migrations.runSource(runCtx, stop, mig, vmi, fake)
+
+	if !fake.resumed {
+		t.Error("the guest paused for the migration was not resumed after it failed")
+	}
+	if fake.postCopyRequested {
+		t.Error("post-copy was used although the configuration does not allow it")
+	}
+	got, err := client.LifeboatV1alpha1().VirtualMachineInstanceMigrations("ns").Get(ctx, "mig", metav1.GetOptions{})
+	if err != nil || got.Status.Phase != v1alpha1.MigrationFailed || got.Status.Mode != v1alpha1.MigrationModePaused || got.Status.FailureReason == "" {
+		t.Errorf("migration: %v, phase %s mode %s reason %q; want Failed, Paused, with a reason", err, got.Status.Phase, got.Status.Mode, got.Status.FailureReason)
+	}
+	v, err := client.LifeboatV1alpha1().VirtualMachineInstances("ns").Get(ctx, "vm", metav1.GetOptions{})
+	if err != nil || v.Status.NodeName != "source" || !v.Status.MigrationState.Failed {
+		t.Errorf("VMI after a failed migration: %v, node %q, migrationState %+v; want still on source, failed", err, v.Status.NodeName, v.Status.MigrationState)
+	}
+}
