@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,20 +19,36 @@ import (
 )
 
 // The teardown tests run this test binary again as a "user's test binary" whose TestMain is
-// controlplane.Main, and then check what that child left behind.
+// controlplane.Main, with a run of its tests that fails or hangs, and then check what that
+// child left behind.
 const (
-	helperEnv    = "LIFEBOAT_CONTROLPLANE_HELPER"
+	helperEnv    = "LIFEBOAT_CONTROLPLANE_HELPER" // "fail" or "hang"
 	helperReport = "LIFEBOAT_CONTROLPLANE_REPORT"
 )
 
 var helperCluster *ControlPlane
 
 func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) != "" {
-		Main(m, &helperCluster, Options{WithoutControllerManager: true, WithoutScheduler: true})
+	if mode := os.Getenv(helperEnv); mode != "" {
+		Main(helperRun{hang: mode == "hang"}, &helperCluster, Options{WithoutControllerManager: true, WithoutScheduler: true})
 		return
 	}
 	os.Exit(m.Run())
+}
+
+// helperRun stands for a user's tests: it reports where the control plane lives, then fails
+// (exit code 1, as a failed test) or hangs (until the parent kills it).
+type helperRun struct{ hang bool }
+
+func (h helperRun) Run() int {
+	if err := writeReport(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	if h.hang {
+		select {}
+	}
+	return 1
 }
 
 type report struct {
@@ -40,10 +57,10 @@ type report struct {
 }
 
 // writeReport tells the parent test where the child's control plane lives.
-func writeReport(t *testing.T) {
+func writeReport() error {
 	b, err := os.ReadFile(filepath.Join(helperCluster.Dir, pidsFile))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	r := report{Dir: helperCluster.Dir}
 	for _, f := range strings.Fields(string(b)) {
@@ -53,34 +70,16 @@ func writeReport(t *testing.T) {
 	out, _ := json.Marshal(r)
 	path := os.Getenv(helperReport)
 	if err := os.WriteFile(path+".tmp", out, 0o644); err != nil {
-		t.Fatal(err)
+		return err
 	}
-	if err := os.Rename(path+".tmp", path); err != nil {
-		t.Fatal(err)
-	}
+	return os.Rename(path+".tmp", path)
 }
 
-func TestHelperFails(t *testing.T) {
-	if os.Getenv(helperEnv) == "" {
-		t.Skip("run by TestTeardownAfterAFailingTest")
-	}
-	writeReport(t)
-	t.Fatal("this test fails on purpose")
-}
-
-func TestHelperHangs(t *testing.T) {
-	if os.Getenv(helperEnv) == "" {
-		t.Skip("run by TestKilledTestBinaryLeavesNothingBehind")
-	}
-	writeReport(t)
-	select {}
-}
-
-func startHelper(t *testing.T, test string) (*exec.Cmd, string) {
+func startHelper(t *testing.T, mode string) (*exec.Cmd, string) {
 	t.Helper()
 	reportPath := filepath.Join(t.TempDir(), "report.json")
-	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), helperEnv+"=1", helperReport+"="+reportPath)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode, helperReport+"="+reportPath)
 	// The child fails on purpose; keep its output out of this test's unless this test fails.
 	out, err := os.Create(filepath.Join(t.TempDir(), "helper.log"))
 	if err != nil {
@@ -171,7 +170,7 @@ func TestStopRemovesEverything(t *testing.T) {
 }
 
 func TestTeardownAfterAFailingTest(t *testing.T) {
-	cmd, path := startHelper(t, "TestHelperFails")
+	cmd, path := startHelper(t, "fail")
 	err := cmd.Wait()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
@@ -181,7 +180,7 @@ func TestTeardownAfterAFailingTest(t *testing.T) {
 }
 
 func TestKilledTestBinaryLeavesNothingBehind(t *testing.T) {
-	cmd, path := startHelper(t, "TestHelperHangs")
+	cmd, path := startHelper(t, "hang")
 	r := readReport(t, path)
 	// What go test does when a test binary exceeds -timeout is harsher than this only in name.
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {

@@ -6,15 +6,17 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"testing"
 )
+
+// Runner runs a package's tests and returns the exit code, as *testing.M does.
+type Runner interface{ Run() int }
 
 // Main is a whole TestMain: it starts a control plane, stores it in *into, runs the tests,
 // stops it and exits. Interrupting the tests (Ctrl-C) also stops it.
 //
 //	var cluster *controlplane.ControlPlane
 //	func TestMain(m *testing.M) { controlplane.Main(m, &cluster, controlplane.Options{}) }
-func Main(m *testing.M, into **ControlPlane, opts Options) {
+func Main(m Runner, into **ControlPlane, opts Options) {
 	if opts.Progress == nil {
 		opts.Progress = os.Stderr
 	}
