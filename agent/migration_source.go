@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"path/filepath"
 	"time"
 
@@ -141,16 +142,11 @@ func (m *migrations) runSource(ctx context.Context, cancel context.CancelFunc, m
 // leftByMigration waits briefly for the source launcher's last report and tells whether it said
 // its guest left by migration since start.
 func (m *migrations) leftByMigration(uid string, start time.Time) bool {
-	deadline := time.Now().Add(launcherReportWait)
-	for {
-		if at, ok := m.a.migratedAway.Load(uid); ok && !at.(time.Time).Before(start) {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, launcherReportWait, true, func(context.Context) (bool, error) {
+		at, ok := m.a.migratedAway.Load(uid)
+		return ok && !at.(time.Time).Before(start), nil
+	})
+	return err == nil
 }
 
 // markCleared reports whether an evacuation's reason went away: its VMI is no longer marked for

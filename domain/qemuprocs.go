@@ -1,8 +1,10 @@
 package domain
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -49,15 +51,14 @@ func isQEMU(pid int) bool {
 }
 
 func waitGone(pid int, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
+	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil || processState(string(stat)) == 'Z' {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
+		return err != nil || processState(string(stat)) == 'Z', nil
+	})
+	if err != nil {
+		return fmt.Errorf("QEMU %d still runs %s after SIGKILL", pid, timeout)
 	}
-	return fmt.Errorf("QEMU %d still runs %s after SIGKILL", pid, timeout)
+	return nil
 }
 
 // processState is the state letter of /proc/<pid>/stat ("R", "S", "Z", ...), which

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"context"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"log/slog"
 	"net"
 	"sync"
@@ -44,19 +45,12 @@ func (n *Notifier) Report(kind notify.Kind, at time.Time, podGrace int64, reason
 // Flush waits until every report so far was written to the agent, or until timeout: the
 // launcher's last words must not be lost to its exit, but an absent agent must not hold it.
 func (n *Notifier) Flush(timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for {
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		n.mu.Lock()
-		done := n.delivered == len(n.history)
-		n.mu.Unlock()
-		if done {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer n.mu.Unlock()
+		return n.delivered == len(n.history), nil
+	})
+	return err == nil
 }
 
 // Run connects, sends and reconnects until ctx ends.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"net"
 	"os"
 	"path/filepath"
@@ -233,16 +234,12 @@ func TestContextEndClosesTheProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel()
-	deadline := time.Now().Add(testTimeout)
-	for {
+	err = wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, testTimeout, true, func(context.Context) (bool, error) {
 		_, err := os.Lstat(path)
-		if errors.Is(err, fs.ErrNotExist) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the socket %s is still there %s after its context ended", path, testTimeout)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return errors.Is(err, fs.ErrNotExist), nil
+	})
+	if err != nil {
+		t.Fatalf("the socket %s is still there %s after its context ended", path, testTimeout)
 	}
 	if err := p.Close(); err != nil {
 		t.Errorf("Close after the context ended: %v", err)
@@ -263,12 +260,11 @@ func TestTargetSocketMayAppearLater(t *testing.T) {
 		result <- err
 	}()
 	// The target proxy holds the connection while its target is missing: it is dialing.
-	deadline := time.Now().Add(testTimeout)
-	for dst.tracked() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the target proxy accepted no connection within %s", testTimeout)
-		}
-		time.Sleep(10 * time.Millisecond)
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, testTimeout, true, func(context.Context) (bool, error) {
+		return dst.tracked() > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("the target proxy accepted no connection within %s", testTimeout)
 	}
 	server(t, target, replyAfterEOF)
 	if err := <-result; err != nil {

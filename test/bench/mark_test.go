@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"log/slog"
 	"net"
 	"os"
@@ -198,12 +199,15 @@ func setUp(b *testing.B, n int) *bed {
 	}()
 
 	for _, vmi := range t.vmis {
+		// The notify socket exists a moment after Serve starts.
 		var c net.Conn
-		for c == nil {
-			if c, err = net.Dial("unix", notifyPath); err != nil {
-				c = nil
-				time.Sleep(10 * time.Millisecond)
-			}
+		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+			var dialErr error
+			c, dialErr = net.Dial("unix", notifyPath)
+			return dialErr == nil, nil
+		})
+		if err != nil {
+			b.Fatalf("the agent's notify socket %s accepted no connection within 10s", notifyPath)
 		}
 		b.Cleanup(func() { c.Close() })
 		if err := notify.Write(c, &notify.Message{Kind: notify.KindHello, VMI: ref(vmi), Time: time.Now()}); err != nil {

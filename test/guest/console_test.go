@@ -39,13 +39,18 @@ func TestWaitForLineSaysWhatItWaitedFor(t *testing.T) {
 		t.Fatalf("WaitForLine() error = %v, want one naming the line and showing the console", err)
 	}
 
-	go func() {
-		time.Sleep(200 * time.Millisecond)
-		_ = os.WriteFile(path, []byte("booting\r\nlifeboat-guest ready\r\n"), 0o644)
-	}()
+	// The line arrives while WaitForLine is already waiting (it just timed out without it).
 	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := WaitForLine(ctx, path, "lifeboat-guest ready"); err != nil {
+	found := make(chan error, 1)
+	go func() {
+		_, err := WaitForLine(ctx, path, "lifeboat-guest ready")
+		found <- err
+	}()
+	if err := os.WriteFile(path, []byte("booting\r\nlifeboat-guest ready\r\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-found; err != nil {
 		t.Fatal(err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -134,23 +135,21 @@ func up(ctx context.Context, dir string, timeout time.Duration, lb lifeboatOptio
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		if _, err := os.Stat(filepath.Join(dir, readyFile)); err == nil {
-			fmt.Printf("control plane ready: export KUBECONFIG=%s\n", filepath.Join(dir, "admin.kubeconfig"))
-			return cmd.Process.Release()
+			return true, nil
 		}
 		if b, err := os.ReadFile(dir + "." + errorFile); err == nil {
-			return errors.New(string(b))
+			return false, errors.New(string(b))
 		}
-		if err := ctx.Err(); err != nil {
-			_ = cmd.Process.Kill()
-			return err
-		}
-		time.Sleep(200 * time.Millisecond)
+		return false, nil
+	})
+	if err != nil {
+		_ = cmd.Process.Kill()
+		return fmt.Errorf("the control plane did not become ready within %s (see %s): %w", timeout, log.Name(), err)
 	}
-	_ = cmd.Process.Kill()
-	return fmt.Errorf("not ready after %s; see %s", timeout, log.Name())
+	fmt.Printf("control plane ready: export KUBECONFIG=%s\n", filepath.Join(dir, "admin.kubeconfig"))
+	return cmd.Process.Release()
 }
 
 // serve runs the control plane in the foreground until SIGTERM or SIGINT.
@@ -200,15 +199,15 @@ func down(dir string) error {
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return err
 	}
-	for range 300 {
-		if syscall.Kill(pid, 0) != nil {
-			_ = os.RemoveAll(dir)
-			fmt.Printf("control plane in %s stopped\n", dir)
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
+	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return syscall.Kill(pid, 0) != nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("pid %d did not stop within 30s", pid)
 	}
-	return fmt.Errorf("pid %d did not stop within 30s", pid)
+	_ = os.RemoveAll(dir)
+	fmt.Printf("control plane in %s stopped\n", dir)
+	return nil
 }
 
 func readPID(dir string) (int, error) {
