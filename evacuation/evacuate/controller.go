@@ -11,8 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -21,6 +19,7 @@ import (
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/internal/worker"
 )
 
 // Event reasons on VMIs.
@@ -70,40 +69,11 @@ func New(lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInsta
 	return c
 }
 
-// Run processes the queue until ctx ends.
+// Run processes the queue until ctx ends, with one worker: the limits are cluster-wide.
 func (c *Controller) Run(ctx context.Context) error {
-	defer utilruntime.HandleCrash()
-	defer c.queue.ShutDown()
-	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
-		return errors.New("evacuation controller: caches did not sync")
-	}
-	c.log.Info("started")
-	go wait.UntilWithContext(ctx, func(ctx context.Context) {
-		for c.processNextWorkItem(ctx) {
-		}
-	}, time.Second)
-	<-ctx.Done()
-	return nil
-}
-
-func (c *Controller) processNextWorkItem(ctx context.Context) bool {
-	key, shutdown := c.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer c.queue.Done(key)
-	retryAfter, err := c.sync(ctx)
-	switch {
-	case err != nil:
-		c.log.Error("sync failed, will retry", "err", err)
-		c.queue.AddRateLimited(key)
-	case retryAfter > 0:
-		c.queue.Forget(key)
-		c.queue.AddAfter(key, retryAfter)
-	default:
-		c.queue.Forget(key)
-	}
-	return true
+	return worker.Run(ctx, "evacuation", c.queue, c.synced, 1, func(ctx context.Context, _ string) (time.Duration, error) {
+		return c.sync(ctx)
+	}, c.log)
 }
 
 func (c *Controller) sync(ctx context.Context) (time.Duration, error) {

@@ -2,7 +2,6 @@ package migration
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -12,8 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -25,6 +22,7 @@ import (
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/internal/worker"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
 
@@ -101,35 +99,9 @@ func (c *Controller) enqueueForVMI(obj any) {
 
 // Run processes the queue with workers until ctx ends.
 func (c *Controller) Run(ctx context.Context, workers int) error {
-	defer utilruntime.HandleCrash()
-	defer c.queue.ShutDown()
-	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
-		return errors.New("migration controller: caches did not sync")
-	}
-	c.log.Info("started", "workers", workers)
-	for range workers {
-		go wait.UntilWithContext(ctx, func(ctx context.Context) {
-			for c.processNextWorkItem(ctx) {
-			}
-		}, time.Second)
-	}
-	<-ctx.Done()
-	return nil
-}
-
-func (c *Controller) processNextWorkItem(ctx context.Context) bool {
-	key, shutdown := c.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer c.queue.Done(key)
-	if err := c.sync(ctx, key); err != nil {
-		c.log.Error("sync failed, will retry", "migration", key, "err", err)
-		c.queue.AddRateLimited(key)
-		return true
-	}
-	c.queue.Forget(key)
-	return true
+	return worker.Run(ctx, "migration", c.queue, c.synced, workers, func(ctx context.Context, key string) (time.Duration, error) {
+		return 0, c.sync(ctx, key)
+	}, c.log)
 }
 
 func (c *Controller) sync(ctx context.Context, key string) error {

@@ -5,7 +5,6 @@ package vmi
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -16,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -28,6 +26,7 @@ import (
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/internal/worker"
 )
 
 // Controller reconciles VirtualMachineInstances with their launcher pods.
@@ -95,38 +94,9 @@ func (c *Controller) enqueueOwner(obj any) {
 
 // Run processes the queue with the given number of workers until ctx ends.
 func (c *Controller) Run(ctx context.Context, workers int) error {
-	defer utilruntime.HandleCrash()
-	defer c.queue.ShutDown()
-	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
-		return errors.New("vmi controller: caches did not sync")
-	}
-	c.log.Info("started", "workers", workers)
-	for range workers {
-		go wait.UntilWithContext(ctx, c.runWorker, time.Second)
-	}
-	<-ctx.Done()
-	return nil
-}
-
-func (c *Controller) runWorker(ctx context.Context) {
-	for c.processNextWorkItem(ctx) {
-	}
-}
-
-// processNextWorkItem is the one place that decides about retries.
-func (c *Controller) processNextWorkItem(ctx context.Context) bool {
-	key, shutdown := c.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer c.queue.Done(key)
-	if err := c.sync(ctx, key); err != nil {
-		c.log.Error("sync failed, will retry", "vmi", key, "err", err)
-		c.queue.AddRateLimited(key)
-		return true
-	}
-	c.queue.Forget(key)
-	return true
+	return worker.Run(ctx, "vmi", c.queue, c.synced, workers, func(ctx context.Context, key string) (time.Duration, error) {
+		return 0, c.sync(ctx, key)
+	}, c.log)
 }
 
 func (c *Controller) sync(ctx context.Context, key string) error {
