@@ -263,26 +263,29 @@ func (a *Agent) closeAll() {
 }
 
 func (a *Agent) runWorker(ctx context.Context) {
-	for a.processNextWorkItem(ctx) {
+	for processNext(ctx, a.queue, a.sync, a.cfg.Log) {
 	}
 }
 
-func (a *Agent) processNextWorkItem(ctx context.Context) bool {
-	uid, shutdown := a.queue.Get()
+// processNext handles one key of a queue; it alone decides about retries: an error retries
+// with the queue's rate limit, a positive requeueAfter looks again then.
+func processNext(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string],
+	sync func(context.Context, string) (time.Duration, error), log *slog.Logger) bool {
+	key, shutdown := queue.Get()
 	if shutdown {
 		return false
 	}
-	defer a.queue.Done(uid)
-	requeue, err := a.sync(ctx, uid)
+	defer queue.Done(key)
+	requeue, err := sync(ctx, key)
 	switch {
 	case err != nil:
-		a.cfg.Log.Error("sync failed, will retry", "vmiUID", uid, "err", err)
-		a.queue.AddRateLimited(uid)
+		log.Error("sync failed, will retry", "key", key, "err", err)
+		queue.AddRateLimited(key)
 	case requeue > 0:
-		a.queue.Forget(uid)
-		a.queue.AddAfter(uid, requeue)
+		queue.Forget(key)
+		queue.AddAfter(key, requeue)
 	default:
-		a.queue.Forget(uid)
+		queue.Forget(key)
 	}
 	return true
 }

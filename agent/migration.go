@@ -92,7 +92,9 @@ func (m *migrations) run(ctx context.Context) {
 		return
 	}
 	go wait.UntilWithContext(ctx, func(ctx context.Context) {
-		for m.processNext(ctx) {
+		for processNext(ctx, m.queue, func(ctx context.Context, key string) (time.Duration, error) {
+			return 0, m.sync(ctx, key)
+		}, m.a.cfg.Log.With("queue", "migrations")) {
 		}
 	}, time.Second)
 	<-ctx.Done()
@@ -102,21 +104,6 @@ func (m *migrations) run(ctx context.Context) {
 		am.stop()
 		delete(m.active, uid)
 	}
-}
-
-func (m *migrations) processNext(ctx context.Context) bool {
-	key, shutdown := m.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer m.queue.Done(key)
-	if err := m.sync(ctx, key); err != nil {
-		m.a.cfg.Log.Error("migration sync failed, will retry", "migration", key, "err", err)
-		m.queue.AddRateLimited(key)
-		return true
-	}
-	m.queue.Forget(key)
-	return true
 }
 
 func (am *activeMigration) stop() {
