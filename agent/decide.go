@@ -127,7 +127,7 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node
 		plan.Status, plan.Lost = status, true
 		return plan
 	}
-	if dom == nil || isTerminal(vmi.Status.Phase) {
+	if dom == nil || vmi.Status.Phase.Terminal() {
 		return plan
 	}
 	dom = withoutSourceSignal(vmi, dom, node)
@@ -251,10 +251,6 @@ func guestGrace(vmi *v1alpha1.VirtualMachineInstance) time.Duration {
 		return time.Duration(*vmi.Spec.TerminationGracePeriodSeconds) * time.Second
 	}
 	return defaultGuestGrace
-}
-
-func isTerminal(p v1alpha1.VirtualMachineInstancePhase) bool {
-	return p == v1alpha1.VMISucceeded || p == v1alpha1.VMIFailed
 }
 
 // setCondition keeps the transition time of a condition whose status did not change, so a

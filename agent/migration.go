@@ -138,7 +138,7 @@ func (m *migrations) sync(ctx context.Context, key string) error {
 	uid := string(mig.UID)
 	node := m.a.cfg.NodeName
 	switch {
-	case mig.DeletionTimestamp != nil || isMigrationTerminal(mig.Status.Phase):
+	case mig.DeletionTimestamp != nil || mig.Status.Phase.Terminal():
 		// Cancelled or over: stop whatever runs here (a running pre-copy is aborted).
 		m.finish(uid)
 		return nil
@@ -159,10 +159,6 @@ func (m *migrations) finishByKey(key string) {
 			delete(m.active, uid)
 		}
 	}
-}
-
-func isMigrationTerminal(p v1alpha1.VirtualMachineInstanceMigrationPhase) bool {
-	return p == v1alpha1.MigrationSucceeded || p == v1alpha1.MigrationFailed
 }
 
 // vmiUID finds the UID of a migration's VMI, which names the launcher directories on both nodes.

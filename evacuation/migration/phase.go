@@ -29,11 +29,6 @@ const (
 // Event is a Kubernetes Event for the migration.
 type Event struct{ Type, Reason, Message string }
 
-// Terminal reports whether a migration phase is final.
-func Terminal(p v1alpha1.VirtualMachineInstanceMigrationPhase) bool {
-	return p == v1alpha1.MigrationSucceeded || p == v1alpha1.MigrationFailed
-}
-
 // Next is the migration's next status from what the cluster shows: its VMI (nil if gone) and
 // its target pod (nil if none). Phases the agents own (PreparingTarget onwards) are left to them.
 func Next(m *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, target *corev1.Pod, now metav1.Time) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
@@ -98,7 +93,7 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMach
 		setPhase(&status, v1alpha1.MigrationPreparingTarget, now)
 		return status, NoAction, []Event{{corev1.EventTypeNormal, "PreparingTarget", "the target launcher runs on " + status.TargetNode + "; its agent prepares to receive the guest"}}
 	}
-	if target == nil && !Terminal(status.Phase) {
+	if target == nil && !status.Phase.Terminal() {
 		return fail("the target pod was deleted")
 	}
 	return status, NoAction, nil

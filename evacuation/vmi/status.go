@@ -35,17 +35,12 @@ var phaseOrder = map[v1alpha1.VirtualMachineInstancePhase]int{
 	v1alpha1.VMISucceeded: 5, v1alpha1.VMIFailed: 5,
 }
 
-// Terminal reports whether a VMI phase is final.
-func Terminal(p v1alpha1.VirtualMachineInstancePhase) bool {
-	return p == v1alpha1.VMISucceeded || p == v1alpha1.VMIFailed
-}
-
 // NextStatus is the VMI status the launcher pod implies, and the events to record for the change.
 // pod is nil when the VMI has no launcher pod. Phases only move forward; Running and the
 // conditions on a running guest are the agent's to set.
 func NextStatus(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, now metav1.Time) (v1alpha1.VirtualMachineInstanceStatus, []Event) {
 	status := *vmi.Status.DeepCopy()
-	if Terminal(status.Phase) {
+	if status.Phase.Terminal() {
 		return status, nil
 	}
 	advance := func(p v1alpha1.VirtualMachineInstancePhase) bool {

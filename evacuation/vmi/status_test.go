@@ -100,7 +100,7 @@ func TestNextStatus(t *testing.T) {
 			if status.Reason != tc.wantReason {
 				t.Errorf("reason = %q, want %q", status.Reason, tc.wantReason)
 			}
-			if Terminal(status.Phase) && status.Phase != tc.vmi.Status.Phase {
+			if status.Phase.Terminal() && status.Phase != tc.vmi.Status.Phase {
 				if c := meta.FindStatusCondition(status.Conditions, v1alpha1.VMIConditionReady); c == nil || c.Status != metav1.ConditionFalse {
 					t.Errorf("a VMI that just ended must be Ready=False, conditions %+v", status.Conditions)
 				}

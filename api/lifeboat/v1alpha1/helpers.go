@@ -24,3 +24,11 @@ func FeatureGateEnabled(config *LifeboatConfig, gate FeatureGate) bool {
 	}
 	return false
 }
+
+// Terminal reports whether a VMI in this phase has ended for good.
+func (p VirtualMachineInstancePhase) Terminal() bool { return p == VMISucceeded || p == VMIFailed }
+
+// Terminal reports whether a migration in this phase has ended.
+func (p VirtualMachineInstanceMigrationPhase) Terminal() bool {
+	return p == MigrationSucceeded || p == MigrationFailed
+}
