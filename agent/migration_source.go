@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"path/filepath"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
 
 	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
@@ -80,50 +81,38 @@ func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachi
 		return fmt.Errorf("recording the start of migration %s: %w", mig.Name, err)
 	}
 	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "MigrationStarted", "moving %s from node %s to node %s", vmi.Name, mig.Status.SourceNode, mig.Status.TargetNode)
-	go m.runSource(pctx, cancel, mig.DeepCopy(), vmi, mg)
+	go m.runSource(pctx, mig.DeepCopy(), vmi, mg)
 	return nil
 }
 
 // runSource migrates, escalating convergence as the deadline nears, and records the outcome.
-func (m *migrations) runSource(ctx context.Context, cancel context.CancelFunc, mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mg Migrator) {
+func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mg Migrator) {
 	defer m.finish(string(mig.UID))
 	name := domain.DomainName(vmi.Namespace, vmi.Name)
 	allowed, bandwidth := migrationSettings(m.a.eviction().Config)
 	// The launcher's libvirt sees its directory at the path in the pod, not at the agent's.
 	destURI, migrateURI := domain.ProxiedURIs(filepath.Join(contract.DomainsDir, string(vmi.UID)))
 	opts := domain.MigrateOptions{DestURI: destURI, MigrateURI: migrateURI, Bandwidth: bandwidth, AutoConverge: allowed.AutoConverge, AllowPostCopy: allowed.PostCopy}
-	done := make(chan error, 1)
-	go func() { done <- mg.Migrate(ctx, name, opts) }()
-
 	log := m.a.cfg.Log.With("migration", mig.Namespace+"/"+mig.Name, "vmi", vmi.Name)
 	start := time.Now()
-	mode, escalated := v1alpha1.MigrationModePreCopy, time.Now()
-	ticker := time.NewTicker(progressInterval)
-	defer ticker.Stop()
-	var result error
-	for running := true; running; {
-		select {
-		case result = <-done:
-			running = false
-		case <-ticker.C:
-			if !isFinal(mode) && m.markCleared(mig, string(vmi.UID)) {
+	c := ConvergingMigration{
+		Migrator: mg, Domain: name, Options: opts, Allowed: allowed, Clock: clock.RealClock{}, Log: log,
+		Cancelled: func() bool {
+			if m.markCleared(mig, string(vmi.UID)) {
 				log.Info("the evacuation mark was cleared: cancelling the migration")
-				cancel()
-				continue
+				return true
 			}
-			next, err := m.converge(mig, mg, name, mode, escalated, allowed)
-			if err != nil {
-				log.Warn("escalating the migration", "to", next, "err", err)
-				continue
-			}
-			if next != mode {
-				log.Info("migration escalated", "from", mode, "to", next)
-				mode, escalated = next, time.Now()
-				m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "MigrationEscalated", "switched to %s to finish before the deadline", next)
-				_ = m.updateMigration(context.Background(), mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) { x.Status.Mode = next })
-			}
-		}
+			return false
+		},
+		Escalated: func(next v1alpha1.MigrationMode) {
+			m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "MigrationEscalated", "switched to %s to finish before the deadline", next)
+			_ = m.updateMigration(context.Background(), mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) { x.Status.Mode = next })
+		},
 	}
+	if mig.Status.Deadline != nil {
+		c.Deadline = mig.Status.Deadline.Time
+	}
+	mode, result := MigrateConverging(ctx, c)
 	if result != nil && m.leftByMigration(string(vmi.UID), start) {
 		// The reply to the migration call can be lost as the source daemon exits; the source
 		// launcher saw its guest leave by migration, so the guest runs on the target.
@@ -161,31 +150,6 @@ func (m *migrations) markCleared(mig *v1alpha1.VirtualMachineInstanceMigration, 
 	}
 	vmi := objs[0].(*v1alpha1.VirtualMachineInstance)
 	return vmi.Status.NodeName == mig.Status.SourceNode && vmi.Status.EvacuationNodeName != mig.Status.SourceNode
-}
-
-// converge reads the job's progress and applies the convergence policy's next step.
-func (m *migrations) converge(mig *v1alpha1.VirtualMachineInstanceMigration, mg Migrator, name string, mode v1alpha1.MigrationMode, escalated time.Time, allowed Allowed) (v1alpha1.MigrationMode, error) {
-	stats, err := mg.JobStats(name)
-	if err != nil || stats.Type != domain.JobUnbounded {
-		return mode, nil // not started yet, or over: nothing to steer
-	}
-	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: stats.MemoryBandwidth,
-		Elapsed: stats.Elapsed, SinceEscalation: time.Since(escalated)}
-	if mig.Status.Deadline != nil {
-		p.HasDeadline, p.TimeLeft = true, time.Until(mig.Status.Deadline.Time)
-	}
-	next := NextMode(mode, p, allowed)
-	switch {
-	case next == mode:
-	case next == v1alpha1.MigrationModePostCopy:
-		err = mg.StartPostCopy(name)
-	case next == v1alpha1.MigrationModePaused:
-		err = mg.Suspend(name)
-	}
-	if err != nil {
-		return mode, err
-	}
-	return next, nil
 }
 
 // record writes the outcome on the migration and the VMI. On failure the mark stays, so the

@@ -90,7 +90,7 @@ func TestAFailedMigrationResumesAGuestItPaused(t *testing.T) {
 	fake := &stuckMigrator{suspended: make(chan struct{})}
 	runCtx, stop := context.WithTimeout(ctx, 30*time.Second)
 	defer stop()
-	a.migrations.runSource(runCtx, stop, mig, vmi, fake)
+	a.migrations.runSource(runCtx, mig, vmi, fake)
 
 	if !fake.resumed {
 		t.Error("the guest paused for the migration was not resumed after it failed")

@@ -1,0 +1,97 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/domain"
+)
+
+// ConvergingMigration is one live migration as the source agent runs it: started with
+// Options, then steered by NextMode from the job's statistics until it ends. It is the seam
+// between the convergence loop and its side effects, so that benchmarks drive the agent's own
+// loop against real libvirt without a cluster.
+type ConvergingMigration struct {
+	Migrator Migrator
+	Domain   string
+	Options  domain.MigrateOptions
+	Allowed  Allowed
+	// Deadline is when the migration must have ended; zero when it has none.
+	Deadline time.Time
+	Clock    clock.WithTicker
+	Log      *slog.Logger
+	// Cancelled, when set, is asked on every tick while the migration can still be aborted;
+	// true aborts it (the guest stays on the source).
+	Cancelled func() bool
+	// Escalated, when set, is told of every step up once it has taken effect.
+	Escalated func(v1alpha1.MigrationMode)
+}
+
+// MigrateConverging runs c's migration to its end and returns the last mode it used and
+// Migrate's result.
+func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.MigrationMode, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Migrator.Migrate(ctx, c.Domain, c.Options) }()
+
+	mode, escalated := v1alpha1.MigrationModePreCopy, c.Clock.Now()
+	ticker := c.Clock.NewTicker(progressInterval)
+	defer ticker.Stop()
+	cancelled := false
+	for {
+		select {
+		case result := <-done:
+			return mode, result
+		case <-ticker.C():
+		}
+		if !cancelled && !isFinal(mode) && c.Cancelled != nil && c.Cancelled() {
+			cancelled = true
+			cancel()
+		}
+		if cancelled {
+			continue
+		}
+		next, err := c.step(mode, c.Clock.Since(escalated))
+		if err != nil {
+			c.Log.Warn("escalating the migration", "to", next, "err", err)
+			continue
+		}
+		if next != mode {
+			c.Log.Info("migration escalated", "from", mode, "to", next)
+			mode, escalated = next, c.Clock.Now()
+			if c.Escalated != nil {
+				c.Escalated(next)
+			}
+		}
+	}
+}
+
+// step reads the job's progress and applies the convergence policy's next mode.
+func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation time.Duration) (v1alpha1.MigrationMode, error) {
+	stats, err := c.Migrator.JobStats(c.Domain)
+	if err != nil || stats.Type != domain.JobUnbounded {
+		return mode, nil // not started yet, or over: nothing to steer
+	}
+	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: stats.MemoryBandwidth,
+		Elapsed: stats.Elapsed, SinceEscalation: sinceEscalation}
+	if !c.Deadline.IsZero() {
+		p.HasDeadline, p.TimeLeft = true, c.Deadline.Sub(c.Clock.Now())
+	}
+	next := NextMode(mode, p, c.Allowed)
+	switch {
+	case next == mode:
+	case next == v1alpha1.MigrationModePostCopy:
+		err = c.Migrator.StartPostCopy(c.Domain)
+	case next == v1alpha1.MigrationModePaused:
+		err = c.Migrator.Suspend(c.Domain)
+	}
+	if err != nil {
+		return mode, err
+	}
+	return next, nil
+}
