@@ -43,6 +43,8 @@ type JobStats struct {
 	// MemoryIteration counts the passes over memory a pre-copy migration made.
 	MemoryIteration uint64
 	Elapsed         time.Duration
+	// Downtime is how long a completed migration stopped the guest for its final copy.
+	Downtime time.Duration
 }
 
 // pageSize is x86's page size, for when libvirt does not report the one the job uses.
@@ -81,18 +83,32 @@ func jobStatsFromLibvirt(info *libvirt.DomainJobInfo) JobStats {
 	if info.TimeElapsedSet {
 		s.Elapsed = time.Duration(info.TimeElapsed) * time.Millisecond
 	}
+	if info.DowntimeSet {
+		s.Downtime = time.Duration(info.Downtime) * time.Millisecond
+	}
 	return s
 }
 
 // JobStats reports the progress of the named domain's current job; Type is JobNone when
 // there is none.
 func (c *Conn) JobStats(name string) (JobStats, error) {
+	return c.jobStats(name, 0)
+}
+
+// CompletedJobStats reports the statistics of the named domain's last completed job. On the
+// destination of a migration, they are the migration's, downtime included: the source
+// domain is gone by then.
+func (c *Conn) CompletedJobStats(name string) (JobStats, error) {
+	return c.jobStats(name, libvirt.DOMAIN_JOB_STATS_COMPLETED)
+}
+
+func (c *Conn) jobStats(name string, flags libvirt.DomainGetJobStatsFlags) (JobStats, error) {
 	dom, err := c.lookup(name)
 	if err != nil {
 		return JobStats{}, err
 	}
 	defer dom.Free()
-	info, err := dom.GetJobStats(0)
+	info, err := dom.GetJobStats(flags)
 	if err != nil {
 		return JobStats{}, fmt.Errorf("reading the job statistics of domain %q: %w", name, err)
 	}

@@ -38,8 +38,13 @@ func TestJobStatsFromLibvirt(t *testing.T) {
 			want: JobStats{Type: JobUnbounded, MemoryDirtyRate: 1 << 20},
 		},
 		{
+			name: "completed migration with its downtime",
+			info: libvirt.DomainJobInfo{Type: libvirt.DOMAIN_JOB_COMPLETED, TimeElapsedSet: true, TimeElapsed: 4200, DowntimeSet: true, Downtime: 35},
+			want: JobStats{Type: JobCompleted, Elapsed: 4200 * time.Millisecond, Downtime: 35 * time.Millisecond},
+		},
+		{
 			name: "figures not set are zero",
-			info: libvirt.DomainJobInfo{Type: libvirt.DOMAIN_JOB_COMPLETED, DataTotal: 1, TimeElapsed: 5},
+			info: libvirt.DomainJobInfo{Type: libvirt.DOMAIN_JOB_COMPLETED, DataTotal: 1, TimeElapsed: 5, Downtime: 7},
 			want: JobStats{Type: JobCompleted},
 		},
 		{name: "a job type newer than lifeboat", info: libvirt.DomainJobInfo{Type: libvirt.DomainJobType(42)}, want: JobStats{Type: "Unknown(42)"}},

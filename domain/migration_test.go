@@ -1,152 +1,28 @@
-package domain
+package domain_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/domain"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/migrationpair"
 )
-
-// Emulated node addresses: the source agent dials from the first, the target agent listens on the second.
-var (
-	sourceNodeIP = net.IPv4(127, 0, 0, 11)
-	targetNodeIP = net.IPv4(127, 0, 0, 12)
-)
-
-// migrationNode is one node's side of a migration: a private libvirtd, as a launcher runs it,
-// and that launcher's VMI directory as the node's agent sees it.
-type migrationNode struct {
-	daemon *Libvirtd
-	conn   *Conn
-	// dir is this node's VMI directory. The daemon and its QEMU see it at the VMI
-	// directory path shared by both nodes, as a launcher pod sees its hostPath.
-	dir string
-}
-
-// startMigrationNode starts a daemon whose mount namespace has the node's own directory
-// bind-mounted over vmiDir. Two such daemons in one test process then see different
-// directories under the same path, as the same path on two nodes is two directories: the
-// migration URIs, the console log and the sockets QEMU creates name the same path on both
-// sides, and nothing is rewritten for the test. The bind mount is made by a wrapper around
-// libvirtd that runs inside the daemon's namespace (Config.Binary), so the daemon's code
-// is the production code.
-func startMigrationNode(t *testing.T, vmiDir string) migrationNode {
-	t.Helper()
-	root := t.TempDir()
-	dir := filepath.Join(root, "vmi")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	wrapper := filepath.Join(root, "libvirtd")
-	script := fmt.Sprintf("#!/bin/sh\nmount --bind '%s' '%s' && exec /usr/sbin/libvirtd \"$@\"\n", dir, vmiDir)
-	if err := os.WriteFile(wrapper, []byte(script), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	d, err := StartLibvirtd(ctx, Config{Dir: filepath.Join(root, "daemon"), SocketDir: dir, Binary: wrapper})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.Stop(); err != nil {
-			t.Errorf("stopping libvirtd: %v", err)
-		}
-	})
-	return migrationNode{daemon: d, conn: connect(t, d), dir: dir}
-}
-
-func (n migrationNode) console() string { return filepath.Join(n.dir, "console.log") }
-
-// migrationPair is a source and a target node with the migration proxies between them,
-// as the two agents set them up: on the source node unix sockets in the VMI directory,
-// forwarded over TCP to the target node, forwarded there to the target launcher's libvirt
-// socket and to the socket its QEMU listens on for the stream.
-type migrationPair struct {
-	vmiDir   string
-	src, dst migrationNode
-}
-
-func newMigrationPair(t *testing.T) migrationPair {
-	t.Helper()
-	// Short: unix socket paths must fit in 108 bytes.
-	vmiDir, err := os.MkdirTemp("", "vmi")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(vmiDir) })
-	p := migrationPair{vmiDir: vmiDir, src: startMigrationNode(t, vmiDir), dst: startMigrationNode(t, vmiDir)}
-	p.startProxies(t)
-	return p
-}
-
-func (p migrationPair) startProxies(t *testing.T) {
-	t.Helper()
-	ctx := t.Context()
-	routes := []struct{ name, target string }{
-		{MigrationLibvirtSocket, p.dst.daemon.Socket()},
-		{MigrationQEMUSocket, filepath.Join(p.dst.dir, MigrationQEMUSocket)},
-	}
-	for _, r := range routes {
-		target, err := migrationproxy.ListenTCP(ctx, net.JoinHostPort(targetNodeIP.String(), "0"), r.target)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = target.Close() })
-		dialer := net.Dialer{LocalAddr: &net.TCPAddr{IP: sourceNodeIP}}
-		source, err := migrationproxy.ListenUnix(ctx, filepath.Join(p.src.dir, r.name), func(ctx context.Context) (net.Conn, error) {
-			return dialer.DialContext(ctx, "tcp", target.Addr().String())
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = source.Close() })
-	}
-}
-
-// options are the MigrateOptions of a migration through the proxies, with the given cap.
-func (p migrationPair) options(bandwidth uint64) MigrateOptions {
-	dest, mig := ProxiedURIs(p.vmiDir)
-	return MigrateOptions{DestURI: dest, MigrateURI: mig, Bandwidth: bandwidth}
-}
-
-// runGuestAt starts vmi on the source node with its console in the VMI directory, and
-// waits until it counts.
-func (p migrationPair) runGuestAt(t *testing.T, ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) string {
-	t.Helper()
-	xml, err := DomainXML(vmi, XMLOptions{Acceleration: testAcceleration(t), ConsoleLog: filepath.Join(p.vmiDir, "console.log")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.src.conn.DefineAndStart(xml); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := guest.WaitForConsole(ctx, p.src.console(), "the counter at 2", func(out string) bool {
-		n, ok := protocol.LastCounter(out)
-		return ok && n >= 2
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return DomainName(vmi.Namespace, vmi.Name)
-}
 
 // dirtyingGuest is a VMI whose guest keeps rewriting 64 MiB of memory at 256 MiB/s: a
 // migration capped at nonConvergingCap finds most of it dirty again on every pass and
 // never converges (TestCancelledMigrationLeavesTheGuestOnTheSource shows it).
 func dirtyingGuest(t *testing.T, name string) *v1alpha1.VirtualMachineInstance {
-	vmi := guestVMI(t, name, protocol.DirtyParam+"=64M", protocol.DirtyRateParam+"=256M")
+	vmi := domain.GuestVMI(t, name, protocol.DirtyParam+"=64M", protocol.DirtyRateParam+"=256M")
 	vmi.Spec.Memory = resource.MustParse("256Mi")
 	return vmi
 }
@@ -155,7 +31,7 @@ func dirtyingGuest(t *testing.T, name string) *v1alpha1.VirtualMachineInstance {
 const nonConvergingCap = 8 << 20
 
 // migrateAsync runs Migrate in a goroutine and returns its result channel.
-func migrateAsync(ctx context.Context, c *Conn, name string, opts MigrateOptions) <-chan error {
+func migrateAsync(ctx context.Context, c *domain.Conn, name string, opts domain.MigrateOptions) <-chan error {
 	result := make(chan error, 1)
 	go func() { result <- c.Migrate(ctx, name, opts) }()
 	return result
@@ -163,10 +39,10 @@ func migrateAsync(ctx context.Context, c *Conn, name string, opts MigrateOptions
 
 // waitJob polls the named domain's job statistics until done accepts them. It fails at
 // once if the migration ends first (its result arrives on ended).
-func waitJob(ctx context.Context, c *Conn, name string, ended <-chan error, want string, done func(JobStats) bool) (JobStats, error) {
+func waitJob(ctx context.Context, c *domain.Conn, name string, ended <-chan error, want string, done func(domain.JobStats) bool) (domain.JobStats, error) {
 	ticker := time.NewTicker(200 * time.Millisecond)
 	defer ticker.Stop()
-	var last JobStats
+	var last domain.JobStats
 	var lastErr error
 	for {
 		last, lastErr = c.JobStats(name)
@@ -186,9 +62,9 @@ func waitJob(ctx context.Context, c *Conn, name string, ended <-chan error, want
 // notConverging waits until the migration is in its third pass over memory or later and
 // still has more left than the cap sends in the 300 ms final pause libvirt allows by
 // default: it does not converge.
-func notConverging(ctx context.Context, c *Conn, name string, ended <-chan error) (JobStats, error) {
-	return waitJob(ctx, c, name, ended, "a third pass over memory with more than 300 ms of transfer remaining", func(s JobStats) bool {
-		return s.Type == JobUnbounded && s.MemoryIteration >= 3 && s.DataRemaining > nonConvergingCap*3/10
+func notConverging(ctx context.Context, c *domain.Conn, name string, ended <-chan error) (domain.JobStats, error) {
+	return waitJob(ctx, c, name, ended, "a third pass over memory with more than 300 ms of transfer remaining", func(s domain.JobStats) bool {
+		return s.Type == domain.JobUnbounded && s.MemoryIteration >= 3 && s.DataRemaining > nonConvergingCap*3/10
 	})
 }
 
@@ -209,20 +85,20 @@ func firstCounter(console string) (int, bool) {
 
 // checkMoved checks that the guest left the source and runs on the destination without
 // having rebooted: the destination's console goes on counting from where the source's stopped.
-func (p migrationPair) checkMoved(t *testing.T, ctx context.Context, name string) {
+func checkMoved(t *testing.T, ctx context.Context, p migrationpair.Pair, name string) {
 	t.Helper()
-	if _, err := p.src.conn.Lookup(name); !errors.Is(err, ErrNotFound) {
+	if _, err := p.Src.Conn.Lookup(name); !errors.Is(err, domain.ErrNotFound) {
 		t.Errorf("after the migration the source still has domain %s: Lookup() = %v, want ErrNotFound", name, err)
 	}
-	if state, reason, err := p.dst.conn.State(name); err != nil || state != Running {
-		t.Errorf("after the migration the destination's domain is %s (%s), error %v; want %s", state, reason, err, Running)
+	if state, reason, err := p.Dst.Conn.State(name); err != nil || state != domain.Running {
+		t.Errorf("after the migration the destination's domain is %s (%s), error %v; want %s", state, reason, err, domain.Running)
 	}
-	last, ok := protocol.LastCounter(readFile(t, p.src.console()))
+	last, ok := protocol.LastCounter(domain.ReadFile(t, p.Src.Console()))
 	if !ok {
 		t.Fatalf("the source console has no counter")
 	}
 	// A few counters: a guest whose memory arrived damaged tends to print one and then panic.
-	out, err := guest.WaitForConsole(ctx, p.dst.console(), fmt.Sprintf("three counters after %d", last), func(out string) bool {
+	out, err := guest.WaitForConsole(ctx, p.Dst.Console(), fmt.Sprintf("three counters after %d", last), func(out string) bool {
 		first, ok := firstCounter(out)
 		n, _ := protocol.LastCounter(out)
 		return ok && n >= first+2 || strings.Contains(out, kernelPanic)
@@ -246,28 +122,33 @@ func (p migrationPair) checkMoved(t *testing.T, ctx context.Context, name string
 const kernelPanic = "Kernel panic"
 
 func TestMigrationThroughProxiesMovesARunningGuest(t *testing.T) {
-	p := newMigrationPair(t)
-	ctx := guestContext(t)
-	name := p.runGuestAt(t, ctx, guestVMI(t, "moves"))
+	p := migrationpair.New(t)
+	ctx := domain.GuestContext(t)
+	name := p.RunGuest(t, ctx, domain.GuestVMI(t, "moves"), testAcceleration(t))
 
 	start := time.Now()
-	if err := p.src.conn.Migrate(ctx, name, p.options(0)); err != nil {
+	if err := p.Src.Conn.Migrate(ctx, name, p.Options(0)); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("migrated the guest through the proxies in %s", time.Since(start).Round(time.Millisecond))
-	p.checkMoved(t, ctx, name)
+	checkMoved(t, ctx, p, name)
+	// The destination keeps the migration's statistics, downtime included: the source domain is gone.
+	stats, err := p.Dst.Conn.CompletedJobStats(name)
+	if err != nil || stats.Type != domain.JobCompleted || stats.Downtime <= 0 || stats.Downtime > time.Second {
+		t.Errorf("CompletedJobStats() on the destination = %+v, %v; want a completed job with a downtime between 0 and 1 s", stats, err)
+	}
 }
 
 func TestCancelledMigrationLeavesTheGuestOnTheSource(t *testing.T) {
-	p := newMigrationPair(t)
-	ctx := guestContext(t)
-	name := p.runGuestAt(t, ctx, dirtyingGuest(t, "cancelled"))
+	p := migrationpair.New(t)
+	ctx := domain.GuestContext(t)
+	name := p.RunGuest(t, ctx, dirtyingGuest(t, "cancelled"), testAcceleration(t))
 
 	migrateCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	start := time.Now()
-	result := migrateAsync(migrateCtx, p.src.conn, name, p.options(nonConvergingCap))
-	stats, err := notConverging(ctx, p.src.conn, name, result)
+	result := migrateAsync(migrateCtx, p.Src.Conn, name, p.Options(nonConvergingCap))
+	stats, err := notConverging(ctx, p.Src.Conn, name, result)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,14 +164,14 @@ func TestCancelledMigrationLeavesTheGuestOnTheSource(t *testing.T) {
 		t.Fatalf("Migrate() did not return after its context was cancelled: %v", ctx.Err())
 	}
 
-	if state, reason, err := p.src.conn.State(name); err != nil || state != Running {
-		t.Errorf("after the cancelled migration the source's domain is %s (%s), error %v; want %s", state, reason, err, Running)
+	if state, reason, err := p.Src.Conn.State(name); err != nil || state != domain.Running {
+		t.Errorf("after the cancelled migration the source's domain is %s (%s), error %v; want %s", state, reason, err, domain.Running)
 	}
-	if _, err := p.dst.conn.Lookup(name); !errors.Is(err, ErrNotFound) {
+	if _, err := p.Dst.Conn.Lookup(name); !errors.Is(err, domain.ErrNotFound) {
 		t.Errorf("after the cancelled migration the destination has domain %s: Lookup() = %v, want ErrNotFound", name, err)
 	}
-	last, _ := protocol.LastCounter(readFile(t, p.src.console()))
-	if _, err := guest.WaitForConsole(ctx, p.src.console(), fmt.Sprintf("a counter after %d on the source", last), func(out string) bool {
+	last, _ := protocol.LastCounter(domain.ReadFile(t, p.Src.Console()))
+	if _, err := guest.WaitForConsole(ctx, p.Src.Console(), fmt.Sprintf("a counter after %d on the source", last), func(out string) bool {
 		n, ok := protocol.LastCounter(out)
 		return ok && n > last
 	}); err != nil {
@@ -300,14 +181,14 @@ func TestCancelledMigrationLeavesTheGuestOnTheSource(t *testing.T) {
 
 // testAcceleration is how the migration tests run their guests: $LIFEBOAT_TEST_ACCELERATION
 // (kvm or tcg), TCG by default, since KVM cannot boot Linux on the development machines.
-func testAcceleration(t *testing.T) Acceleration {
+func testAcceleration(t *testing.T) domain.Acceleration {
 	t.Helper()
 	env := os.Getenv("LIFEBOAT_TEST_ACCELERATION")
 	if env == "" {
-		return TCG
+		return domain.TCG
 	}
-	a, err := ParseAcceleration(env)
-	if err != nil || a == Auto {
+	a, err := domain.ParseAcceleration(env)
+	if err != nil || a == domain.Auto {
 		t.Fatalf("LIFEBOAT_TEST_ACCELERATION=%q: want kvm or tcg", env)
 	}
 	return a
@@ -325,14 +206,14 @@ func testAcceleration(t *testing.T) Acceleration {
 // migrate intact: TCG's software tracking of dirty pages loses writes made during a
 // resync. KVM tracks dirty pages in the kernel instead. Until the second sync, every page
 // is sent after the guest's last write to it, so acting in the first pass is safe.
-func (p migrationPair) firstPassMigration(t *testing.T, ctx context.Context, name string, allowPostCopy bool) <-chan error {
+func firstPassMigration(t *testing.T, ctx context.Context, p migrationpair.Pair, name string, allowPostCopy bool) <-chan error {
 	t.Helper()
-	opts := p.options(nonConvergingCap)
+	opts := p.Options(nonConvergingCap)
 	opts.AllowPostCopy = allowPostCopy
 	start := time.Now()
-	result := migrateAsync(ctx, p.src.conn, name, opts)
-	stats, err := waitJob(ctx, p.src.conn, name, result, "16 MiB sent in the first pass", func(s JobStats) bool {
-		return s.Type == JobUnbounded && s.DataProcessed >= 16<<20
+	result := migrateAsync(ctx, p.Src.Conn, name, opts)
+	stats, err := waitJob(ctx, p.Src.Conn, name, result, "16 MiB sent in the first pass", func(s domain.JobStats) bool {
+		return s.Type == domain.JobUnbounded && s.DataProcessed >= 16<<20
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -345,36 +226,36 @@ func (p migrationPair) firstPassMigration(t *testing.T, ctx context.Context, nam
 }
 
 func TestPostCopyFinishesANonConvergingMigration(t *testing.T) {
-	if testAcceleration(t) != KVM {
+	if testAcceleration(t) != domain.KVM {
 		// Seen in CI: the guest panicked on the destination although the switch came in the
 		// first pass, where pausing and pre-copy are safe.
 		t.Skip("needs a KVM host (run with LIFEBOAT_TEST_ACCELERATION=kvm there): under TCG, QEMU 7.2 corrupts a guest " +
 			"that writes memory during a post-copy migration, and nested KVM here cannot boot Linux")
 	}
-	p := newMigrationPair(t)
-	ctx := guestContext(t)
-	name := p.runGuestAt(t, ctx, dirtyingGuest(t, "postcopy"))
+	p := migrationpair.New(t)
+	ctx := domain.GuestContext(t)
+	name := p.RunGuest(t, ctx, dirtyingGuest(t, "postcopy"), testAcceleration(t))
 
 	start := time.Now()
-	result := p.firstPassMigration(t, ctx, name, true)
-	if err := p.src.conn.StartPostCopy(name); err != nil {
+	result := firstPassMigration(t, ctx, p, name, true)
+	if err := p.Src.Conn.StartPostCopy(name); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-result; err != nil {
 		t.Fatalf("Migrate() after switching to post-copy: %v", err)
 	}
 	t.Logf("migrated in %s", time.Since(start).Round(time.Millisecond))
-	p.checkMoved(t, ctx, name)
+	checkMoved(t, ctx, p, name)
 }
 
 func TestPausingFinishesANonConvergingMigration(t *testing.T) {
-	p := newMigrationPair(t)
-	ctx := guestContext(t)
-	name := p.runGuestAt(t, ctx, dirtyingGuest(t, "paused"))
+	p := migrationpair.New(t)
+	ctx := domain.GuestContext(t)
+	name := p.RunGuest(t, ctx, dirtyingGuest(t, "paused"), testAcceleration(t))
 
 	start := time.Now()
-	result := p.firstPassMigration(t, ctx, name, false)
-	if err := p.src.conn.Suspend(name); err != nil {
+	result := firstPassMigration(t, ctx, p, name, false)
+	if err := p.Src.Conn.Suspend(name); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-result; err != nil {
@@ -383,5 +264,5 @@ func TestPausingFinishesANonConvergingMigration(t *testing.T) {
 	t.Logf("migrated in %s", time.Since(start).Round(time.Millisecond))
 	// checkMoved also checks that the guest paused on the source runs on the destination
 	// without being resumed there: libvirt resumes it when the migration ends.
-	p.checkMoved(t, ctx, name)
+	checkMoved(t, ctx, p, name)
 }

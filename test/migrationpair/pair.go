@@ -1,0 +1,151 @@
+// Package migrationpair runs two nodes' sides of a live migration on one machine, for tests
+// and benchmarks of migration against real libvirt: a private libvirtd per node, as a
+// launcher runs it, with the agents' migration proxies between them.
+package migrationpair
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/domain"
+	"github.com/lifeboat-vm/lifeboat/test/guest"
+	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+)
+
+// Emulated node addresses: the source agent dials from the first, the target agent listens on the second.
+var (
+	SourceNodeIP = net.IPv4(127, 0, 0, 11)
+	TargetNodeIP = net.IPv4(127, 0, 0, 12)
+)
+
+// Node is one node's side of a migration: a private libvirtd, as a launcher runs it, and
+// that launcher's VMI directory as the node's agent sees it.
+type Node struct {
+	Daemon *domain.Libvirtd
+	Conn   *domain.Conn
+	// Dir is this node's VMI directory. The daemon and its QEMU see it at the VMI
+	// directory path shared by both nodes, as a launcher pod sees its hostPath.
+	Dir string
+}
+
+// startNode starts a daemon whose mount namespace has the node's own directory
+// bind-mounted over vmiDir. Two such daemons in one process then see different
+// directories under the same path, as the same path on two nodes is two directories: the
+// migration URIs, the console log and the sockets QEMU creates name the same path on both
+// sides, and nothing is rewritten for the test. The bind mount is made by a wrapper around
+// libvirtd that runs inside the daemon's namespace (Config.Binary), so the daemon's code
+// is the production code.
+func startNode(t testing.TB, vmiDir string) Node {
+	t.Helper()
+	root := t.TempDir()
+	dir := filepath.Join(root, "vmi")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	wrapper := filepath.Join(root, "libvirtd")
+	script := fmt.Sprintf("#!/bin/sh\nmount --bind '%s' '%s' && exec /usr/sbin/libvirtd \"$@\"\n", dir, vmiDir)
+	if err := os.WriteFile(wrapper, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := domain.StartLibvirtd(ctx, domain.Config{Dir: filepath.Join(root, "daemon"), SocketDir: dir, Binary: wrapper})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Stop(); err != nil {
+			t.Errorf("stopping libvirtd: %v", err)
+		}
+	})
+	c, err := domain.Connect(d.Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return Node{Daemon: d, Conn: c, Dir: dir}
+}
+
+// Console is the guest's serial console log on this node.
+func (n Node) Console() string { return filepath.Join(n.Dir, "console.log") }
+
+// Pair is a source and a target node with the migration proxies between them, as the two
+// agents set them up: on the source node unix sockets in the VMI directory, forwarded over
+// TCP to the target node, forwarded there to the target launcher's libvirt socket and to the
+// socket its QEMU listens on for the stream. Programs using it call
+// domain.MaybeRunLibvirtdShim first thing (in TestMain).
+type Pair struct {
+	VMIDir   string
+	Src, Dst Node
+}
+
+// New starts a pair, stopped when t ends.
+func New(t testing.TB) Pair {
+	t.Helper()
+	// Short: unix socket paths must fit in 108 bytes.
+	vmiDir, err := os.MkdirTemp("", "vmi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(vmiDir) })
+	p := Pair{VMIDir: vmiDir, Src: startNode(t, vmiDir), Dst: startNode(t, vmiDir)}
+	p.startProxies(t)
+	return p
+}
+
+func (p Pair) startProxies(t testing.TB) {
+	t.Helper()
+	ctx := t.Context()
+	routes := []struct{ name, target string }{
+		{domain.MigrationLibvirtSocket, p.Dst.Daemon.Socket()},
+		{domain.MigrationQEMUSocket, filepath.Join(p.Dst.Dir, domain.MigrationQEMUSocket)},
+	}
+	for _, r := range routes {
+		target, err := migrationproxy.ListenTCP(ctx, net.JoinHostPort(TargetNodeIP.String(), "0"), r.target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = target.Close() })
+		dialer := net.Dialer{LocalAddr: &net.TCPAddr{IP: SourceNodeIP}}
+		source, err := migrationproxy.ListenUnix(ctx, filepath.Join(p.Src.Dir, r.name), func(ctx context.Context) (net.Conn, error) {
+			return dialer.DialContext(ctx, "tcp", target.Addr().String())
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = source.Close() })
+	}
+}
+
+// Options are the MigrateOptions of a migration through the proxies, with the given cap.
+func (p Pair) Options(bandwidth uint64) domain.MigrateOptions {
+	dest, mig := domain.ProxiedURIs(p.VMIDir)
+	return domain.MigrateOptions{DestURI: dest, MigrateURI: mig, Bandwidth: bandwidth}
+}
+
+// RunGuest starts vmi on the source node with its console in the VMI directory, and waits
+// until it counts; it returns the domain's name.
+func (p Pair) RunGuest(t testing.TB, ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, acceleration domain.Acceleration) string {
+	t.Helper()
+	xml, err := domain.DomainXML(vmi, domain.XMLOptions{Acceleration: acceleration, ConsoleLog: filepath.Join(p.VMIDir, "console.log")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Src.Conn.DefineAndStart(xml); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := guest.WaitForConsole(ctx, p.Src.Console(), "the counter at 2", func(out string) bool {
+		n, ok := protocol.LastCounter(out)
+		return ok && n >= 2
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return domain.DomainName(vmi.Namespace, vmi.Name)
+}
