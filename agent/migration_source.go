@@ -89,7 +89,7 @@ func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachi
 func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mg Migrator) {
 	defer m.finish(string(mig.UID))
 	name := domain.DomainName(vmi.Namespace, vmi.Name)
-	allowed, bandwidth := migrationSettings(m.a.eviction().Config)
+	allowed, bandwidth := MigrationSettings(m.a.eviction().Config)
 	// The launcher's libvirt sees its directory at the path in the pod, not at the agent's.
 	destURI, migrateURI := domain.ProxiedURIs(filepath.Join(contract.DomainsDir, string(vmi.UID)))
 	opts := domain.MigrateOptions{DestURI: destURI, MigrateURI: migrateURI, Bandwidth: bandwidth, AutoConverge: allowed.AutoConverge, AllowPostCopy: allowed.PostCopy}
@@ -202,9 +202,9 @@ func (m *migrations) record(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *
 	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeWarning, "MigrationFailed", "%s; the guest keeps running on node %s", reason, mig.Status.SourceNode)
 }
 
-// migrationSettings are the LifeboatConfig's convergence switches and bandwidth cap, with the
+// MigrationSettings are the LifeboatConfig's convergence switches and bandwidth cap, with the
 // API's defaults when there is no configuration.
-func migrationSettings(config *v1alpha1.LifeboatConfig) (Allowed, uint64) {
+func MigrationSettings(config *v1alpha1.LifeboatConfig) (Allowed, uint64) {
 	allowed := Allowed{AutoConverge: true, Pause: true}
 	if config == nil {
 		return allowed, 0

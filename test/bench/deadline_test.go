@@ -1,0 +1,416 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+
+	"github.com/lifeboat-vm/lifeboat/agent"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/domain"
+	"github.com/lifeboat-vm/lifeboat/test/guest"
+	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/migrationpair"
+)
+
+func TestMain(m *testing.M) {
+	// The private libvirt daemons of the deadline matrix are this binary, re-executed.
+	domain.MaybeRunLibvirtdShim()
+	code := m.Run()
+	matrix.print(os.Stdout)
+	os.Exit(code)
+}
+
+const mib = 1 << 20
+
+// matrixCap caps every migration of the deadline matrix, so that one machine's loopback
+// behaves like a network: 64 MiB/s is about a 0.5 Gbit/s link.
+const matrixCap = 64 * mib
+
+// dirtyFactors are the guest's dirty rates as fractions of matrixCap.
+var dirtyFactors = []struct {
+	name     string
+	num, den uint64
+}{{"0", 0, 1}, {"0.5x", 1, 2}, {"1.5x", 3, 2}}
+
+var (
+	matrixMemories = []uint64{256 * mib, 1024 * mib}
+	matrixGraces   = []time.Duration{15 * time.Second, 30 * time.Second, 60 * time.Second}
+)
+
+// KubeVirt's migration defaults: no auto-converge, no post-copy, and the migration is aborted
+// after completionTimeoutPerGiB per GB of guest memory (rounded up, as KubeVirt's
+// getVMIMigrationDataSize does with ScaledValue(Giga)) or after progressTimeout without progress.
+const (
+	kubevirtCompletionTimeoutPerGiB = 150 * time.Second
+	kubevirtProgressTimeout         = 150 * time.Second
+)
+
+// guestHeadroom is memory the test guest leaves to its kernel, initramfs and init (the guest
+// needs 24 MiB free beyond what it dirties; about 60 MiB are in use after boot); the rest it fills
+// with non-zero pages, so that a migration has to send (nearly) all of the guest's memory.
+const guestHeadroom = 96 * mib
+
+// BenchmarkDeadlineMatrix migrates real TCG guests between two private libvirt daemons through
+// the agents' migration proxies, for each guest size × dirty rate: once per grace period with
+// lifeboat's policy (the agent's own convergence loop, agent.MigrateConverging, with
+// LifeboatConfig's default modes and a deadline at the grace), and once with KubeVirt's
+// defaults (plain pre-copy, which does not depend on the grace). The table printed at the end
+// has the medians over -count runs.
+func BenchmarkDeadlineMatrix(b *testing.B) {
+	img, err := guest.Ensure(b.Context(), os.Stderr)
+	if err != nil {
+		b.Fatalf("building the test guest: %v", err)
+	}
+	for _, mem := range matrixMemories {
+		for _, f := range dirtyFactors {
+			rate := matrixCap * f.num / f.den
+			cell := matrixCell{memory: mem, dirtyRate: rate, factor: f.name}
+			b.Run(fmt.Sprintf("mem=%dMi/dirty=%s/policy=kubevirt", mem/mib, f.name), func(b *testing.B) {
+				for b.Loop() {
+					matrix.add(cell, "kubevirt", migrateOnce(b, img, cell, kubevirtPolicy(mem)))
+				}
+			})
+			for _, grace := range matrixGraces {
+				c := cell
+				c.grace = grace
+				b.Run(fmt.Sprintf("mem=%dMi/dirty=%s/grace=%s/policy=lifeboat", mem/mib, f.name, grace), func(b *testing.B) {
+					for b.Loop() {
+						matrix.add(c, "lifeboat", migrateOnce(b, img, c, lifeboatPolicy(grace)))
+					}
+				})
+			}
+		}
+	}
+}
+
+// matrixCell is a guest and, for lifeboat's policy, the grace period it is given (zero for
+// KubeVirt's, which does not know of one).
+type matrixCell struct {
+	memory, dirtyRate uint64
+	factor            string
+	grace             time.Duration
+}
+
+// policy turns a migration into a ConvergingMigration: its allowed modes, deadline and abort rule.
+type policy func(c *agent.ConvergingMigration, start time.Time, stats func() domain.JobStats)
+
+// lifeboatPolicy is the agent's: LifeboatConfig's defaults with the bandwidth cap, and the
+// kubelet's deadline at the grace period from the start.
+func lifeboatPolicy(grace time.Duration) policy {
+	return func(c *agent.ConvergingMigration, start time.Time, _ func() domain.JobStats) {
+		config := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}}
+		config.Spec.Migrations.BandwidthPerMigration = ptr.To(resource.MustParse(fmt.Sprintf("%dMi", matrixCap/mib)))
+		allowed, bandwidth := agent.MigrationSettings(config)
+		c.Allowed, c.Options.Bandwidth = allowed, bandwidth
+		c.Options.AutoConverge, c.Options.AllowPostCopy = allowed.AutoConverge, allowed.PostCopy
+		c.Deadline = start.Add(grace)
+	}
+}
+
+// kubevirtPolicy is plain pre-copy, aborted by KubeVirt's completion and progress timeouts,
+// or at the longest grace of the matrix, when every deadline has passed and the kubelet would
+// have killed the VM.
+func kubevirtPolicy(memory uint64) policy {
+	gb := resource.NewQuantity(int64(memory), resource.BinarySI).ScaledValue(resource.Giga)
+	completion := time.Duration(gb) * kubevirtCompletionTimeoutPerGiB
+	cut := min(completion, slices.Max(matrixGraces))
+	return func(c *agent.ConvergingMigration, start time.Time, stats func() domain.JobStats) {
+		c.Options.Bandwidth = matrixCap
+		lastRemaining, lastProgress := uint64(0), start
+		c.Cancelled = func() bool {
+			now := time.Now()
+			if s := stats(); s.DataRemaining > 0 && (lastRemaining == 0 || s.DataRemaining < lastRemaining) {
+				lastRemaining, lastProgress = s.DataRemaining, now
+			}
+			return now.Sub(start) >= cut || now.Sub(lastProgress) >= kubevirtProgressTimeout
+		}
+	}
+}
+
+// recordingMigrator is the source daemon's connection, noting what the convergence loop saw
+// and did: the job statistics it read and when it paused the guest.
+type recordingMigrator struct {
+	agent.Migrator
+	mu       sync.Mutex
+	last     domain.JobStats
+	maxDirty uint64 // highest dirty rate libvirt reported before any escalation
+	rates    []uint64 // transfer rates libvirt reported
+	escalate bool
+	pausedAt time.Time
+}
+
+func (r *recordingMigrator) JobStats(name string) (domain.JobStats, error) {
+	s, err := r.Migrator.JobStats(name)
+	if err == nil && s.Type == domain.JobUnbounded {
+		r.mu.Lock()
+		r.last = s
+		if s.MemoryBandwidth > 0 {
+			r.rates = append(r.rates, s.MemoryBandwidth)
+		}
+		if !r.escalate {
+			r.maxDirty = max(r.maxDirty, s.MemoryDirtyRate)
+		}
+		r.mu.Unlock()
+	}
+	return s, err
+}
+
+func (r *recordingMigrator) Suspend(name string) error {
+	err := r.Migrator.Suspend(name)
+	if err == nil {
+		r.mu.Lock()
+		r.pausedAt = time.Now()
+		r.mu.Unlock()
+	}
+	return err
+}
+
+func (r *recordingMigrator) escalated() {
+	r.mu.Lock()
+	r.escalate = true
+	r.mu.Unlock()
+}
+
+func (r *recordingMigrator) stats() domain.JobStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
+}
+
+// outcome is one migration of the matrix.
+type outcome struct {
+	finished       bool // the guest runs on the destination
+	total          time.Duration
+	downtime       time.Duration
+	modes          []v1alpha1.MigrationMode
+	maxDirty       uint64
+	transferRate   uint64 // median of what libvirt reported
+	guestAfterward string // what the guest's console shows on the destination
+}
+
+// migrateOnce boots the cell's guest on a fresh pair of daemons and migrates it with pol.
+func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) outcome {
+	p := migrationpair.New(b)
+	ctx, cancel := context.WithTimeout(b.Context(), 5*time.Minute)
+	defer cancel()
+	vmi := matrixGuest(img, cell)
+	name := p.RunGuest(b, ctx, vmi, domain.TCG)
+	size := int64(cell.memory - guestHeadroom)
+	// The guest has printed whether it dirties its memory before it counts.
+	if console := readOrEmpty(p.Src.Console()); !guest.HasLine(console, protocol.Dirtying(size, int64(cell.dirtyRate))) {
+		b.Fatalf("the guest does not dirty its memory as asked (%d bytes at %d bytes/s):\n%s", size, cell.dirtyRate, console)
+	}
+
+	rec := &recordingMigrator{Migrator: p.Src.Conn}
+	c := agent.ConvergingMigration{
+		Migrator: rec, Domain: name, Options: p.Options(0), Clock: clock.RealClock{},
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	modes := []v1alpha1.MigrationMode{v1alpha1.MigrationModePreCopy}
+	c.Escalated = func(m v1alpha1.MigrationMode) { rec.escalated(); modes = append(modes, m) }
+	start := time.Now()
+	pol(&c, start, rec.stats)
+	_, err := agent.MigrateConverging(ctx, c)
+	end := time.Now()
+
+	o := outcome{finished: err == nil, total: end.Sub(start), modes: modes, maxDirty: rec.maxDirty}
+	if len(rec.rates) > 0 {
+		slices.Sort(rec.rates)
+		o.transferRate = rec.rates[len(rec.rates)/2]
+	}
+	b.ReportMetric(o.total.Seconds(), "s/migration")
+	if err != nil {
+		if !errors.Is(err, context.Canceled) {
+			b.Logf("the migration failed: %v", err)
+		}
+		return o
+	}
+	if s, err := p.Dst.Conn.CompletedJobStats(name); err == nil {
+		o.downtime = s.Downtime
+	}
+	if !rec.pausedAt.IsZero() {
+		// Paused to converge: the guest stood still from then until it ran on the destination.
+		o.downtime = max(o.downtime, end.Sub(rec.pausedAt))
+	}
+	o.guestAfterward = guestAfterward(ctx, p)
+	b.Logf("%s in %s, downtime %s, dirty rate seen %d MiB/s, transfer rate %d MiB/s, guest afterwards: %s",
+		modeString(o.modes), o.total.Round(10*time.Millisecond), o.downtime.Round(time.Millisecond), o.maxDirty/mib, o.transferRate/mib, o.guestAfterward)
+	return o
+}
+
+// matrixGuest fills all but guestHeadroom of the cell's memory and keeps rewriting it at the
+// cell's dirty rate.
+func matrixGuest(img guest.Image, cell matrixCell) *v1alpha1.VirtualMachineInstance {
+	cmdline := fmt.Sprintf("%s %s=%d %s=%d", guest.Cmdline, protocol.DirtyParam, cell.memory-guestHeadroom, protocol.DirtyRateParam, cell.dirtyRate)
+	return &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: "matrix", UID: types.UID(uuid.NewString())},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{
+			CPUs: 1, Memory: *resource.NewQuantity(int64(cell.memory), resource.BinarySI),
+			Boot: v1alpha1.BootSource{Kernel: img.Kernel, Initrd: img.Initrd, Cmdline: cmdline},
+		},
+	}
+}
+
+// guestAfterward tells whether the guest counts on at the destination, or panicked (under TCG,
+// a guest that writes memory can arrive damaged; see domain's migration tests).
+func guestAfterward(ctx context.Context, p migrationpair.Pair) string {
+	last, _ := protocol.LastCounter(readOrEmpty(p.Src.Console()))
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := guest.WaitForConsole(ctx, p.Dst.Console(), "a counter or a panic", func(out string) bool {
+		n, ok := protocol.LastCounter(out)
+		return ok && n > last+1 || strings.Contains(out, "Kernel panic")
+	})
+	switch {
+	case strings.Contains(out, "Kernel panic"):
+		return "panicked"
+	case err != nil:
+		return "silent"
+	}
+	return "counting"
+}
+
+func readOrEmpty(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
+}
+
+func modeString(modes []v1alpha1.MigrationMode) string {
+	s := make([]string, len(modes))
+	for i, m := range modes {
+		s[i] = string(m)
+	}
+	return strings.Join(s, "→")
+}
+
+// matrixResults gathers the outcomes of every run, for the table at the end.
+type matrixResults struct {
+	mu   sync.Mutex
+	runs map[matrixKey][]outcome
+	keys []matrixKey
+}
+
+type matrixKey struct {
+	cell   matrixCell
+	policy string
+}
+
+var matrix = &matrixResults{runs: map[matrixKey][]outcome{}}
+
+func (r *matrixResults) add(cell matrixCell, policy string, o outcome) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := matrixKey{cell, policy}
+	if _, ok := r.runs[k]; !ok {
+		r.keys = append(r.keys, k)
+	}
+	r.runs[k] = append(r.runs[k], o)
+}
+
+// print writes the matrix as a Markdown table: per cell and grace, lifeboat's outcome beside
+// KubeVirt's (judged against the same grace) and the physical bound.
+func (r *matrixResults) print(w io.Writer) {
+	if len(r.keys) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "| memory | dirty rate (asked / seen) | transfer rate seen | grace | bound | lifeboat: in time | total | downtime | modes | guest after | KubeVirt: in time | total | downtime |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, k := range r.keys {
+		if k.policy != "lifeboat" {
+			continue
+		}
+		lb := r.runs[k]
+		base := k.cell
+		base.grace = 0
+		kv := r.runs[matrixKey{base, "kubevirt"}]
+		bound := time.Duration(float64(k.cell.memory) / matrixCap * float64(time.Second))
+		seen := slices.Max(collect(append(slices.Clone(lb), kv...), func(o outcome) uint64 { return o.maxDirty }))
+		all := append(slices.Clone(lb), kv...)
+		rates := collect(all, func(o outcome) uint64 { return o.transferRate })
+		slices.Sort(rates)
+		fmt.Fprintf(w, "| %d MiB | %s = %d / %d MiB/s | %d MiB/s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			k.cell.memory/mib, k.cell.factor, k.cell.dirtyRate/mib, seen/mib, rates[len(rates)/2]/mib, k.cell.grace, fits(bound, k.cell.grace),
+			inTime(lb, k.cell.grace), medianTotal(lb), medianDowntime(lb), modeSet(lb), guestSet(lb),
+			inTime(kv, k.cell.grace), medianTotal(kv), medianDowntime(kv))
+	}
+}
+
+func collect[T any](runs []outcome, f func(outcome) T) []T {
+	out := make([]T, len(runs))
+	for i, o := range runs {
+		out[i] = f(o)
+	}
+	return out
+}
+
+func fits(bound, grace time.Duration) string {
+	if bound <= grace {
+		return fmt.Sprintf("%s (fits)", bound)
+	}
+	return fmt.Sprintf("%s (does not fit)", bound)
+}
+
+// inTime counts the runs that ended with the guest on the destination before the deadline.
+func inTime(runs []outcome, grace time.Duration) string {
+	n := 0
+	for _, o := range runs {
+		if o.finished && o.total <= grace {
+			n++
+		}
+	}
+	return fmt.Sprintf("%d/%d", n, len(runs))
+}
+
+func median(d []time.Duration) time.Duration {
+	slices.Sort(d)
+	return d[len(d)/2]
+}
+
+// medianTotal is the median time of the runs that finished, or how long the unfinished ran.
+func medianTotal(runs []outcome) string {
+	if len(runs) == 0 {
+		return "–"
+	}
+	done := collect(slices.DeleteFunc(slices.Clone(runs), func(o outcome) bool { return !o.finished }), func(o outcome) time.Duration { return o.total })
+	if len(done) == 0 {
+		return fmt.Sprintf("aborted at %s", median(collect(runs, func(o outcome) time.Duration { return o.total })).Round(100*time.Millisecond))
+	}
+	return median(done).Round(100 * time.Millisecond).String()
+}
+
+func medianDowntime(runs []outcome) string {
+	done := collect(slices.DeleteFunc(slices.Clone(runs), func(o outcome) bool { return !o.finished }), func(o outcome) time.Duration { return o.downtime })
+	if len(done) == 0 {
+		return "–"
+	}
+	return median(done).Round(time.Millisecond).String()
+}
+
+func modeSet(runs []outcome) string {
+	return strings.Join(uniq(collect(runs, func(o outcome) string { return modeString(o.modes) })), ", ")
+}
+
+func guestSet(runs []outcome) string {
+	return strings.Join(uniq(collect(runs, func(o outcome) string { return o.guestAfterward })), ", ")
+}
+
+func uniq(s []string) []string {
+	slices.Sort(s)
+	return slices.Compact(s)
+}
