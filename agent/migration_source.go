@@ -113,6 +113,9 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 		c.Deadline = mig.Status.Deadline.Time
 	}
 	mode, result := MigrateConverging(ctx, c)
+	// The moment libvirt's migration ended, apart from the status writes that follow: the
+	// drain benchmark reads the controllers' overhead from it.
+	log.Info("libvirt migration ended", "mode", mode, "err", result)
 	if result != nil && m.leftByMigration(string(vmi.UID), start) {
 		// The reply to the migration call can be lost as the source daemon exits; the source
 		// launcher saw its guest leave by migration, so the guest runs on the target.

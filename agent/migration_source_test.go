@@ -10,7 +10,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/record"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
 	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
@@ -105,5 +107,45 @@ func TestAFailedMigrationResumesAGuestItPaused(t *testing.T) {
 	v, err := client.LifeboatV1alpha1().VirtualMachineInstances("ns").Get(ctx, "vm", metav1.GetOptions{})
 	if err != nil || v.Status.NodeName != "source" || !v.Status.MigrationState.Failed {
 		t.Errorf("VMI after a failed migration: %v, node %q, migrationState %+v; want still on source, failed", err, v.Status.NodeName, v.Status.MigrationState)
+	}
+}
+
+// TestCancelledMigrationIsNotEscalated: a migration its owner cancels (the mark cleared, or a
+// KubeVirt-style timeout in the benchmarks) is aborted at the next tick and never escalated,
+// though it would miss its deadline.
+func TestCancelledMigrationIsNotEscalated(t *testing.T) {
+	fake := &stuckMigrator{suspended: make(chan struct{})}
+	clk := clocktesting.NewFakeClock(time.Now())
+	asked := 0
+	c := ConvergingMigration{
+		Migrator: fake, Domain: "ns_vm", Allowed: Allowed{AutoConverge: true, Pause: true}, Deadline: clk.Now().Add(20 * time.Second),
+		Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Cancelled: func() bool { asked++; return true },
+		Escalated: func(m v1alpha1.MigrationMode) { t.Errorf("escalated to %s after the migration was cancelled", m) },
+	}
+	type result struct {
+		mode v1alpha1.MigrationMode
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		mode, err := MigrateConverging(context.Background(), c)
+		done <- result{mode, err}
+	}()
+	var got result
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		select {
+		case got = <-done:
+			return true, nil
+		default:
+			clk.Step(progressInterval)
+			return false, nil
+		}
+	})
+	if err != nil {
+		t.Fatal("MigrateConverging did not return after the migration was cancelled")
+	}
+	if !errors.Is(got.err, context.Canceled) || got.mode != v1alpha1.MigrationModePreCopy || asked != 1 {
+		t.Errorf("MigrateConverging() = %s, %v after asking %d times; want PreCopy, context.Canceled, asked once", got.mode, got.err, asked)
 	}
 }

@@ -22,7 +22,7 @@ import (
 )
 
 // setConfig makes the cluster's LifeboatConfig turn node-pressure evacuation on or off.
-func setConfig(t *testing.T, gateOn bool, mutate ...func(*v1alpha1.LifeboatConfig)) {
+func setConfig(t testing.TB, gateOn bool, mutate ...func(*v1alpha1.LifeboatConfig)) {
 	t.Helper()
 	ctx := context.Background()
 	configs := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs()

@@ -38,7 +38,7 @@ type proc struct {
 	done chan struct{}
 }
 
-func startProc(t *testing.T, name string, args ...string) *proc {
+func startProc(t testing.TB, name string, args ...string) *proc {
 	t.Helper()
 	p := &proc{name: name, args: args, log: filepath.Join(t.TempDir(), name+".log")}
 	p.start(t)
@@ -52,7 +52,7 @@ func startProc(t *testing.T, name string, args ...string) *proc {
 	return p
 }
 
-func (p *proc) start(t *testing.T) {
+func (p *proc) start(t testing.TB) {
 	t.Helper()
 	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -95,7 +95,7 @@ func tail(s string, lines int) string {
 	return strings.Join(l, "\n")
 }
 
-func startController(t *testing.T) *proc {
+func startController(t testing.TB) *proc {
 	return startProc(t, "lifeboat-controller", "--kubeconfig", cluster.Kubeconfig, "--acceleration", "tcg")
 }
 
@@ -106,7 +106,7 @@ type testNode struct {
 }
 
 // startNodes starts n emulated nodes, each with its agent.
-func startNodes(t *testing.T, n int, configure ...func(*node.Config)) []*testNode {
+func startNodes(t testing.TB, n int, configure ...func(*node.Config)) []*testNode {
 	t.Helper()
 	withLauncher := func(c *node.Config) {
 		c.Binaries = map[string]string{"lifeboat-launcher": filepath.Join(bins, "lifeboat-launcher")}
@@ -136,7 +136,7 @@ func startNodes(t *testing.T, n int, configure ...func(*node.Config)) []*testNod
 }
 
 // dumpContainerLogs shows the end of every container log on the node, for a failed test.
-func (n *testNode) dumpContainerLogs(t *testing.T) {
+func (n *testNode) dumpContainerLogs(t testing.TB) {
 	pods, err := cluster.Kube.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name()})
 	if err != nil {
 		return
@@ -154,7 +154,7 @@ const evictionMaxPodGracePeriod = 12
 
 // shortTempDir is a node root short enough for the unix sockets under it: a socket path may
 // not exceed 107 bytes, and t.TempDir's names, which include the test's, can take most of that.
-func shortTempDir(t *testing.T) string {
+func shortTempDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "lbn")
 	if err != nil {
@@ -164,7 +164,7 @@ func shortTempDir(t *testing.T) string {
 	return dir
 }
 
-func freePort(t *testing.T, addr string) int {
+func freePort(t testing.TB, addr string) int {
 	t.Helper()
 	l, err := net.Listen("tcp", addr+":0")
 	if err != nil {
@@ -192,7 +192,7 @@ func (n *testNode) metric(t *testing.T, sample string) float64 {
 	return v
 }
 
-func testNamespace(t *testing.T) string {
+func testNamespace(t testing.TB) string {
 	t.Helper()
 	ns, err := cluster.Kube.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}, metav1.CreateOptions{})
 	if err != nil {
@@ -206,7 +206,7 @@ func testNamespace(t *testing.T) string {
 	return ns.Name
 }
 
-func dumpEvents(t *testing.T, ns string) {
+func dumpEvents(t testing.TB, ns string) {
 	events, err := cluster.Kube.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		return
@@ -232,7 +232,7 @@ func newVMI(name string, mutate ...func(*v1alpha1.VirtualMachineInstance)) *v1al
 	return v
 }
 
-func createVMI(t *testing.T, ns string, v *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineInstance {
+func createVMI(t testing.TB, ns string, v *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineInstance {
 	t.Helper()
 	created, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Create(context.Background(), v, metav1.CreateOptions{})
 	if err != nil {
@@ -242,7 +242,7 @@ func createVMI(t *testing.T, ns string, v *v1alpha1.VirtualMachineInstance) *v1a
 }
 
 // waitVMI polls the VMI until cond holds, failing with what was expected and what was seen.
-func waitVMI(t *testing.T, ns, name string, timeout time.Duration, what string, cond func(*v1alpha1.VirtualMachineInstance) bool) *v1alpha1.VirtualMachineInstance {
+func waitVMI(t testing.TB, ns, name string, timeout time.Duration, what string, cond func(*v1alpha1.VirtualMachineInstance) bool) *v1alpha1.VirtualMachineInstance {
 	t.Helper()
 	var last *v1alpha1.VirtualMachineInstance
 	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {

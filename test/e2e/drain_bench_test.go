@@ -1,0 +1,318 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/node"
+)
+
+// The drain: drainVMs small guests on one node marked at once (cause Drain), at most
+// drainParallel leaving the node at a time (parallelOutboundMigrationsPerNode; the cluster's
+// limit, drainClusterParallel, is higher).
+const (
+	drainVMs             = 10
+	drainParallel        = 2
+	drainClusterParallel = 5
+)
+
+// BenchmarkDrainThroughput marks drainVMs running VMs on one node for evacuation at once, as a
+// drain does, and measures through the real cluster (controller, agents, launchers, libvirt,
+// TCG guests) the time until all have left, against the sum of their migration times divided
+// by the parallel limit, and each migration's controller overhead, from timestamps a watch
+// sees and the source agent's log of when libvirt's migration ended.
+func BenchmarkDrainThroughput(b *testing.B) {
+	setConfig(b, false, func(c *v1alpha1.LifeboatConfig) {
+		c.Spec.Migrations.ParallelMigrationsPerCluster = ptr.To[int32](drainClusterParallel)
+		c.Spec.Migrations.ParallelOutboundMigrationsPerNode = ptr.To[int32](drainParallel)
+	})
+	startController(b)
+	nodes := startNodes(b, 2, func(c *node.Config) { c.EvictionMaxPodGracePeriod = 60 })
+	source, target := nodes[0], nodes[1]
+	ns := testNamespace(b)
+
+	// Every VM starts on the source: the target takes no pods until they all run.
+	cordon(b, target.Name(), true)
+	vmis := make([]*v1alpha1.VirtualMachineInstance, drainVMs)
+	for i := range vmis {
+		vmis[i] = createVMI(b, ns, newVMI(fmt.Sprintf("drain-%d", i), strategy(v1alpha1.EvictionStrategyLiveMigrate)))
+	}
+	for i, v := range vmis {
+		vmis[i] = waitVMI(b, ns, v.Name, 2*bootTimeout, "phase Running on "+source.Name(), func(v *v1alpha1.VirtualMachineInstance) bool {
+			return running(v) && v.Status.NodeName == source.Name()
+		})
+	}
+	cordon(b, target.Name(), false)
+	w := watchDrain(b, ns, source.Name())
+
+	for b.Loop() {
+		marked := markForDrain(b, ns, vmis)
+		err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 15*time.Minute, true, func(context.Context) (bool, error) {
+			return w.movedCount() == drainVMs, nil
+		})
+		if err != nil {
+			b.Fatalf("%d of %d VMs left %s within 15 minutes", w.movedCount(), drainVMs, source.Name())
+		}
+		w.report(b, marked, libvirtEnds(b, source.agent.log))
+	}
+}
+
+// cordon marks a node (un)schedulable, as kubectl cordon does.
+func cordon(b testing.TB, name string, unschedulable bool) {
+	b.Helper()
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		n, err := cluster.Kube.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Spec.Unschedulable = unschedulable
+		_, err = cluster.Kube.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		b.Fatalf("cordon %s = %v: %v", name, unschedulable, err)
+	}
+}
+
+// markForDrain marks every VMI for evacuation from its node with cause Drain, all at once,
+// and returns when each mark was written.
+func markForDrain(b testing.TB, ns string, vmis []*v1alpha1.VirtualMachineInstance) map[string]time.Time {
+	b.Helper()
+	var mu sync.Mutex
+	marked := map[string]time.Time{}
+	errs := make(chan error, len(vmis))
+	for _, v := range vmis {
+		go func() {
+			errs <- retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+				cur, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(context.Background(), v.Name, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				cur.Status.EvacuationNodeName = cur.Status.NodeName
+				meta.SetStatusCondition(&cur.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionTrue,
+					Reason: string(v1alpha1.MigrationCauseDrain), Message: "drain benchmark"})
+				if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).UpdateStatus(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
+					return err
+				}
+				mu.Lock()
+				marked[v.Name] = time.Now()
+				mu.Unlock()
+				return nil
+			})
+		}()
+	}
+	for range vmis {
+		if err := <-errs; err != nil {
+			b.Fatalf("marking a VMI: %v", err)
+		}
+	}
+	return marked
+}
+
+// drainWatch notes when the watches first see each step of each VM's migration, by VMI name.
+type drainWatch struct {
+	source string
+	mu     sync.Mutex
+	phases map[string]map[v1alpha1.VirtualMachineInstanceMigrationPhase]time.Time
+	vmim   map[string]time.Time // migration created
+	podOf  map[string]string    // the migration's target pod
+	pods   map[string]time.Time // by pod name: created
+	moved  map[string]time.Time // the VMI seen on another node
+	failed []string
+}
+
+func watchDrain(b testing.TB, ns, source string) *drainWatch {
+	w := &drainWatch{source: source, phases: map[string]map[v1alpha1.VirtualMachineInstanceMigrationPhase]time.Time{},
+		vmim: map[string]time.Time{}, podOf: map[string]string{}, pods: map[string]time.Time{}, moved: map[string]time.Time{}}
+	lb := lifeboatinformers.NewSharedInformerFactoryWithOptions(cluster.Lifeboat, 0, lifeboatinformers.WithNamespace(ns))
+	kube := informers.NewSharedInformerFactoryWithOptions(cluster.Kube, 0, informers.WithNamespace(ns))
+	_, _ = lb.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: w.migration, UpdateFunc: func(_, obj any) { w.migration(obj) },
+	})
+	_, _ = lb.Lifeboat().V1alpha1().VirtualMachineInstances().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: w.vmi, UpdateFunc: func(_, obj any) { w.vmi(obj) },
+	})
+	_, _ = kube.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: w.pod})
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	lb.Start(ctx.Done())
+	kube.Start(ctx.Done())
+	lb.WaitForCacheSync(ctx.Done())
+	kube.WaitForCacheSync(ctx.Done())
+	return w
+}
+
+func (w *drainWatch) migration(obj any) {
+	now := time.Now()
+	m := obj.(*v1alpha1.VirtualMachineInstanceMigration)
+	vmi := m.Spec.VMIName
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.vmim[vmi]; !ok {
+		w.vmim[vmi] = now
+		w.phases[vmi] = map[v1alpha1.VirtualMachineInstanceMigrationPhase]time.Time{}
+	}
+	if _, ok := w.phases[vmi][m.Status.Phase]; !ok {
+		w.phases[vmi][m.Status.Phase] = now
+		if m.Status.Phase == v1alpha1.MigrationFailed {
+			w.failed = append(w.failed, fmt.Sprintf("%s: %s", m.Name, m.Status.FailureReason))
+		}
+	}
+	if m.Status.TargetPod != "" {
+		w.podOf[vmi] = m.Status.TargetPod
+	}
+}
+
+func (w *drainWatch) vmi(obj any) {
+	now := time.Now()
+	v := obj.(*v1alpha1.VirtualMachineInstance)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.moved[v.Name]; !ok && v.Status.NodeName != "" && v.Status.NodeName != w.source {
+		w.moved[v.Name] = now
+	}
+}
+
+func (w *drainWatch) pod(obj any) {
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.pods[obj.(*corev1.Pod).Name] = now
+}
+
+func (w *drainWatch) movedCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.moved)
+}
+
+// libvirtEnds reads from the source agent's log when libvirt's migration of each VMI ended.
+func libvirtEnds(b testing.TB, agentLog string) map[string]time.Time {
+	b.Helper()
+	f, err := os.Open(agentLog)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	ends := map[string]time.Time{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var line struct {
+			Time time.Time `json:"time"`
+			Msg  string    `json:"msg"`
+			VMI  string    `json:"vmi"`
+			Err  any       `json:"err"`
+		}
+		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "libvirt migration ended" && line.Err == nil {
+			ends[line.VMI] = line.Time
+		}
+	}
+	return ends
+}
+
+// report computes the drain's figures and reports them as the benchmark's metrics.
+func (w *drainWatch) report(b *testing.B, marked, libvirtEnd map[string]time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.failed) > 0 {
+		b.Logf("failed attempts (retried): %v", w.failed)
+	}
+	first := slices.MinFunc(mapValues(marked), time.Time.Compare)
+	var last time.Time
+	var migration, markToVMIM, vmimToPod, podToReady, readyToRunning, endToVMI []time.Duration
+	for vmi := range marked {
+		ph := w.phases[vmi]
+		end, ok := libvirtEnd[vmi]
+		if !ok {
+			b.Fatalf("the source agent's log says nothing of the end of %s's migration", vmi)
+		}
+		if w.moved[vmi].After(last) {
+			last = w.moved[vmi]
+		}
+		migration = append(migration, end.Sub(ph[v1alpha1.MigrationRunning]))
+		vmimToPod = append(vmimToPod, w.pods[w.podOf[vmi]].Sub(w.vmim[vmi]))
+		podToReady = append(podToReady, ph[v1alpha1.MigrationTargetReady].Sub(w.pods[w.podOf[vmi]]))
+		readyToRunning = append(readyToRunning, ph[v1alpha1.MigrationRunning].Sub(ph[v1alpha1.MigrationTargetReady]))
+		endToVMI = append(endToVMI, w.moved[vmi].Sub(end))
+	}
+	markToVMIM = w.queueFree(marked)
+	var sum time.Duration
+	for _, d := range migration {
+		sum += d
+	}
+	all, ideal := last.Sub(first), sum/drainParallel
+	b.ReportMetric(all.Seconds(), "s/drain")
+	b.ReportMetric(ideal.Seconds(), "s-ideal/drain")
+	b.ReportMetric(all.Seconds()/ideal.Seconds(), "drain/ideal")
+	stages := []struct {
+		unit string
+		d    []time.Duration
+	}{
+		{"ms-mark-or-free-slot-to-vmim", markToVMIM}, {"ms-vmim-to-pod", vmimToPod}, {"ms-pod-to-targetready", podToReady},
+		{"ms-targetready-to-running", readyToRunning}, {"ms-libvirt-end-to-vmi", endToVMI}, {"ms-migration", migration},
+	}
+	for _, s := range stages {
+		b.ReportMetric(float64(medianDuration(s.d).Milliseconds()), s.unit)
+		b.Logf("%s: median %s, min %s, max %s", s.unit, medianDuration(s.d), slices.Min(s.d), slices.Max(s.d))
+	}
+	b.Logf("all %d VMs left in %s; sum of migrations %s / %d = %s", len(marked), all.Round(time.Millisecond), sum.Round(time.Millisecond), drainParallel, ideal.Round(time.Millisecond))
+}
+
+// queueFree is, for each migration, the time from when it could be made to when it was: from
+// the mark for the first drainParallel, from the end (phase Succeeded) of the migration whose
+// slot it took for the others, which wait in the evacuation controller's queue.
+func (w *drainWatch) queueFree(marked map[string]time.Time) []time.Duration {
+	type created struct {
+		vmi string
+		at  time.Time
+	}
+	var order []created
+	var freed []time.Time
+	for vmi := range marked {
+		order = append(order, created{vmi, w.vmim[vmi]})
+		freed = append(freed, w.phases[vmi][v1alpha1.MigrationSucceeded])
+	}
+	slices.SortFunc(order, func(a, b created) int { return a.at.Compare(b.at) })
+	slices.SortFunc(freed, time.Time.Compare)
+	out := make([]time.Duration, len(order))
+	for i, c := range order {
+		if i < drainParallel {
+			out[i] = c.at.Sub(marked[c.vmi])
+			continue
+		}
+		out[i] = c.at.Sub(freed[i-drainParallel])
+	}
+	return out
+}
+
+func mapValues[K comparable, V any](m map[K]V) []V {
+	out := make([]V, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+func medianDuration(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
