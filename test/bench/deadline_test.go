@@ -149,7 +149,7 @@ type recordingMigrator struct {
 	agent.Migrator
 	mu       sync.Mutex
 	last     domain.JobStats
-	maxDirty uint64 // highest dirty rate libvirt reported before any escalation
+	maxDirty uint64   // highest dirty rate libvirt reported before any escalation
 	rates    []uint64 // transfer rates libvirt reported
 	escalate bool
 	pausedAt time.Time
