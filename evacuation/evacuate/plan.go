@@ -49,6 +49,10 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 	active, outbound := 0, map[string]int{}
 	migrating := map[string]bool{}       // VMI names (namespace/name) with an unfinished migration
 	failures := map[string][]time.Time{} // VMI UID → end times of failed migrations
+	nodeOf := map[string]string{}        // VMI names (namespace/name) → node
+	for _, vmi := range vmis {
+		nodeOf[vmi.Namespace+"/"+vmi.Name] = vmi.Status.NodeName
+	}
 	for _, m := range migrations {
 		key := m.Namespace + "/" + m.Spec.VMIName
 		switch m.Status.Phase {
@@ -58,8 +62,14 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 				failures[uid] = append(failures[uid], m.Status.EndTimestamp.Time)
 			}
 		default:
+			// A migration the migration controller has not picked up yet has no source node in
+			// its status: it leaves from where its VMI runs.
+			source := m.Status.SourceNode
+			if source == "" {
+				source = nodeOf[key]
+			}
 			active++
-			outbound[m.Status.SourceNode]++
+			outbound[source]++
 			migrating[key] = true
 		}
 	}
