@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -269,11 +270,27 @@ func (w *drainWatch) report(b *testing.B, marked, libvirtEnd map[string]time.Tim
 		{"ms-mark-or-free-slot-to-vmim", markToVMIM}, {"ms-vmim-to-pod", vmimToPod}, {"ms-pod-to-targetready", podToReady},
 		{"ms-targetready-to-running", readyToRunning}, {"ms-libvirt-end-to-vmi", endToVMI}, {"ms-migration", migration},
 	}
+	// Printed rather than logged: the node harness's logs would crowd these out of the
+	// benchmark's truncated log.
 	for _, s := range stages {
 		b.ReportMetric(float64(medianDuration(s.d).Milliseconds()), s.unit)
-		b.Logf("%s: median %s, min %s, max %s", s.unit, medianDuration(s.d), slices.Min(s.d), slices.Max(s.d))
+		fmt.Printf("drain: %s: median %s, min %s, max %s\n", s.unit, medianDuration(s.d), slices.Min(s.d), slices.Max(s.d))
 	}
-	b.Logf("all %d VMs left in %s; sum of migrations %s / %d = %s", len(marked), all.Round(time.Millisecond), sum.Round(time.Millisecond), drainParallel, ideal.Round(time.Millisecond))
+	fmt.Printf("drain: all %d VMs left in %s; sum of migrations %s / %d = %s\n", len(marked), all.Round(time.Millisecond), sum.Round(time.Millisecond), drainParallel, ideal.Round(time.Millisecond))
+	w.printTimeline(first, libvirtEnd)
+}
+
+// printTimeline prints each VM's steps in seconds since the first mark, in the order their
+// migrations were created.
+func (w *drainWatch) printTimeline(first time.Time, libvirtEnd map[string]time.Time) {
+	vmis := slices.SortedFunc(maps.Keys(w.vmim), func(a, b string) int { return w.vmim[a].Compare(w.vmim[b]) })
+	at := func(t time.Time) string { return fmt.Sprintf("%6.1f", t.Sub(first).Seconds()) }
+	fmt.Println("drain: vmi       vmim  t-pod  ready running libvirt-end  moved succeeded")
+	for _, v := range vmis {
+		ph := w.phases[v]
+		fmt.Printf("drain: %-8s %s %s %s %s %s %s %s\n", v, at(w.vmim[v]), at(w.pods[w.podOf[v]]), at(ph[v1alpha1.MigrationTargetReady]),
+			at(ph[v1alpha1.MigrationRunning]), at(libvirtEnd[v]), at(w.moved[v]), at(ph[v1alpha1.MigrationSucceeded]))
+	}
 }
 
 // queueFree is, for each migration, the time from when it could be made to when it was: from
