@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -49,6 +50,10 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	nodes := startNodes(b, 2, func(c *node.Config) { c.EvictionMaxPodGracePeriod = 60 })
 	source, target := nodes[0], nodes[1]
 	ns := testNamespace(b)
+	// Runs of -count share the control plane: this run's VMIs and migrations must be gone
+	// before the next starts, or they hold its parallel-migration slots. Registered after the
+	// nodes, so it runs while they and their agents still do.
+	b.Cleanup(func() { deleteNamespace(b, ns) })
 
 	// Every VM starts on the source: the target takes no pods until they all run.
 	cordon(b, target.Name(), true)
@@ -90,6 +95,20 @@ func cordon(b testing.TB, name string, unschedulable bool) {
 	})
 	if err != nil {
 		b.Fatalf("cordon %s = %v: %v", name, unschedulable, err)
+	}
+}
+
+func deleteNamespace(b testing.TB, ns string) {
+	if err := cluster.Kube.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}); err != nil {
+		b.Errorf("deleting namespace %s: %v", ns, err)
+		return
+	}
+	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := cluster.Kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		b.Errorf("namespace %s is still there 3 minutes after its deletion", ns)
 	}
 }
 
