@@ -40,6 +40,7 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 	go func() { done <- c.Migrator.Migrate(ctx, c.Domain, c.Options) }()
 
 	mode, escalated := v1alpha1.MigrationModePreCopy, c.Clock.Now()
+	var transferring time.Time // when libvirt first measured a transfer rate
 	ticker := c.Clock.NewTicker(progressInterval)
 	defer ticker.Stop()
 	cancelled := false
@@ -56,7 +57,7 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 		if cancelled {
 			continue
 		}
-		next, err := c.step(mode, c.Clock.Since(escalated))
+		next, err := c.step(mode, c.Clock.Since(escalated), &transferring)
 		if err != nil {
 			c.Log.Warn("escalating the migration", "to", next, "err", err)
 			continue
@@ -71,14 +72,21 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 	}
 }
 
-// step reads the job's progress and applies the convergence policy's next mode.
-func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation time.Duration) (v1alpha1.MigrationMode, error) {
+// step reads the job's progress and applies the convergence policy's next mode. The policy's
+// Elapsed counts from the first measured transfer, not from the job's start (libvirt's
+// elapsed time): the destination QEMU's start-up comes first and says nothing of convergence.
+func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation time.Duration, transferring *time.Time) (v1alpha1.MigrationMode, error) {
 	stats, err := c.Migrator.JobStats(c.Domain)
 	if err != nil || stats.Type != domain.JobUnbounded {
 		return mode, nil // not started yet, or over: nothing to steer
 	}
-	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: stats.MemoryBandwidth,
-		Elapsed: stats.Elapsed, SinceEscalation: sinceEscalation}
+	if stats.MemoryBandwidth > 0 && transferring.IsZero() {
+		*transferring = c.Clock.Now()
+	}
+	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: stats.MemoryBandwidth, SinceEscalation: sinceEscalation}
+	if !transferring.IsZero() {
+		p.Elapsed = c.Clock.Since(*transferring)
+	}
 	if !c.Deadline.IsZero() {
 		p.HasDeadline, p.TimeLeft = true, c.Deadline.Sub(c.Clock.Now())
 	}

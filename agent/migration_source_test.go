@@ -149,3 +149,67 @@ func TestCancelledMigrationIsNotEscalated(t *testing.T) {
 		t.Errorf("MigrateConverging() = %s, %v after asking %d times; want PreCopy, context.Canceled, asked once", got.mode, got.err, asked)
 	}
 }
+
+// slowStartMigrator is a migration that cannot converge and whose destination takes a while
+// to start: libvirt's first reads show the job's time running but no transfer yet.
+type slowStartMigrator struct {
+	stuckMigrator
+	clk          *clocktesting.FakeClock
+	mu           sync.Mutex
+	reads        int
+	transferring time.Time
+}
+
+func (s *slowStartMigrator) JobStats(name string) (domain.JobStats, error) {
+	stats, _ := s.stuckMigrator.JobStats(name)
+	stats.Elapsed = 30 * time.Second // libvirt's job time, the destination's start included
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reads++; s.reads <= 10 {
+		stats.MemoryBandwidth, stats.MemoryDirtyRate = 0, 0
+	} else if s.transferring.IsZero() {
+		s.transferring = s.clk.Now()
+	}
+	return stats, nil
+}
+
+// TestConvergenceWarmUpCountsFromTheTransfer: the first pass over memory is judged from when
+// the transfer began, not from the job's start, which includes the destination's start-up.
+func TestConvergenceWarmUpCountsFromTheTransfer(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	mg := &slowStartMigrator{stuckMigrator: stuckMigrator{suspended: make(chan struct{})}, clk: clk}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	escalated := make(chan time.Time, 1)
+	c := ConvergingMigration{
+		Migrator: mg, Domain: "ns_vm", Allowed: Allowed{AutoConverge: true, Pause: true}, Deadline: clk.Now().Add(time.Minute),
+		Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Escalated: func(v1alpha1.MigrationMode) {
+			escalated <- clk.Now()
+			cancel()
+		},
+	}
+	done := make(chan struct{})
+	go func() {
+		_, _ = MigrateConverging(ctx, c)
+		close(done)
+	}()
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		select {
+		case <-done:
+			return true, nil
+		default:
+			clk.Step(progressInterval)
+			return false, nil
+		}
+	})
+	if err != nil {
+		t.Fatal("MigrateConverging did not escalate a migration that cannot converge")
+	}
+	mg.mu.Lock()
+	defer mg.mu.Unlock()
+	at := <-escalated
+	if mg.transferring.IsZero() || at.Sub(mg.transferring) < convergenceWarmUp {
+		t.Errorf("escalated %s after the transfer began (at read %d), want at least the warm-up of %s", at.Sub(mg.transferring), mg.reads, convergenceWarmUp)
+	}
+}

@@ -61,10 +61,10 @@ const (
 	kubevirtProgressTimeout         = 150 * time.Second
 )
 
-// guestHeadroom is memory the test guest leaves to its kernel, initramfs and init (the guest
-// needs 24 MiB free beyond what it dirties; about 60 MiB are in use after boot); the rest it fills
-// with non-zero pages, so that a migration has to send (nearly) all of the guest's memory.
-const guestHeadroom = 96 * mib
+// dirtySize is how much of a guest's memory the test guest fills with non-zero pages, so that
+// a migration has to send (nearly) all of it: the rest is the kernel's, the initramfs's and
+// init's (about 60 MiB and 1/8 of the memory in use after boot; the guest keeps 24 MiB free).
+func dirtySize(memory uint64) uint64 { return memory - 64*mib - memory/8 }
 
 // BenchmarkDeadlineMatrix migrates real TCG guests between two private libvirt daemons through
 // the agents' migration proxies, for each guest size × dirty rate: once per grace period with
@@ -218,7 +218,7 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	defer cancel()
 	vmi := matrixGuest(img, cell)
 	name := p.RunGuest(b, ctx, vmi, domain.TCG)
-	size := int64(cell.memory - guestHeadroom)
+	size := int64(dirtySize(cell.memory))
 	// The guest has printed whether it dirties its memory before it counts.
 	if console := readOrEmpty(p.Src.Console()); !guest.HasLine(console, protocol.Dirtying(size, int64(cell.dirtyRate))) {
 		b.Fatalf("the guest does not dirty its memory as asked (%d bytes at %d bytes/s):\n%s", size, cell.dirtyRate, console)
@@ -262,10 +262,9 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	return o
 }
 
-// matrixGuest fills all but guestHeadroom of the cell's memory and keeps rewriting it at the
-// cell's dirty rate.
+// matrixGuest fills dirtySize of the cell's memory and keeps rewriting it at the cell's dirty rate.
 func matrixGuest(img guest.Image, cell matrixCell) *v1alpha1.VirtualMachineInstance {
-	cmdline := fmt.Sprintf("%s %s=%d %s=%d", guest.Cmdline, protocol.DirtyParam, cell.memory-guestHeadroom, protocol.DirtyRateParam, cell.dirtyRate)
+	cmdline := fmt.Sprintf("%s %s=%d %s=%d", guest.Cmdline, protocol.DirtyParam, dirtySize(cell.memory), protocol.DirtyRateParam, cell.dirtyRate)
 	return &v1alpha1.VirtualMachineInstance{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: "matrix", UID: types.UID(uuid.NewString())},
 		Spec: v1alpha1.VirtualMachineInstanceSpec{
