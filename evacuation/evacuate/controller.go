@@ -46,7 +46,18 @@ type Controller struct {
 	// announced remembers the External marks already reported, so each gets one Event.
 	mu        sync.Mutex
 	announced map[string]bool
+	// unseen are the migrations this controller created that its cache does not show yet
+	// (namespace/name → when created). Planning before they show would count too few running
+	// migrations and overrun the parallel limits.
+	unseen map[string]time.Time
 }
+
+// Waiting for the cache to show created migrations: how often to look, and how long before
+// giving up on one (it may have been deleted at once).
+const (
+	cacheRecheck = 100 * time.Millisecond
+	cacheMaxWait = 10 * time.Second
+)
 
 // New wires the controller to its informers.
 func New(lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInstanceInformer, migrations lifeboatinformers.VirtualMachineInstanceMigrationInformer,
@@ -56,7 +67,7 @@ func New(lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInsta
 		synced:   []cache.InformerSynced{vmis.Informer().HasSynced, migrations.Informer().HasSynced, configs.Informer().HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "evacuation"}),
 		recorder: recorder, log: log.With("controller", "evacuation"), now: time.Now,
-		announced: map[string]bool{},
+		announced: map[string]bool{}, unseen: map[string]time.Time{},
 	}
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { c.queue.Add(globalKey) },
@@ -77,6 +88,9 @@ func (c *Controller) Run(ctx context.Context) error {
 }
 
 func (c *Controller) sync(ctx context.Context) (time.Duration, error) {
+	if c.awaitingCache() {
+		return cacheRecheck, nil
+	}
 	vmis, err := c.vmis.List(labels.Everything())
 	if err != nil {
 		return 0, err
@@ -128,9 +142,25 @@ func (c *Controller) create(ctx context.Context, cand Candidate) error {
 	if cand.Deadline != nil {
 		msg += ", deadline " + cand.Deadline.UTC().Format(time.RFC3339)
 	}
+	c.mu.Lock()
+	c.unseen[created.Namespace+"/"+created.Name] = c.now()
+	c.mu.Unlock()
 	c.recorder.Event(vmi, corev1.EventTypeNormal, ReasonMigrationCreated, msg+") to move the VM off node "+vmi.Status.NodeName)
 	c.log.Info("created evacuation migration", "vmi", vmi.Namespace+"/"+vmi.Name, "migration", created.Name, "cause", cand.Cause, "deadline", cand.Deadline)
 	return nil
+}
+
+// awaitingCache reports whether a migration this controller created is not in its cache yet.
+func (c *Controller) awaitingCache() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for key, created := range c.unseen {
+		ns, name, _ := cache.SplitMetaNamespaceKey(key)
+		if _, err := c.migrations.VirtualMachineInstanceMigrations(ns).Get(name); err == nil || c.now().Sub(created) > cacheMaxWait {
+			delete(c.unseen, key)
+		}
+	}
+	return len(c.unseen) > 0
 }
 
 // announceExternal tells, once per mark, that lifeboat leaves this VMI to an external controller.
