@@ -76,6 +76,10 @@ func TestNodePressureLiveMigratesTheVM(t *testing.T) {
 	} else if end := cs[0].State.Terminated.FinishedAt.Time; end.After(signalled.Add(grace * time.Second)) {
 		t.Errorf("the source launcher exited at %s, after the grace period", end)
 	}
+	// It exited once its daemon had confirmed the migration, not at the end of a timeout.
+	if log, err := source.ContainerLog(pod, "compute"); err != nil || strings.Contains(log, "not undefined in time") {
+		t.Errorf("the source launcher must see its migrated domain undefined (err %v):\n%s", err, tail(log, 10))
+	}
 	if pod.Status.Phase != corev1.PodFailed || pod.Status.Reason != "Evicted" {
 		t.Logf("source pod: phase %s reason %s (the kubelet records an evicted pod as Failed/Evicted)", pod.Status.Phase, pod.Status.Reason)
 	}
