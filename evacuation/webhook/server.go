@@ -14,6 +14,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -275,4 +276,15 @@ func (s *Server) mark(ctx context.Context, pod *corev1.Pod, cached *v1alpha1.Vir
 	return d, nil
 }
 
-func dryRun(req *admissionv1.AdmissionRequest) bool { return req.DryRun != nil && *req.DryRun }
+// dryRun reports whether the eviction is a dry run: asked for in the request's options, or in the
+// Eviction's deleteOptions, which the API server honours as well (kubectl drain --dry-run=server).
+func dryRun(req *admissionv1.AdmissionRequest) bool {
+	if req.DryRun != nil && *req.DryRun {
+		return true
+	}
+	var eviction policyv1.Eviction
+	if err := json.Unmarshal(req.Object.Raw, &eviction); err != nil {
+		return false
+	}
+	return eviction.DeleteOptions != nil && len(eviction.DeleteOptions.DryRun) > 0
+}
