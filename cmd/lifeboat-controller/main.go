@@ -18,6 +18,7 @@ import (
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/cmd/internal/kube"
+	"github.com/lifeboat-vm/lifeboat/evacuation/cancellation"
 	"github.com/lifeboat-vm/lifeboat/evacuation/disruption"
 	"github.com/lifeboat-vm/lifeboat/evacuation/evacuate"
 	"github.com/lifeboat-vm/lifeboat/evacuation/migration"
@@ -73,12 +74,14 @@ func run(kubeconfig string, podOpts vmi.PodOptions, workers int, metricsListen s
 	evacuationController := evacuate.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), recorder, log)
 	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), kubeInformers.Core().V1().Pods(), recorder, podOpts, log)
 	disruptionController := disruption.New(kubeClient, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), kubeInformers.Core().V1().Pods(), recorder, log)
+	cancelController := cancellation.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), recorder, log)
 	reg := prometheus.NewRegistry()
 	runners := []func(context.Context) error{
 		func(ctx context.Context) error { return vmiController.Run(ctx, workers) },
 		evacuationController.Run,
 		func(ctx context.Context) error { return migrationController.Run(ctx, workers) },
 		func(ctx context.Context) error { return disruptionController.Run(ctx, workers) },
+		cancelController.Run,
 	}
 	if hookOpts.Listen != "" {
 		hookServer, err := webhook.New(kubeClient, lb, kubeInformers.Core().V1().Pods(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), recorder, hookOpts, reg, log)

@@ -325,3 +325,60 @@ func setUnschedulable(t *testing.T, node string, on bool) {
 		t.Fatal(err)
 	}
 }
+
+// TestCancelAnEvacuation: an eviction marks a LiveMigrate VM whose migration cannot start (its only
+// node is the one it leaves); the documented cancel (docs/operations.md) clears the mark, deletes
+// the waiting migration, removes the descheduler's in-progress annotation, and says so in an Event.
+func TestCancelAnEvacuation(t *testing.T) {
+	setConfig(t, false)
+	startControllerWithWebhook(t)
+	n := startNodes(t, 1)[0]
+	ns := testNamespace(t)
+	vmi := createVMI(t, ns, newVMI("cancelled", strategy(v1alpha1.EvictionStrategyLiveMigrate)))
+	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
+	before := waitCounterPast(t, n.consolePath(vmi), 0, bootTimeout)
+	pod := launcherPod(t, vmi)
+	waitBudget(t, vmi, 1)
+
+	var code int32
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		code, _ = evictPod(t, pod, false)
+		return getVMI(t, ns, vmi.Name).MarkedForEvacuation(), nil
+	})
+	if err != nil || code != 429 {
+		t.Fatalf("the eviction must mark the VM and answer 429: got %d, marked=%v", code, err == nil)
+	}
+	waitPodAnnotation(t, pod, v1alpha1.AnnotationEvictionInProgress, true)
+	migrations := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns)
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		list, err := migrations.List(ctx, metav1.ListOptions{})
+		return err == nil && len(list.Items) == 1, nil
+	})
+	if err != nil {
+		t.Fatal("the mark did not lead to a migration within 30s")
+	}
+
+	// The documented cancel.
+	out, err := exec.Command(cluster.Binaries.Kubectl, "--kubeconfig", cluster.Kubeconfig, "-n", ns,
+		"annotate", "vmi", vmi.Name, v1alpha1.AnnotationCancelEvacuation+"=").CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl annotate: %v\n%s", err, out)
+	}
+	v := waitVMI(t, ns, vmi.Name, 30*time.Second, "the mark cleared and the request removed", func(v *v1alpha1.VirtualMachineInstance) bool {
+		_, requested := v.Annotations[v1alpha1.AnnotationCancelEvacuation]
+		return !v.MarkedForEvacuation() && !requested
+	})
+	if c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); c == nil || c.Status != metav1.ConditionFalse || c.Reason != "EvacuationCancelled" {
+		t.Errorf("want EvictionRequested=False, reason EvacuationCancelled: %+v", c)
+	}
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		list, err := migrations.List(ctx, metav1.ListOptions{})
+		return err == nil && len(list.Items) == 0, nil
+	})
+	if err != nil {
+		t.Error("the waiting migration must be deleted")
+	}
+	waitPodAnnotation(t, pod, v1alpha1.AnnotationEvictionInProgress, false)
+	waitEvent(t, ns, vmi.Name, "EvacuationCancelled", 10*time.Second)
+	waitCounterPast(t, n.consolePath(vmi), before+2, 30*time.Second)
+}
