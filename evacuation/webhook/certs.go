@@ -49,7 +49,8 @@ func (c *certs) generate() (*tls.Certificate, []byte, error) {
 		}
 	}
 	chain, key, err := cert.GenerateSelfSignedCertKeyWithOptions(cert.SelfSignedCertKeyOptions{
-		Host: c.hosts[0], AlternateIPs: ips, AlternateDNS: dns, MaxAge: c.maxAge,
+		// The library backdates certificates by an hour (clock skew) and counts MaxAge from there.
+		Host: c.hosts[0], AlternateIPs: ips, AlternateDNS: dns, MaxAge: c.maxAge + time.Hour,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("making the webhook's certificate: %w", err)
