@@ -99,6 +99,8 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 				v1alpha1.LabelVMIName: vmi.Name,
 				v1alpha1.LabelVMIUID:  string(vmi.UID),
 			},
+			// The descheduler's protocol (seed 003): evicting this pod only starts the VM's evacuation.
+			Annotations:     map[string]string{v1alpha1.AnnotationRequestEvictOnly: ""},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vmi, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))},
 		},
 		Spec: corev1.PodSpec{

@@ -33,6 +33,9 @@ func TestNewLauncherPod(t *testing.T) {
 	if pod.Labels[v1alpha1.LabelVMIName] != "vm1" || pod.Labels[v1alpha1.LabelVMIUID] != "0a1b" || pod.Labels[v1alpha1.LabelRole] != v1alpha1.RoleLauncher {
 		t.Errorf("labels = %v", pod.Labels)
 	}
+	if v, ok := pod.Annotations[v1alpha1.AnnotationRequestEvictOnly]; !ok || v != "" {
+		t.Errorf("annotations = %v, want the descheduler's %s with an empty value", pod.Annotations, v1alpha1.AnnotationRequestEvictOnly)
+	}
 	if pod.Spec.NodeSelector[v1alpha1.LabelKVMNode] != "true" || pod.Spec.NodeSelector["zone"] != "a" {
 		t.Errorf("node selector = %v, want the KVM label and the VMI's own", pod.Spec.NodeSelector)
 	}

@@ -176,7 +176,13 @@ func freePort(t *testing.T, addr string) int {
 // metric reads one sample of the agent's /metrics, e.g. `lifeboat_agent_launchers`.
 func (n *testNode) metric(t *testing.T, sample string) float64 {
 	t.Helper()
-	resp, err := http.Get(n.metrics)
+	return metricValue(t, n.metrics, sample)
+}
+
+// metricValue reads one sample from a /metrics URL, or -1.
+func metricValue(t *testing.T, url, sample string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
 		return -1
 	}
