@@ -90,6 +90,14 @@ type Plan struct {
 // Settings are the responder's heartbeat bounds: at least every Max, never more often than Min.
 type Settings struct{ Min, Max time.Duration }
 
+// Validate refuses heartbeats faster than the API asks or slower than lifeboat promises.
+func (s Settings) Validate() error {
+	if s.Min < MinHeartbeatInterval || s.Max < s.Min || s.Max > MaxHeartbeatInterval {
+		return fmt.Errorf("heartbeat interval %s..%s: want at least %s apart and at most %s", s.Min, s.Max, MinHeartbeatInterval, MaxHeartbeatInterval)
+	}
+	return nil
+}
+
 // Decide is the responder's decision for one Eviction, from what the cluster shows and now.
 func Decide(o Observation, s Settings, now time.Time) Plan {
 	ev := o.Eviction
