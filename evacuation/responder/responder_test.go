@@ -208,11 +208,16 @@ func TestDeclinesAVMWithStrategyNone(t *testing.T) {
 			t.Errorf("lifeboat must write only its own entry; %s has %+v", r.Name, r)
 		}
 	}
+	owned := false
 	for _, f := range ev.ManagedFields {
+		owned = owned || (f.Manager == FieldManager && strings.Contains(f.FieldsV1.GetRawString(), v1alpha1.EvictionResponderName))
 		if f.Manager == FieldManager && (f.Subresource != "status" || f.Operation != metav1.ManagedFieldsOperationApply ||
-			strings.Contains(string(f.FieldsV1.Raw), lifecyclev1alpha1.EvictionResponderImperativeEviction)) {
-			t.Errorf("lifeboat's field manager must own only its entry, by apply on status: %s %s %s", f.Operation, f.Subresource, f.FieldsV1.Raw)
+			strings.Contains(f.FieldsV1.GetRawString(), lifecyclev1alpha1.EvictionResponderImperativeEviction)) {
+			t.Errorf("lifeboat's field manager must own only its entry, by apply on status: %s %s %s", f.Operation, f.Subresource, f.FieldsV1.GetRawString())
 		}
+	}
+	if !owned {
+		t.Errorf("field manager %s must own lifeboat's entry: %+v", FieldManager, ev.ManagedFields)
 	}
 	if got := waitVMI(t, v, "no mark", func(*v1alpha1.VirtualMachineInstance) bool { return true }); got.Status.EvacuationNodeName != "" {
 		t.Errorf("a declined VM must not be marked: %+v", got.Status)
