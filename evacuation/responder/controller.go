@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	lifecycleac "k8s.io/client-go/applyconfigurations/lifecycle/v1alpha1"
 	"k8s.io/client-go/discovery"
 	coreinformers "k8s.io/client-go/informers/core/v1"
@@ -119,13 +118,8 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, inf Informers, 
 		UpdateFunc: func(_, obj any) { c.enqueue(obj) },
 		DeleteFunc: c.forget,
 	})
-	related := cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.enqueueRelated,
-		UpdateFunc: func(_, obj any) { c.enqueueRelated(obj) },
-		DeleteFunc: c.enqueueRelated,
-	}
 	for _, i := range []cache.SharedIndexInformer{inf.Pods.Informer(), inf.VMIs.Informer(), inf.Migrations.Informer()} {
-		_, _ = i.AddEventHandler(related)
+		_, _ = i.AddEventHandler(worker.Handler(c.enqueueRelated))
 	}
 	return c, nil
 }
@@ -138,14 +132,7 @@ func targetPodUID(obj any) ([]string, error) {
 	return []string{string(ev.Spec.Target.Pod.UID)}, nil
 }
 
-func (c *Controller) enqueue(obj any) {
-	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
-	if err != nil {
-		utilruntime.HandleError(err)
-		return
-	}
-	c.queue.Add(key)
-}
+func (c *Controller) enqueue(obj any) { worker.Enqueue(c.queue, obj) }
 
 func (c *Controller) forget(obj any) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {

@@ -9,7 +9,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	lifecyclev1alpha1 "k8s.io/api/lifecycle/v1alpha1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -17,7 +16,6 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/responder"
 	"github.com/lifeboat-vm/lifeboat/test/evictionrequest"
-	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 )
 
 const requester = "drain.example.com/admin"
@@ -79,20 +77,8 @@ func TestEvictionRequestLiveMigratesTheVM(t *testing.T) {
 // the guest runs on where it was.
 func TestWithdrawnEvictionRequestCancelsTheMigration(t *testing.T) {
 	const interval = 25 * time.Second
-	setConfig(t, false, func(c *v1alpha1.LifeboatConfig) {
-		c.Spec.Migrations.BandwidthPerMigration = ptr.To(resource.MustParse("1Mi"))
-		c.Spec.Migrations.AllowAutoConverge, c.Spec.Migrations.AllowPause = ptr.To(false), ptr.To(false)
-	})
-	startController(t, "--eviction-heartbeat-interval", interval.String())
-	nodes := startNodes(t, 2)
-	ns := testNamespace(t)
-	vmi := createVMI(t, ns, newVMI("withdrawn", strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
-		v.Spec.Memory = resource.MustParse("256Mi")
-		v.Spec.Boot.Cmdline += " " + protocol.DirtyParam + "=64M " + protocol.DirtyRateParam + "=8M"
-	}))
-	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
-	source := nodeOf(t, nodes, vmi)
-	before := waitCounterPast(t, source.consolePath(vmi), 0, bootTimeout)
+	source, vmi, before := unconvergingVM(t, "withdrawn", "--eviction-heartbeat-interval", interval.String())
+	ns := vmi.Namespace
 
 	ctx := context.Background()
 	erc, err := evictionrequest.Request(ctx, cluster.Kube, launcherPod(t, vmi), requester)
@@ -100,18 +86,7 @@ func TestWithdrawnEvictionRequestCancelsTheMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	beats := recordHeartbeats(t, erc)
-	var m *v1alpha1.VirtualMachineInstanceMigration
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).List(ctx, metav1.ListOptions{})
-		if err != nil || len(list.Items) != 1 {
-			return false, nil
-		}
-		m = &list.Items[0]
-		return m.Status.Phase == v1alpha1.MigrationRunning, nil
-	})
-	if err != nil {
-		t.Fatal("the EvictionRequest did not lead to a running migration within a minute")
-	}
+	m := waitRunningMigration(t, ns, "the EvictionRequest")
 	// Three heartbeats show the cadence: at least 20 s apart, at most the interval.
 	err = wait.PollUntilContextTimeout(ctx, time.Second, 3*interval, true, func(context.Context) (bool, error) { return len(beats()) >= 3, nil })
 	if err != nil {
@@ -125,17 +100,7 @@ func TestWithdrawnEvictionRequestCancelsTheMigration(t *testing.T) {
 	if err := erc.Withdraw(ctx, requester); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		got, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Get(ctx, m.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		m = got
-		return m.Status.Phase == v1alpha1.MigrationFailed, nil
-	})
-	if err != nil || !strings.Contains(m.Status.FailureReason, "cancel") {
-		t.Fatalf("withdrawing the EvictionRequest must cancel the migration: phase %s reason %q", m.Status.Phase, m.Status.FailureReason)
-	}
+	waitCancelled(t, m, "withdrawing the EvictionRequest")
 	waitEvent(t, ns, erc.Name, responder.ReasonCanceled, 10*time.Second)
 	after := waitCounterPast(t, source.consolePath(vmi), before+2, 30*time.Second)
 	if v := waitVMI(t, ns, vmi.Name, 5*time.Second, "Running", running); v.Status.NodeName != source.Name() || v.Status.EvacuationNodeName != "" {
