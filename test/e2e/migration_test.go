@@ -147,28 +147,7 @@ func TestClearingTheMarkCancelsTheEvacuation(t *testing.T) {
 	source, vmi, before := unconvergingVM(t, "uncancelled")
 	ns := vmi.Namespace
 
-	setMark := func(mark bool) {
-		t.Helper()
-		err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-			v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(context.Background(), vmi.Name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			if mark {
-				v.Status.EvacuationNodeName = v.Status.NodeName
-				meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionTrue, Reason: "Drain", Message: "test drain"})
-			} else {
-				v.Status.EvacuationNodeName = ""
-				meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionFalse, Reason: "Cancelled", Message: "test cancel"})
-			}
-			_, err = cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).UpdateStatus(context.Background(), v, metav1.UpdateOptions{})
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	setMark(true)
+	setMark(t, vmi, true)
 	m := waitRunningMigration(t, ns, "the mark")
 	if m.Status.Cause != v1alpha1.MigrationCauseDrain {
 		var writers []string
@@ -177,7 +156,7 @@ func TestClearingTheMarkCancelsTheEvacuation(t *testing.T) {
 		}
 		t.Errorf("migration cause %q, want Drain; status %+v; writers %v", m.Status.Cause, m.Status, writers)
 	}
-	setMark(false)
+	setMark(t, vmi, false)
 	waitCancelled(t, m, "clearing the mark")
 	after := waitCounterPast(t, source.consolePath(vmi), before+2, 30*time.Second)
 	if v := waitVMI(t, ns, vmi.Name, 5*time.Second, "Running", running); v.Status.NodeName != source.Name() {
@@ -238,5 +217,30 @@ func waitCancelled(t *testing.T, m *v1alpha1.VirtualMachineInstanceMigration, wh
 	})
 	if err != nil || !strings.Contains(m.Status.FailureReason, "cancel") {
 		t.Fatalf("%s must cancel the migration: phase %s reason %q", what, m.Status.Phase, m.Status.FailureReason)
+	}
+}
+
+// setMark marks a VMI for evacuation as a drain would (cause Drain), or clears the mark as a
+// person cancelling it would.
+func setMark(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, mark bool) {
+	t.Helper()
+	vmis := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(vmi.Namespace)
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		v, err := vmis.Get(context.Background(), vmi.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if mark {
+			v.Status.EvacuationNodeName = v.Status.NodeName
+			meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionTrue, Reason: "Drain", Message: "test drain"})
+		} else {
+			v.Status.EvacuationNodeName = ""
+			meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionFalse, Reason: "Cancelled", Message: "test cancel"})
+		}
+		_, err = vmis.UpdateStatus(context.Background(), v, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
