@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	lifecycleac "k8s.io/client-go/applyconfigurations/lifecycle/v1alpha1"
 	"k8s.io/client-go/discovery"
 	coreinformers "k8s.io/client-go/informers/core/v1"
@@ -88,9 +89,8 @@ type Controller struct {
 	now        func() time.Time
 	log        *slog.Logger
 
-	// told remembers the Events already recorded per Eviction, so a repeated sync tells once.
-	mu   sync.Mutex
-	told map[string]map[Event]bool
+	mu     sync.Mutex
+	memory map[types.UID]*memory
 }
 
 // New wires the responder to its informers.
@@ -110,8 +110,8 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, inf Informers, 
 			inf.Migrations.Informer().HasSynced, inf.Configs.Informer().HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "responder"}),
 		recorder: recorder, metrics: metrics, settings: settings, now: time.Now,
-		log:  log.With("controller", "responder"),
-		told: map[string]map[Event]bool{},
+		log:    log.With("controller", "responder"),
+		memory: map[types.UID]*memory{},
 	}
 	_, _ = evInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,
@@ -140,7 +140,7 @@ func (c *Controller) forget(obj any) {
 	}
 	if ev, ok := obj.(*lifecyclev1alpha1.Eviction); ok {
 		c.mu.Lock()
-		delete(c.told, string(ev.UID))
+		delete(c.memory, ev.UID)
 		c.mu.Unlock()
 	}
 }
@@ -191,7 +191,7 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 	if err != nil {
 		return 0, err
 	}
-	obs, err := c.observe(ev)
+	obs, err := c.observe(c.freshest(ev))
 	if err != nil {
 		return 0, err
 	}
@@ -335,8 +335,9 @@ func (c *Controller) apply(ctx context.Context, ev *lifecyclev1alpha1.Eviction, 
 		entry.WithCompletionTime(*w.Completion)
 	}
 	ac := lifecycleac.Eviction(ev.Name, ev.Namespace).WithStatus(lifecycleac.EvictionStatus().WithResponders(entry))
-	_, err := c.kube.LifecycleV1alpha1().Evictions(ev.Namespace).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
+	written, err := c.kube.LifecycleV1alpha1().Evictions(ev.Namespace).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
 	if err == nil {
+		c.remember(written)
 		return nil
 	}
 	reason := apierrors.ReasonForError(err)
@@ -348,16 +349,60 @@ func (c *Controller) apply(ctx context.Context, ev *lifecyclev1alpha1.Eviction, 
 	return fmt.Errorf("applying the responder status of eviction %s/%s: %w", ev.Namespace, ev.Name, err)
 }
 
+// memory is what the responder remembers of an Eviction between syncs.
+type memory struct {
+	// told are the Events already recorded, so a repeated sync tells once.
+	told map[Event]bool
+	// written is lifeboat's entry as the API server returned it after the last write: the
+	// informer's copy may lag behind it, and deciding from that copy would heartbeat too soon
+	// or set completionTime a second time.
+	written *lifecyclev1alpha1.ResponderStatus
+}
+
+func (c *Controller) memoryOf(uid types.UID) *memory {
+	m := c.memory[uid]
+	if m == nil {
+		m = &memory{told: map[Event]bool{}}
+		c.memory[uid] = m
+	}
+	return m
+}
+
+// freshest is the Eviction with lifeboat's entry as last written, where the cache lags behind.
+func (c *Controller) freshest(ev *lifecyclev1alpha1.Eviction) *lifecyclev1alpha1.Eviction {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	written := c.memoryOf(ev.UID).written
+	entry := Entry(ev)
+	if written == nil || entry == nil || !behind(entry, written) {
+		return ev
+	}
+	ev = ev.DeepCopy()
+	*Entry(ev) = *written.DeepCopy()
+	return ev
+}
+
+func behind(cached, written *lifecyclev1alpha1.ResponderStatus) bool {
+	if written.CompletionTime != nil && cached.CompletionTime == nil {
+		return true
+	}
+	return written.HeartbeatTime != nil && (cached.HeartbeatTime == nil || cached.HeartbeatTime.Before(written.HeartbeatTime))
+}
+
+func (c *Controller) remember(written *lifecyclev1alpha1.Eviction) {
+	if e := Entry(written); e != nil {
+		c.mu.Lock()
+		c.memoryOf(written.UID).written = e.DeepCopy()
+		c.mu.Unlock()
+	}
+}
+
 // tell records an Event on the Eviction once.
 func (c *Controller) tell(ev *lifecyclev1alpha1.Eviction, e Event) {
 	c.mu.Lock()
-	seen := c.told[string(ev.UID)]
-	if seen == nil {
-		seen = map[Event]bool{}
-		c.told[string(ev.UID)] = seen
-	}
-	done := seen[e]
-	seen[e] = true
+	told := c.memoryOf(ev.UID).told
+	done := told[e]
+	told[e] = true
 	c.mu.Unlock()
 	if !done {
 		c.recorder.Event(ev, e.Type, e.Reason, e.Message)

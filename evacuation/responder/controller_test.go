@@ -27,10 +27,10 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
 
-// TestRejectedWriteIsReportedAndRetried: when the API server refuses lifeboat's status, sync
-// fails (so the worker retries it with backoff), the refusal is counted by its reason and told
-// on the Eviction with the server's words.
-func TestRejectedWriteIsReportedAndRetried(t *testing.T) {
+// fixture is a responder on fake clients whose caches hold a None VM's launcher pod and its
+// Eviction, lifeboat Active; reactor answers its status writes.
+func fixture(t *testing.T, reactor clienttesting.ReactionFunc) (*Controller, *kubefake.Clientset, *record.FakeRecorder, *Metrics) {
+	t.Helper()
 	ev := eviction(lifecyclev1alpha1.ResponderStateActive, started())
 	pod := launcherPod(corev1.PodRunning)
 	v := vm(withStrategy(v1alpha1.EvictionStrategyNone))
@@ -39,12 +39,9 @@ func TestRejectedWriteIsReportedAndRetried(t *testing.T) {
 	ev.Spec.Target.Pod = &lifecyclev1alpha1.EvictionPodReference{Name: pod.Name, UID: pod.UID}
 
 	kube := kubefake.NewClientset()
-	rejection := apierrors.NewInvalid(schema.GroupKind{Group: "lifecycle.k8s.io", Kind: "Eviction"}, ev.Name,
-		field.ErrorList{field.Invalid(field.NewPath("status", "responders").Index(0).Child("heartbeatTime"), "", "must be set to the present time")})
-	kube.PrependReactor("patch", "evictions", func(clienttesting.Action) (bool, runtime.Object, error) { return true, nil, rejection })
+	kube.PrependReactor("patch", "evictions", reactor)
 	kubeInformers := informers.NewSharedInformerFactory(kube, 0)
-	lbInformers := lifeboatinformers.NewSharedInformerFactory(lifeboatfake.NewSimpleClientset(), 0)
-	lb := lbInformers.Lifeboat().V1alpha1()
+	lb := lifeboatinformers.NewSharedInformerFactory(lifeboatfake.NewSimpleClientset(), 0).Lifeboat().V1alpha1()
 	inf := Informers{Evictions: kubeInformers.Lifecycle().V1alpha1().Evictions(), Pods: kubeInformers.Core().V1().Pods(),
 		VMIs: lb.VirtualMachineInstances(), Migrations: lb.VirtualMachineInstanceMigrations(), Configs: lb.LifeboatConfigs()}
 	recorder := record.NewFakeRecorder(10)
@@ -62,8 +59,18 @@ func TestRejectedWriteIsReportedAndRetried(t *testing.T) {
 			t.Fatal(add)
 		}
 	}
+	return c, kube, recorder, metrics
+}
 
-	_, err = c.sync(context.Background(), "ns/ev")
+// TestRejectedWriteIsReportedAndRetried: when the API server refuses lifeboat's status, sync
+// fails (so the worker retries it with backoff), the refusal is counted by its reason and told
+// on the Eviction with the server's words.
+func TestRejectedWriteIsReportedAndRetried(t *testing.T) {
+	rejection := apierrors.NewInvalid(schema.GroupKind{Group: "lifecycle.k8s.io", Kind: "Eviction"}, "ev",
+		field.ErrorList{field.Invalid(field.NewPath("status", "responders").Index(0).Child("heartbeatTime"), "", "must be set to the present time")})
+	c, _, recorder, metrics := fixture(t, func(clienttesting.Action) (bool, runtime.Object, error) { return true, nil, rejection })
+
+	_, err := c.sync(context.Background(), "ns/ev")
 	if !apierrors.IsInvalid(err) {
 		t.Fatalf("sync = %v: want the server's rejection, so the key is retried", err)
 	}
@@ -80,5 +87,32 @@ func TestRejectedWriteIsReportedAndRetried(t *testing.T) {
 		}
 	default:
 		t.Error("no Event on the Eviction about the refused write")
+	}
+}
+
+// TestLaggingCacheDoesNotRepeatAWrite: right after lifeboat declines, its cache still shows the
+// Eviction without completionTime; a sync then (another object's event) must not answer again,
+// which the API server would refuse (completionTime is immutable) or count twice.
+func TestLaggingCacheDoesNotRepeatAWrite(t *testing.T) {
+	written := eviction(lifecyclev1alpha1.ResponderStateActive, started())
+	Entry(written).HeartbeatTime, Entry(written).CompletionTime = at(0), at(0)
+	c, kube, _, metrics := fixture(t, func(clienttesting.Action) (bool, runtime.Object, error) { return true, written, nil })
+	for i := range 2 {
+		c.now = func() time.Time { return t0.Add(time.Duration(i) * 2 * time.Second) }
+		if _, err := c.sync(context.Background(), "ns/ev"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	patches := 0
+	for _, a := range kube.Actions() {
+		if a.GetVerb() == "patch" {
+			patches++
+		}
+	}
+	if patches != 1 {
+		t.Errorf("%d status writes, want 1: the second sync must see lifeboat's own answer", patches)
+	}
+	if n := testutil.ToFloat64(metrics.Answered.WithLabelValues(OutcomeDeclined)); n != 1 {
+		t.Errorf("declined = %v, want 1", n)
 	}
 }
