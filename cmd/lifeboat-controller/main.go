@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,34 +23,50 @@ import (
 	"github.com/lifeboat-vm/lifeboat/evacuation/disruption"
 	"github.com/lifeboat-vm/lifeboat/evacuation/evacuate"
 	"github.com/lifeboat-vm/lifeboat/evacuation/migration"
+	"github.com/lifeboat-vm/lifeboat/evacuation/responder"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
 )
 
+type options struct {
+	podOpts       vmi.PodOptions
+	workers       int
+	metricsListen string
+	heartbeat     responder.Settings
+	hook          webhookFlags
+}
+
 func main() {
+	var o options
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
-	image := flag.String("launcher-image", "lifeboat-launcher:dev", "image of launcher pods")
-	accel := flag.String("acceleration", "auto", "guest acceleration launchers use: kvm, tcg, or auto (KVM only if a probe boot proves it works)")
-	workers := flag.Int("workers", 4, "workers per controller")
-	metricsListen := flag.String("metrics-listen", "", `address to serve Prometheus metrics on (/metrics), e.g. ":8080"; empty: none`)
-	var hook webhookFlags
-	hook.register()
+	flag.StringVar(&o.podOpts.Image, "launcher-image", "lifeboat-launcher:dev", "image of launcher pods")
+	flag.StringVar(&o.podOpts.Acceleration, "acceleration", "auto", "guest acceleration launchers use: kvm, tcg, or auto (KVM only if a probe boot proves it works)")
+	flag.IntVar(&o.workers, "workers", 4, "workers per controller")
+	flag.StringVar(&o.metricsListen, "metrics-listen", "", `address to serve Prometheus metrics on (/metrics), e.g. ":8080"; empty: none`)
+	heartbeat := flag.Duration("eviction-heartbeat-interval", time.Minute,
+		"how often the EvictionRequest responder reports progress on an Eviction when nothing changes (20s to 3m)")
+	o.hook.register()
 	flag.Parse()
+	o.heartbeat = responder.Settings{Min: responder.MinHeartbeatInterval, Max: *heartbeat}
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if err := run(*kubeconfig, vmi.PodOptions{Image: *image, Acceleration: *accel}, *workers, *metricsListen, hook, log); err != nil {
+	if err := run(*kubeconfig, o, log); err != nil {
 		log.Error("lifeboat-controller failed", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(kubeconfig string, podOpts vmi.PodOptions, workers int, metricsListen string, hook webhookFlags, log *slog.Logger) error {
+func run(kubeconfig string, o options, log *slog.Logger) error {
+	podOpts, workers := o.podOpts, o.workers
 	switch podOpts.Acceleration {
 	case "kvm", "tcg", "auto":
 	default:
 		return fmt.Errorf("--acceleration=%q: want kvm, tcg or auto", podOpts.Acceleration)
 	}
-	hookOpts, err := hook.options()
+	if err := o.heartbeat.Validate(); err != nil {
+		return fmt.Errorf("--eviction-heartbeat-interval: %w", err)
+	}
+	hookOpts, err := o.hook.options()
 	if err != nil {
 		return err
 	}
@@ -65,15 +82,22 @@ func run(kubeconfig string, podOpts vmi.PodOptions, workers int, metricsListen s
 	}
 	defer stopRecorder()
 
+	// Launcher pods name lifeboat as their EvictionRequest responder only where the API exists.
+	if podOpts.EvictionResponder, err = responder.Served(kubeClient.Discovery()); err != nil {
+		return err
+	}
+	log.Info("EvictionRequest API", "served", podOpts.EvictionResponder)
+
 	kubeInformers := informers.NewSharedInformerFactoryWithOptions(kubeClient, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.LabelSelector = v1alpha1.LabelRole + "=" + v1alpha1.RoleLauncher
 	}))
 	lbInformers := lifeboatinformers.NewSharedInformerFactory(lb, 0)
 	lbv1 := lbInformers.Lifeboat().V1alpha1()
-	vmiController := vmi.New(kubeClient, lb, lbv1.VirtualMachineInstances(), kubeInformers.Core().V1().Pods(), recorder, podOpts, log)
+	pods := kubeInformers.Core().V1().Pods()
+	vmiController := vmi.New(kubeClient, lb, lbv1.VirtualMachineInstances(), pods, recorder, podOpts, log)
 	evacuationController := evacuate.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), recorder, log)
-	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), kubeInformers.Core().V1().Pods(), recorder, podOpts, log)
-	disruptionController := disruption.New(kubeClient, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), kubeInformers.Core().V1().Pods(), recorder, log)
+	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), pods, recorder, podOpts, log)
+	disruptionController := disruption.New(kubeClient, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, recorder, log)
 	cancelController := cancellation.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), recorder, log)
 	reg := prometheus.NewRegistry()
 	runners := []func(context.Context) error{
@@ -84,14 +108,28 @@ func run(kubeconfig string, podOpts vmi.PodOptions, workers int, metricsListen s
 		cancelController.Run,
 	}
 	if hookOpts.Listen != "" {
-		hookServer, err := webhook.New(kubeClient, lb, kubeInformers.Core().V1().Pods(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), recorder, hookOpts, reg, log)
+		hookServer, err := webhook.New(kubeClient, lb, pods, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), recorder, hookOpts, reg, log)
 		if err != nil {
 			return err
 		}
 		runners = append(runners, hookServer.Run)
 	}
-	if metricsListen != "" {
-		runners = append(runners, func(ctx context.Context) error { return serveMetrics(ctx, metricsListen, reg) })
+	if podOpts.EvictionResponder {
+		evInformers := informers.NewSharedInformerFactoryWithOptions(kubeClient, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = responder.EvictionSelector
+		}))
+		r, err := responder.New(kubeClient, lb, responder.Informers{
+			Evictions: evInformers.Lifecycle().V1alpha1().Evictions(), Pods: pods,
+			VMIs: lbv1.VirtualMachineInstances(), Migrations: lbv1.VirtualMachineInstanceMigrations(), Configs: lbv1.LifeboatConfigs(),
+		}, recorder, responder.NewMetrics(reg), o.heartbeat, log)
+		if err != nil {
+			return err
+		}
+		evInformers.Start(ctx.Done())
+		runners = append(runners, func(ctx context.Context) error { return r.Run(ctx, workers) })
+	}
+	if o.metricsListen != "" {
+		runners = append(runners, func(ctx context.Context) error { return serveMetrics(ctx, o.metricsListen, reg) })
 	}
 	kubeInformers.Start(ctx.Done())
 	lbInformers.Start(ctx.Done())

@@ -71,6 +71,9 @@ type PodOptions struct {
 	Image string
 	// Acceleration is passed to the launcher: kvm, tcg or auto.
 	Acceleration string
+	// EvictionResponder declares lifeboat as the pods' EvictionRequest responder; only when the
+	// API server serves lifecycle.k8s.io/v1alpha1 (it drops the field otherwise).
+	EvictionResponder bool
 }
 
 // NewLauncherPod builds the launcher pod of a VMI, owned by it.
@@ -90,6 +93,10 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 		cpus = 1
 	}
 	volumes, mounts := launcherVolumes(vmi)
+	var responders []corev1.EvictionResponder
+	if opts.EvictionResponder {
+		responders = []corev1.EvictionResponder{{Name: v1alpha1.EvictionResponderName, Priority: ptr.To(v1alpha1.EvictionResponderPriority)}}
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      LauncherPodName(vmi),
@@ -127,7 +134,8 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 				}},
 				VolumeMounts: mounts,
 			}},
-			Volumes: volumes,
+			Volumes:            volumes,
+			EvictionResponders: responders,
 		},
 	}, nil
 }

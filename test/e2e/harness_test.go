@@ -94,8 +94,8 @@ func tail(s string, lines int) string {
 	return strings.Join(l, "\n")
 }
 
-func startController(t *testing.T) *proc {
-	return startProc(t, "lifeboat-controller", "--kubeconfig", cluster.Kubeconfig, "--acceleration", "tcg")
+func startController(t *testing.T, args ...string) *proc {
+	return startProc(t, "lifeboat-controller", append([]string{"--kubeconfig", cluster.Kubeconfig, "--acceleration", "tcg"}, args...)...)
 }
 
 type testNode struct {
