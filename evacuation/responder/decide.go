@@ -262,6 +262,15 @@ func expectedCompletion(o Observation, now time.Time) time.Time {
 	if migratedFrom(o.VMI, o.Pod.Spec.NodeName) {
 		return now.Add(sourceEndEstimate)
 	}
+	if p := progress(m); p != nil {
+		// What remains, at the rate the transfer gains on the guest's writes, from when the
+		// source agent read it; never past the deadline, which escalation keeps.
+		end := p.UpdateTime.Add(time.Duration(float64(p.DataRemaining) / float64(p.MemoryBandwidth-p.MemoryDirtyRate) * float64(time.Second)))
+		if m.Status.Deadline != nil && end.After(m.Status.Deadline.Time) {
+			return m.Status.Deadline.Time
+		}
+		return end
+	}
 	if m != nil && m.Status.Deadline != nil {
 		return m.Status.Deadline.Time
 	}
@@ -277,6 +286,18 @@ func expectedCompletion(o Observation, now time.Time) time.Time {
 	}
 	copyTime := time.Duration(float64(o.VMI.Spec.Memory.Value()) / float64(bandwidth) * float64(time.Second))
 	return start.Add(setupEstimate + copyTime)
+}
+
+// progress is a running migration's transfer figures when they let one project its end: the
+// transfer gains on the guest's writes.
+func progress(m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.MigrationProgress {
+	if m == nil || m.Status.Phase != v1alpha1.MigrationRunning {
+		return nil
+	}
+	if p := m.Status.Progress; p != nil && p.DataTotal > 0 && p.MemoryBandwidth > p.MemoryDirtyRate {
+		return p
+	}
+	return nil
 }
 
 // presentTime is now, but never before the entry's startTime or last heartbeat: the API

@@ -240,10 +240,23 @@ func TestExpectedCompletion(t *testing.T) {
 			return m
 		}()}, t0.Add(45 * time.Second)},
 		{"migrated: the source pod's end", Observation{Pod: pod, VMI: vm(migratedTo("b"))}, t0.Add(sourceEndEstimate)},
+		{"transfer figures: 96 MiB left gaining 32 MiB/s, read 1 s ago", Observation{Pod: pod, VMI: vm(), Migration: withProgress(nil, 96, 8, 40)}, t0.Add(2 * time.Second)},
+		{"transfer figures past the deadline: the deadline", Observation{Pod: pod, VMI: vm(), Migration: withProgress(at(2*time.Second), 96, 8, 40)}, t0.Add(2 * time.Second)},
+		{"the guest dirties faster than the transfer: no projection, the deadline", Observation{Pod: pod, VMI: vm(), Migration: withProgress(at(45*time.Second), 96, 50, 40)}, t0.Add(45 * time.Second)},
 	}
 	for _, tc := range cases {
 		if got := expectedCompletion(tc.obs, t0); !got.Equal(tc.want) {
 			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
 		}
 	}
+}
+
+// withProgress is a running migration whose source agent read, a second ago, remaining MiB left
+// with the guest dirtying and the transfer sending at the given MiB/s.
+func withProgress(deadline *metav1.Time, remaining, dirty, bandwidth int64) *v1alpha1.VirtualMachineInstanceMigration {
+	m := migration(v1alpha1.MigrationRunning, v1alpha1.MigrationModePreCopy)
+	m.Status.Deadline = deadline
+	m.Status.Progress = &v1alpha1.MigrationProgress{DataTotal: 256 << 20, DataRemaining: remaining << 20,
+		MemoryDirtyRate: dirty << 20, MemoryBandwidth: bandwidth << 20, UpdateTime: metav1.NewTime(t0.Add(-time.Second))}
+	return m
 }
