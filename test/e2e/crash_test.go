@@ -53,6 +53,7 @@ func TestKillingTheTargetLauncherMidMigration(t *testing.T) {
 	startController(t)
 	nodes := startNodes(t, 2)
 	vmi, source, before := liveMigrateVM(t, nodes, "target-killed")
+	sourcePod := launcherPod(t, vmi)
 	watch := watchGuest(t, nodes, vmi)
 
 	setMark(t, vmi, true)
@@ -76,6 +77,10 @@ func TestKillingTheTargetLauncherMidMigration(t *testing.T) {
 	waitGone(t, target)
 	if v := waitVMI(t, vmi.Namespace, vmi.Name, 10*time.Second, "Running", running); v.Status.NodeName != source.Name() || v.Status.EvacuationNodeName != source.Name() {
 		t.Errorf("after a failed migration the VM runs on %s and stays marked: %s", source.Name(), describe(v))
+	}
+	// The descheduler still sees an eviction in progress: the mark stays for the retry.
+	if pod, err := cluster.Kube.CoreV1().Pods(vmi.Namespace).Get(context.Background(), sourcePod.Name, metav1.GetOptions{}); err != nil || pod.Annotations[v1alpha1.AnnotationEvictionInProgress] == "" {
+		t.Errorf("the source pod %s must keep %s across a failed attempt (err %v)", sourcePod.Name, v1alpha1.AnnotationEvictionInProgress, err)
 	}
 	finishEvacuation(t, nodes, vmi, source, m)
 	watch.check(t)
