@@ -3,6 +3,7 @@ package disruption
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -133,15 +134,12 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	if err := c.syncBudget(ctx, vmi, MinAvailable(vmi, config, pods)); err != nil {
-		return err
-	}
+	// The annotation does not wait for the budget: each is retried on its own failure.
+	errs := []error{c.syncBudget(ctx, vmi, MinAvailable(vmi, config, pods))}
 	for _, p := range pods {
-		if err := c.syncAnnotation(ctx, p, EvictionInProgress(vmi, p)); err != nil {
-			return err
-		}
+		errs = append(errs, c.syncAnnotation(ctx, p, EvictionInProgress(vmi, p)))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // syncBudget creates, resizes or deletes the VMI's budget to keep want pods (0: no budget).
@@ -172,10 +170,12 @@ func (c *Controller) syncBudget(ctx context.Context, vmi *v1alpha1.VirtualMachin
 		}
 		c.recorder.Eventf(vmi, corev1.EventTypeNormal, ReasonBudgetCreated, "created PodDisruptionBudget %s (minAvailable %d)", BudgetName(vmi), want)
 	case want > 0 && existing.Spec.MinAvailable.IntValue() != int(want):
-		b := existing.DeepCopy()
-		b.Spec.MinAvailable = ptrInt(want)
-		if _, err := budgets.Update(ctx, b, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("resizing PodDisruptionBudget %s: %w", b.Name, err)
+		// A patch, not an update: the disruption controller keeps writing the budget's status,
+		// and an update from a stale copy would conflict with it.
+		patch := fmt.Sprintf(`{"spec":{"minAvailable":%d}}`, want)
+		b, err := budgets.Patch(ctx, existing.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		if err != nil {
+			return fmt.Errorf("resizing PodDisruptionBudget %s: %w", existing.Name, err)
 		}
 		why := "the migration's target pod is protected too"
 		if want == 1 {

@@ -129,7 +129,6 @@ func TestAPIEvictionFinalAnswers(t *testing.T) {
 	ctrl := startControllerWithWebhook(t)
 	startNodes(t, 1)
 	ns := testNamespace(t)
-	disk := localDisk(t)
 	rows := []struct {
 		name      string
 		strategy  v1alpha1.EvictionStrategy
@@ -149,7 +148,7 @@ func TestAPIEvictionFinalAnswers(t *testing.T) {
 	for _, r := range rows {
 		mutate := []func(*v1alpha1.VirtualMachineInstance){strategy(r.strategy)}
 		if r.disk {
-			mutate = append(mutate, disk)
+			mutate = append(mutate, localDisk(t)) // its own: QEMU locks a disk image for writing
 		}
 		vmis[r.name] = createVMI(t, ns, newVMI(r.name, mutate...))
 	}
