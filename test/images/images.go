@@ -144,6 +144,8 @@ func image(c Component, binary string, base []v1.Layer) (v1.Image, error) {
 		Architecture: "amd64",
 		OS:           "linux",
 		Created:      v1.Time{Time: epoch},
+		// AppendLayers fills in the layers' diff IDs; the type is the only one the spec has.
+		RootFS: v1.RootFS{Type: "layers"},
 		Config: v1.Config{
 			Entrypoint: []string{binDir + "/" + c.Name},
 			Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},

@@ -105,24 +105,27 @@ func TestArchivesAreValidOCIImages(t *testing.T) {
 	}
 }
 
-// The agent and launcher find their shared libraries in the Debian layer; the launcher's image
-// has the libvirtd and QEMU it runs, and the users libvirtd will not start without.
+// checks are commands each image must run: the binary (the agent and the launcher find their
+// shared libraries in the Debian layer); in the launcher's, the libvirtd and QEMU it runs and the
+// group and user libvirtd will not start without. The controller's image has no shell.
+var checks = map[string][][]string{
+	"lifeboat-controller": {{"/usr/local/bin/lifeboat-controller", "-h"}},
+	"lifeboat-agent":      {{"lifeboat-agent", "-h"}},
+	"lifeboat-launcher": {
+		{"lifeboat-launcher", "-h"},
+		{"libvirtd", "--version"},
+		{"qemu-system-x86_64", "--version"},
+		{"getent", "group", "kvm"},
+		{"getent", "passwd", "libvirt-qemu"},
+	},
+}
+
+// The images' programs run in their unpacked root filesystems.
 func TestImagesRunTheirPrograms(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("running programs in an image's root filesystem needs chroot, which needs root")
 	}
 	out := archives(t)
-	checks := map[string][][]string{
-		"lifeboat-controller": {{"lifeboat-controller", "-h"}},
-		"lifeboat-agent":      {{"lifeboat-agent", "-h"}},
-		"lifeboat-launcher": {
-			{"lifeboat-launcher", "-h"},
-			{"libvirtd", "--version"},
-			{"qemu-system-x86_64", "--version"},
-			{"getent", "group", "kvm"},
-			{"getent", "passwd", "libvirt-qemu"},
-		},
-	}
 	for _, c := range Components {
 		t.Run(c.Name, func(t *testing.T) {
 			img, _ := readArchive(t, filepath.Join(out, c.Archive()))
@@ -192,6 +195,22 @@ func TestContainerdImports(t *testing.T) {
 		// Unpacked into the snapshotter, as the kubelet needs before it can start a container.
 		if output, err := ctr("-n", "k8s.io", "images", "check", "name=="+c.Ref()); err != nil || !strings.Contains(output, "complete") {
 			t.Errorf("ctr images check %s: %v\n%s", c.Ref(), err, output)
+		}
+	}
+	if _, err := exec.LookPath("runc"); err != nil {
+		t.Skipf("running the imported images needs runc (Debian package runc): %v", err)
+	}
+	for _, c := range Components {
+		for i, argv := range checks[c.Name] {
+			// A container of the image, as containerd runs it for the kubelet (runc, the image's
+			// config), with its own network namespace.
+			id := fmt.Sprintf("%s-%d", c.Name, i)
+			output, err := ctr(append([]string{"-n", "k8s.io", "run", "--rm", c.Ref(), id}, argv...)...)
+			if err != nil {
+				t.Errorf("in a %s container, %s: %v\n%s", c.Name, strings.Join(argv, " "), err, output)
+				continue
+			}
+			t.Logf("container %s: %s: %s", c.Name, strings.Join(argv, " "), firstLine([]byte(output)))
 		}
 	}
 }
