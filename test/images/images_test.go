@@ -1,8 +1,10 @@
 package images
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -269,4 +271,24 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 		t.Fatalf("containerd did not answer on %s: %v", socket, err)
 	}
 	return ctr
+}
+
+// The same checkout and cached Debian layer give the same bytes: a node that already has an
+// image keeps it when it is built again.
+func TestBuildsAreReproducible(t *testing.T) {
+	first := archives(t)
+	second := t.TempDir()
+	if err := Build(context.Background(), second, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range Components {
+		a, errA := os.ReadFile(filepath.Join(first, c.Archive()))
+		b, errB := os.ReadFile(filepath.Join(second, c.Archive()))
+		if errA != nil || errB != nil {
+			t.Fatal(errA, errB)
+		}
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s differs between two builds", c.Archive())
+		}
+	}
 }
