@@ -140,23 +140,29 @@ func image(c Component, binary string, base []v1.Layer) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	return NewImage(v1.Config{
+		Entrypoint: []string{binDir + "/" + c.Name},
+		Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		User:       c.User,
+		Labels:     map[string]string{"org.opencontainers.image.title": c.Name, "org.opencontainers.image.source": "https://github.com/lifeboat-vm/lifeboat"},
+	}, append(base, binLayer)...)
+}
+
+// NewImage is a linux/amd64 OCI image of layers, bottom first, that runs as cfg says, stamped
+// with epoch (for other images built the same way, such as a node's pause image).
+func NewImage(cfg v1.Config, layers ...v1.Layer) (v1.Image, error) {
 	img, err := mutate.ConfigFile(OCIBase(), &v1.ConfigFile{
 		Architecture: "amd64",
 		OS:           "linux",
 		Created:      v1.Time{Time: epoch},
 		// AppendLayers fills in the layers' diff IDs; the type is the only one the spec has.
 		RootFS: v1.RootFS{Type: "layers"},
-		Config: v1.Config{
-			Entrypoint: []string{binDir + "/" + c.Name},
-			Env:        []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-			User:       c.User,
-			Labels:     map[string]string{"org.opencontainers.image.title": c.Name, "org.opencontainers.image.source": "https://github.com/lifeboat-vm/lifeboat"},
-		},
+		Config: cfg,
 	})
 	if err != nil {
 		return nil, err
 	}
-	return mutate.AppendLayers(img, append(base, binLayer)...)
+	return mutate.AppendLayers(img, layers...)
 }
 
 // OCIBase is an empty image with OCI media types (go-containerregistry's empty image is Docker's).
