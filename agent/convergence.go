@@ -42,7 +42,8 @@ func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alp
 	if current == "" {
 		current = v1alpha1.MigrationModePreCopy
 	}
-	if !p.HasDeadline || p.Elapsed < convergenceWarmUp || isFinal(current) {
+	// Without transfer figures yet (the job is still connecting) there is nothing to project.
+	if !p.HasDeadline || p.Elapsed < convergenceWarmUp || p.Bandwidth == 0 || isFinal(current) {
 		return current
 	}
 	budget := p.TimeLeft - safetyMargin

@@ -11,7 +11,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -262,12 +261,6 @@ func dialer(addr string) func(ctx context.Context) (net.Conn, error) {
 // clearMark is what a successful migration does to its VMI: the guest runs on the target now.
 func clearMark(vmi *v1alpha1.VirtualMachineInstance, mig *v1alpha1.VirtualMachineInstanceMigration, now metav1.Time) {
 	vmi.Status.NodeName = mig.Status.TargetNode
-	vmi.Status.EvacuationNodeName = ""
-	vmi.Status.EvacuationDeadline = nil
-	if c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); c != nil && c.Status == metav1.ConditionTrue {
-		meta.SetStatusCondition(&vmi.Status.Conditions, metav1.Condition{
-			Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionFalse, Reason: "Evacuated",
-			Message: fmt.Sprintf("the VM moved from node %s to node %s by migration %s", mig.Status.SourceNode, mig.Status.TargetNode, mig.Name), LastTransitionTime: now,
-		})
-	}
+	v1alpha1.ClearEvacuationMark(&vmi.Status, "Evacuated",
+		fmt.Sprintf("the VM moved from node %s to node %s by migration %s", mig.Status.SourceNode, mig.Status.TargetNode, mig.Name), now)
 }

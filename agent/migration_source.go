@@ -17,8 +17,12 @@ import (
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
-// progressInterval is how often the source agent reads a running migration's statistics.
-const progressInterval = 500 * time.Millisecond
+// progressInterval is how often the source agent reads a running migration's statistics;
+// progressWriteInterval how often it publishes them on the migration's status.
+const (
+	progressInterval      = 500 * time.Millisecond
+	progressWriteInterval = 2 * time.Second
+)
 
 // launcherReportWait is how long a failed migration call waits for the source launcher's report
 // (it flushes its last reports before it exits).
@@ -98,6 +102,7 @@ func (m *migrations) runSource(ctx context.Context, cancel context.CancelFunc, m
 	log := m.a.cfg.Log.With("migration", mig.Namespace+"/"+mig.Name, "vmi", vmi.Name)
 	start := time.Now()
 	mode, escalated := v1alpha1.MigrationModePreCopy, time.Now()
+	var published time.Time
 	ticker := time.NewTicker(progressInterval)
 	defer ticker.Stop()
 	var result error
@@ -111,7 +116,11 @@ func (m *migrations) runSource(ctx context.Context, cancel context.CancelFunc, m
 				cancel()
 				continue
 			}
-			next, err := m.converge(mig, mg, name, mode, escalated, allowed)
+			next, stats, err := m.converge(mig, mg, name, mode, escalated, allowed)
+			if stats != nil && time.Since(published) >= progressWriteInterval {
+				published = time.Now()
+				m.publishProgress(mig, stats)
+			}
 			if err != nil {
 				log.Warn("escalating the migration", "to", next, "err", err)
 				continue
@@ -163,11 +172,12 @@ func (m *migrations) markCleared(mig *v1alpha1.VirtualMachineInstanceMigration, 
 	return vmi.Status.NodeName == mig.Status.SourceNode && vmi.Status.EvacuationNodeName != mig.Status.SourceNode
 }
 
-// converge reads the job's progress and applies the convergence policy's next step.
-func (m *migrations) converge(mig *v1alpha1.VirtualMachineInstanceMigration, mg Migrator, name string, mode v1alpha1.MigrationMode, escalated time.Time, allowed Allowed) (v1alpha1.MigrationMode, error) {
+// converge reads the job's progress and applies the convergence policy's next step. It returns
+// the progress it read, nil when no migration job runs.
+func (m *migrations) converge(mig *v1alpha1.VirtualMachineInstanceMigration, mg Migrator, name string, mode v1alpha1.MigrationMode, escalated time.Time, allowed Allowed) (v1alpha1.MigrationMode, *domain.JobStats, error) {
 	stats, err := mg.JobStats(name)
 	if err != nil || stats.Type != domain.JobUnbounded {
-		return mode, nil // not started yet, or over: nothing to steer
+		return mode, nil, nil // not started yet, or over: nothing to steer
 	}
 	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: stats.MemoryBandwidth,
 		Elapsed: stats.Elapsed, SinceEscalation: time.Since(escalated)}
@@ -183,9 +193,26 @@ func (m *migrations) converge(mig *v1alpha1.VirtualMachineInstanceMigration, mg 
 		err = mg.Suspend(name)
 	}
 	if err != nil {
-		return mode, err
+		return mode, &stats, err
 	}
-	return next, nil
+	return next, &stats, nil
+}
+
+// publishProgress writes a running migration's transfer figures on its status, for people
+// watching it; a failed write only delays the next figures.
+func (m *migrations) publishProgress(mig *v1alpha1.VirtualMachineInstanceMigration, stats *domain.JobStats) {
+	progress := &v1alpha1.MigrationProgress{
+		DataTotal: int64(stats.DataTotal), DataRemaining: int64(stats.DataRemaining),
+		MemoryDirtyRate: int64(stats.MemoryDirtyRate), MemoryBandwidth: int64(stats.MemoryBandwidth), UpdateTime: metav1.Now(),
+	}
+	err := m.updateMigration(context.Background(), mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) {
+		if !x.Status.Phase.Terminal() {
+			x.Status.Progress = progress
+		}
+	})
+	if err != nil {
+		m.a.cfg.Log.Warn("publishing a migration's progress", "migration", mig.Namespace+"/"+mig.Name, "err", err)
+	}
 }
 
 // record writes the outcome on the migration and the VMI. On failure the mark stays, so the

@@ -123,7 +123,7 @@ func limits(config *v1alpha1.LifeboatConfig) (perCluster, perNode int) {
 }
 
 func marked(vmi *v1alpha1.VirtualMachineInstance) bool {
-	return vmi.Status.Phase == v1alpha1.VMIRunning && vmi.Status.NodeName != "" && vmi.Status.EvacuationNodeName == vmi.Status.NodeName
+	return vmi.Status.Phase == v1alpha1.VMIRunning && vmi.MarkedForEvacuation()
 }
 
 // openMigration: the VMI records a migration that has not ended (its record may be written
@@ -135,8 +135,8 @@ func openMigration(vmi *v1alpha1.VirtualMachineInstance, ended map[string]bool) 
 }
 
 func migratable(vmi *v1alpha1.VirtualMachineInstance) bool {
-	c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionLiveMigratable)
-	return c != nil && c.Status == metav1.ConditionTrue
+	ok, _ := vmi.LiveMigratable()
+	return ok
 }
 
 // candidate reads the cause from the EvictionRequested condition's reason, which every path

@@ -20,7 +20,7 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/domain"
-	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/guest"
 )
 
 // "Never two, never none": whatever part of lifeboat dies during a migration, the guest runs on
@@ -28,19 +28,20 @@ import (
 // ran on two nodes at once, kept counting, and that the evacuation still ends with the VM on the
 // other node once the part is back.
 
-// slowMigrations keeps a migration of a guest that dirties memory running for as long as a
-// test needs: 1 MiB/s and no escalation.
+// slowMigrations keeps a migration running for as long as a test needs: 1 MiB/s (the guest's
+// kernel and initramfs alone take half a minute) and no escalation.
 func slowMigrations(c *v1alpha1.LifeboatConfig) {
 	c.Spec.Migrations.BandwidthPerMigration = ptr.To(resource.MustParse("1Mi"))
 	c.Spec.Migrations.AllowAutoConverge, c.Spec.Migrations.AllowPause = ptr.To(false), ptr.To(false)
 }
 
-// dirtyingVM is a running LiveMigrate VM whose guest keeps writing memory, and its node.
-func dirtyingVM(t *testing.T, nodes []*testNode, name string) (*v1alpha1.VirtualMachineInstance, *testNode, int) {
+// liveMigrateVM is a running LiveMigrate VM, its node, and its guest's counter. Its guest does
+// not dirty memory on purpose: under TCG a guest that does can arrive corrupted from a migration
+// that needs more than one pass (docs/benchmarks.md), and these tests are about who runs it.
+func liveMigrateVM(t *testing.T, nodes []*testNode, name string) (*v1alpha1.VirtualMachineInstance, *testNode, int) {
 	t.Helper()
 	vmi := createVMI(t, testNamespace(t), newVMI(name, strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
 		v.Spec.Memory = resource.MustParse("256Mi")
-		v.Spec.Boot.Cmdline += " " + protocol.DirtyParam + "=64M " + protocol.DirtyRateParam + "=8M"
 	}))
 	vmi = waitVMI(t, vmi.Namespace, vmi.Name, bootTimeout, "phase Running", running)
 	source := nodeOf(t, nodes, vmi)
@@ -51,7 +52,8 @@ func TestKillingTheTargetLauncherMidMigration(t *testing.T) {
 	setConfig(t, false, slowMigrations)
 	startController(t)
 	nodes := startNodes(t, 2)
-	vmi, source, before := dirtyingVM(t, nodes, "target-killed")
+	vmi, source, before := liveMigrateVM(t, nodes, "target-killed")
+	sourcePod := launcherPod(t, vmi)
 	watch := watchGuest(t, nodes, vmi)
 
 	setMark(t, vmi, true)
@@ -76,6 +78,10 @@ func TestKillingTheTargetLauncherMidMigration(t *testing.T) {
 	if v := waitVMI(t, vmi.Namespace, vmi.Name, 10*time.Second, "Running", running); v.Status.NodeName != source.Name() || v.Status.EvacuationNodeName != source.Name() {
 		t.Errorf("after a failed migration the VM runs on %s and stays marked: %s", source.Name(), describe(v))
 	}
+	// The descheduler still sees an eviction in progress: the mark stays for the retry.
+	if pod, err := cluster.Kube.CoreV1().Pods(vmi.Namespace).Get(context.Background(), sourcePod.Name, metav1.GetOptions{}); err != nil || pod.Annotations[v1alpha1.AnnotationEvictionInProgress] == "" {
+		t.Errorf("the source pod %s must keep %s across a failed attempt (err %v)", sourcePod.Name, v1alpha1.AnnotationEvictionInProgress, err)
+	}
 	finishEvacuation(t, nodes, vmi, source, m)
 	watch.check(t)
 }
@@ -84,7 +90,7 @@ func TestKillingTheSourceAgentMidMigration(t *testing.T) {
 	setConfig(t, false, slowMigrations)
 	startController(t)
 	nodes := startNodes(t, 2)
-	vmi, source, before := dirtyingVM(t, nodes, "agent-killed")
+	vmi, source, before := liveMigrateVM(t, nodes, "agent-killed")
 	watch := watchGuest(t, nodes, vmi)
 
 	setMark(t, vmi, true)
@@ -111,7 +117,7 @@ func TestKillingTheControllerMidMigration(t *testing.T) {
 	setConfig(t, false)
 	controller := startController(t)
 	nodes := startNodes(t, 2)
-	vmi, source, before := dirtyingVM(t, nodes, "controller-killed")
+	vmi, source, before := liveMigrateVM(t, nodes, "controller-killed")
 	watch := watchGuest(t, nodes, vmi)
 
 	setMark(t, vmi, true)
@@ -198,7 +204,7 @@ func lastCounterOn(t *testing.T, path string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return lastCounter(string(b))
+	return guest.LastCounter(string(b))
 }
 
 // guestWatch samples, through each node's launcher libvirt, on which nodes a VMI's guest runs.
