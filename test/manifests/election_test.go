@@ -28,7 +28,7 @@ type controllerProc struct {
 	done          chan struct{}
 }
 
-func startReplica(t *testing.T, kubeconfig, identity string) *controllerProc {
+func startReplica(t *testing.T, kubeconfig, identity string, args ...string) *controllerProc {
 	t.Helper()
 	p := &controllerProc{identity: identity, log: filepath.Join(t.TempDir(), identity+".log"), done: make(chan struct{})}
 	f, err := os.Create(p.log)
@@ -39,6 +39,7 @@ func startReplica(t *testing.T, kubeconfig, identity string) *controllerProc {
 		"--leader-elect", "--leader-election-identity", identity,
 		// Short, so that the test sees a takeover soon; the defaults are 15s, 10s, 2s.
 		"--leader-election-lease-duration", "4s", "--leader-election-renew-deadline", "3s", "--leader-election-retry-period", "500ms")
+	p.cmd.Args = append(p.cmd.Args, args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {

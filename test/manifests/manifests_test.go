@@ -2,7 +2,6 @@ package manifests
 
 import (
 	"context"
-	"encoding/base64"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	kubeletconfig "k8s.io/kubelet/config/v1beta1"
 	"sigs.k8s.io/yaml"
@@ -129,8 +127,10 @@ func TestWorkloadPodsAreAdmitted(t *testing.T) {
 	}
 }
 
-// The controller writes the webhook's CA bundle; applying the manifests again must keep it.
-func TestReapplyingKeepsTheWebhookCABundle(t *testing.T) {
+// The controller applies the webhook configuration with its CA bundle itself, with the
+// controller's own service account; applying the manifests again must neither conflict with
+// what it wrote nor drop the bundle.
+func TestReapplyingKeepsTheControllersWebhookCABundle(t *testing.T) {
 	ctx := context.Background()
 	objs := install(t)
 	var webhook *unstructured.Unstructured
@@ -143,17 +143,25 @@ func TestReapplyingKeepsTheWebhookCABundle(t *testing.T) {
 		t.Fatal("manifests/ has no ValidatingWebhookConfiguration")
 	}
 	client := cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	ca := []byte("-----BEGIN CERTIFICATE-----\nnot checked by the API server\n-----END CERTIFICATE-----\n")
-	patch := []byte(`[{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": "` + base64.StdEncoding.EncodeToString(ca) + `"}]`)
-	if _, err := client.Patch(ctx, webhook.GetName(), types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: "lifeboat-controller"}); err != nil {
-		t.Fatalf("writing the CA bundle as the controller would: %v", err)
+	startReplica(t, serviceAccountKubeconfig(t, controllerSA), "webhook", "--webhook-listen", "127.0.0.1:0")
+	var ca []byte
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, err := client.Get(ctx, webhook.GetName(), metav1.GetOptions{})
+		if err != nil || len(got.Webhooks) != 1 {
+			return false, err
+		}
+		ca = got.Webhooks[0].ClientConfig.CABundle
+		return len(ca) > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("the controller wrote no CA bundle into %s: %v", webhook.GetName(), err)
 	}
 	a, err := newApplier()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.apply(ctx, webhook); err != nil {
-		t.Fatalf("applying the manifest again: %v", err)
+		t.Fatalf("applying the manifest again after the controller: %v", err)
 	}
 	got, err := client.Get(ctx, webhook.GetName(), metav1.GetOptions{})
 	if err != nil {
