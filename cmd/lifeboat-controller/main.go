@@ -34,18 +34,20 @@ type options struct {
 	metricsListen string
 	heartbeat     responder.Settings
 	hook          webhookFlags
+	leader        election
 }
 
 func main() {
 	var o options
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
-	flag.StringVar(&o.podOpts.Image, "launcher-image", "lifeboat-launcher:dev", "image of launcher pods")
+	flag.StringVar(&o.podOpts.Image, "launcher-image", "lifeboat.dev/lifeboat-launcher:dev", "image of launcher pods")
 	flag.StringVar(&o.podOpts.Acceleration, "acceleration", "auto", "guest acceleration launchers use: kvm, tcg, or auto (KVM only if a probe boot proves it works)")
 	flag.IntVar(&o.workers, "workers", 4, "workers per controller")
 	flag.StringVar(&o.metricsListen, "metrics-listen", "", `address to serve Prometheus metrics on (/metrics), e.g. ":8080"; empty: none`)
 	heartbeat := flag.Duration("eviction-heartbeat-interval", time.Minute,
 		"how often the EvictionRequest responder reports progress on an Eviction when nothing changes (20s to 3m)")
 	o.hook.register()
+	o.leader.addFlags(flag.CommandLine)
 	flag.Parse()
 	o.heartbeat = responder.Settings{Min: responder.MinHeartbeatInterval, Max: *heartbeat}
 
@@ -100,19 +102,21 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	disruptionController := disruption.New(kubeClient, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, recorder, log)
 	cancelController := cancellation.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), recorder, log)
 	reg := prometheus.NewRegistry()
-	runners := []func(context.Context) error{
+	// The controllers run in the leader only; every replica serves the webhook and metrics.
+	controllers := []func(context.Context) error{
 		func(ctx context.Context) error { return vmiController.Run(ctx, workers) },
 		evacuationController.Run,
 		func(ctx context.Context) error { return migrationController.Run(ctx, workers) },
 		func(ctx context.Context) error { return disruptionController.Run(ctx, workers) },
 		cancelController.Run,
 	}
+	var always []func(context.Context) error
 	if hookOpts.Listen != "" {
 		hookServer, err := webhook.New(kubeClient, lb, pods, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), recorder, hookOpts, reg, log)
 		if err != nil {
 			return err
 		}
-		runners = append(runners, hookServer.Run)
+		always = append(always, hookServer.Run)
 	}
 	if podOpts.EvictionResponder {
 		evInformers := informers.NewSharedInformerFactoryWithOptions(kubeClient, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
@@ -126,15 +130,24 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 			return err
 		}
 		evInformers.Start(ctx.Done())
-		runners = append(runners, func(ctx context.Context) error { return r.Run(ctx, workers) })
+		controllers = append(controllers, func(ctx context.Context) error { return r.Run(ctx, workers) })
 	}
 	if o.metricsListen != "" {
-		runners = append(runners, func(ctx context.Context) error { return serveMetrics(ctx, o.metricsListen, reg) })
+		always = append(always, func(ctx context.Context) error { return serveMetrics(ctx, o.metricsListen, reg) })
 	}
 	kubeInformers.Start(ctx.Done())
 	lbInformers.Start(ctx.Done())
 
-	// The first to end (an error, or ctx) ends them all.
+	always = append(always, func(ctx context.Context) error {
+		return o.leader.run(ctx, kubeClient, log, func(ctx context.Context) error { return runAll(ctx, controllers) })
+	})
+	return runAll(ctx, always)
+}
+
+// runAll runs each of runners until ctx ends; the first to end (an error, or ctx) ends them all.
+func runAll(ctx context.Context, runners []func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	errc := make(chan error, len(runners))
 	for _, r := range runners {
 		go func() { errc <- r(ctx) }()
