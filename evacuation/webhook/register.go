@@ -1,11 +1,16 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"net/url"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	admissionv1ac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
@@ -71,12 +76,50 @@ func (e Endpoint) configuration(caBundle []byte) *admissionv1ac.ValidatingWebhoo
 	)
 }
 
-// register writes the configuration with the CA bundle the webhook's certificate needs.
-func (e Endpoint) register(ctx context.Context, kube kubernetes.Interface, caBundle []byte) error {
-	_, err := kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Apply(ctx, e.configuration(caBundle),
-		metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
-	if err != nil {
+// register writes the configuration so that it trusts caBundle as well as the still valid CAs
+// other replicas put there: each replica serves with a certificate of its own CA, and the API
+// server must trust whichever replica the Service picks. The write is conditional on the version
+// read, so two replicas registering at once cannot drop each other's CA.
+func (e Endpoint) register(ctx context.Context, kube kubernetes.Interface, caBundle []byte, now time.Time) error {
+	configs := kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	apply := e.configuration(caBundle)
+	existing, err := configs.Get(ctx, ConfigurationName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return fmt.Errorf("reading ValidatingWebhookConfiguration %s: %w", ConfigurationName, err)
+	default:
+		var others []byte
+		for _, w := range existing.Webhooks {
+			if w.Name == WebhookName {
+				others = w.ClientConfig.CABundle
+			}
+		}
+		apply = e.configuration(MergeBundles(caBundle, others, now)).WithResourceVersion(existing.ResourceVersion)
+	}
+	if _, err := configs.Apply(ctx, apply, metav1.ApplyOptions{FieldManager: fieldManager, Force: true}); err != nil {
 		return fmt.Errorf("writing ValidatingWebhookConfiguration %s: %w", ConfigurationName, err)
 	}
 	return nil
+}
+
+// MergeBundles is own followed by the certificates of others that are still valid at now and
+// not in own; what does not parse as a certificate is dropped.
+func MergeBundles(own, others []byte, now time.Time) []byte {
+	out := bytes.TrimSpace(own)
+	for rest := others; ; {
+		var block *pem.Block
+		if block, rest = pem.Decode(rest); block == nil {
+			return out
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if block.Type != "CERTIFICATE" || err != nil || now.After(cert.NotAfter) {
+			continue
+		}
+		encoded := pem.EncodeToMemory(block)
+		if bytes.Contains(out, bytes.TrimSpace(encoded)) {
+			continue
+		}
+		out = append(append(out, '\n'), bytes.TrimSpace(encoded)...)
+	}
 }

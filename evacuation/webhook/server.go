@@ -120,7 +120,7 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) registerUntilDone(ctx context.Context, bundle []byte) error {
 	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Steps: 1 << 30, Cap: time.Minute}
 	return wait.ExponentialBackoffWithContext(ctx, backoff, func(ctx context.Context) (bool, error) {
-		if err := s.opts.Endpoint.register(ctx, s.kube, bundle); err != nil {
+		if err := s.opts.Endpoint.register(ctx, s.kube, bundle, time.Now()); err != nil {
 			s.log.Error("registering the webhook, will retry", "err", err)
 			return false, nil
 		}
@@ -129,14 +129,29 @@ func (s *Server) registerUntilDone(ctx context.Context, bundle []byte) error {
 	})
 }
 
+// reregisterInterval is how often a replica checks that the configuration trusts its CA.
+const reregisterInterval = 5 * time.Minute
+
 // rotate replaces the certificate at two thirds of its life until ctx ends: first the configuration
 // trusts both CAs, then the listener serves the new certificate.
 func (s *Server) rotate(ctx context.Context) {
 	for {
+		wait, recheck := time.Until(s.certs.rotateAt()), false
+		if wait > reregisterInterval {
+			wait, recheck = reregisterInterval, true
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Until(s.certs.rotateAt())):
+		case <-time.After(wait):
+		}
+		if recheck {
+			// Keeps this replica's CA in the configuration whatever others wrote, and drops
+			// expired ones.
+			if err := s.registerUntilDone(ctx, s.certs.caBundle()); err != nil {
+				return
+			}
+			continue
 		}
 		serving, ca, bundle, err := s.certs.next()
 		if err != nil {

@@ -66,6 +66,7 @@ var rbacCases = []struct {
 	{"controller may not take kube-system's Leases", controllerSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system", name: "lifeboat-controller"}, false},
 	// Issue 6: the eviction webhook and its CA bundle, disruption budgets, descheduler annotations, cancelling.
 	{"controller applies its webhook configuration with its CA bundle", controllerSA, access{verb: "patch", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "lifeboat-eviction"}, true},
+	{"controller reads its webhook configuration to keep the other replicas' CAs", controllerSA, access{verb: "get", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "lifeboat-eviction"}, true},
 	{"controller may not change other webhooks", controllerSA, access{verb: "patch", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "other"}, false},
 	{"controller may not list webhooks", controllerSA, access{verb: "list", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations"}, false},
 	{"controller may not change mutating webhooks", controllerSA, access{verb: "patch", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "lifeboat-eviction"}, false},
