@@ -42,8 +42,7 @@ func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alp
 	if current == "" {
 		current = v1alpha1.MigrationModePreCopy
 	}
-	// Until libvirt has measured the transfer rate (it reads 0 while the destination starts and
-	// before the first measurement), nothing can be projected, and nothing would go faster.
+	// Without transfer figures yet (the job is still connecting) there is nothing to project.
 	if !p.HasDeadline || p.Elapsed < convergenceWarmUp || p.Bandwidth == 0 || isFinal(current) {
 		return current
 	}

@@ -25,8 +25,8 @@ func TestNextMode(t *testing.T) {
 	warmingUp.Elapsed = time.Second
 	noDeadline := stuck
 	noDeadline.HasDeadline = false
-	notMeasured := converging
-	notMeasured.Bandwidth, notMeasured.DirtyRate, notMeasured.TimeLeft = 0, 0, 10*time.Second
+	// libvirt reports a job that is still connecting to the target with no figures at all.
+	connecting := Progress{Elapsed: 3 * time.Second, SinceEscalation: 3 * time.Second, TimeLeft: 40 * time.Second, HasDeadline: true}
 	cases := []struct {
 		name    string
 		current v1alpha1.MigrationMode
@@ -37,7 +37,7 @@ func TestNextMode(t *testing.T) {
 		{"converging in time: stay in pre-copy", v1alpha1.MigrationModePreCopy, converging, all, v1alpha1.MigrationModePreCopy},
 		{"first pass: too early to judge", v1alpha1.MigrationModePreCopy, warmingUp, all, v1alpha1.MigrationModePreCopy},
 		{"no deadline: never escalate", v1alpha1.MigrationModePreCopy, noDeadline, all, v1alpha1.MigrationModePreCopy},
-		{"transfer rate not measured yet: wait for it", v1alpha1.MigrationModePreCopy, notMeasured, all, v1alpha1.MigrationModePreCopy},
+		{"no transfer figures yet: nothing to project from", v1alpha1.MigrationModePreCopy, connecting, all, v1alpha1.MigrationModePreCopy},
 		{"not converging: auto-converge first", v1alpha1.MigrationModePreCopy, stuck, all, v1alpha1.MigrationModeAutoConverge},
 		{"converging too slowly for the deadline: auto-converge", v1alpha1.MigrationModePreCopy, slow, all, v1alpha1.MigrationModeAutoConverge},
 		{"auto-converge just started: give it time", v1alpha1.MigrationModeAutoConverge, justEscalated, all, v1alpha1.MigrationModeAutoConverge},

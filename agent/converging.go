@@ -29,6 +29,8 @@ type ConvergingMigration struct {
 	Cancelled func() bool
 	// Escalated, when set, is told of every step up once it has taken effect.
 	Escalated func(v1alpha1.MigrationMode)
+	// Progressed, when set, is given every statistics read of the running job.
+	Progressed func(domain.JobStats)
 }
 
 // MigrateConverging runs c's migration to its end and returns the last mode it used and
@@ -79,6 +81,9 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 	stats, err := c.Migrator.JobStats(c.Domain)
 	if err != nil || stats.Type != domain.JobUnbounded {
 		return mode, nil // not started yet, or over: nothing to steer
+	}
+	if c.Progressed != nil {
+		c.Progressed(stats)
 	}
 	if stats.MemoryBandwidth > 0 && transferring.IsZero() {
 		*transferring = c.Clock.Now()

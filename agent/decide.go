@@ -212,11 +212,8 @@ func mark(status *v1alpha1.VirtualMachineInstanceStatus, vmi *v1alpha1.VirtualMa
 	if assumed {
 		msg += fmt.Sprintf(" (the kubelet's evictionMaxPodGracePeriod is unknown to the agent: assuming the pod's grace period of %s)", podGrace)
 	}
-	isNew := vmi.Status.EvacuationNodeName != node
-	status.EvacuationNodeName = node
 	status.EvacuationDeadline = &metav1.Time{Time: deadline}
-	setCondition(status, v1alpha1.VMIConditionEvictionRequested, metav1.ConditionTrue, ReasonNodePressure, msg, now)
-	return isNew
+	return v1alpha1.MarkForEvacuation(status, v1alpha1.MigrationCauseNodePressure, msg, now)
 }
 
 // evacuationLost reports whether a VM marked for evacuation from this node was still here,

@@ -11,7 +11,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -93,7 +92,7 @@ func (m *migrations) run(ctx context.Context) {
 	}
 	go wait.UntilWithContext(ctx, func(ctx context.Context) {
 		for processNext(ctx, m.queue, func(ctx context.Context, key string) (time.Duration, error) {
-			return 0, m.sync(ctx, key)
+			return m.sync(ctx, key)
 		}, m.a.cfg.Log.With("queue", "migrations")) {
 		}
 	}, time.Second)
@@ -124,15 +123,15 @@ func (m *migrations) finish(uid string) {
 	}
 }
 
-func (m *migrations) sync(ctx context.Context, key string) error {
+func (m *migrations) sync(ctx context.Context, key string) (time.Duration, error) {
 	ns, name, _ := cache.SplitMetaNamespaceKey(key)
 	cached, err := m.lister.VirtualMachineInstanceMigrations(ns).Get(name)
 	if apierrors.IsNotFound(err) {
 		m.finishByKey(key)
-		return nil
+		return 0, nil
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	mig := cached.DeepCopy()
 	uid := string(mig.UID)
@@ -141,13 +140,15 @@ func (m *migrations) sync(ctx context.Context, key string) error {
 	case mig.DeletionTimestamp != nil || mig.Status.Phase.Terminal():
 		// Cancelled or over: stop whatever runs here (a running pre-copy is aborted).
 		m.finish(uid)
-		return nil
+		return 0, nil
 	case mig.Status.TargetNode == node && mig.Status.Phase == v1alpha1.MigrationPreparingTarget:
-		return m.prepareTarget(ctx, mig)
+		return 0, m.prepareTarget(ctx, mig)
 	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationTargetReady:
-		return m.startSource(ctx, mig)
+		return 0, m.startSource(ctx, mig)
+	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationRunning:
+		return m.recoverSource(ctx, mig)
 	}
-	return nil
+	return 0, nil
 }
 
 func (m *migrations) finishByKey(key string) {
@@ -260,12 +261,6 @@ func dialer(addr string) func(ctx context.Context) (net.Conn, error) {
 // clearMark is what a successful migration does to its VMI: the guest runs on the target now.
 func clearMark(vmi *v1alpha1.VirtualMachineInstance, mig *v1alpha1.VirtualMachineInstanceMigration, now metav1.Time) {
 	vmi.Status.NodeName = mig.Status.TargetNode
-	vmi.Status.EvacuationNodeName = ""
-	vmi.Status.EvacuationDeadline = nil
-	if c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); c != nil && c.Status == metav1.ConditionTrue {
-		meta.SetStatusCondition(&vmi.Status.Conditions, metav1.Condition{
-			Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionFalse, Reason: "Evacuated",
-			Message: fmt.Sprintf("the VM moved from node %s to node %s by migration %s", mig.Status.SourceNode, mig.Status.TargetNode, mig.Name), LastTransitionTime: now,
-		})
-	}
+	v1alpha1.ClearEvacuationMark(&vmi.Status, "Evacuated",
+		fmt.Sprintf("the VM moved from node %s to node %s by migration %s", mig.Status.SourceNode, mig.Status.TargetNode, mig.Name), now)
 }

@@ -18,8 +18,12 @@ import (
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
-// progressInterval is how often the source agent reads a running migration's statistics.
-const progressInterval = 500 * time.Millisecond
+// progressInterval is how often the source agent reads a running migration's statistics;
+// progressWriteInterval how often it publishes them on the migration's status.
+const (
+	progressInterval      = 500 * time.Millisecond
+	progressWriteInterval = 2 * time.Second
+)
 
 // launcherReportWait is how long a failed migration call waits for the source launcher's report
 // (it flushes its last reports before it exits).
@@ -95,6 +99,7 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	opts := domain.MigrateOptions{DestURI: destURI, MigrateURI: migrateURI, Bandwidth: bandwidth, AutoConverge: allowed.AutoConverge, AllowPostCopy: allowed.PostCopy}
 	log := m.a.cfg.Log.With("migration", mig.Namespace+"/"+mig.Name, "vmi", vmi.Name)
 	start := time.Now()
+	var published time.Time
 	c := ConvergingMigration{
 		Migrator: mg, Domain: name, Options: opts, Allowed: allowed, Clock: clock.RealClock{}, Log: log,
 		Cancelled: func() bool {
@@ -107,6 +112,12 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 		Escalated: func(next v1alpha1.MigrationMode) {
 			m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "MigrationEscalated", "switched to %s to finish before the deadline", next)
 			_ = m.updateMigration(context.Background(), mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) { x.Status.Mode = next })
+		},
+		Progressed: func(stats domain.JobStats) {
+			if time.Since(published) >= progressWriteInterval {
+				published = time.Now()
+				m.publishProgress(mig, &stats)
+			}
 		},
 	}
 	if mig.Status.Deadline != nil {
@@ -153,6 +164,23 @@ func (m *migrations) markCleared(mig *v1alpha1.VirtualMachineInstanceMigration, 
 	}
 	vmi := objs[0].(*v1alpha1.VirtualMachineInstance)
 	return vmi.Status.NodeName == mig.Status.SourceNode && vmi.Status.EvacuationNodeName != mig.Status.SourceNode
+}
+
+// publishProgress writes a running migration's transfer figures on its status, for people
+// watching it; a failed write only delays the next figures.
+func (m *migrations) publishProgress(mig *v1alpha1.VirtualMachineInstanceMigration, stats *domain.JobStats) {
+	progress := &v1alpha1.MigrationProgress{
+		DataTotal: int64(stats.DataTotal), DataRemaining: int64(stats.DataRemaining),
+		MemoryDirtyRate: int64(stats.MemoryDirtyRate), MemoryBandwidth: int64(stats.MemoryBandwidth), UpdateTime: metav1.Now(),
+	}
+	err := m.updateMigration(context.Background(), mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) {
+		if !x.Status.Phase.Terminal() {
+			x.Status.Progress = progress
+		}
+	})
+	if err != nil {
+		m.a.cfg.Log.Warn("publishing a migration's progress", "migration", mig.Namespace+"/"+mig.Name, "err", err)
+	}
 }
 
 // record writes the outcome on the migration and the VMI. On failure the mark stays, so the

@@ -7,3 +7,6 @@ var (
 	GuestContext = guestContext
 	ReadFile     = readFile
 )
+
+// QEMUVersion is the version of the QEMU c's daemon drives, in libvirt's encoding.
+func QEMUVersion(c *Conn) (uint32, error) { return c.virt.GetVersion() }

@@ -198,14 +198,11 @@ func testAcceleration(t *testing.T) domain.Acceleration {
 // migration that does not converge, and returns Migrate's result channel once some memory
 // is sent but the first pass over memory is still under way.
 //
-// The convergence controls act in the first pass because under TCG (QEMU 7.2 here) a guest
-// that dirties memory arrives damaged from any migration that syncs the dirty bitmap again
-// while the guest runs, however the migration ends (converged pre-copy, pausing,
-// post-copy) and with the proxies or without them (a direct tcp:// stream); it then panics
-// on the destination. The same guest runs for minutes unmigrated, and quiet guests
-// migrate intact: TCG's software tracking of dirty pages loses writes made during a
-// resync. KVM tracks dirty pages in the kernel instead. Until the second sync, every page
-// is sent after the guest's last write to it, so acting in the first pass is safe.
+// The convergence controls act in the first pass because under TCG, QEMU before 9.0
+// (Debian 12's 7.2 here) loses a dirtying guest's writes once a migration syncs the dirty
+// bitmap a second time while the guest runs: see requireDirtyTracking. Until that second
+// sync every page is sent after the guest's last write to it, so acting in the first pass
+// is safe there.
 func firstPassMigration(t *testing.T, ctx context.Context, p migrationpair.Pair, name string, allowPostCopy bool) <-chan error {
 	t.Helper()
 	opts := p.Options(nonConvergingCap)
@@ -228,7 +225,8 @@ func firstPassMigration(t *testing.T, ctx context.Context, p migrationpair.Pair,
 func TestPostCopyFinishesANonConvergingMigration(t *testing.T) {
 	if testAcceleration(t) != domain.KVM {
 		// Seen in CI: the guest panicked on the destination although the switch came in the
-		// first pass, where pausing and pre-copy are safe.
+		// first pass, where pausing and pre-copy are safe. Not explained by the QEMU bug
+		// requireDirtyTracking names, which needs a second sync while the guest runs.
 		t.Skip("needs a KVM host (run with LIFEBOAT_TEST_ACCELERATION=kvm there): under TCG, QEMU 7.2 corrupts a guest " +
 			"that writes memory during a post-copy migration, and nested KVM here cannot boot Linux")
 	}
@@ -264,5 +262,66 @@ func TestPausingFinishesANonConvergingMigration(t *testing.T) {
 	t.Logf("migrated in %s", time.Since(start).Round(time.Millisecond))
 	// checkMoved also checks that the guest paused on the source runs on the destination
 	// without being resumed there: libvirt resumes it when the migration ends.
+	checkMoved(t, ctx, p, name)
+}
+
+// fixedTCGDirtyTracking is the first QEMU release, in libvirt's encoding of versions
+// (major*1,000,000 + minor*1,000 + micro), whose TCG keeps a migration's dirty bitmap
+// coherent with the guest's stores: 9.0.0, with upstream commit 03bfc2188f ("physmem: Fix
+// migration dirty bitmap coherency with TCG memory access"), which the 7.2 stable
+// releases (Debian 12's 7.2.22 included) lack.
+const fixedTCGDirtyTracking = 9_000_000
+
+// requireDirtyTracking skips a test that migrates a dirtying guest past its first pass over
+// memory when the guest runs under TCG on a QEMU older than 9.0. There, the aligned fast
+// path of the dirty bitmap sync clears a page's dirty bit without making TCG's TLB trap
+// the next store to it, so writes after the second sync are never sent and the guest
+// arrives with stale memory (it panicked within seconds of arriving in 5 migrations out of
+// 5 here). KVM tracks dirty pages in the kernel and is not affected.
+func requireDirtyTracking(t *testing.T, c *domain.Conn) {
+	t.Helper()
+	if testAcceleration(t) != domain.TCG {
+		return
+	}
+	version, err := domain.QEMUVersion(c)
+	if err != nil {
+		t.Fatalf("reading the QEMU version: %v", err)
+	}
+	if version < fixedTCGDirtyTracking {
+		t.Skipf("needs KVM (LIFEBOAT_TEST_ACCELERATION=kvm) or QEMU >= 9.0 (commit 03bfc2188f): QEMU %d.%d.%d under TCG "+
+			"loses the writes of a guest migrated past its first pass over memory", version/1_000_000, version/1_000%1_000, version%1_000)
+	}
+}
+
+// convergingCap is a migration bandwidth cap at which convergingDirtyingGuest needs several
+// passes over memory: each pass finds half as much dirty memory as the one before.
+const convergingCap = 16 << 20
+
+// convergingDirtyingGuest is a VMI whose guest keeps rewriting 64 MiB of memory at 8 MiB/s.
+func convergingDirtyingGuest(t *testing.T, name string) *v1alpha1.VirtualMachineInstance {
+	vmi := domain.GuestVMI(t, name, protocol.DirtyParam+"=64M", protocol.DirtyRateParam+"=8M")
+	vmi.Spec.Memory = resource.MustParse("256Mi")
+	return vmi
+}
+
+func TestMigrationPastTheFirstPassMovesADirtyingGuestIntact(t *testing.T) {
+	p := migrationpair.New(t)
+	requireDirtyTracking(t, p.Src.Conn)
+	ctx := domain.GuestContext(t)
+	name := p.RunGuest(t, ctx, convergingDirtyingGuest(t, "passes"), testAcceleration(t))
+
+	start := time.Now()
+	result := migrateAsync(ctx, p.Src.Conn, name, p.Options(convergingCap))
+	stats, err := waitJob(ctx, p.Src.Conn, name, result, "a second pass over memory", func(s domain.JobStats) bool {
+		return s.MemoryIteration >= 2
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("second pass after %s: %+v", time.Since(start).Round(time.Millisecond), stats)
+	if err := <-result; err != nil {
+		t.Fatalf("Migrate() = %v", err)
+	}
+	t.Logf("migrated in %s", time.Since(start).Round(time.Millisecond))
 	checkMoved(t, ctx, p, name)
 }

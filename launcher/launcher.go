@@ -161,7 +161,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 				if ev.Reason == domain.ReasonMigrated {
 					// The source daemon still confirms the migration to its peer; it undefines the
 					// domain when that is done, and must live until then.
-					awaitUndefined(events, name, log)
+					awaitUndefined(conn, events, name, log)
 				}
 				notifier.Report(notify.KindDomainGone, time.Now(), 0, string(ev.Reason))
 				log.Info("domain gone", "event", ev.Type, "reason", ev.Reason, "exitCode", code)
@@ -223,13 +223,21 @@ func awaitGuest(ctx context.Context, conn *domain.Conn, name string, events <-ch
 // confirmTimeout bounds the wait for a migrated domain's undefinition.
 const confirmTimeout = 10 * time.Second
 
-// awaitUndefined waits until the named domain is undefined, the end of a migration's confirm phase.
-func awaitUndefined(events <-chan domain.Event, name string, log *slog.Logger) {
+// awaitUndefined waits until the named domain is undefined, the end of a migration's confirm
+// phase. libvirt removes a domain migrated with VIR_MIGRATE_UNDEFINE_SOURCE without an Undefined
+// event, so the domain's absence is watched for as well.
+func awaitUndefined(conn *domain.Conn, events <-chan domain.Event, name string, log *slog.Logger) {
 	timeout := time.After(confirmTimeout)
+	poll := time.NewTicker(100 * time.Millisecond)
+	defer poll.Stop()
 	for {
 		select {
 		case ev, ok := <-events:
 			if !ok || (ev.Domain == name && ev.Type == domain.EventUndefined) {
+				return
+			}
+		case <-poll.C:
+			if _, err := conn.Lookup(name); errors.Is(err, domain.ErrNotFound) {
 				return
 			}
 		case <-timeout:

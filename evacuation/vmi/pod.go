@@ -71,6 +71,9 @@ type PodOptions struct {
 	Image string
 	// Acceleration is passed to the launcher: kvm, tcg or auto.
 	Acceleration string
+	// EvictionResponder declares lifeboat as the pods' EvictionRequest responder; only when the
+	// API server serves lifecycle.k8s.io/v1alpha1 (it drops the field otherwise).
+	EvictionResponder bool
 }
 
 // NewLauncherPod builds the launcher pod of a VMI, owned by it.
@@ -90,6 +93,10 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 		cpus = 1
 	}
 	volumes, mounts := launcherVolumes(vmi)
+	var responders []corev1.EvictionResponder
+	if opts.EvictionResponder {
+		responders = []corev1.EvictionResponder{{Name: v1alpha1.EvictionResponderName, Priority: ptr.To(v1alpha1.EvictionResponderPriority)}}
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      LauncherPodName(vmi),
@@ -99,6 +106,8 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 				v1alpha1.LabelVMIName: vmi.Name,
 				v1alpha1.LabelVMIUID:  string(vmi.UID),
 			},
+			// The descheduler's protocol (seed 003): evicting this pod only starts the VM's evacuation.
+			Annotations:     map[string]string{v1alpha1.AnnotationRequestEvictOnly: ""},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vmi, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))},
 		},
 		Spec: corev1.PodSpec{
@@ -124,8 +133,13 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 					corev1.ResourceCPU:    *resource.NewMilliQuantity(int64(cpus)*CPURequestPerVCPUMilli, resource.DecimalSI),
 				}},
 				VolumeMounts: mounts,
+				// The launcher mounts its libvirtd's private directories (a mount namespace needs
+				// CAP_SYS_ADMIN) and QEMU opens /dev/kvm where the node has it: a privileged
+				// container has both, and sees the node's devices without naming one that may be missing.
+				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 			}},
-			Volumes: volumes,
+			Volumes:            volumes,
+			EvictionResponders: responders,
 		},
 	}, nil
 }

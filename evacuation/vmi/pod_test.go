@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -32,6 +33,9 @@ func TestNewLauncherPod(t *testing.T) {
 	}
 	if pod.Labels[v1alpha1.LabelVMIName] != "vm1" || pod.Labels[v1alpha1.LabelVMIUID] != "0a1b" || pod.Labels[v1alpha1.LabelRole] != v1alpha1.RoleLauncher {
 		t.Errorf("labels = %v", pod.Labels)
+	}
+	if v, ok := pod.Annotations[v1alpha1.AnnotationRequestEvictOnly]; !ok || v != "" {
+		t.Errorf("annotations = %v, want the descheduler's %s with an empty value", pod.Annotations, v1alpha1.AnnotationRequestEvictOnly)
 	}
 	if pod.Spec.NodeSelector[v1alpha1.LabelKVMNode] != "true" || pod.Spec.NodeSelector["zone"] != "a" {
 		t.Errorf("node selector = %v, want the KVM label and the VMI's own", pod.Spec.NodeSelector)
@@ -75,6 +79,9 @@ func TestNewLauncherPod(t *testing.T) {
 	}
 	if _, ok := mounts[launcher.RunDir]; !ok {
 		t.Errorf("run directory %s not mounted: %v", launcher.RunDir, mounts)
+	}
+	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+		t.Errorf("security context = %+v, want privileged (mounts for libvirtd, /dev/kvm)", sc)
 	}
 }
 
@@ -127,4 +134,34 @@ func podNameOf(p *corev1.Pod) string {
 		return "none"
 	}
 	return p.Name
+}
+
+func TestLauncherPodDeclaresTheEvictionResponderOnlyWhenServed(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "ns", UID: "u1"}}
+	m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "m", UID: "m1"}}
+	want := []corev1.EvictionResponder{{Name: "lifeboat.dev/evacuation", Priority: ptr.To[int32](10000)}}
+	cases := []struct {
+		name   string
+		served bool
+		want   []corev1.EvictionResponder
+	}{
+		{"lifecycle.k8s.io/v1alpha1 served: lifeboat responds at the managing controller's priority", true, want},
+		{"not served: the field is left out", false, nil},
+	}
+	for _, tc := range cases {
+		opts := PodOptions{Image: "img", Acceleration: "tcg", EvictionResponder: tc.served}
+		first, err := NewLauncherPod(vmi, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		target, err := NewTargetPod(vmi, m, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, pod := range []*corev1.Pod{first, target} {
+			if !apiequality.Semantic.DeepEqual(pod.Spec.EvictionResponders, tc.want) {
+				t.Errorf("%s: pod %s evictionResponders = %+v, want %+v", tc.name, pod.Name, pod.Spec.EvictionResponders, tc.want)
+			}
+		}
+	}
 }

@@ -25,7 +25,6 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
-	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
@@ -95,8 +94,8 @@ func tail(s string, lines int) string {
 	return strings.Join(l, "\n")
 }
 
-func startController(t testing.TB) *proc {
-	return startProc(t, "lifeboat-controller", "--kubeconfig", cluster.Kubeconfig, "--acceleration", "tcg")
+func startController(t testing.TB, args ...string) *proc {
+	return startProc(t, "lifeboat-controller", append([]string{"--kubeconfig", cluster.Kubeconfig, "--acceleration", "tcg"}, args...)...)
 }
 
 type testNode struct {
@@ -177,7 +176,13 @@ func freePort(t testing.TB, addr string) int {
 // metric reads one sample of the agent's /metrics, e.g. `lifeboat_agent_launchers`.
 func (n *testNode) metric(t *testing.T, sample string) float64 {
 	t.Helper()
-	resp, err := http.Get(n.metrics)
+	return metricValue(t, n.metrics, sample)
+}
+
+// metricValue reads one sample from a /metrics URL, or -1.
+func metricValue(t *testing.T, url, sample string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
 		return -1
 	}
@@ -285,28 +290,16 @@ func (n *testNode) consolePath(v *v1alpha1.VirtualMachineInstance) string {
 	return filepath.Join(n.HostPath("/var/run/lifeboat"), "domains", string(v.UID), "console.log")
 }
 
-var counterLine = regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(protocol.CounterPrefix) + `(\d+)\r?$`)
-
-// lastCounter is the guest's latest counter on its console, or -1.
-func lastCounter(console string) int {
-	m := counterLine.FindAllStringSubmatch(console, -1)
-	if m == nil {
-		return -1
-	}
-	n, _ := strconv.Atoi(m[len(m)-1][1])
-	return n
-}
-
 // waitCounterPast waits until the guest's counter exceeds n: the guest kept running.
 func waitCounterPast(t *testing.T, path string, n int, timeout time.Duration) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	console, err := guest.WaitForConsole(ctx, path, fmt.Sprintf("a counter above %d", n), func(c string) bool { return lastCounter(c) > n })
+	console, err := guest.WaitForConsole(ctx, path, fmt.Sprintf("a counter above %d", n), func(c string) bool { return guest.LastCounter(c) > n })
 	if err != nil {
 		t.Fatal(err)
 	}
-	return lastCounter(console)
+	return guest.LastCounter(console)
 }
 
 func launcherPod(t *testing.T, v *v1alpha1.VirtualMachineInstance) *corev1.Pod {

@@ -76,6 +76,10 @@ func TestNodePressureLiveMigratesTheVM(t *testing.T) {
 	} else if end := cs[0].State.Terminated.FinishedAt.Time; end.After(signalled.Add(grace * time.Second)) {
 		t.Errorf("the source launcher exited at %s, after the grace period", end)
 	}
+	// It exited once its daemon had confirmed the migration, not at the end of a timeout.
+	if log, err := source.ContainerLog(pod, "compute"); err != nil || strings.Contains(log, "not undefined in time") {
+		t.Errorf("the source launcher must see its migrated domain undefined (err %v):\n%s", err, tail(log, 10))
+	}
 	if pod.Status.Phase != corev1.PodFailed || pod.Status.Reason != "Evicted" {
 		t.Logf("source pod: phase %s reason %s (the kubelet records an evicted pod as Failed/Evicted)", pod.Status.Phase, pod.Status.Reason)
 	}
@@ -144,43 +148,51 @@ func TestDeletingAnUnfinishedMigrationCancelsIt(t *testing.T) {
 // TestClearingTheMarkCancelsTheEvacuation: a VMI marked for evacuation (as a drain marks it) gets
 // a migration; clearing the mark before it finishes cancels it and the guest stays where it was.
 func TestClearingTheMarkCancelsTheEvacuation(t *testing.T) {
+	source, vmi, before := unconvergingVM(t, "uncancelled")
+	ns := vmi.Namespace
+
+	setMark(t, vmi, true)
+	m := waitRunningMigration(t, ns, "the mark")
+	if m.Status.Cause != v1alpha1.MigrationCauseDrain {
+		var writers []string
+		for _, f := range m.ManagedFields {
+			writers = append(writers, f.Manager+"/"+f.Subresource+"/"+string(f.Operation))
+		}
+		t.Errorf("migration cause %q, want Drain; status %+v; writers %v", m.Status.Cause, m.Status, writers)
+	}
+	setMark(t, vmi, false)
+	waitCancelled(t, m, "clearing the mark")
+	after := waitCounterPast(t, source.consolePath(vmi), before+2, 30*time.Second)
+	if v := waitVMI(t, ns, vmi.Name, 5*time.Second, "Running", running); v.Status.NodeName != source.Name() {
+		t.Errorf("a cancelled evacuation leaves the VM where it was: %s", describe(v))
+	}
+	waitCounterPast(t, source.consolePath(vmi), after+1, 10*time.Second)
+}
+
+// unconvergingVM starts the controller (with args), two nodes and a LiveMigrate VM whose guest
+// dirties memory faster than a migration may copy it (1 MiB/s, no auto-converge or pause), so its
+// migrations run until cancelled. It returns the VM's node, the VMI and the guest's counter.
+func unconvergingVM(t *testing.T, name string, controllerArgs ...string) (*testNode, *v1alpha1.VirtualMachineInstance, int) {
+	t.Helper()
 	setConfig(t, false, func(c *v1alpha1.LifeboatConfig) {
 		c.Spec.Migrations.BandwidthPerMigration = ptr.To(resource.MustParse("1Mi"))
 		c.Spec.Migrations.AllowAutoConverge, c.Spec.Migrations.AllowPause = ptr.To(false), ptr.To(false)
 	})
-	startController(t)
+	startController(t, controllerArgs...)
 	nodes := startNodes(t, 2)
 	ns := testNamespace(t)
-	vmi := createVMI(t, ns, newVMI("uncancelled", strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
+	vmi := createVMI(t, ns, newVMI(name, strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
 		v.Spec.Memory = resource.MustParse("256Mi")
 		v.Spec.Boot.Cmdline += " " + protocol.DirtyParam + "=64M " + protocol.DirtyRateParam + "=8M"
 	}))
 	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
 	source := nodeOf(t, nodes, vmi)
-	before := waitCounterPast(t, source.consolePath(vmi), 0, bootTimeout)
+	return source, vmi, waitCounterPast(t, source.consolePath(vmi), 0, bootTimeout)
+}
 
-	setMark := func(mark bool) {
-		t.Helper()
-		err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-			v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(context.Background(), vmi.Name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			if mark {
-				v.Status.EvacuationNodeName = v.Status.NodeName
-				meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionTrue, Reason: "Drain", Message: "test drain"})
-			} else {
-				v.Status.EvacuationNodeName = ""
-				meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionFalse, Reason: "Cancelled", Message: "test cancel"})
-			}
-			_, err = cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).UpdateStatus(context.Background(), v, metav1.UpdateOptions{})
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	setMark(true)
+// waitRunningMigration waits for the namespace's one migration, made for cause, to run.
+func waitRunningMigration(t *testing.T, ns, cause string) *v1alpha1.VirtualMachineInstanceMigration {
+	t.Helper()
 	var m *v1alpha1.VirtualMachineInstanceMigration
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).List(ctx, metav1.ListOptions{})
@@ -191,18 +203,16 @@ func TestClearingTheMarkCancelsTheEvacuation(t *testing.T) {
 		return m.Status.Phase == v1alpha1.MigrationRunning, nil
 	})
 	if err != nil {
-		t.Fatal("the mark did not lead to a running migration within a minute")
+		t.Fatalf("%s did not lead to a running migration within a minute", cause)
 	}
-	if m.Status.Cause != v1alpha1.MigrationCauseDrain {
-		var writers []string
-		for _, f := range m.ManagedFields {
-			writers = append(writers, f.Manager+"/"+f.Subresource+"/"+string(f.Operation))
-		}
-		t.Errorf("migration cause %q, want Drain; status %+v; writers %v", m.Status.Cause, m.Status, writers)
-	}
-	setMark(false)
-	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		got, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Get(ctx, m.Name, metav1.GetOptions{})
+	return m
+}
+
+// waitCancelled waits for the migration to fail as cancelled, after what.
+func waitCancelled(t *testing.T, m *v1alpha1.VirtualMachineInstanceMigration, what string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(m.Namespace).Get(ctx, m.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
@@ -210,11 +220,31 @@ func TestClearingTheMarkCancelsTheEvacuation(t *testing.T) {
 		return m.Status.Phase == v1alpha1.MigrationFailed, nil
 	})
 	if err != nil || !strings.Contains(m.Status.FailureReason, "cancel") {
-		t.Fatalf("clearing the mark must cancel the migration: phase %s reason %q", m.Status.Phase, m.Status.FailureReason)
+		t.Fatalf("%s must cancel the migration: phase %s reason %q", what, m.Status.Phase, m.Status.FailureReason)
 	}
-	after := waitCounterPast(t, source.consolePath(vmi), before+2, 30*time.Second)
-	if v := waitVMI(t, ns, vmi.Name, 5*time.Second, "Running", running); v.Status.NodeName != source.Name() {
-		t.Errorf("a cancelled evacuation leaves the VM where it was: %s", describe(v))
+}
+
+// setMark marks a VMI for evacuation as a drain would (cause Drain), or clears the mark as a
+// person cancelling it would.
+func setMark(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, mark bool) {
+	t.Helper()
+	vmis := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(vmi.Namespace)
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		v, err := vmis.Get(context.Background(), vmi.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if mark {
+			v.Status.EvacuationNodeName = v.Status.NodeName
+			meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionTrue, Reason: "Drain", Message: "test drain"})
+		} else {
+			v.Status.EvacuationNodeName = ""
+			meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionFalse, Reason: "Cancelled", Message: "test cancel"})
+		}
+		_, err = vmis.UpdateStatus(context.Background(), v, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	waitCounterPast(t, source.consolePath(vmi), after+1, 10*time.Second)
 }

@@ -4,8 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 )
 
 // consolePoll is how often WaitForConsole reads the console log.
@@ -54,4 +58,16 @@ func tail(s string, lines int) string {
 		all = all[len(all)-lines:]
 	}
 	return strings.Join(all, "\n")
+}
+
+var counterLine = regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(protocol.CounterPrefix) + `(\d+)\r?$`)
+
+// LastCounter is the latest counter the guest printed on its console, or -1 if none.
+func LastCounter(console string) int {
+	m := counterLine.FindAllStringSubmatch(console, -1)
+	if m == nil {
+		return -1
+	}
+	n, _ := strconv.Atoi(m[len(m)-1][1])
+	return n
 }

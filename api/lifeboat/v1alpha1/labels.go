@@ -16,6 +16,13 @@ const (
 	// by when; the migration controller records them in its status. Without them the cause is Manual.
 	AnnotationCause    = "lifeboat.dev/cause"
 	AnnotationDeadline = "lifeboat.dev/deadline"
+	// EvictionResponderName is lifeboat's name as a responder to lifecycle.k8s.io Evictions: launcher
+	// pods declare it in spec.evictionResponders, and Evictions of such pods carry it as a label key.
+	EvictionResponderName = "lifeboat.dev/evacuation"
 	// FinalizerShutdown keeps a deleted VMI until its guest has shut down and its pod is gone.
 	FinalizerShutdown = "lifeboat.dev/shutdown"
 )
+
+// EvictionResponderPriority is the priority the API asks of the responder that is the pod's
+// managing controller: above it, others can preempt lifeboat; below it, they can be its fallback.
+const EvictionResponderPriority int32 = 10000

@@ -98,6 +98,24 @@ type VirtualMachineInstanceMigrationStatus struct {
 	// FailureReason says why a failed migration failed.
 	// +optional
 	FailureReason string `json:"failureReason,omitempty"`
+	// Progress is the memory transfer's latest figures, written by the source agent while it runs.
+	// +optional
+	Progress *MigrationProgress `json:"progress,omitempty"`
+}
+
+// MigrationProgress is a running migration's transfer, as libvirt reports it.
+type MigrationProgress struct {
+	// DataTotal and DataRemaining are bytes of the whole transfer.
+	DataTotal     int64 `json:"dataTotal"`
+	DataRemaining int64 `json:"dataRemaining"`
+	// MemoryDirtyRate is how fast the guest dirties memory, in bytes per second.
+	// +optional
+	MemoryDirtyRate int64 `json:"memoryDirtyRate,omitempty"`
+	// MemoryBandwidth is how fast memory is sent, in bytes per second.
+	// +optional
+	MemoryBandwidth int64 `json:"memoryBandwidth,omitempty"`
+	// UpdateTime is when these figures were read.
+	UpdateTime metav1.Time `json:"updateTime"`
 }
 
 // MigrationProxy is the pair of TCP endpoints (host:port) a target agent serves for one migration.

@@ -16,12 +16,21 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
 
+// Client rate limits of lifeboat's commands.
+const (
+	ClientQPS   = 100
+	ClientBurst = 200
+)
+
 // Clients connects with the kubeconfig file, or in-cluster when it is empty.
 func Clients(kubeconfig string) (kubernetes.Interface, lifeboatclient.Interface, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading the client configuration: %w", err)
 	}
+	// client-go's default (5 requests/s) would queue the eviction webhook's marks behind each other
+	// during a drain; the API server's own priority and fairness protects it.
+	cfg.QPS, cfg.Burst = ClientQPS, ClientBurst
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, nil, err

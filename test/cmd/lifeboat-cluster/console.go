@@ -5,27 +5,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/clientcmd"
 
-	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 )
 
 // console prints the guest console of a demo VMI, first waiting for a line if asked to.
 func console(ctx context.Context, dir, ref, waitFor string, timeout time.Duration) error {
-	ns, name, ok := strings.Cut(ref, "/")
-	if !ok {
-		ns, name = "default", ref
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "admin.kubeconfig"))
-	if err != nil {
-		return err
-	}
-	lb, err := lifeboatclient.NewForConfig(cfg)
+	ns, name := splitRef(ref)
+	_, lb, err := clients(dir)
 	if err != nil {
 		return err
 	}
@@ -36,8 +26,7 @@ func console(ctx context.Context, dir, ref, waitFor string, timeout time.Duratio
 	if vmi.Status.NodeName == "" {
 		return fmt.Errorf("VMI %s/%s runs on no node yet (phase %q)", ns, name, vmi.Status.Phase)
 	}
-	// The emulated node keeps /var/run under <root>/run.
-	path := filepath.Join(nodesRoot, vmi.Status.NodeName, "run", "lifeboat", "domains", string(vmi.UID), "console.log")
+	path := consolePath(vmi.Status.NodeName, string(vmi.UID))
 	if waitFor != "" {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
@@ -51,4 +40,10 @@ func console(ctx context.Context, dir, ref, waitFor string, timeout time.Duratio
 	}
 	fmt.Printf("--- guest console of %s/%s on %s (%s) ---\n%s", ns, name, vmi.Status.NodeName, path, b)
 	return nil
+}
+
+// consolePath is where the launcher on a demo node logs a VMI's serial console; the emulated
+// node keeps /var/run under <root>/run.
+func consolePath(node, vmiUID string) string {
+	return filepath.Join(nodesRoot, node, "run", "lifeboat", "domains", vmiUID, "console.log")
 }

@@ -8,6 +8,8 @@
 //	lifeboat-cluster bin-dir            print the directory holding kubectl and the other binaries
 //	lifeboat-cluster guest              print the test guest's kernel and initrd (built once, cached)
 //	lifeboat-cluster console NS/NAME    print a demo VMI's guest console [--wait-for LINE]
+//	lifeboat-cluster evict NS/NAME      have a VMI's node evict its pod for memory pressure, as a kubelet would
+//	lifeboat-cluster follow NS/NAME     print the VMI's migrations as they progress until it runs elsewhere
 package main
 
 import (
@@ -53,7 +55,7 @@ func main() {
 	waitFor := fs.String("wait-for", "", "console: wait until the guest printed this line")
 	args := os.Args[2:]
 	var ref string
-	if os.Args[1] == "console" && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+	if (os.Args[1] == "console" || os.Args[1] == "evict" || os.Args[1] == "follow") && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		ref, args = args[0], args[1:]
 	}
 	_ = fs.Parse(args)
@@ -80,6 +82,10 @@ func main() {
 		}
 	case "console":
 		err = console(ctx, *dir, ref, *waitFor, *timeout)
+	case "evict":
+		err = evict(ctx, *dir, ref)
+	case "follow":
+		err = follow(ctx, *dir, ref, *timeout)
 	case "down":
 		err = down(*dir)
 	default:
@@ -92,7 +98,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: lifeboat-cluster build | bin-dir | guest | up [--dir DIR] [--nodes N --lifeboat-bin BIN] | down [--dir DIR] | console NS/NAME [--wait-for LINE]")
+	fmt.Fprintln(os.Stderr, "usage: lifeboat-cluster build | bin-dir | guest | up [--dir DIR] [--nodes N --lifeboat-bin BIN] | down [--dir DIR] | console NS/NAME [--wait-for LINE] | evict NS/NAME | follow NS/NAME")
 	os.Exit(2)
 }
 
@@ -165,11 +171,16 @@ func serve(ctx context.Context, dir string, lb lifeboatOptions) error {
 	}
 	defer cp.Stop()
 	if lb.nodes > 0 {
-		stop, err := startLifeboat(ctx, cp, lb)
+		nodes, stop, err := startLifeboat(ctx, cp, lb)
 		if err != nil {
 			return fail(err)
 		}
 		defer stop()
+		stopControl, err := serveControl(ctx, dir, nodes)
+		if err != nil {
+			return fail(err)
+		}
+		defer stopControl()
 	}
 	if err := os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,6 +21,9 @@ import (
 // libvirt sockets live under it, and a unix socket path may not exceed 107 bytes.
 const nodesRoot = "/tmp/lifeboat-demo"
 
+// maxPodGracePeriod is the emulated kubelets' evictionMaxPodGracePeriod, which their agents are told.
+const maxPodGracePeriod = 60
+
 // lifeboatOptions say how to run lifeboat on the demo cluster.
 type lifeboatOptions struct {
 	nodes        int
@@ -28,7 +32,7 @@ type lifeboatOptions struct {
 }
 
 // startLifeboat starts the emulated nodes, an agent on each, and the controller; stop ends them.
-func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboatOptions) (stop func(), err error) {
+func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboatOptions) (nodes []*node.Node, stop func(), err error) {
 	var stops []func()
 	stop = func() {
 		for i := len(stops) - 1; i >= 0; i-- {
@@ -42,12 +46,12 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 		}
 	}()
 	if err := os.RemoveAll(nodesRoot); err != nil {
-		return stop, err
+		return nil, stop, err
 	}
 	controller, err := startChild(cp.Dir, filepath.Join(o.bin, "lifeboat-controller"),
 		"--kubeconfig", cp.Kubeconfig, "--acceleration", o.acceleration)
 	if err != nil {
-		return stop, err
+		return nil, stop, err
 	}
 	stops = append(stops, controller)
 	for i := 1; i <= o.nodes; i++ {
@@ -56,21 +60,23 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 			Client: cp.Kube, Name: name, Address: addr, RootDir: filepath.Join(nodesRoot, name),
 			Capacity:                  corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")},
 			Binaries:                  map[string]string{"lifeboat-launcher": filepath.Join(o.bin, "lifeboat-launcher")},
-			EvictionMaxPodGracePeriod: 60,
+			EvictionMaxPodGracePeriod: maxPodGracePeriod,
 			Logger:                    klog.Background().WithValues("node", name),
 		})
 		if err != nil {
-			return stop, fmt.Errorf("starting node %s: %w", name, err)
+			return nil, stop, fmt.Errorf("starting node %s: %w", name, err)
 		}
 		stops = append(stops, n.Stop)
+		nodes = append(nodes, n)
 		agent, err := startChild(cp.Dir, filepath.Join(o.bin, "lifeboat-agent"), "--kubeconfig", cp.Kubeconfig,
-			"--node-name", name, "--node-address", addr, "--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", addr+":8185")
+			"--node-name", name, "--node-address", addr, "--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", addr+":8185",
+			"--eviction-max-pod-grace-period", strconv.Itoa(maxPodGracePeriod))
 		if err != nil {
-			return stop, err
+			return nil, stop, err
 		}
 		stops = append(stops, agent)
 	}
-	return stop, nil
+	return nodes, stop, nil
 }
 
 // startChild runs a lifeboat binary with its log in dir; the returned function stops it.

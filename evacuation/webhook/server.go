@@ -1,0 +1,305 @@
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// ReasonEvacuationRequested is the Event of a new mark on a VMI, as the agent's.
+const ReasonEvacuationRequested = "EvacuationRequested"
+
+// markTimeout bounds the status write of a mark, inside the API server's timeout for the webhook.
+const markTimeout = (timeoutSeconds - 1) * time.Second
+
+// Options configure the webhook.
+type Options struct {
+	// Listen is the address to serve on, for example ":8443".
+	Listen   string
+	Endpoint Endpoint
+	// CertValidity is how long each serving certificate lasts; it is replaced at two thirds of that.
+	CertValidity time.Duration
+}
+
+// Server is the eviction webhook.
+type Server struct {
+	kube     kubernetes.Interface
+	lifeboat lifeboatclient.Interface
+	pods     corelisters.PodLister
+	vmis     lifeboatlisters.VirtualMachineInstanceLister
+	configs  lifeboatlisters.LifeboatConfigLister
+	synced   []cache.InformerSynced
+	recorder record.EventRecorder
+	opts     Options
+	certs    *certs
+	metrics  metrics
+	log      *slog.Logger
+}
+
+// New makes the webhook and its first certificate. The pod informer should hold launcher pods only:
+// a pod it does not know is not a VM's.
+func New(kube kubernetes.Interface, lb lifeboatclient.Interface, pods coreinformers.PodInformer, vmis lifeboatinformers.VirtualMachineInstanceInformer,
+	configs lifeboatinformers.LifeboatConfigInformer, recorder record.EventRecorder, opts Options, reg prometheus.Registerer, log *slog.Logger) (*Server, error) {
+	hosts, err := opts.Endpoint.hosts()
+	if err != nil {
+		return nil, err
+	}
+	c, err := newCerts(hosts, opts.CertValidity)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{
+		kube: kube, lifeboat: lb, pods: pods.Lister(), vmis: vmis.Lister(), configs: configs.Lister(),
+		synced:   []cache.InformerSynced{pods.Informer().HasSynced, vmis.Informer().HasSynced, configs.Informer().HasSynced},
+		recorder: recorder, opts: opts, certs: c, metrics: newMetrics(reg), log: log.With("component", "eviction-webhook"),
+	}, nil
+}
+
+// Run serves until ctx ends: it waits for the caches, registers the webhook with its CA bundle,
+// and replaces the certificate before it expires.
+func (s *Server) Run(ctx context.Context) error {
+	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {
+		return errors.New("eviction webhook: caches did not sync")
+	}
+	l, err := net.Listen("tcp", s.opts.Listen)
+	if err != nil {
+		return fmt.Errorf("eviction webhook: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(Path, s)
+	srv := &http.Server{
+		Handler:           mux,
+		TLSConfig:         &tls.Config{GetCertificate: s.certs.getCertificate, MinVersion: tls.VersionTLS12},
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ServeTLS(l, "", "") }()
+	s.log.Info("serving", "address", l.Addr().String(), "url", s.opts.Endpoint.URL, "service", s.opts.Endpoint.Service.String())
+
+	if err := s.registerUntilDone(ctx, s.certs.caBundle()); err == nil {
+		s.rotate(ctx)
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdown)
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("eviction webhook: %w", err)
+	}
+	return nil
+}
+
+// registerUntilDone writes the webhook configuration, retrying until it succeeds or ctx ends.
+func (s *Server) registerUntilDone(ctx context.Context, bundle []byte) error {
+	backoff := wait.Backoff{Duration: time.Second, Factor: 2, Steps: 1 << 30, Cap: time.Minute}
+	return wait.ExponentialBackoffWithContext(ctx, backoff, func(ctx context.Context) (bool, error) {
+		if err := s.opts.Endpoint.register(ctx, s.kube, bundle, time.Now()); err != nil {
+			s.log.Error("registering the webhook, will retry", "err", err)
+			return false, nil
+		}
+		s.log.Info("registered", "configuration", ConfigurationName)
+		return true, nil
+	})
+}
+
+// reregisterInterval is how often a replica checks that the configuration trusts its CA.
+const reregisterInterval = 5 * time.Minute
+
+// rotate replaces the certificate at two thirds of its life until ctx ends: first the configuration
+// trusts both CAs, then the listener serves the new certificate.
+func (s *Server) rotate(ctx context.Context) {
+	for {
+		wait, recheck := time.Until(s.certs.rotateAt()), false
+		if wait > reregisterInterval {
+			wait, recheck = reregisterInterval, true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if recheck {
+			// Keeps this replica's CA in the configuration whatever others wrote, and drops
+			// expired ones.
+			if err := s.registerUntilDone(ctx, s.certs.caBundle()); err != nil {
+				return
+			}
+			continue
+		}
+		serving, ca, bundle, err := s.certs.next()
+		if err != nil {
+			s.log.Error("making the next certificate, will retry", "err", err)
+			if !sleep(ctx, 10*time.Second) {
+				return
+			}
+			continue
+		}
+		if err := s.registerUntilDone(ctx, bundle); err != nil {
+			return
+		}
+		s.certs.install(serving, ca, bundle)
+		s.metrics.rotations.Inc()
+		s.log.Info("rotated the serving certificate", "expires", serving.Leaf.NotAfter)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// ServeHTTP answers one AdmissionReview.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	var review admissionv1.AdmissionReview
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err == nil {
+		err = json.Unmarshal(body, &review)
+	}
+	if err == nil && review.Request == nil {
+		err = errors.New("the AdmissionReview has no request")
+	}
+	if err != nil {
+		http.Error(w, "want an admission.k8s.io/v1 AdmissionReview: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	req := review.Request
+	d, strategy := s.admit(r.Context(), req)
+	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: d.Allowed()}
+	if !d.Allowed() {
+		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: d.Code(), Reason: metav1.StatusReasonTooManyRequests, Message: d.Message}
+	}
+	review.Request, review.Response = nil, resp
+	w.Header().Set("Content-Type", "application/json")
+	if err := json.NewEncoder(w).Encode(&review); err != nil {
+		s.log.Error("writing the admission response", "err", err)
+	}
+	s.metrics.decisions.WithLabelValues(strategy, string(d.Answer)).Inc()
+	s.metrics.latency.Observe(time.Since(start).Seconds())
+	if !d.Allowed() || strategy != strategyNotAVM {
+		s.log.Info("eviction", "pod", req.Namespace+"/"+req.Name, "user", req.UserInfo.Username, "dryRun", dryRun(req),
+			"strategy", strategy, "answer", d.Answer, "message", d.Message)
+	}
+}
+
+// strategyNotAVM is the strategy label of an eviction of a pod that is not a running VM's.
+const strategyNotAVM = "NotAVM"
+
+// admit decides one eviction and marks the VMI when the decision says so.
+func (s *Server) admit(ctx context.Context, req *admissionv1.AdmissionRequest) (Decision, string) {
+	if req.Resource.Resource != "pods" || req.SubResource != "eviction" || req.Operation != admissionv1.Create {
+		return Decision{Answer: AnswerAllowed}, strategyNotAVM
+	}
+	pod, vmi := s.observe(req.Namespace, req.Name)
+	var config *v1alpha1.LifeboatConfig
+	if c, err := s.configs.Get(v1alpha1.ConfigName); err == nil {
+		config = c
+	}
+	strategy := strategyNotAVM
+	if vmi != nil {
+		strategy = string(v1alpha1.EffectiveEvictionStrategy(vmi, config))
+	}
+	d := Decide(pod, vmi, config, dryRun(req))
+	if !d.Mark {
+		return d, strategy
+	}
+	marked, err := s.mark(ctx, pod, vmi, config, req.UserInfo.Username)
+	if err != nil {
+		s.log.Error("marking the VMI for evacuation", "vmi", vmi.Namespace+"/"+vmi.Name, "err", err)
+		return Decision{Answer: AnswerDenied, Message: fmt.Sprintf("VMI %q could not be marked for evacuation (%v); try again", vmi.Namespace+"/"+vmi.Name, err)}, strategy
+	}
+	return marked, strategy
+}
+
+// observe finds the launcher pod and its VMI in the caches; nil when the pod is not a launcher or
+// its VMI is gone.
+func (s *Server) observe(namespace, name string) (*corev1.Pod, *v1alpha1.VirtualMachineInstance) {
+	pod, err := s.pods.Pods(namespace).Get(name)
+	if err != nil || pod.Labels[v1alpha1.LabelRole] != v1alpha1.RoleLauncher {
+		return nil, nil
+	}
+	vmi, err := s.vmis.VirtualMachineInstances(namespace).Get(pod.Labels[v1alpha1.LabelVMIName])
+	if err != nil || string(vmi.UID) != pod.Labels[v1alpha1.LabelVMIUID] {
+		return pod, nil
+	}
+	return pod, vmi
+}
+
+// mark decides again on the VMI as the API server has it and writes the mark; the answer is the
+// decision on that fresh copy (another eviction may have marked it a moment ago).
+func (s *Server) mark(ctx context.Context, pod *corev1.Pod, cached *v1alpha1.VirtualMachineInstance, config *v1alpha1.LifeboatConfig, user string) (Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, markTimeout)
+	defer cancel()
+	vmis := s.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(cached.Namespace)
+	var d Decision
+	var marked *v1alpha1.VirtualMachineInstance
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		vmi, err := vmis.Get(ctx, cached.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			d, marked = Decide(pod, nil, config, false), nil
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if d = Decide(pod, vmi, config, false); !d.Mark {
+			return nil
+		}
+		msg := fmt.Sprintf("an eviction of pod %s by %s asked the VM to leave node %s", pod.Name, user, vmi.Status.NodeName)
+		v1alpha1.MarkForEvacuation(&vmi.Status, v1alpha1.MigrationCauseAPIEviction, msg, metav1.Now())
+		marked, err = vmis.UpdateStatus(ctx, vmi, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return Decision{}, err
+	}
+	if marked != nil {
+		s.recorder.Eventf(marked, corev1.EventTypeNormal, ReasonEvacuationRequested,
+			"an eviction of pod %s by %s marked the VM for evacuation from node %s (cause APIEviction)", pod.Name, user, marked.Status.NodeName)
+	}
+	return d, nil
+}
+
+// dryRun reports whether the eviction is a dry run: asked for in the request's options, or in the
+// Eviction's deleteOptions, which the API server honours as well (kubectl drain --dry-run=server).
+func dryRun(req *admissionv1.AdmissionRequest) bool {
+	if req.DryRun != nil && *req.DryRun {
+		return true
+	}
+	var eviction policyv1.Eviction
+	if err := json.Unmarshal(req.Object.Raw, &eviction); err != nil {
+		return false
+	}
+	return eviction.DeleteOptions != nil && len(eviction.DeleteOptions.DryRun) > 0
+}

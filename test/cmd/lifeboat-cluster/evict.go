@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/guest"
+	"github.com/lifeboat-vm/lifeboat/test/node"
+)
+
+// controlSocket is where serve takes requests that only the emulated nodes can carry out.
+const controlSocket = "control.sock"
+
+// serveControl answers POST /evict?namespace=NS&pod=NAME by evicting the pod the way its node's
+// kubelet does under memory pressure; the eviction runs on after the answer.
+func serveControl(ctx context.Context, dir string, nodes []*node.Node) (stop func(), err error) {
+	path := filepath.Join(dir, controlSocket)
+	_ = os.Remove(path)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /evict", func(w http.ResponseWriter, r *http.Request) {
+		ns, name, nodeName := r.URL.Query().Get("namespace"), r.URL.Query().Get("pod"), r.URL.Query().Get("node")
+		for _, n := range nodes {
+			if n.Name() != nodeName {
+				continue
+			}
+			go func() {
+				if err := n.EvictPod(ctx, ns, name); err != nil {
+					fmt.Fprintf(os.Stderr, "evicting %s/%s: %v\n", ns, name, err)
+				}
+			}()
+			w.WriteHeader(http.StatusAccepted)
+			_ = json.NewEncoder(w).Encode(map[string]string{"node": nodeName, "pod": ns + "/" + name})
+			return
+		}
+		http.Error(w, fmt.Sprintf("no emulated node named %q", nodeName), http.StatusNotFound)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	return func() { _ = srv.Close() }, nil
+}
+
+func clients(dir string) (kubernetes.Interface, lifeboatclient.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "admin.kubeconfig"))
+	if err != nil {
+		return nil, nil, err
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	lb, err := lifeboatclient.NewForConfig(cfg)
+	return kube, lb, err
+}
+
+func splitRef(ref string) (ns, name string) {
+	if ns, name, ok := strings.Cut(ref, "/"); ok {
+		return ns, name
+	}
+	return "default", ref
+}
+
+// evict has the node of a VMI evict its launcher pod for memory pressure, as a kubelet would.
+func evict(ctx context.Context, dir, ref string) error {
+	ns, name := splitRef(ref)
+	kube, lb, err := clients(dir)
+	if err != nil {
+		return err
+	}
+	vmi, err := lb.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	pods, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
+		LabelSelector: v1alpha1.LabelVMIUID + "=" + string(vmi.UID), FieldSelector: "spec.nodeName=" + vmi.Status.NodeName + ",status.phase=Running"})
+	if err != nil {
+		return err
+	}
+	if len(pods.Items) != 1 {
+		return fmt.Errorf("VMI %s has %d running launcher pods on node %q, want 1", ref, len(pods.Items), vmi.Status.NodeName)
+	}
+	pod := pods.Items[0]
+	client := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", filepath.Join(dir, controlSocket))
+	}}}
+	q := url.Values{"namespace": {ns}, "pod": {pod.Name}, "node": {pod.Spec.NodeName}}
+	resp, err := client.Post("http://lifeboat-cluster/evict?"+q.Encode(), "", nil)
+	if err != nil {
+		return fmt.Errorf("asking the demo cluster to evict %s (is it up?): %w", pod.Name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("evicting %s: %s", pod.Name, strings.TrimSpace(string(b)))
+	}
+	fmt.Printf("node %s evicts pod %s/%s for memory pressure, as its kubelet would (SIGTERM, grace period min(pod's, evictionMaxPodGracePeriod))\n", pod.Spec.NodeName, ns, pod.Name)
+	return nil
+}
+
+// follow prints the migrations of a VMI as they progress, until the VMI runs on another node.
+func follow(ctx context.Context, dir, ref string, timeout time.Duration) error {
+	ns, name := splitRef(ref)
+	kube, lb, err := clients(dir)
+	if err != nil {
+		return err
+	}
+	vmis := lb.LifeboatV1alpha1().VirtualMachineInstances(ns)
+	start, err := vmis.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	from, to := start.Status.NodeName, ""
+	var deadline *metav1.Time // the kubelet's SIGKILL, as the migrations record it
+	fmt.Printf("following VMI %s/%s, running on %s\n", ns, name, from)
+	migrations := lb.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns)
+	selector := metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(start.UID)}
+	earlier := map[string]bool{} // migrations that ended before this one: not followed
+	if list, err := migrations.List(ctx, selector); err == nil {
+		for _, m := range list.Items {
+			earlier[m.Name] = m.Status.Phase.Terminal()
+		}
+	}
+	last := ""
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		list, err := migrations.List(ctx, selector)
+		if err != nil {
+			return false, nil
+		}
+		for i := range list.Items {
+			if list.Items[i].Status.Phase == "" || earlier[list.Items[i].Name] {
+				continue // not yet seen by the migration controller, or over before we came
+			}
+			if list.Items[i].Status.Deadline != nil {
+				deadline = list.Items[i].Status.Deadline
+			}
+			if line := progressLine(&list.Items[i], time.Now()); line != last {
+				fmt.Printf("%s  %s\n", time.Now().Format("15:04:05.0"), line)
+				last = line
+			}
+		}
+		v, err := vmis.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		s := v.Status.MigrationState
+		if v.Status.NodeName == from || s == nil || !s.Completed {
+			return false, nil
+		}
+		took := ""
+		if s.StartTimestamp != nil && s.EndTimestamp != nil {
+			took = fmt.Sprintf(" in %s", s.EndTimestamp.Sub(s.StartTimestamp.Time))
+		}
+		fmt.Printf("VMI %s/%s now runs on %s: moved from %s%s (mode %s, cause %s)\n", ns, name, v.Status.NodeName, s.SourceNode, took, s.Mode, s.Cause)
+		to = v.Status.NodeName
+		return true, nil
+	})
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("VMI %s/%s did not move within %s", ns, name, timeout)
+	}
+	if err != nil {
+		return err
+	}
+	if err := counterGoesOn(ctx, string(start.UID), from, to); err != nil {
+		return err
+	}
+	return sourceLauncherEnded(ctx, kube, ns, string(start.UID), from, deadline)
+}
+
+// sourceLauncherEnded waits for the source launcher pod to end and says how: exit code 0, by
+// itself, before the kubelet's grace period ran out.
+func sourceLauncherEnded(ctx context.Context, kube kubernetes.Interface, ns, uid, node string, deadline *metav1.Time) error {
+	var pod *corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		pods, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + uid, FieldSelector: "spec.nodeName=" + node})
+		if err != nil || len(pods.Items) != 1 {
+			return false, nil
+		}
+		pod = &pods.Items[0]
+		return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the source launcher pod on %s did not end within 30s", node)
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil {
+			within := ""
+			if deadline != nil {
+				within = fmt.Sprintf(", %s before its grace period ended", deadline.Sub(t.FinishedAt.Time).Truncate(time.Second))
+			}
+			fmt.Printf("the source launcher in pod %s exited %d at %s%s; the kubelet recorded the pod as %s/%s\n",
+				pod.Name, t.ExitCode, t.FinishedAt.Format("15:04:05"), within, pod.Status.Phase, pod.Status.Reason)
+		}
+	}
+	return nil
+}
+
+// counterGoesOn shows that the guest did not reboot: the counter it printed on the source node
+// goes on, from where it was, on the target.
+func counterGoesOn(ctx context.Context, uid, from, to string) error {
+	b, err := os.ReadFile(consolePath(from, uid))
+	if err != nil {
+		return err
+	}
+	before := guest.LastCounter(string(b))
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	console, err := guest.WaitForConsole(ctx, consolePath(to, uid), fmt.Sprintf("a counter above %d", before), func(c string) bool {
+		return guest.LastCounter(c) > before
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("the guest's counter was at %d on %s when it left; on %s it goes on at %d: the VM never stopped\n", before, from, to, guest.LastCounter(console))
+	return nil
+}
+
+// progressLine is one line of a migration's state: phase, mode, transfer and time to deadline.
+func progressLine(m *v1alpha1.VirtualMachineInstanceMigration, now time.Time) string {
+	line := fmt.Sprintf("migration %s: %-15s cause %s", m.Name, m.Status.Phase, m.Status.Cause)
+	if m.Status.Mode != "" {
+		line += ", mode " + string(m.Status.Mode)
+	}
+	if p := m.Status.Progress; p != nil && p.DataTotal > 0 && !m.Status.Phase.Terminal() {
+		line += fmt.Sprintf(", %s of %s left, dirtying %s/s, sending %s/s", mib(p.DataRemaining), mib(p.DataTotal), mib(p.MemoryDirtyRate), mib(p.MemoryBandwidth))
+	}
+	if d := m.Status.Deadline; d != nil && !m.Status.Phase.Terminal() {
+		line += fmt.Sprintf(", deadline in %s", d.Sub(now).Truncate(time.Second))
+	}
+	if m.Status.FailureReason != "" {
+		line += ": " + m.Status.FailureReason
+	}
+	return line
+}
+
+func mib(bytes int64) string { return fmt.Sprintf("%.1f MiB", float64(bytes)/(1<<20)) }
