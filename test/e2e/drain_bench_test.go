@@ -72,10 +72,12 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	for b.Loop() {
 		marked := markForDrain(b, ns, vmis)
 		err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 15*time.Minute, true, func(context.Context) (bool, error) {
-			return w.movedCount() == drainVMs, nil
+			moved, succeeded := w.count()
+			return moved == drainVMs && succeeded == drainVMs, nil
 		})
 		if err != nil {
-			b.Fatalf("%d of %d VMs left %s within 15 minutes", w.movedCount(), drainVMs, source.Name())
+			moved, succeeded := w.count()
+			b.Fatalf("within 15 minutes %d of %d VMs left %s and %d migrations succeeded", moved, drainVMs, source.Name(), succeeded)
 		}
 		w.report(b, marked, libvirtEnds(b, source.agent.log))
 	}
@@ -218,10 +220,16 @@ func (w *drainWatch) pod(obj any) {
 	w.pods[obj.(*corev1.Pod).Name] = now
 }
 
-func (w *drainWatch) movedCount() int {
+// count is how many VMIs were seen on another node and how many migrations succeeded.
+func (w *drainWatch) count() (moved, succeeded int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.moved)
+	for _, ph := range w.phases {
+		if _, ok := ph[v1alpha1.MigrationSucceeded]; ok {
+			succeeded++
+		}
+	}
+	return len(w.moved), succeeded
 }
 
 // libvirtEnds reads from the source agent's log when libvirt's migration of each VMI ended.
