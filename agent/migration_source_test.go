@@ -110,6 +110,32 @@ func TestAFailedMigrationResumesAGuestItPaused(t *testing.T) {
 	}
 }
 
+type convergeResult struct {
+	mode v1alpha1.MigrationMode
+	err  error
+}
+
+// migrateStepping runs MigrateConverging, moving clk on a tick at a time until it returns;
+// false if it did not within 10 s.
+func migrateStepping(ctx context.Context, clk *clocktesting.FakeClock, c ConvergingMigration) (convergeResult, bool) {
+	done := make(chan convergeResult, 1)
+	go func() {
+		mode, err := MigrateConverging(ctx, c)
+		done <- convergeResult{mode, err}
+	}()
+	var got convergeResult
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		select {
+		case got = <-done:
+			return true, nil
+		default:
+			clk.Step(progressInterval)
+			return false, nil
+		}
+	})
+	return got, err == nil
+}
+
 // TestCancelledMigrationIsNotEscalated: a migration its owner cancels (the mark cleared, or a
 // KubeVirt-style timeout in the benchmarks) is aborted at the next tick and never escalated,
 // though it would miss its deadline.
@@ -123,26 +149,8 @@ func TestCancelledMigrationIsNotEscalated(t *testing.T) {
 		Cancelled: func() bool { asked++; return true },
 		Escalated: func(m v1alpha1.MigrationMode) { t.Errorf("escalated to %s after the migration was cancelled", m) },
 	}
-	type result struct {
-		mode v1alpha1.MigrationMode
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		mode, err := MigrateConverging(context.Background(), c)
-		done <- result{mode, err}
-	}()
-	var got result
-	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		select {
-		case got = <-done:
-			return true, nil
-		default:
-			clk.Step(progressInterval)
-			return false, nil
-		}
-	})
-	if err != nil {
+	got, ok := migrateStepping(context.Background(), clk, c)
+	if !ok {
 		t.Fatal("MigrateConverging did not return after the migration was cancelled")
 	}
 	if !errors.Is(got.err, context.Canceled) || got.mode != v1alpha1.MigrationModePreCopy || asked != 1 {
@@ -189,21 +197,7 @@ func TestConvergenceWarmUpCountsFromTheTransfer(t *testing.T) {
 			cancel()
 		},
 	}
-	done := make(chan struct{})
-	go func() {
-		_, _ = MigrateConverging(ctx, c)
-		close(done)
-	}()
-	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		select {
-		case <-done:
-			return true, nil
-		default:
-			clk.Step(progressInterval)
-			return false, nil
-		}
-	})
-	if err != nil {
+	if _, ok := migrateStepping(ctx, clk, c); !ok {
 		t.Fatal("MigrateConverging did not escalate a migration that cannot converge")
 	}
 	mg.mu.Lock()
