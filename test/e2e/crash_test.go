@@ -209,7 +209,7 @@ func lastCounterOn(t *testing.T, path string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return guest.LastCounter(string(b))
+	return guest.Counter(string(b))
 }
 
 // guestWatch samples, through each node's launcher libvirt, on which nodes a VMI's guest runs.

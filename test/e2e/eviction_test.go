@@ -138,7 +138,7 @@ func lastCounterAt(t *testing.T, path string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return guest.LastCounter(string(b))
+	return guest.Counter(string(b))
 }
 
 // TestNodePressureMarksLiveMigrateVMs: with the gate on, a LiveMigrate VM evicted by the kubelet

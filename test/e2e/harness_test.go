@@ -295,11 +295,11 @@ func waitCounterPast(t *testing.T, path string, n int, timeout time.Duration) in
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	console, err := guest.WaitForConsole(ctx, path, fmt.Sprintf("a counter above %d", n), func(c string) bool { return guest.LastCounter(c) > n })
+	console, err := guest.WaitForConsole(ctx, path, fmt.Sprintf("a counter above %d", n), func(c string) bool { return guest.Counter(c) > n })
 	if err != nil {
 		t.Fatal(err)
 	}
-	return guest.LastCounter(console)
+	return guest.Counter(console)
 }
 
 func launcherPod(t *testing.T, v *v1alpha1.VirtualMachineInstance) *corev1.Pod {

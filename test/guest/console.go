@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -60,14 +58,8 @@ func tail(s string, lines int) string {
 	return strings.Join(all, "\n")
 }
 
-var counterLine = regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(protocol.CounterPrefix) + `(\d+)\r?$`)
-
-// LastCounter is the latest counter the guest printed on its console, or -1 if none.
-func LastCounter(console string) int {
-	m := counterLine.FindAllStringSubmatch(console, -1)
-	if m == nil {
-		return -1
-	}
-	n, _ := strconv.Atoi(m[len(m)-1][1])
+// Counter is the guest's latest counter on its console, 0 before the first.
+func Counter(console string) int {
+	n, _ := protocol.LastCounter(console)
 	return n
 }

@@ -222,16 +222,16 @@ func counterGoesOn(ctx context.Context, uid, from, to string) error {
 	if err != nil {
 		return err
 	}
-	before := guest.LastCounter(string(b))
+	before := guest.Counter(string(b))
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	console, err := guest.WaitForConsole(ctx, consolePath(to, uid), fmt.Sprintf("a counter above %d", before), func(c string) bool {
-		return guest.LastCounter(c) > before
+		return guest.Counter(c) > before
 	})
 	if err != nil {
 		return err
 	}
-	fmt.Printf("the guest's counter was at %d on %s when it left; on %s it goes on at %d: the VM never stopped\n", before, from, to, guest.LastCounter(console))
+	fmt.Printf("the guest's counter was at %d on %s when it left; on %s it goes on at %d: the VM never stopped\n", before, from, to, guest.Counter(console))
 	return nil
 }
 
