@@ -108,7 +108,7 @@ demo: $(CLUSTER) lifeboat-bins
 	@set -e; read kernel initrd <<<"$$($(CLUSTER) guest)"; set -x; \
 	$(KUBECTL) apply --server-side -f manifests/lifeboatconfig.yaml; \
 	: "A bandwidth cap, so that the transfer is slow enough to watch"; \
-	$(KUBECTL) patch lifeboatconfig cluster --type merge -p '{"spec":{"migrations":{"bandwidthPerMigration":"16Mi"}}}'; \
+	$(KUBECTL) patch lifeboatconfig cluster --type merge -p '{"spec":{"migrations":{"bandwidthPerMigration":"32Mi"}}}'; \
 	sed -e "s|/var/lib/lifeboat/guest/vmlinuz|$$kernel|" -e "s|/var/lib/lifeboat/guest/initrd.gz|$$initrd|" manifests/examples/vmi.yaml \
 		| $(KUBECTL) apply --server-side -f -; \
 	$(KUBECTL) get nodes -L lifeboat.dev/kvm; \

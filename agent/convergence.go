@@ -18,6 +18,11 @@ type Progress struct {
 	// negative when it has passed, and meaningless when HasDeadline is false.
 	TimeLeft    time.Duration
 	HasDeadline bool
+	// FirstPass is true while the migration makes its first pass over memory: libvirt has not
+	// measured the dirty rate yet, so DirtyRate says nothing. Total is the guest's memory, what
+	// a second pass may have to copy again at worst.
+	FirstPass bool
+	Total     uint64
 }
 
 // Allowed are the convergence modes the LifeboatConfig permits beyond pre-copy.
@@ -47,11 +52,18 @@ func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alp
 		return current
 	}
 	budget := p.TimeLeft - safetyMargin
+	last := lastResort(allowed)
+	// A blind first pass: the dirty rate shows only once it ends, and for a large guest with a
+	// near deadline that is too late to act on. When the rest of this pass and a worst-case
+	// second one would not fit, take the last resort now: a hard deadline (the kubelet's
+	// SIGKILL) is worth more than a short pause.
+	if p.FirstPass && last != "" && copyTime(p.Remaining+p.Total, p.Bandwidth) > budget {
+		return last
+	}
 	finish, converging := projectedFinish(p)
 	if converging && finish <= budget {
 		return current
 	}
-	last := lastResort(allowed)
 	// Copying what remains at full speed, with the guest stopped from dirtying it, is what the
 	// last resort costs; when that no longer fits comfortably, take it now.
 	if last != "" && copyTime(p.Remaining, p.Bandwidth) >= budget/2 {

@@ -26,6 +26,10 @@ func TestNextMode(t *testing.T) {
 	noDeadline := stuck
 	noDeadline.HasDeadline = false
 	// libvirt reports a job that is still connecting to the target with no figures at all.
+	// A 1 GiB guest 2 s into its first pass at 64 MiB/s: 700 MiB to go, its dirty rate unknown.
+	blind := Progress{Remaining: 700 * mib, Total: 1024 * mib, Bandwidth: 64 * mib, FirstPass: true, Elapsed: 2 * time.Second, SinceEscalation: 2 * time.Second, TimeLeft: 22 * time.Second, HasDeadline: true}
+	blindWithTime := blind
+	blindWithTime.TimeLeft = time.Minute
 	connecting := Progress{Elapsed: 3 * time.Second, SinceEscalation: 3 * time.Second, TimeLeft: 40 * time.Second, HasDeadline: true}
 	cases := []struct {
 		name    string
@@ -37,6 +41,9 @@ func TestNextMode(t *testing.T) {
 		{"converging in time: stay in pre-copy", v1alpha1.MigrationModePreCopy, converging, all, v1alpha1.MigrationModePreCopy},
 		{"first pass: too early to judge", v1alpha1.MigrationModePreCopy, warmingUp, all, v1alpha1.MigrationModePreCopy},
 		{"no deadline: never escalate", v1alpha1.MigrationModePreCopy, noDeadline, all, v1alpha1.MigrationModePreCopy},
+		{"blind first pass, no time for a second: the last resort now", v1alpha1.MigrationModePreCopy, blind, noPostCopy, v1alpha1.MigrationModePaused},
+		{"blind first pass with time for a second: pre-copy goes on", v1alpha1.MigrationModePreCopy, blindWithTime, noPostCopy, v1alpha1.MigrationModePreCopy},
+		{"blind first pass, nothing beyond pre-copy allowed: pre-copy goes on", v1alpha1.MigrationModePreCopy, blind, Allowed{}, v1alpha1.MigrationModePreCopy},
 		{"no transfer figures yet: nothing to project from", v1alpha1.MigrationModePreCopy, connecting, all, v1alpha1.MigrationModePreCopy},
 		{"not converging: auto-converge first", v1alpha1.MigrationModePreCopy, stuck, all, v1alpha1.MigrationModeAutoConverge},
 		{"converging too slowly for the deadline: auto-converge", v1alpha1.MigrationModePreCopy, slow, all, v1alpha1.MigrationModeAutoConverge},

@@ -88,7 +88,8 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 	if stats.MemoryBandwidth > 0 && transferring.IsZero() {
 		*transferring = c.Clock.Now()
 	}
-	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: stats.MemoryBandwidth, SinceEscalation: sinceEscalation}
+	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: stats.MemoryBandwidth, SinceEscalation: sinceEscalation,
+		FirstPass: stats.MemoryIteration <= 1, Total: stats.DataTotal}
 	if !transferring.IsZero() {
 		p.Elapsed = c.Clock.Since(*transferring)
 	}
