@@ -85,7 +85,7 @@ demo: $(CLUSTER) lifeboat-bins
 	@$(CLUSTER) down --dir $(DEMO_DIR) >/dev/null
 	$(CLUSTER) up --dir $(DEMO_DIR) --nodes 2 --lifeboat-bin bin --acceleration $(ACCELERATION)
 	@set -e; read kernel initrd <<<"$$($(CLUSTER) guest)"; set -x; \
-	$(KUBECTL) apply --server-side -f manifests/examples/lifeboatconfig.yaml; \
+	$(KUBECTL) apply --server-side -f manifests/lifeboatconfig.yaml; \
 	sed -e "s|/var/lib/lifeboat/guest/vmlinuz|$$kernel|" -e "s|/var/lib/lifeboat/guest/initrd.gz|$$initrd|" manifests/examples/vmi.yaml \
 		| $(KUBECTL) apply --server-side -f -; \
 	$(KUBECTL) get nodes -L lifeboat.dev/kvm; \

@@ -13,6 +13,10 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+
+	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -24,19 +28,21 @@ import (
 
 func main() {
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
-	image := flag.String("launcher-image", "lifeboat-launcher:dev", "image of launcher pods")
+	image := flag.String("launcher-image", "lifeboat.dev/lifeboat-launcher:dev", "image of launcher pods")
 	accel := flag.String("acceleration", "auto", "guest acceleration launchers use: kvm, tcg, or auto (KVM only if a probe boot proves it works)")
 	workers := flag.Int("workers", 4, "workers per controller")
+	var leader election
+	leader.addFlags(flag.CommandLine)
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if err := run(*kubeconfig, vmi.PodOptions{Image: *image, Acceleration: *accel}, *workers, log); err != nil {
+	if err := run(*kubeconfig, vmi.PodOptions{Image: *image, Acceleration: *accel}, *workers, &leader, log); err != nil {
 		log.Error("lifeboat-controller failed", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(kubeconfig string, podOpts vmi.PodOptions, workers int, log *slog.Logger) error {
+func run(kubeconfig string, podOpts vmi.PodOptions, workers int, leader *election, log *slog.Logger) error {
 	switch podOpts.Acceleration {
 	case "kvm", "tcg", "auto":
 	default:
@@ -54,6 +60,17 @@ func run(kubeconfig string, podOpts vmi.PodOptions, workers int, log *slog.Logge
 	}
 	defer stopRecorder()
 
+	// What every replica serves (the eviction webhook) starts here, before the election.
+	return leader.run(ctx, kubeClient, log, func(ctx context.Context) error {
+		return runControllers(ctx, kubeClient, lb, recorder, podOpts, workers, log)
+	})
+}
+
+// runControllers runs the cluster-side controllers until ctx ends or one of them fails.
+func runControllers(ctx context.Context, kubeClient kubernetes.Interface, lb lifeboatclient.Interface, recorder record.EventRecorder,
+	podOpts vmi.PodOptions, workers int, log *slog.Logger) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	kubeInformers := informers.NewSharedInformerFactoryWithOptions(kubeClient, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.LabelSelector = v1alpha1.LabelRole + "=" + v1alpha1.RoleLauncher
 	}))
@@ -69,7 +86,7 @@ func run(kubeconfig string, podOpts vmi.PodOptions, workers int, log *slog.Logge
 	go func() { errc <- vmiController.Run(ctx, workers) }()
 	go func() { errc <- evacuationController.Run(ctx) }()
 	go func() { errc <- migrationController.Run(ctx, workers) }()
-	err = <-errc
+	err := <-errc
 	cancel()
 	return errors.Join(err, <-errc, <-errc)
 }

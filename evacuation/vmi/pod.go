@@ -124,6 +124,10 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 					corev1.ResourceCPU:    *resource.NewMilliQuantity(int64(cpus)*CPURequestPerVCPUMilli, resource.DecimalSI),
 				}},
 				VolumeMounts: mounts,
+				// The launcher mounts its libvirtd's private directories (a mount namespace needs
+				// CAP_SYS_ADMIN) and QEMU opens /dev/kvm where the node has it: a privileged
+				// container has both, and sees the node's devices without naming one that may be missing.
+				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 			}},
 			Volumes: volumes,
 		},

@@ -76,6 +76,9 @@ func TestNewLauncherPod(t *testing.T) {
 	if _, ok := mounts[launcher.RunDir]; !ok {
 		t.Errorf("run directory %s not mounted: %v", launcher.RunDir, mounts)
 	}
+	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+		t.Errorf("security context = %+v, want privileged (mounts for libvirtd, /dev/kvm)", sc)
+	}
 }
 
 func TestLauncherPodNameIsStableAndShort(t *testing.T) {

@@ -1,0 +1,234 @@
+package manifests
+
+import (
+	"context"
+	"encoding/base64"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	kubeletconfig "k8s.io/kubelet/config/v1beta1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/lifeboat-vm/lifeboat/agent"
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+)
+
+// The objects issue 8 lists, by kind and namespace/name.
+var wantObjects = []string{
+	"Namespace lifeboat-system",
+	"CustomResourceDefinition virtualmachineinstances.lifeboat.dev",
+	"CustomResourceDefinition virtualmachineinstancemigrations.lifeboat.dev",
+	"CustomResourceDefinition lifeboatconfigs.lifeboat.dev",
+	"LifeboatConfig cluster",
+	"ServiceAccount lifeboat-system/lifeboat-agent",
+	"ClusterRole lifeboat-agent",
+	"ClusterRoleBinding lifeboat-agent",
+	"DaemonSet lifeboat-system/lifeboat-agent",
+	"ServiceAccount lifeboat-system/lifeboat-controller",
+	"ClusterRole lifeboat-controller",
+	"ClusterRoleBinding lifeboat-controller",
+	"Role lifeboat-system/lifeboat-controller",
+	"RoleBinding lifeboat-system/lifeboat-controller",
+	"Deployment lifeboat-system/lifeboat-controller",
+	"Service lifeboat-system/lifeboat-webhook",
+	"ValidatingWebhookConfiguration lifeboat-eviction",
+}
+
+func key(o *unstructured.Unstructured) string {
+	if o.GetNamespace() == "" {
+		return o.GetKind() + " " + o.GetName()
+	}
+	return o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName()
+}
+
+func TestEveryObjectIsAcceptedAndReapplyingChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	objs := install(t)
+	rendered := map[string]bool{}
+	for _, o := range objs {
+		rendered[key(o)] = true
+	}
+	for _, want := range wantObjects {
+		if !rendered[want] {
+			t.Errorf("manifests/ has no %s", want)
+		}
+	}
+	a, err := newApplier()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		stored, err := a.get(ctx, o)
+		if err != nil {
+			t.Errorf("applied, but not stored: %v", err)
+			continue
+		}
+		if got := stored.GetLabels()["app.kubernetes.io/part-of"]; got != "lifeboat" {
+			t.Errorf("%s: label app.kubernetes.io/part-of = %q, want lifeboat", key(o), got)
+		}
+		// The manifests say exactly what the server keeps: applying them again writes nothing.
+		again, err := a.apply(ctx, o)
+		if err != nil {
+			t.Errorf("applying again: %v", err)
+			continue
+		}
+		if again.GetResourceVersion() != stored.GetResourceVersion() {
+			t.Errorf("%s: applying the same manifest again changed it (resourceVersion %s → %s)", key(o), stored.GetResourceVersion(), again.GetResourceVersion())
+		}
+	}
+}
+
+// The pods the workloads make pass admission in lifeboat-system: the service accounts exist,
+// the critical priority classes are allowed there, Pod Security admits the agent's host access.
+func TestWorkloadPodsAreAdmitted(t *testing.T) {
+	ctx := context.Background()
+	install(t)
+	const ns = "lifeboat-system"
+
+	// The Deployment's pods are really made, by kube-controller-manager.
+	var pods []corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := cluster.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=lifeboat-controller"})
+		if err != nil {
+			return false, err
+		}
+		pods = list.Items
+		return len(pods) == 2, nil
+	})
+	if err != nil {
+		t.Fatalf("want the Deployment's 2 controller pods, have %d: %v", len(pods), err)
+	}
+	for _, p := range pods {
+		if p.Spec.ServiceAccountName != "lifeboat-controller" || p.Spec.Priority == nil || *p.Spec.Priority != 2000000000 {
+			t.Errorf("controller pod %s: service account %q, priority %v; want lifeboat-controller, 2000000000 (system-cluster-critical)",
+				p.Name, p.Spec.ServiceAccountName, p.Spec.Priority)
+		}
+	}
+
+	// The DaemonSet's pod, as it would be made for a KVM node, through admission without being stored.
+	ds, err := cluster.Kube.AppsV1().DaemonSets(ns).Get(ctx, "lifeboat-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{ObjectMeta: ds.Spec.Template.ObjectMeta, Spec: ds.Spec.Template.Spec}
+	pod.GenerateName, pod.Namespace = "lifeboat-agent-", ns
+	created, err := cluster.Kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err != nil {
+		t.Fatalf("the agent's pod is not admitted: %v", err)
+	}
+	if created.Spec.Priority == nil || *created.Spec.Priority != 2000001000 {
+		t.Errorf("agent pod priority %v, want 2000001000 (system-node-critical: the kubelet never evicts it for node pressure)", created.Spec.Priority)
+	}
+}
+
+// The controller writes the webhook's CA bundle; applying the manifests again must keep it.
+func TestReapplyingKeepsTheWebhookCABundle(t *testing.T) {
+	ctx := context.Background()
+	objs := install(t)
+	var webhook *unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == "ValidatingWebhookConfiguration" {
+			webhook = o
+		}
+	}
+	if webhook == nil {
+		t.Fatal("manifests/ has no ValidatingWebhookConfiguration")
+	}
+	client := cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	ca := []byte("-----BEGIN CERTIFICATE-----\nnot checked by the API server\n-----END CERTIFICATE-----\n")
+	patch := []byte(`[{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": "` + base64.StdEncoding.EncodeToString(ca) + `"}]`)
+	if _, err := client.Patch(ctx, webhook.GetName(), types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: "lifeboat-controller"}); err != nil {
+		t.Fatalf("writing the CA bundle as the controller would: %v", err)
+	}
+	a, err := newApplier()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.apply(ctx, webhook); err != nil {
+		t.Fatalf("applying the manifest again: %v", err)
+	}
+	got, err := client.Get(ctx, webhook.GetName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Webhooks) != 1 || !equality.Semantic.DeepEqual(got.Webhooks[0].ClientConfig.CABundle, ca) {
+		t.Errorf("after applying the manifests again the webhook's caBundle is %q, want the controller's %q", got.Webhooks[0].ClientConfig.CABundle, ca)
+	}
+}
+
+func TestExamples(t *testing.T) {
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	examples := filepath.Join(root, "manifests", "examples")
+
+	t.Run("kubelet configuration", func(t *testing.T) {
+		data, err := os.ReadFile(filepath.Join(examples, "kubelet-config.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Strict: a misspelt field would be ignored by a kubelet merging the fragment.
+		var cfg kubeletconfig.KubeletConfiguration
+		if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
+			t.Fatalf("not a KubeletConfiguration: %v", err)
+		}
+		if cfg.Kind != "KubeletConfiguration" || cfg.APIVersion != kubeletconfig.SchemeGroupVersion.String() {
+			t.Errorf("kind %s/%s, want %s/KubeletConfiguration", cfg.APIVersion, cfg.Kind, kubeletconfig.SchemeGroupVersion)
+		}
+		for name, m := range map[string]map[string]string{"evictionSoft": cfg.EvictionSoft, "evictionSoftGracePeriod": cfg.EvictionSoftGracePeriod, "evictionHard": cfg.EvictionHard} {
+			if m["memory.available"] == "" {
+				t.Errorf("%s sets no memory.available", name)
+			}
+		}
+		// What the agent reads from the node's file (--kubelet-config) for its deadlines.
+		grace, err := agent.MaxPodGracePeriodFromKubeletConfig(data)
+		if err != nil || grace != 60 || grace != int64(cfg.EvictionMaxPodGracePeriod) {
+			t.Errorf("the agent reads evictionMaxPodGracePeriod %d (%v), want 60", grace, err)
+		}
+	})
+
+	t.Run("VMI", func(t *testing.T) {
+		install(t) // the CRDs
+		data, err := os.ReadFile(filepath.Join(examples, "vmi.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		vmi := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(data, &vmi.Object); err != nil {
+			t.Fatal(err)
+		}
+		vmi.SetNamespace(testNamespace(t))
+		a, err := newApplier()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := a.apply(context.Background(), vmi)
+		if err != nil {
+			t.Fatalf("the example VMI is refused: %v", err)
+		}
+		if s, _, _ := unstructured.NestedString(got.Object, "spec", "evictionStrategy"); s != "LiveMigrate" {
+			t.Errorf("stored evictionStrategy %q, want LiveMigrate", s)
+		}
+	})
+}
+
+func testNamespace(t *testing.T) string {
+	t.Helper()
+	ns, err := cluster.Kube.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "manifests-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cluster.Kube.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
+	})
+	return ns.Name
+}

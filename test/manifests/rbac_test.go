@@ -1,0 +1,119 @@
+package manifests
+
+import (
+	"context"
+	"testing"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+const (
+	agentSA      = "lifeboat-agent"
+	controllerSA = "lifeboat-controller"
+)
+
+// access is one request a component's service account makes, or must not be able to make.
+type access struct {
+	verb, group, resource, subresource, namespace, name string
+}
+
+// The rows are the calls in agent/, evacuation/ and cmd/ (and those issues 6 and 7 add), then
+// the nearest calls the components never make, which least privilege must refuse.
+var rbacCases = []struct {
+	name    string
+	sa      string
+	access  access
+	allowed bool
+}{
+	// The agent: its VMIs, migrations and the configuration through informers; status writes; Events.
+	{"agent watches VMIs", agentSA, access{verb: "watch", group: "lifeboat.dev", resource: "virtualmachineinstances"}, true},
+	{"agent lists VMIs", agentSA, access{verb: "list", group: "lifeboat.dev", resource: "virtualmachineinstances"}, true},
+	{"agent gets a VMI", agentSA, access{verb: "get", group: "lifeboat.dev", resource: "virtualmachineinstances", namespace: "ns", name: "vm"}, true},
+	{"agent marks a VMI (status)", agentSA, access{verb: "update", group: "lifeboat.dev", resource: "virtualmachineinstances", subresource: "status", namespace: "ns", name: "vm"}, true},
+	{"agent watches migrations", agentSA, access{verb: "watch", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations"}, true},
+	{"agent gets a migration", agentSA, access{verb: "get", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations", namespace: "ns", name: "m"}, true},
+	{"agent writes migration progress", agentSA, access{verb: "update", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations", subresource: "status", namespace: "ns", name: "m"}, true},
+	{"agent watches the configuration", agentSA, access{verb: "watch", group: "lifeboat.dev", resource: "lifeboatconfigs"}, true},
+	{"agent records an Event", agentSA, access{verb: "create", resource: "events", namespace: "ns"}, true},
+	{"agent updates a repeated Event", agentSA, access{verb: "patch", resource: "events", namespace: "ns", name: "e"}, true},
+	{"agent may not change a VMI's spec", agentSA, access{verb: "update", group: "lifeboat.dev", resource: "virtualmachineinstances", namespace: "ns", name: "vm"}, false},
+	{"agent may not create migrations", agentSA, access{verb: "create", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations", namespace: "ns"}, false},
+	{"agent may not change the configuration", agentSA, access{verb: "update", group: "lifeboat.dev", resource: "lifeboatconfigs", name: "cluster"}, false},
+	{"agent may not create pods", agentSA, access{verb: "create", resource: "pods", namespace: "ns"}, false},
+	{"agent may not read pods", agentSA, access{verb: "list", resource: "pods"}, false},
+	{"agent may not read secrets", agentSA, access{verb: "get", resource: "secrets", namespace: "lifeboat-system", name: "lifeboat-webhook-tls"}, false},
+	{"agent may not read nodes", agentSA, access{verb: "get", resource: "nodes", name: "n"}, false},
+
+	// The controller: VMI, evacuation and migration controllers.
+	{"controller watches VMIs", controllerSA, access{verb: "watch", group: "lifeboat.dev", resource: "virtualmachineinstances"}, true},
+	{"controller sets a VMI's finalizer", controllerSA, access{verb: "update", group: "lifeboat.dev", resource: "virtualmachineinstances", namespace: "ns", name: "vm"}, true},
+	{"controller writes a VMI's phase", controllerSA, access{verb: "update", group: "lifeboat.dev", resource: "virtualmachineinstances", subresource: "status", namespace: "ns", name: "vm"}, true},
+	{"controller watches launcher pods", controllerSA, access{verb: "watch", resource: "pods"}, true},
+	{"controller creates a launcher pod", controllerSA, access{verb: "create", resource: "pods", namespace: "ns"}, true},
+	{"controller deletes a launcher pod", controllerSA, access{verb: "delete", resource: "pods", namespace: "ns", name: "p"}, true},
+	{"controller creates a migration", controllerSA, access{verb: "create", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations", namespace: "ns"}, true},
+	{"controller sets a migration's finalizer", controllerSA, access{verb: "update", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations", namespace: "ns", name: "m"}, true},
+	{"controller writes a migration's phase", controllerSA, access{verb: "update", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations", subresource: "status", namespace: "ns", name: "m"}, true},
+	{"controller watches the configuration", controllerSA, access{verb: "watch", group: "lifeboat.dev", resource: "lifeboatconfigs"}, true},
+	{"controller records an Event", controllerSA, access{verb: "create", resource: "events", namespace: "ns"}, true},
+	// Leader election.
+	{"controller creates its Lease", controllerSA, access{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "lifeboat-system"}, true},
+	{"controller renews its Lease", controllerSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "lifeboat-system", name: "lifeboat-controller"}, true},
+	{"controller may not take another Lease", controllerSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "lifeboat-system", name: "other"}, false},
+	{"controller may not take kube-system's Leases", controllerSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system", name: "lifeboat-controller"}, false},
+	// Issue 6: the eviction webhook, its certificate and CA bundle, disruption budgets, descheduler annotations, cancelling.
+	{"controller writes its webhook's CA bundle", controllerSA, access{verb: "update", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "lifeboat-eviction"}, true},
+	{"controller watches its webhook configuration by name", controllerSA, access{verb: "watch", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "lifeboat-eviction"}, true},
+	{"controller may not change other webhooks", controllerSA, access{verb: "update", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "other"}, false},
+	{"controller may not list all webhooks", controllerSA, access{verb: "list", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations"}, false},
+	{"controller may not change mutating webhooks", controllerSA, access{verb: "update", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "lifeboat-eviction"}, false},
+	{"controller creates its serving certificate", controllerSA, access{verb: "create", resource: "secrets", namespace: "lifeboat-system"}, true},
+	{"controller rotates its serving certificate", controllerSA, access{verb: "update", resource: "secrets", namespace: "lifeboat-system", name: "lifeboat-webhook-tls"}, true},
+	{"controller may not read other secrets", controllerSA, access{verb: "get", resource: "secrets", namespace: "lifeboat-system", name: "other"}, false},
+	{"controller may not read secrets elsewhere", controllerSA, access{verb: "get", resource: "secrets", namespace: "ns", name: "lifeboat-webhook-tls"}, false},
+	{"controller creates a VMI's disruption budget", controllerSA, access{verb: "create", group: "policy", resource: "poddisruptionbudgets", namespace: "ns"}, true},
+	{"controller expands a disruption budget", controllerSA, access{verb: "update", group: "policy", resource: "poddisruptionbudgets", namespace: "ns", name: "b"}, true},
+	{"controller deletes a disruption budget", controllerSA, access{verb: "delete", group: "policy", resource: "poddisruptionbudgets", namespace: "ns", name: "b"}, true},
+	{"controller annotates a pod for the descheduler", controllerSA, access{verb: "patch", resource: "pods", namespace: "ns", name: "p"}, true},
+	{"controller marks a VMI from the webhook", controllerSA, access{verb: "patch", group: "lifeboat.dev", resource: "virtualmachineinstances", subresource: "status", namespace: "ns", name: "vm"}, true},
+	{"controller cancels a migration", controllerSA, access{verb: "delete", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations", namespace: "ns", name: "m"}, true},
+	{"controller may not evict pods", controllerSA, access{verb: "create", resource: "pods", subresource: "eviction", namespace: "ns", name: "p"}, false},
+	{"controller may not delete VMIs", controllerSA, access{verb: "delete", group: "lifeboat.dev", resource: "virtualmachineinstances", namespace: "ns", name: "vm"}, false},
+	{"controller may not change the configuration", controllerSA, access{verb: "update", group: "lifeboat.dev", resource: "lifeboatconfigs", name: "cluster"}, false},
+	{"controller may not delete nodes", controllerSA, access{verb: "delete", resource: "nodes", name: "n"}, false},
+	// Issue 7: the EvictionRequest responder.
+	{"controller watches Evictions", controllerSA, access{verb: "watch", group: "lifecycle.k8s.io", resource: "evictions"}, true},
+	{"controller applies its responder status", controllerSA, access{verb: "patch", group: "lifecycle.k8s.io", resource: "evictions", subresource: "status", namespace: "ns", name: "e"}, true},
+	{"controller may not replace an Eviction's status", controllerSA, access{verb: "update", group: "lifecycle.k8s.io", resource: "evictions", subresource: "status", namespace: "ns", name: "e"}, false},
+	{"controller may not request evictions", controllerSA, access{verb: "create", group: "lifecycle.k8s.io", resource: "evictionrequests", namespace: "ns"}, false},
+}
+
+func serviceAccountUser(sa string) (user string, groups []string) {
+	return "system:serviceaccount:lifeboat-system:" + sa,
+		[]string{"system:serviceaccounts", "system:serviceaccounts:lifeboat-system", "system:authenticated"}
+}
+
+func TestRBACAllowsWhatTheCodeDoesAndNoMore(t *testing.T) {
+	install(t)
+	for _, tc := range rbacCases {
+		t.Run(tc.name, func(t *testing.T) {
+			user, groups := serviceAccountUser(tc.sa)
+			a := tc.access
+			review, err := cluster.Kube.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authorizationv1.SubjectAccessReview{
+				Spec: authorizationv1.SubjectAccessReviewSpec{
+					User: user, Groups: groups,
+					ResourceAttributes: &authorizationv1.ResourceAttributes{
+						Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource, Namespace: a.namespace, Name: a.name,
+					},
+				},
+			}, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if review.Status.Allowed != tc.allowed {
+				t.Errorf("%s: %+v allowed = %v, want %v (%s)", tc.sa, a, review.Status.Allowed, tc.allowed, review.Status.Reason)
+			}
+		})
+	}
+}
