@@ -31,12 +31,13 @@ func main() {
 	image := flag.String("launcher-image", "lifeboat.dev/lifeboat-launcher:dev", "image of launcher pods")
 	accel := flag.String("acceleration", "auto", "guest acceleration launchers use: kvm, tcg, or auto (KVM only if a probe boot proves it works)")
 	workers := flag.Int("workers", 4, "workers per controller")
+	hostNetwork := flag.Bool("launcher-host-network", false, "run launcher pods in their node's network namespace (for nodes without a pod network)")
 	var leader election
 	leader.addFlags(flag.CommandLine)
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	if err := run(*kubeconfig, vmi.PodOptions{Image: *image, Acceleration: *accel}, *workers, &leader, log); err != nil {
+	if err := run(*kubeconfig, vmi.PodOptions{Image: *image, Acceleration: *accel, HostNetwork: *hostNetwork}, *workers, &leader, log); err != nil {
 		log.Error("lifeboat-controller failed", "err", err)
 		os.Exit(1)
 	}

@@ -71,6 +71,10 @@ type PodOptions struct {
 	Image string
 	// Acceleration is passed to the launcher: kvm, tcg or auto.
 	Acceleration string
+	// HostNetwork runs launcher pods in their node's network namespace. The guests have no
+	// network of their own yet and migrations go through the agents, so launchers need none;
+	// this is for nodes without a pod network, such as the real test node (test/realnode).
+	HostNetwork bool
 }
 
 // NewLauncherPod builds the launcher pod of a VMI, owned by it.
@@ -103,6 +107,7 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 		},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
+			HostNetwork:                   opts.HostNetwork,
 			TerminationGracePeriodSeconds: ptr.To(grace),
 			NodeSelector:                  nodeSelector,
 			AutomountServiceAccountToken:  ptr.To(false),

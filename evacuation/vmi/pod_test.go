@@ -79,6 +79,13 @@ func TestNewLauncherPod(t *testing.T) {
 	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
 		t.Errorf("security context = %+v, want privileged (mounts for libvirtd, /dev/kvm)", sc)
 	}
+	if pod.Spec.HostNetwork {
+		t.Errorf("a launcher pod uses the pod network unless told otherwise")
+	}
+	hostNet, err := NewLauncherPod(vmi, PodOptions{Image: "lifeboat-launcher:dev", Acceleration: "tcg", HostNetwork: true})
+	if err != nil || !hostNet.Spec.HostNetwork {
+		t.Errorf("with HostNetwork, a launcher pod must use the node's network: %v", err)
+	}
 }
 
 func TestLauncherPodNameIsStableAndShort(t *testing.T) {

@@ -31,7 +31,7 @@ func startNode(t *testing.T) *Node {
 		t.Fatal(err)
 	}
 	archive := filepath.Join(t.TempDir(), "graceprobe.oci.tar")
-	probe := GoImage{Name: probeImage, Packages: []string{"./test/cmd/lifeboat-graceprobe"}}
+	probe := GoImage{Name: probeImage, Package: "./test/cmd/lifeboat-graceprobe"}
 	if err := probe.Build(t.Context(), root, archive); err != nil {
 		t.Fatal(err)
 	}
