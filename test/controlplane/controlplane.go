@@ -230,6 +230,8 @@ func (cp *ControlPlane) startAPIServer(etcdURL string) error {
 		"--service-account-signing-key-file", cp.pki.SAKey,
 		"--service-cluster-ip-range", serviceCIDR,
 		"--authorization-mode", "Node,RBAC",
+		// Launcher pods are privileged (libvirtd's mount namespace, /dev/kvm), as on a real cluster.
+		"--allow-privileged=true",
 		"--feature-gates", "EvictionRequestAPI=true",
 		"--runtime-config", "lifecycle.k8s.io/v1alpha1=true",
 		"--cert-dir", filepath.Join(cp.Dir, "apiserver-certs"),

@@ -457,3 +457,23 @@ func (n *Node) removeContainers(ctx context.Context) {
 		_, _ = n.Ctr(ctx, "containers", "delete", id)
 	}
 }
+
+// ContainerLogs returns the end of every container log the kubelet wrote on the node, by
+// <namespace>_<pod>_<uid>/<container>, for a failed test's messages.
+func (n *Node) ContainerLogs(lines int) map[string]string {
+	logs := map[string]string{}
+	files, _ := filepath.Glob(filepath.Join(n.KubeletConfig.PodLogsDir, "*", "*", "*.log"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		l := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+		if len(l) > lines {
+			l = l[len(l)-lines:]
+		}
+		rel, _ := filepath.Rel(n.KubeletConfig.PodLogsDir, filepath.Dir(f))
+		logs[rel] = strings.Join(l, "\n")
+	}
+	return logs
+}
