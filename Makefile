@@ -5,6 +5,8 @@
 #   make generate    regenerate deep-copy, clients, informers, listers and CRDs from api/
 #   make demo-down   stop the demo cluster
 #   make bench       benchmarks (control plane start-up, evacuation mark latency)
+#   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
+#   make manifests-check  apply manifests/ to a local control plane and check every object
 
 SHELL := /bin/bash
 GO ?= go
@@ -21,7 +23,7 @@ CODEGEN   := $(GO) run k8s.io/code-generator/cmd
 DEMO_DIR  := $(CURDIR)/.demo/cluster
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: all generate verify-generated lint test bench binaries lifeboat-bins demo demo-down clean
+.PHONY: all generate verify-generated lint test bench binaries lifeboat-bins demo demo-down clean images manifests-check
 
 all: test
 
@@ -71,6 +73,15 @@ test: verify-generated lint binaries
 bench: binaries
 	$(GO) test -run '^$$' -bench . -benchtime=1x -count=5 ./test/bench/ ./test/controlplane/ -args -signals=200
 
+# The Debian layer of the agent and launcher images is built once with mmdebstrap and cached (test/images).
+IMAGES_DIR ?= $(CURDIR)/.images
+images:
+	$(GO) run ./test/cmd/lifeboat-images build -out $(IMAGES_DIR)
+
+# manifests/ rendered and applied with server-side apply: every object accepted, RBAC per component, leader election.
+manifests-check: binaries
+	$(GO) test -count=1 ./test/manifests/
+
 $(CLUSTER): $(shell find test api -name '*.go') go.mod
 	$(GO) build -o $@ ./test/cmd/lifeboat-cluster
 
@@ -105,4 +116,4 @@ demo-down: $(CLUSTER)
 	$(CLUSTER) down --dir $(DEMO_DIR)
 
 clean:
-	rm -rf bin .demo
+	rm -rf bin .demo .images

@@ -49,6 +49,9 @@ type Config struct {
 	Log               *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// LauncherExit reads the exit code of the launcher of the VMI with uid on this node, nil
+	// while it runs; a restarted agent uses it to learn how a migration it lost track of ended.
+	LauncherExit func(ctx context.Context, namespace, vmiUID string) (*int32, error)
 }
 
 // Agent keeps the status of the VMIs on its node true and ends their guests as decided.
@@ -226,6 +229,16 @@ func (a *Agent) connected(uid string) bool {
 	defer a.mu.Unlock()
 	l := a.launchers[uid]
 	return l != nil && l.conn != nil
+}
+
+// conn is the launcher connection of the VMI with uid; nil if none.
+func (a *Agent) conn(uid string) DomainConn {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if l := a.launchers[uid]; l != nil {
+		return l.conn
+	}
+	return nil
 }
 
 // migrator is the launcher connection of the VMI with uid, for migrating; nil if none.

@@ -93,7 +93,7 @@ func (m *migrations) run(ctx context.Context) {
 	}
 	go wait.UntilWithContext(ctx, func(ctx context.Context) {
 		for processNext(ctx, m.queue, func(ctx context.Context, key string) (time.Duration, error) {
-			return 0, m.sync(ctx, key)
+			return m.sync(ctx, key)
 		}, m.a.cfg.Log.With("queue", "migrations")) {
 		}
 	}, time.Second)
@@ -124,15 +124,15 @@ func (m *migrations) finish(uid string) {
 	}
 }
 
-func (m *migrations) sync(ctx context.Context, key string) error {
+func (m *migrations) sync(ctx context.Context, key string) (time.Duration, error) {
 	ns, name, _ := cache.SplitMetaNamespaceKey(key)
 	cached, err := m.lister.VirtualMachineInstanceMigrations(ns).Get(name)
 	if apierrors.IsNotFound(err) {
 		m.finishByKey(key)
-		return nil
+		return 0, nil
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	mig := cached.DeepCopy()
 	uid := string(mig.UID)
@@ -141,13 +141,15 @@ func (m *migrations) sync(ctx context.Context, key string) error {
 	case mig.DeletionTimestamp != nil || mig.Status.Phase.Terminal():
 		// Cancelled or over: stop whatever runs here (a running pre-copy is aborted).
 		m.finish(uid)
-		return nil
+		return 0, nil
 	case mig.Status.TargetNode == node && mig.Status.Phase == v1alpha1.MigrationPreparingTarget:
-		return m.prepareTarget(ctx, mig)
+		return 0, m.prepareTarget(ctx, mig)
 	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationTargetReady:
-		return m.startSource(ctx, mig)
+		return 0, m.startSource(ctx, mig)
+	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationRunning:
+		return m.recoverSource(ctx, mig)
 	}
-	return nil
+	return 0, nil
 }
 
 func (m *migrations) finishByKey(key string) {

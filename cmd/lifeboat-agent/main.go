@@ -18,10 +18,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/lifeboat-vm/lifeboat/agent"
 	"github.com/lifeboat-vm/lifeboat/agent/notifyserver"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/cmd/internal/kube"
 )
 
@@ -93,6 +96,7 @@ func run(o options, log *slog.Logger) error {
 		Recorder:          recorder,
 		Metrics:           agent.NewMetrics(reg),
 		Log:               log,
+		LauncherExit:      launcherExit(kubeClient, o.nodeName),
 	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs(),
 		configInformers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations())
 	if err != nil {
@@ -147,4 +151,25 @@ func kubeletMaxPodGracePeriod(o options) (*int64, error) {
 		return &o.maxPodGracePeriod, nil
 	}
 	return nil, nil
+}
+
+// launcherExit reads, from the kubelet's record of its pod, how the launcher of a VMI on this
+// node ended.
+func launcherExit(client kubernetes.Interface, nodeName string) func(ctx context.Context, namespace, vmiUID string) (*int32, error) {
+	return func(ctx context.Context, namespace, vmiUID string) (*int32, error) {
+		pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{
+			LabelSelector: v1alpha1.LabelVMIUID + "=" + vmiUID, FieldSelector: "spec.nodeName=" + nodeName,
+		})
+		if err != nil {
+			return nil, err
+		}
+		for _, pod := range pods.Items {
+			for _, cs := range pod.Status.ContainerStatuses {
+				if cs.Name == contract.ContainerName && cs.State.Terminated != nil {
+					return &cs.State.Terminated.ExitCode, nil
+				}
+			}
+		}
+		return nil, nil
+	}
 }

@@ -49,11 +49,14 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 	active, outbound := 0, map[string]int{}
 	migrating := map[string]bool{}       // VMI names (namespace/name) with an unfinished migration
 	failures := map[string][]time.Time{} // VMI UID → end times of failed migrations
+	ended := map[string]bool{}           // UIDs of migrations that ended
 	for _, m := range migrations {
 		key := m.Namespace + "/" + m.Spec.VMIName
 		switch m.Status.Phase {
 		case v1alpha1.MigrationSucceeded:
+			ended[string(m.UID)] = true
 		case v1alpha1.MigrationFailed:
+			ended[string(m.UID)] = true
 			if uid := m.Labels[v1alpha1.LabelVMIUID]; uid != "" && m.Status.EndTimestamp != nil {
 				failures[uid] = append(failures[uid], m.Status.EndTimestamp.Time)
 			}
@@ -66,7 +69,7 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 
 	var candidates []Candidate
 	for _, vmi := range vmis {
-		if !marked(vmi) || migrating[vmi.Namespace+"/"+vmi.Name] || openMigration(vmi) || vmi.DeletionTimestamp != nil {
+		if !marked(vmi) || migrating[vmi.Namespace+"/"+vmi.Name] || openMigration(vmi, ended) || vmi.DeletionTimestamp != nil {
 			continue
 		}
 		switch v1alpha1.EffectiveEvictionStrategy(vmi, config) {
@@ -124,10 +127,11 @@ func marked(vmi *v1alpha1.VirtualMachineInstance) bool {
 }
 
 // openMigration: the VMI records a migration that has not ended (its record may be written
-// before or after the migration object's).
-func openMigration(vmi *v1alpha1.VirtualMachineInstance) bool {
+// before or after the migration object's). A migration that failed while its source agent was
+// down ends on the migration object only, so that one's word counts too.
+func openMigration(vmi *v1alpha1.VirtualMachineInstance, ended map[string]bool) bool {
 	s := vmi.Status.MigrationState
-	return s != nil && !s.Completed && !s.Failed
+	return s != nil && !s.Completed && !s.Failed && !ended[s.MigrationUID]
 }
 
 func migratable(vmi *v1alpha1.VirtualMachineInstance) bool {

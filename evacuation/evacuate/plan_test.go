@@ -46,7 +46,7 @@ func unmarked(v *v1alpha1.VirtualMachineInstance) { v.Status.EvacuationNodeName 
 
 func migration(vmi, source string, phase v1alpha1.VirtualMachineInstanceMigrationPhase, endedAgo time.Duration) *v1alpha1.VirtualMachineInstanceMigration {
 	m := &v1alpha1.VirtualMachineInstanceMigration{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: vmi + "-mig", Labels: map[string]string{v1alpha1.LabelVMIUID: "uid-" + vmi}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: vmi + "-mig", UID: types.UID(vmi + "-mig-uid"), Labels: map[string]string{v1alpha1.LabelVMIUID: "uid-" + vmi}},
 		Spec:       v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: vmi},
 		Status:     v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: phase, SourceNode: source},
 	}
@@ -81,8 +81,14 @@ func TestPlan(t *testing.T) {
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationRunning, 0)}},
 		{name: "the VMI records an unfinished migration: none more",
 			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 30, func(v *v1alpha1.VirtualMachineInstance) {
-				v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationName: "a-mig"}
+				v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationName: "a-mig", MigrationUID: "a-mig-uid"}
 			})}},
+		{name: "the VMI's record is open but its migration failed (its source agent was down): retried",
+			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 60, func(v *v1alpha1.VirtualMachineInstance) {
+				v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationName: "a-mig", MigrationUID: "a-mig-uid"}
+			})},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationFailed, 6*time.Second)},
+			want:       []string{"a:NodePressure"}},
 		{name: "External: left to the external controller",
 			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "APIEviction", 0, withStrategy(v1alpha1.EvictionStrategyExternal))}, external: []string{"a"}},
 		{name: "None: never migrated",

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
 
 // Action is what the controller does besides writing the status.
@@ -31,7 +32,7 @@ type Event struct{ Type, Reason, Message string }
 
 // Next is the migration's next status from what the cluster shows: its VMI (nil if gone) and
 // its target pod (nil if none). Phases the agents own (PreparingTarget onwards) are left to them.
-func Next(m *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, target *corev1.Pod, now metav1.Time) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
+func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachineInstance, target *corev1.Pod, now metav1.Time) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
 	status := *m.Status.DeepCopy()
 	fail := func(reason string) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
 		setPhase(&status, v1alpha1.MigrationFailed, now)
@@ -50,18 +51,18 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMach
 		return status, NoAction, nil
 	case status.Phase == v1alpha1.MigrationSucceeded:
 		return status, NoAction, nil
-	case vmi == nil:
+	case v == nil:
 		return fail(fmt.Sprintf("VMI %s does not exist", m.Spec.VMIName))
-	case vmi.Status.Phase != v1alpha1.VMIRunning:
-		return fail(fmt.Sprintf("VMI %s is %s, not Running", vmi.Name, vmi.Status.Phase))
+	case v.Status.Phase != v1alpha1.VMIRunning:
+		return fail(fmt.Sprintf("VMI %s is %s, not Running", v.Name, v.Status.Phase))
 	case target != nil && target.Status.Phase == corev1.PodFailed:
-		return fail(fmt.Sprintf("target pod %s failed: %s %s", target.Name, target.Status.Reason, target.Status.Message))
+		return fail(fmt.Sprintf("target pod %s failed: %s", target.Name, vmi.PodFailureMessage(target)))
 	}
 
 	switch status.Phase {
 	case "", v1alpha1.MigrationPending:
 		if status.SourceNode == "" {
-			status.SourceNode = vmi.Status.NodeName
+			status.SourceNode = v.Status.NodeName
 		}
 		if status.Cause == "" {
 			status.Cause, status.Deadline = requested(m)

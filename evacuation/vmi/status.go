@@ -75,7 +75,7 @@ func NextStatus(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, now metav
 		setReady(&status, metav1.ConditionFalse, ReasonGuestShutDown, status.Message, now)
 		return status, []Event{{corev1.EventTypeNormal, ReasonStopped, status.Message}}
 	case corev1.PodFailed:
-		msg := podFailureMessage(pod)
+		msg := PodFailureMessage(pod)
 		fail(&status, ReasonLauncherFailed, msg, now)
 		return status, []Event{{corev1.EventTypeWarning, ReasonLauncherFailed, msg}}
 	}
@@ -108,8 +108,8 @@ func setReady(status *v1alpha1.VirtualMachineInstanceStatus, s metav1.ConditionS
 	})
 }
 
-// podFailureMessage says how a failed launcher pod ended, from what the kubelet recorded.
-func podFailureMessage(pod *corev1.Pod) string {
+// PodFailureMessage says how a failed launcher pod ended, from what the kubelet recorded.
+func PodFailureMessage(pod *corev1.Pod) string {
 	msg := ""
 	for _, cs := range pod.Status.ContainerStatuses {
 		if cs.Name != launcher.ContainerName || cs.State.Terminated == nil {

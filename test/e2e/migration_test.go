@@ -159,28 +159,7 @@ func TestClearingTheMarkCancelsTheEvacuation(t *testing.T) {
 	source := nodeOf(t, nodes, vmi)
 	before := waitCounterPast(t, source.consolePath(vmi), 0, bootTimeout)
 
-	setMark := func(mark bool) {
-		t.Helper()
-		err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-			v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(context.Background(), vmi.Name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			if mark {
-				v.Status.EvacuationNodeName = v.Status.NodeName
-				meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionTrue, Reason: "Drain", Message: "test drain"})
-			} else {
-				v.Status.EvacuationNodeName = ""
-				meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionFalse, Reason: "Cancelled", Message: "test cancel"})
-			}
-			_, err = cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).UpdateStatus(context.Background(), v, metav1.UpdateOptions{})
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	setMark(true)
+	setMark(t, vmi, true)
 	var m *v1alpha1.VirtualMachineInstanceMigration
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).List(ctx, metav1.ListOptions{})
@@ -200,7 +179,7 @@ func TestClearingTheMarkCancelsTheEvacuation(t *testing.T) {
 		}
 		t.Errorf("migration cause %q, want Drain; status %+v; writers %v", m.Status.Cause, m.Status, writers)
 	}
-	setMark(false)
+	setMark(t, vmi, false)
 	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		got, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Get(ctx, m.Name, metav1.GetOptions{})
 		if err != nil {
@@ -217,4 +196,29 @@ func TestClearingTheMarkCancelsTheEvacuation(t *testing.T) {
 		t.Errorf("a cancelled evacuation leaves the VM where it was: %s", describe(v))
 	}
 	waitCounterPast(t, source.consolePath(vmi), after+1, 10*time.Second)
+}
+
+// setMark marks a VMI for evacuation as a drain would (cause Drain), or clears the mark as a
+// person cancelling it would.
+func setMark(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, mark bool) {
+	t.Helper()
+	vmis := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(vmi.Namespace)
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		v, err := vmis.Get(context.Background(), vmi.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if mark {
+			v.Status.EvacuationNodeName = v.Status.NodeName
+			meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionTrue, Reason: "Drain", Message: "test drain"})
+		} else {
+			v.Status.EvacuationNodeName = ""
+			meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionFalse, Reason: "Cancelled", Message: "test cancel"})
+		}
+		_, err = vmis.UpdateStatus(context.Background(), v, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

@@ -114,7 +114,7 @@ func goBuild(ctx context.Context, c Component, binary string, progress io.Writer
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", binary, "./cmd/"+c.Name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", binary, "./cmd/"+c.Name)
 	cmd.Dir = root
 	// The agent and the launcher link libvirt (cgo) and find it in the Debian layer; the
 	// controller needs no C and runs on an empty image.

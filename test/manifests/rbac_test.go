@@ -41,7 +41,9 @@ var rbacCases = []struct {
 	{"agent may not create migrations", agentSA, access{verb: "create", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations", namespace: "ns"}, false},
 	{"agent may not change the configuration", agentSA, access{verb: "update", group: "lifeboat.dev", resource: "lifeboatconfigs", name: "cluster"}, false},
 	{"agent may not create pods", agentSA, access{verb: "create", resource: "pods", namespace: "ns"}, false},
-	{"agent may not read pods", agentSA, access{verb: "list", resource: "pods"}, false},
+	{"agent lists the pods of a VMI to learn how its launcher ended", agentSA, access{verb: "list", resource: "pods", namespace: "ns"}, true},
+	{"agent may not delete pods", agentSA, access{verb: "delete", resource: "pods", namespace: "ns", name: "p"}, false},
+	{"agent may not watch pods", agentSA, access{verb: "watch", resource: "pods"}, false},
 	{"agent may not read secrets", agentSA, access{verb: "get", resource: "secrets", namespace: "lifeboat-system", name: "lifeboat-webhook-tls"}, false},
 	{"agent may not read nodes", agentSA, access{verb: "get", resource: "nodes", name: "n"}, false},
 

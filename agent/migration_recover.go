@@ -1,0 +1,117 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/domain"
+)
+
+// Recovery is what a source agent does with a running migration it does not drive: it was
+// restarted (or crashed) while the migration ran, and its proxies, and so the migration's
+// connections, died with it.
+type Recovery int
+
+const (
+	// RecoveryWait: look again soon (libvirt still ends the broken job, or the launcher has not
+	// reconnected yet).
+	RecoveryWait Recovery = iota
+	// RecoveryFailed: the guest is still on the source; the migration failed.
+	RecoveryFailed
+	// RecoverySucceeded: the guest left the source; it runs on the target.
+	RecoverySucceeded
+)
+
+// Orphan is what the restarted source agent observes of such a migration.
+type Orphan struct {
+	// Connected: the agent holds a connection to the source launcher's libvirt.
+	Connected bool
+	// JobActive: libvirt still runs a job (the broken migration) on the domain.
+	JobActive bool
+	// Domain is the domain's state; "" when the launcher's libvirt has no such domain.
+	Domain DomainState
+	// LauncherExit is the source launcher's exit code once it ended; nil while it runs.
+	LauncherExit *int32
+	// Mode is the last mode the migration recorded.
+	Mode v1alpha1.MigrationMode
+}
+
+// RecoverSource decides the outcome of an orphaned migration from libvirt and the pod, and
+// whether the guest, paused to converge, must be resumed where it is.
+func RecoverSource(o Orphan) (outcome Recovery, resume bool) {
+	switch {
+	case o.Connected && o.JobActive:
+		return RecoveryWait, false
+	case o.Connected && o.Domain.Alive():
+		// A guest the agent paused to converge stays paused after a failed migration; one paused
+		// by post-copy cannot run on here (its memory is partly on the target).
+		return RecoveryFailed, o.Domain == DomainPaused && o.Mode == v1alpha1.MigrationModePaused
+	case o.Connected:
+		// The launcher's libvirt no longer has the guest: it left by migration (the launcher
+		// exits once its domain is gone).
+		return RecoverySucceeded, false
+	case o.LauncherExit == nil:
+		return RecoveryWait, false
+	case *o.LauncherExit == 0:
+		// A source launcher exits 0 once its guest has left by migration.
+		return RecoverySucceeded, false
+	default:
+		return RecoveryFailed, false
+	}
+}
+
+// orphanRetry is how often an orphaned migration is looked at while its outcome is unknown.
+const orphanRetry = 2 * time.Second
+
+// recoverSource ends a migration from this node that no goroutine of this agent drives.
+func (m *migrations) recoverSource(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration) (time.Duration, error) {
+	m.mu.Lock()
+	_, running := m.active[string(mig.UID)]
+	m.mu.Unlock()
+	if running {
+		return 0, nil
+	}
+	uid, vmi, err := m.vmiUID(ctx, mig)
+	if err != nil {
+		return 0, err
+	}
+	name := domain.DomainName(vmi.Namespace, vmi.Name)
+	o := Orphan{Mode: mig.Status.Mode}
+	if conn, mg := m.a.conn(uid), m.a.migrator(uid); conn != nil && mg != nil {
+		o.Connected = true
+		dom, err := conn.Observe(ctx, name)
+		if err != nil {
+			return 0, fmt.Errorf("observing domain %s: %w", name, err)
+		}
+		if dom != nil {
+			o.Domain = dom.State
+		}
+		if stats, err := mg.JobStats(name); err == nil {
+			o.JobActive = stats.Type == domain.JobUnbounded || stats.Type == domain.JobBounded
+		}
+	} else if m.a.cfg.LauncherExit != nil {
+		if o.LauncherExit, err = m.a.cfg.LauncherExit(ctx, vmi.Namespace, uid); err != nil {
+			return 0, fmt.Errorf("reading how the source launcher of %s ended: %w", vmi.Name, err)
+		}
+	}
+	outcome, resume := RecoverSource(o)
+	log := m.a.cfg.Log.With("migration", mig.Namespace+"/"+mig.Name, "vmi", vmi.Name)
+	switch outcome {
+	case RecoveryWait:
+		return orphanRetry, nil
+	case RecoverySucceeded:
+		log.Info("recovered a migration this agent no longer drove: the guest left this node")
+		m.record(mig, vmi, o.Mode, nil)
+	case RecoveryFailed:
+		if mg := m.a.migrator(uid); resume && mg != nil {
+			if err := mg.Resume(name); err != nil {
+				return 0, fmt.Errorf("resuming the guest after a broken migration: %w", err)
+			}
+		}
+		log.Warn("recovered a migration this agent no longer drove: the guest stayed on this node", "resumed", resume)
+		m.record(mig, vmi, o.Mode, fmt.Errorf("the source agent on node %s restarted during the migration, which broke its connections", m.a.cfg.NodeName))
+	}
+	return 0, nil
+}

@@ -1,0 +1,308 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/domain"
+	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+)
+
+// "Never two, never none": whatever part of lifeboat dies during a migration, the guest runs on
+// exactly one node. Each test here kills one part mid-migration and checks that the guest never
+// ran on two nodes at once, kept counting, and that the evacuation still ends with the VM on the
+// other node once the part is back.
+
+// slowMigrations keeps a migration of a guest that dirties memory running for as long as a
+// test needs: 1 MiB/s and no escalation.
+func slowMigrations(c *v1alpha1.LifeboatConfig) {
+	c.Spec.Migrations.BandwidthPerMigration = ptr.To(resource.MustParse("1Mi"))
+	c.Spec.Migrations.AllowAutoConverge, c.Spec.Migrations.AllowPause = ptr.To(false), ptr.To(false)
+}
+
+// dirtyingVM is a running LiveMigrate VM whose guest keeps writing memory, and its node.
+func dirtyingVM(t *testing.T, nodes []*testNode, name string) (*v1alpha1.VirtualMachineInstance, *testNode, int) {
+	t.Helper()
+	vmi := createVMI(t, testNamespace(t), newVMI(name, strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.Memory = resource.MustParse("256Mi")
+		v.Spec.Boot.Cmdline += " " + protocol.DirtyParam + "=64M " + protocol.DirtyRateParam + "=8M"
+	}))
+	vmi = waitVMI(t, vmi.Namespace, vmi.Name, bootTimeout, "phase Running", running)
+	source := nodeOf(t, nodes, vmi)
+	return vmi, source, waitCounterPast(t, source.consolePath(vmi), 0, bootTimeout)
+}
+
+func TestKillingTheTargetLauncherMidMigration(t *testing.T) {
+	setConfig(t, false, slowMigrations)
+	startController(t)
+	nodes := startNodes(t, 2)
+	vmi, source, before := dirtyingVM(t, nodes, "target-killed")
+	watch := watchGuest(t, nodes, vmi)
+
+	setMark(t, vmi, true)
+	m := waitMigrationOf(t, vmi, "Running", func(m *v1alpha1.VirtualMachineInstanceMigration) bool {
+		return m.Status.Phase == v1alpha1.MigrationRunning
+	})
+	target, err := cluster.Kube.CoreV1().Pods(vmi.Namespace).Get(context.Background(), m.Status.TargetPod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(launcherPID(t, target), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("killed the target launcher of %s in pod %s", m.Name, target.Name)
+
+	failed := waitMigrationOf(t, vmi, "Failed with a reason", func(x *v1alpha1.VirtualMachineInstanceMigration) bool {
+		return x.Name == m.Name && x.Status.Phase == v1alpha1.MigrationFailed && x.Status.FailureReason != ""
+	})
+	t.Logf("migration %s failed: %s", failed.Name, failed.Status.FailureReason)
+	waitCounterPast(t, source.consolePath(vmi), before+2, 30*time.Second)
+	waitGone(t, target)
+	if v := waitVMI(t, vmi.Namespace, vmi.Name, 10*time.Second, "Running", running); v.Status.NodeName != source.Name() || v.Status.EvacuationNodeName != source.Name() {
+		t.Errorf("after a failed migration the VM runs on %s and stays marked: %s", source.Name(), describe(v))
+	}
+	finishEvacuation(t, nodes, vmi, source, m)
+	watch.check(t)
+}
+
+func TestKillingTheSourceAgentMidMigration(t *testing.T) {
+	setConfig(t, false, slowMigrations)
+	startController(t)
+	nodes := startNodes(t, 2)
+	vmi, source, before := dirtyingVM(t, nodes, "agent-killed")
+	watch := watchGuest(t, nodes, vmi)
+
+	setMark(t, vmi, true)
+	m := waitMigrationOf(t, vmi, "Running", func(m *v1alpha1.VirtualMachineInstanceMigration) bool {
+		return m.Status.Phase == v1alpha1.MigrationRunning
+	})
+	source.agent.kill()
+	t.Logf("killed the source agent on %s while %s ran", source.Name(), m.Name)
+	source.agent.start(t)
+
+	failed := waitMigrationOf(t, vmi, "Failed with a reason", func(x *v1alpha1.VirtualMachineInstanceMigration) bool {
+		return x.Name == m.Name && x.Status.Phase == v1alpha1.MigrationFailed && x.Status.FailureReason != ""
+	})
+	t.Logf("migration %s failed: %s", failed.Name, failed.Status.FailureReason)
+	waitCounterPast(t, source.consolePath(vmi), before+2, 30*time.Second)
+	if v := waitVMI(t, vmi.Namespace, vmi.Name, 10*time.Second, "Running", running); v.Status.NodeName != source.Name() {
+		t.Errorf("after the broken migration the VM runs on %s: %s", source.Name(), describe(v))
+	}
+	finishEvacuation(t, nodes, vmi, source, m)
+	watch.check(t)
+}
+
+func TestKillingTheControllerMidMigration(t *testing.T) {
+	setConfig(t, false)
+	controller := startController(t)
+	nodes := startNodes(t, 2)
+	vmi, source, before := dirtyingVM(t, nodes, "controller-killed")
+	watch := watchGuest(t, nodes, vmi)
+
+	setMark(t, vmi, true)
+	m := waitMigrationOf(t, vmi, "created", func(*v1alpha1.VirtualMachineInstanceMigration) bool { return true })
+	controller.kill()
+	t.Logf("killed the controller once %s existed (phase %q)", m.Name, m.Status.Phase)
+	controller.start(t)
+
+	moved := waitVMI(t, vmi.Namespace, vmi.Name, 2*time.Minute, "the VM on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.NodeName != source.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
+	})
+	target := nodeOf(t, nodes, moved)
+	waitCounterPast(t, target.consolePath(moved), before+2, 30*time.Second)
+	waitMigrationOf(t, vmi, "Succeeded", func(x *v1alpha1.VirtualMachineInstanceMigration) bool {
+		return x.Name == m.Name && x.Status.Phase == v1alpha1.MigrationSucceeded
+	})
+	migrations, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(vmi.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(vmi.UID)})
+	if err != nil || len(migrations.Items) != 1 {
+		t.Errorf("the restarted controller resumes the migration it had, and makes no other: %v, %d migrations", err, len(migrations.Items))
+	}
+	pods, err := cluster.Kube.CoreV1().Pods(vmi.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(vmi.UID)})
+	if err != nil || len(pods.Items) != 2 {
+		t.Errorf("want the source and one target pod: %v, %d pods", err, len(pods.Items))
+	}
+	watch.check(t)
+}
+
+// finishEvacuation lifts the bandwidth cap and waits for the evacuation controller's retry of
+// the still-marked VM to move it: the failure lost nothing and left nothing stuck.
+func finishEvacuation(t *testing.T, nodes []*testNode, vmi *v1alpha1.VirtualMachineInstance, source *testNode, failed *v1alpha1.VirtualMachineInstanceMigration) {
+	t.Helper()
+	setConfig(t, false)
+	retried := waitMigrationOf(t, vmi, "a retry", func(x *v1alpha1.VirtualMachineInstanceMigration) bool { return x.Name != failed.Name })
+	t.Logf("the evacuation controller retried with %s", retried.Name)
+	moved := waitVMI(t, vmi.Namespace, vmi.Name, 2*time.Minute, "the VM on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.NodeName != source.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
+	})
+	target := nodeOf(t, nodes, moved)
+	waitCounterPast(t, target.consolePath(moved), lastCounterOn(t, source.consolePath(vmi))+2, 30*time.Second)
+}
+
+// waitMigrationOf waits for a migration of the VMI for which cond holds.
+func waitMigrationOf(t *testing.T, vmi *v1alpha1.VirtualMachineInstance, what string, cond func(*v1alpha1.VirtualMachineInstanceMigration) bool) *v1alpha1.VirtualMachineInstanceMigration {
+	t.Helper()
+	var found *v1alpha1.VirtualMachineInstanceMigration
+	var seen []string
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(vmi.Namespace).List(ctx, metav1.ListOptions{
+			LabelSelector: v1alpha1.LabelVMIUID + "=" + string(vmi.UID)})
+		if err != nil {
+			return false, nil
+		}
+		seen = seen[:0]
+		for i := range list.Items {
+			x := &list.Items[i]
+			seen = append(seen, fmt.Sprintf("%s:%s:%s", x.Name, x.Status.Phase, x.Status.FailureReason))
+			if cond(x) {
+				found = x
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("want a migration of %s %s within 2m; seen (name:phase:reason) %v", vmi.Name, what, seen)
+	}
+	return found
+}
+
+func waitGone(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := cluster.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s/%s must be deleted within a minute", pod.Namespace, pod.Name)
+	}
+}
+
+func lastCounterOn(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lastCounter(string(b))
+}
+
+// guestWatch samples, through each node's launcher libvirt, on which nodes a VMI's guest runs.
+type guestWatch struct {
+	stop    chan struct{}
+	done    chan struct{}
+	mu      sync.Mutex
+	samples int
+	two     []string // moments the guest ran on two nodes
+}
+
+// watchGuest starts sampling until check. A sample that sees the guest Running on two nodes is
+// taken again in the reverse order: libvirt pauses the source before the target resumes, so
+// one of the two orders reads the target first, and two Running guests in both are real.
+func watchGuest(t *testing.T, nodes []*testNode, vmi *v1alpha1.VirtualMachineInstance) *guestWatch {
+	w := &guestWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	name := domain.DomainName(vmi.Namespace, vmi.Name)
+	conns := make([]*domain.Conn, len(nodes))
+	runningOn := func(i int) bool {
+		if conns[i] == nil {
+			socket := filepath.Join(nodes[i].HostPath("/var/run/lifeboat"), "domains", string(vmi.UID), "libvirt-sock")
+			if _, err := os.Stat(socket); err != nil {
+				return false
+			}
+			c, err := domain.Connect(socket)
+			if err != nil {
+				return false
+			}
+			conns[i] = c
+		}
+		info, err := conns[i].Lookup(name)
+		if err != nil {
+			if !errors.Is(err, domain.ErrNotFound) {
+				conns[i].Close()
+				conns[i] = nil
+			}
+			return false
+		}
+		return info.State == domain.Running
+	}
+	pass := func(order []int) []string {
+		var on []string
+		for _, i := range order {
+			if runningOn(i) {
+				on = append(on, nodes[i].Name())
+			}
+		}
+		return on
+	}
+	forward, reverse := make([]int, len(nodes)), make([]int, len(nodes))
+	for i := range nodes {
+		forward[i], reverse[len(nodes)-1-i] = i, i
+	}
+	go func() {
+		defer close(w.done)
+		defer func() {
+			for _, c := range conns {
+				if c != nil {
+					c.Close()
+				}
+			}
+		}()
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-tick.C:
+			}
+			on := pass(forward)
+			if len(on) > 1 {
+				if again := pass(reverse); len(again) > 1 {
+					w.mu.Lock()
+					w.two = append(w.two, fmt.Sprintf("%s on %v", time.Now().Format(time.RFC3339Nano), again))
+					w.mu.Unlock()
+				}
+			}
+			w.mu.Lock()
+			w.samples++
+			w.mu.Unlock()
+		}
+	}()
+	t.Cleanup(w.end)
+	return w
+}
+
+func (w *guestWatch) end() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+// check ends the watch and fails the test if the guest ever ran on two nodes.
+func (w *guestWatch) check(t *testing.T) {
+	t.Helper()
+	w.end()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.two) > 0 {
+		t.Errorf("the guest ran on two nodes at once: %v", w.two)
+	}
+	t.Logf("%d samples of where the guest runs, never on two nodes at once", w.samples)
+}
