@@ -106,8 +106,13 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vmi, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))},
 		},
 		Spec: corev1.PodSpec{
-			RestartPolicy:                 corev1.RestartPolicyNever,
-			HostNetwork:                   opts.HostNetwork,
+			RestartPolicy: corev1.RestartPolicyNever,
+			HostNetwork:   opts.HostNetwork,
+			// libvirtd daemonizes QEMU, so QEMU's parent becomes the PID namespace's init. Sharing
+			// the pod's namespace makes that the sandbox's pause process, which reaps it; with the
+			// launcher as init, an exited QEMU stays a zombie that libvirt takes for alive, and a
+			// stopped or migrated domain is not seen gone for tens of seconds.
+			ShareProcessNamespace:         ptr.To(true),
 			TerminationGracePeriodSeconds: ptr.To(grace),
 			NodeSelector:                  nodeSelector,
 			AutomountServiceAccountToken:  ptr.To(false),

@@ -79,6 +79,9 @@ func TestNewLauncherPod(t *testing.T) {
 	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
 		t.Errorf("security context = %+v, want privileged (mounts for libvirtd, /dev/kvm)", sc)
 	}
+	if p := pod.Spec.ShareProcessNamespace; p == nil || !*p {
+		t.Errorf("a launcher pod shares its PID namespace, so that the pause process reaps QEMU")
+	}
 	if pod.Spec.HostNetwork {
 		t.Errorf("a launcher pod uses the pod network unless told otherwise")
 	}

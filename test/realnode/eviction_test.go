@@ -163,28 +163,14 @@ func TestSoftEvictionGivesTheChosenPodItsGracePeriod(t *testing.T) {
 
 	// Cross the soft threshold: set it above what is available now. The kubelet must be
 	// restarted to read a new configuration; the pods keep running.
-	var available int64
-	var summaryErr error
-	err = wait.PollUntilContextTimeout(t.Context(), time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
-		var err error
-		if available, err = node.MemoryAvailable(ctx); err != nil && ctx.Err() == nil {
-			summaryErr = err
-		}
-		return err == nil, nil
-	})
-	if err != nil {
-		t.Fatalf("the kubelet's summary gave no memory.available within a minute: %v", summaryErr)
-	}
-	threshold := resource.NewQuantity(available+2<<30, resource.BinarySI)
-	t.Logf("memory.available %s; evictionSoft memory.available<%s", resource.NewQuantity(available, resource.BinarySI), threshold)
-	err = node.RestartKubelet(t.Context(), func(c *kubeletv1beta1.KubeletConfiguration) {
-		c.EvictionSoft = map[string]string{"memory.available": threshold.String()}
+	available, threshold, err := node.CrossMemorySoftThreshold(t.Context(), 2<<30, func(c *kubeletv1beta1.KubeletConfiguration) {
 		c.EvictionSoftGracePeriod = map[string]string{"memory.available": "5s"}
 		c.EvictionMaxPodGracePeriod = maxGrace
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("memory.available %s; evictionSoft memory.available<%s", available, threshold)
 
 	victim := waitPod(t, ns, "victim", 3*time.Minute, "phase Failed, reason Evicted", func(p *corev1.Pod) bool {
 		return p.Status.Phase == corev1.PodFailed && p.Status.Reason == "Evicted"

@@ -19,6 +19,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -376,6 +377,33 @@ func (n *Node) RestartKubelet(ctx context.Context, change func(*kubeletv1beta1.K
 		return err
 	}
 	return n.WaitReady(ctx)
+}
+
+// CrossMemorySoftThreshold puts the node under memory pressure as its kubelet sees it: it reads
+// memory.available (waiting up to a minute for the kubelet's first figures) and restarts the
+// kubelet with an evictionSoft memory.available threshold margin bytes above it, adjusted
+// further by change. Other work on the machine moves memory.available by far less than a
+// margin of gigabytes, so the threshold stays crossed. It returns the two figures.
+func (n *Node) CrossMemorySoftThreshold(ctx context.Context, margin int64, change func(*kubeletv1beta1.KubeletConfiguration)) (available, threshold *resource.Quantity, err error) {
+	var avail int64
+	var last error
+	err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		var err error
+		if avail, err = n.MemoryAvailable(ctx); err != nil && ctx.Err() == nil {
+			last = err
+		}
+		return err == nil, nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("no memory.available from the kubelet within a minute: %w", errors.Join(err, last))
+	}
+	available = resource.NewQuantity(avail, resource.BinarySI)
+	threshold = resource.NewQuantity(avail+margin, resource.BinarySI)
+	err = n.RestartKubelet(ctx, func(c *kubeletv1beta1.KubeletConfiguration) {
+		c.EvictionSoft = map[string]string{"memory.available": threshold.String()}
+		change(c)
+	})
+	return available, threshold, err
 }
 
 // MemoryAvailable is the node's memory.available eviction signal as the kubelet computes it,
