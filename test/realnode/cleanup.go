@@ -13,6 +13,31 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// dirPrefix names the nodes' directories in the temporary directory.
+const dirPrefix = "lbr"
+
+// sweepStale removes what a real node whose test binary was killed left: its containers'
+// processes and cgroups, its shims, its mounts and its directory. The caller holds the lock
+// that only a live real node holds, so whatever is found is stale.
+func sweepStale() {
+	killPodProcesses()
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "containerd.toml")); err == nil {
+			removeNodeDir(d)
+		}
+	}
+	removePodCgroups()
+}
+
+// removeNodeDir ends the shims of the node's containerd, unmounts what is mounted below its
+// directory and removes it.
+func removeNodeDir(dir string) {
+	killShims(filepath.Join(dir, "containerd.sock"))
+	unmountUnder(dir)
+	_ = os.RemoveAll(dir)
+}
+
 // cgroupRoot is where the kubelet, with the cgroupfs driver and the default cgroupRoot,
 // puts every pod's cgroup: kubepods under each cgroup v1 hierarchy.
 const cgroupRoot = "/sys/fs/cgroup"

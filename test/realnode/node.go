@@ -18,15 +18,16 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+	"github.com/lifeboat-vm/lifeboat/test/internal/cache"
 )
 
 // Config describes one real node.
@@ -63,6 +64,7 @@ type Node struct {
 	socket     string
 	containerd *controlplane.Process
 	kubelet    *controlplane.Process
+	unlock     func()
 }
 
 // cniBinDir is where Debian's containernetworking-plugins puts the plugins.
@@ -89,12 +91,21 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// Short: containerd's and the kubelet's unix sockets live under it (at most 107 bytes a path).
-	dir, err := os.MkdirTemp("", "lbr")
+	// A kubelet owns the machine's kubepods cgroups: real nodes run one at a time, across test
+	// binaries too. The lock dies with its holder, so what is found under it was left by a test
+	// binary that was killed, and is swept.
+	unlock, err := cache.Lock(filepath.Join(os.TempDir(), "lifeboat-realnode.lock"))
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, Dir: dir, kubeletBin: kubelet, socket: filepath.Join(dir, "containerd.sock")}
+	sweepStale()
+	// Short: containerd's and the kubelet's unix sockets live under it (at most 107 bytes a path).
+	dir, err := os.MkdirTemp("", dirPrefix)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	n := &Node{cfg: cfg, Dir: dir, kubeletBin: kubelet, socket: filepath.Join(dir, "containerd.sock"), unlock: unlock}
 	defer func() {
 		if err != nil {
 			n.Stop()
@@ -324,7 +335,7 @@ func (n *Node) initialise(ctx context.Context) error {
 }
 
 func (n *Node) removeTaint(ctx context.Context, name string) error {
-	for {
+	return retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		node, err := n.cfg.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -337,10 +348,8 @@ func (n *Node) removeTaint(ctx context.Context, name string) error {
 		}
 		node.Spec.Taints = taints
 		_, err = n.cfg.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
-		if !apierrors.IsConflict(err) {
-			return err
-		}
-	}
+		return err
+	})
 }
 
 // WaitReady waits until the node reports Ready.
@@ -465,13 +474,12 @@ func (n *Node) Stop() {
 		n.removeContainers(ctx)
 		n.containerd.Stop(30 * time.Second)
 	}
-	killShims(n.socket)
-	unmountUnder(n.Dir)
+	removeNodeDir(n.Dir)
 	removePodCgroups()
-	_ = os.RemoveAll(n.Dir)
 	if n.cfg.Client != nil {
 		_ = n.cfg.Client.CoreV1().Nodes().Delete(ctx, n.cfg.Name, metav1.DeleteOptions{})
 	}
+	n.unlock()
 }
 
 // removeContainers deletes every task and container, so that their shims exit and clean up.
