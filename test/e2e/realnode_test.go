@@ -285,7 +285,11 @@ func sourceExitedCleanly(t *testing.T, pod *corev1.Pod, evicted time.Time) {
 		return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded, nil
 	})
 	if err != nil {
-		t.Fatalf("the source pod %s did not end: %+v", pod.Name, last.Status)
+		status := "nothing"
+		if last != nil {
+			status = fmt.Sprintf("%+v", last.Status)
+		}
+		t.Fatalf("the source pod %s did not end within %ds: last seen %s", pod.Name, realMaxGrace+30, status)
 	}
 	cs := last.Status.ContainerStatuses
 	if len(cs) != 1 || cs[0].State.Terminated == nil || cs[0].State.Terminated.ExitCode != 0 {
