@@ -9,6 +9,7 @@
 #   make bench-drain     drain throughput: 10 VMs leaving one node through the real cluster (3 min a run)
 #   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
 #   make manifests-check  apply manifests/ to a local control plane and check every object
+#   make e2e         lifeboat deployed from manifests/ on a real kubelet, whose soft eviction it turns into a live migration
 
 SHELL := /bin/bash
 GO ?= go
@@ -25,7 +26,7 @@ CODEGEN   := $(GO) run k8s.io/code-generator/cmd
 DEMO_DIR  := $(CURDIR)/.demo/cluster
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: all generate verify-generated lint test bench bench-deadline bench-drain binaries lifeboat-bins demo demo-down clean images manifests-check
+.PHONY: all generate verify-generated lint test bench bench-deadline bench-drain binaries lifeboat-bins demo demo-down clean images manifests-check e2e
 
 all: test
 
@@ -91,6 +92,13 @@ images:
 # manifests/ rendered and applied with server-side apply: every object accepted, RBAC per component, leader election.
 manifests-check: binaries
 	$(GO) test -count=1 ./test/manifests/
+
+# The real-node tests (test/realnode, and test/e2e's TestRealNode*): containerd, runc and a kubelet
+# built like the control plane; lifeboat's images imported, manifests/ applied; the kubelet's soft
+# eviction of a VM pod. make test runs them too; this runs only them. See docs/e2e.md.
+e2e: binaries
+	$(GO) test -count=1 -timeout 30m ./test/realnode/
+	$(GO) test -count=1 -timeout 30m -v -run '^TestRealNode' ./test/e2e/
 
 $(CLUSTER): $(shell find test api -name '*.go') go.mod
 	$(GO) build -o $@ ./test/cmd/lifeboat-cluster

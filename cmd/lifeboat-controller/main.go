@@ -46,6 +46,7 @@ func main() {
 	flag.StringVar(&o.metricsListen, "metrics-listen", "", `address to serve Prometheus metrics on (/metrics), e.g. ":8080"; empty: none`)
 	heartbeat := flag.Duration("eviction-heartbeat-interval", time.Minute,
 		"how often the EvictionRequest responder reports progress on an Eviction when nothing changes (20s to 3m)")
+	flag.BoolVar(&o.podOpts.HostNetwork, "launcher-host-network", false, "run launcher pods in their node's network namespace (for nodes without a pod network)")
 	o.hook.register()
 	o.leader.addFlags(flag.CommandLine)
 	flag.Parse()

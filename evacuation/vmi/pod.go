@@ -74,6 +74,10 @@ type PodOptions struct {
 	// EvictionResponder declares lifeboat as the pods' EvictionRequest responder; only when the
 	// API server serves lifecycle.k8s.io/v1alpha1 (it drops the field otherwise).
 	EvictionResponder bool
+	// HostNetwork runs launcher pods in their node's network namespace. The guests have no
+	// network of their own yet and migrations go through the agents, so launchers need none;
+	// this is for nodes without a pod network, such as the real test node (test/realnode).
+	HostNetwork bool
 }
 
 // NewLauncherPod builds the launcher pod of a VMI, owned by it.
@@ -111,7 +115,13 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vmi, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))},
 		},
 		Spec: corev1.PodSpec{
-			RestartPolicy:                 corev1.RestartPolicyNever,
+			RestartPolicy: corev1.RestartPolicyNever,
+			HostNetwork:   opts.HostNetwork,
+			// libvirtd daemonizes QEMU, so QEMU's parent becomes the PID namespace's init. Sharing
+			// the pod's namespace makes that the sandbox's pause process, which reaps it; with the
+			// launcher as init, an exited QEMU stays a zombie that libvirt takes for alive, and a
+			// stopped or migrated domain is not seen gone for tens of seconds.
+			ShareProcessNamespace:         ptr.To(true),
 			TerminationGracePeriodSeconds: ptr.To(grace),
 			NodeSelector:                  nodeSelector,
 			AutomountServiceAccountToken:  ptr.To(false),

@@ -83,6 +83,16 @@ func TestNewLauncherPod(t *testing.T) {
 	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
 		t.Errorf("security context = %+v, want privileged (mounts for libvirtd, /dev/kvm)", sc)
 	}
+	if p := pod.Spec.ShareProcessNamespace; p == nil || !*p {
+		t.Errorf("a launcher pod shares its PID namespace, so that the pause process reaps QEMU")
+	}
+	if pod.Spec.HostNetwork {
+		t.Errorf("a launcher pod uses the pod network unless told otherwise")
+	}
+	hostNet, err := NewLauncherPod(vmi, PodOptions{Image: "lifeboat-launcher:dev", Acceleration: "tcg", HostNetwork: true})
+	if err != nil || !hostNet.Spec.HostNetwork {
+		t.Errorf("with HostNetwork, a launcher pod must use the node's network: %v", err)
+	}
 }
 
 func TestLauncherPodNameIsStableAndShort(t *testing.T) {

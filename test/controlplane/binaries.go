@@ -61,15 +61,10 @@ type build struct {
 // pinned Go modules first. Builds are serialised across processes with a lock in the cache,
 // so parallel test packages build each binary once.
 func EnsureBinaries(ctx context.Context, progress io.Writer) (Binaries, error) {
-	if progress == nil {
-		progress = io.Discard
-	}
-	cacheDir, err := cache.Dir()
+	k8sDir, etcdDir, err := binaryDirs()
 	if err != nil {
 		return Binaries{}, err
 	}
-	k8sDir := filepath.Join(cacheDir, "k8s-"+KubernetesVersion)
-	etcdDir := filepath.Join(cacheDir, "etcd-"+EtcdVersion)
 	bins := Binaries{
 		Etcd:              filepath.Join(etcdDir, "etcd"),
 		APIServer:         filepath.Join(k8sDir, "kube-apiserver"),
@@ -77,27 +72,62 @@ func EnsureBinaries(ctx context.Context, progress io.Writer) (Binaries, error) {
 		Scheduler:         filepath.Join(k8sDir, "kube-scheduler"),
 		Kubectl:           filepath.Join(k8sDir, "kubectl"),
 	}
+	err = ensure(ctx, progress, []build{
+		{out: bins.Etcd, module: "test/tools/etcd", pkg: "go.etcd.io/etcd/server/v3"},
+		kubernetesBuild(bins.APIServer, "kube-apiserver"),
+		kubernetesBuild(bins.ControllerManager, "kube-controller-manager"),
+		kubernetesBuild(bins.Scheduler, "kube-scheduler"),
+		kubernetesBuild(bins.Kubectl, "kubectl"),
+	})
+	return bins, err
+}
+
+// EnsureKubelet returns the path of a kubelet of the control plane's version, built like the
+// other binaries. It is apart from EnsureBinaries because only tests with a real node need it.
+func EnsureKubelet(ctx context.Context, progress io.Writer) (string, error) {
+	k8sDir, _, err := binaryDirs()
+	if err != nil {
+		return "", err
+	}
+	kubelet := filepath.Join(k8sDir, "kubelet")
+	return kubelet, ensure(ctx, progress, []build{kubernetesBuild(kubelet, "kubelet")})
+}
+
+func binaryDirs() (k8sDir, etcdDir string, err error) {
+	cacheDir, err := cache.Dir()
+	if err != nil {
+		return "", "", err
+	}
+	return filepath.Join(cacheDir, "k8s-"+KubernetesVersion), filepath.Join(cacheDir, "etcd-"+EtcdVersion), nil
+}
+
+// kubernetesBuild builds k8s.io/kubernetes/cmd/<command>, stamped with the version it is.
+func kubernetesBuild(out, command string) build {
 	version := "-X k8s.io/component-base/version.gitVersion=" + KubernetesVersion +
 		" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" +
 		" -X k8s.io/client-go/pkg/version.gitVersion=" + KubernetesVersion
-	builds := []build{
-		{out: bins.Etcd, module: "test/tools/etcd", pkg: "go.etcd.io/etcd/server/v3"},
-		{out: bins.APIServer, module: "test/tools/k8s", pkg: "k8s.io/kubernetes/cmd/kube-apiserver", ldflags: version},
-		{out: bins.ControllerManager, module: "test/tools/k8s", pkg: "k8s.io/kubernetes/cmd/kube-controller-manager", ldflags: version},
-		{out: bins.Scheduler, module: "test/tools/k8s", pkg: "k8s.io/kubernetes/cmd/kube-scheduler", ldflags: version},
-		{out: bins.Kubectl, module: "test/tools/k8s", pkg: "k8s.io/kubernetes/cmd/kubectl", ldflags: version},
-	}
-	if allExist(builds) {
-		return bins, nil
-	}
+	return build{out: out, module: "test/tools/k8s", pkg: "k8s.io/kubernetes/cmd/" + command, ldflags: version}
+}
 
+// ensure builds the missing ones of builds, under the cache's build lock.
+func ensure(ctx context.Context, progress io.Writer, builds []build) error {
+	if allExist(builds) {
+		return nil
+	}
+	if progress == nil {
+		progress = io.Discard
+	}
+	cacheDir, err := cache.Dir()
+	if err != nil {
+		return err
+	}
 	root, err := RepoRoot()
 	if err != nil {
-		return Binaries{}, err
+		return err
 	}
 	unlock, err := cache.Lock(filepath.Join(cacheDir, ".build.lock"))
 	if err != nil {
-		return Binaries{}, err
+		return err
 	}
 	defer unlock()
 
@@ -106,10 +136,10 @@ func EnsureBinaries(ctx context.Context, progress io.Writer) (Binaries, error) {
 			continue // built while we waited for the lock, or earlier
 		}
 		if err := goBuild(ctx, root, b, progress); err != nil {
-			return Binaries{}, err
+			return err
 		}
 	}
-	return bins, nil
+	return nil
 }
 
 func allExist(builds []build) bool {

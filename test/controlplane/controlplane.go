@@ -66,7 +66,7 @@ type ControlPlane struct {
 	Host string
 
 	pki   pki
-	procs []*process
+	procs []*Process
 }
 
 // Start builds the binaries if they are not cached, starts the components and waits until the
@@ -153,7 +153,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 // Stop ends every component and removes the control plane's directory.
 func (cp *ControlPlane) Stop() {
 	for i := len(cp.procs) - 1; i >= 0; i-- {
-		cp.procs[i].stop(10 * time.Second)
+		cp.procs[i].Stop(10 * time.Second)
 	}
 	cp.procs = nil
 	if cp.Dir != "" {
@@ -175,14 +175,14 @@ func (cp *ControlPlane) Kubectl(ctx context.Context, args ...string) (string, er
 func (cp *ControlPlane) LogTail(component string) string {
 	for _, p := range cp.procs {
 		if p.name == component {
-			return p.logTail()
+			return p.LogTail()
 		}
 	}
 	return ""
 }
 
-func (cp *ControlPlane) start(name, path string, args ...string) (*process, error) {
-	p, err := startProcess(cp.Dir, name, path, args...)
+func (cp *ControlPlane) start(name, path string, args ...string) (*Process, error) {
+	p, err := StartProcess(cp.Dir, name, path, args...)
 	if p != nil {
 		cp.procs = append(cp.procs, p)
 	}
@@ -190,7 +190,7 @@ func (cp *ControlPlane) start(name, path string, args ...string) (*process, erro
 }
 
 func (cp *ControlPlane) startEtcd() (string, error) {
-	ports, err := freePorts(2)
+	ports, err := FreePorts(2)
 	if err != nil {
 		return "", err
 	}
@@ -209,7 +209,7 @@ func (cp *ControlPlane) startEtcd() (string, error) {
 }
 
 func (cp *ControlPlane) startAPIServer(etcdURL string) error {
-	ports, err := freePorts(1)
+	ports, err := FreePorts(1)
 	if err != nil {
 		return err
 	}
@@ -351,17 +351,17 @@ func (cp *ControlPlane) anyExited() bool { return cp.exitedError() != nil }
 // exitedError describes the first component that has exited, with the end of its log.
 func (cp *ControlPlane) exitedError() error {
 	for _, p := range cp.procs {
-		if p.exited() {
-			return p.exitError()
+		if p.Exited() {
+			return p.ExitError()
 		}
 	}
 	return nil
 }
 
-// freePorts asks the kernel for unused loopback ports. They are released before use, so a
+// FreePorts asks the kernel for unused loopback ports. They are released before use, so a
 // race with another process is possible but brief; a component that loses it fails to start
 // with a clear bind error in its log.
-func freePorts(n int) ([]int, error) {
+func FreePorts(n int) ([]int, error) {
 	var ports []int
 	var ls []net.Listener
 	defer func() {

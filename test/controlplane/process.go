@@ -12,9 +12,9 @@ import (
 	"time"
 )
 
-// process is one control plane component: a child that dies with its parent and
+// Process is a component of a test cluster: a child that dies with its parent and
 // logs to a file in the control plane's directory.
-type process struct {
+type Process struct {
 	name    string
 	cmd     *exec.Cmd
 	logPath string
@@ -22,7 +22,9 @@ type process struct {
 	err     error
 }
 
-func startProcess(dir, name, path string, args ...string) (*process, error) {
+// StartProcess starts path with args in dir, logging to dir/<name>.log and recording its pid in
+// dir/pids, so that a sweep can end it if the test binary dies first.
+func StartProcess(dir, name, path string, args ...string) (*Process, error) {
 	logPath := filepath.Join(dir, name+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -38,7 +40,7 @@ func startProcess(dir, name, path string, args ...string) (*process, error) {
 		logFile.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	p := &process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	p := &Process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		logFile.Close()
@@ -50,7 +52,8 @@ func startProcess(dir, name, path string, args ...string) (*process, error) {
 	return p, nil
 }
 
-func (p *process) exited() bool {
+// Exited tells whether the process has ended.
+func (p *Process) Exited() bool {
 	select {
 	case <-p.done:
 		return true
@@ -59,9 +62,9 @@ func (p *process) exited() bool {
 	}
 }
 
-// stop asks the component to exit and kills it if it has not within the timeout.
-func (p *process) stop(timeout time.Duration) {
-	if p.exited() {
+// Stop asks the component to exit and kills it if it has not within the timeout.
+func (p *Process) Stop(timeout time.Duration) {
+	if p.Exited() {
 		return
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
@@ -73,8 +76,8 @@ func (p *process) stop(timeout time.Duration) {
 	}
 }
 
-// logTail is the end of the component's log, for error messages.
-func (p *process) logTail() string {
+// LogTail is the end of the component's log, for error messages.
+func (p *Process) LogTail() string {
 	b, err := os.ReadFile(p.logPath)
 	if err != nil {
 		return ""
@@ -86,8 +89,9 @@ func (p *process) logTail() string {
 	return string(bytes.TrimSpace(b))
 }
 
-func (p *process) exitError() error {
-	return fmt.Errorf("%s exited (%v); the end of %s:\n%s", p.name, p.err, p.logPath, p.logTail())
+// ExitError says that the process exited, how, and what its log ended with.
+func (p *Process) ExitError() error {
+	return fmt.Errorf("%s exited (%v); the end of %s:\n%s", p.name, p.err, p.logPath, p.LogTail())
 }
 
 const pidsFile = "pids"

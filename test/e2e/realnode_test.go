@@ -1,0 +1,380 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	"k8s.io/utils/ptr"
+
+	"github.com/lifeboat-vm/lifeboat/api/launcher"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+	"github.com/lifeboat-vm/lifeboat/test/guest"
+	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/images"
+	"github.com/lifeboat-vm/lifeboat/test/node"
+	"github.com/lifeboat-vm/lifeboat/test/realnode"
+)
+
+// The real node of these tests. Their migration target is an emulated node (test/node) with its
+// agent as a host process: a second kubelet would share this machine's kubepods cgroups and
+// its memory.available signal, so both would evict at once.
+const (
+	realNodeName    = "real-1"
+	realNodeAddress = "127.0.0.31"
+	// realMaxGrace is the real kubelet's evictionMaxPodGracePeriod, as in manifests/examples. The
+	// VMIs ask for 45 s, so their pods' own grace period (45 + 15 s) is the same.
+	realMaxGrace = 60
+)
+
+// lifeboatImages builds lifeboat's images once for the package, into the directory of its binaries.
+var lifeboatImages = sync.OnceValues(func() ([]string, error) {
+	dir := filepath.Join(bins, "images")
+	if err := images.Build(context.Background(), dir, os.Stderr); err != nil {
+		return nil, fmt.Errorf("building lifeboat's images: %w", err)
+	}
+	var archives []string
+	for _, c := range images.Components {
+		archives = append(archives, filepath.Join(dir, c.Archive()))
+	}
+	return archives, nil
+})
+
+// startRealNode starts the real node with lifeboat's images imported, labelled for VMs.
+func startRealNode(t *testing.T) *realnode.Node {
+	t.Helper()
+	archives, err := lifeboatImages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := realnode.Start(t.Context(), realnode.Config{
+		Name: realNodeName, Address: realNodeAddress, Kubeconfig: cluster.Kubeconfig, Client: cluster.Kube,
+		Labels: map[string]string{node.KVMLabel: "true"}, Images: archives, Progress: os.Stderr,
+		Kubelet: func(c *kubeletv1beta1.KubeletConfiguration) { c.EvictionMaxPodGracePeriod = realMaxGrace },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kubelet log:\n%s", tail(n.LogTail("kubelet"), 40))
+		}
+		n.Stop()
+	})
+	return n
+}
+
+// overlay adapts manifests/ to the real test node, which has neither a registry, a pod network
+// nor a route to the kubernetes Service: images are never pulled, lifeboat's pods use the
+// node's network and reach the API server on loopback, the agent reads this kubelet's
+// configuration and listens on a free port of the node's address, one controller replica runs
+// (two on one host network would share ports), and launchers are TCG guests on the host network.
+const overlay = `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- %[1]s
+patches:
+- patch: |-
+    apiVersion: apps/v1
+    kind: DaemonSet
+    metadata: {name: lifeboat-agent, namespace: lifeboat-system}
+    spec:
+      template:
+        spec:
+          nodeSelector: {kubernetes.io/hostname: %[2]s}
+          containers:
+          - name: agent
+            imagePullPolicy: Never
+            env: [{name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}, {name: KUBERNETES_SERVICE_PORT, value: "%[3]s"}]
+          volumes:
+          - {name: kubelet-config, hostPath: {path: %[4]s}}
+- target: {kind: DaemonSet, name: lifeboat-agent}
+  patch: |-
+    - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--listen=%[5]s:%[6]d"}
+    - {op: replace, path: /spec/template/spec/containers/0/ports/0/containerPort, value: %[6]d}
+- patch: |-
+    apiVersion: apps/v1
+    kind: Deployment
+    metadata: {name: lifeboat-controller, namespace: lifeboat-system}
+    spec:
+      replicas: 1
+      template:
+        spec:
+          hostNetwork: true
+          nodeSelector: {kubernetes.io/hostname: %[2]s}
+          containers:
+          - name: controller
+            imagePullPolicy: Never
+            env: [{name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}, {name: KUBERNETES_SERVICE_PORT, value: "%[3]s"}]
+- target: {kind: Deployment, name: lifeboat-controller}
+  patch: |-
+    - {op: add, path: /spec/template/spec/containers/0/args/-, value: --acceleration=tcg}
+    - {op: add, path: /spec/template/spec/containers/0/args/-, value: --launcher-host-network}
+`
+
+// deployLifeboat applies manifests/, through the test overlay, with server-side apply, and waits
+// for the agent and the controller to be Ready on the real node. Cleanup removes what it made but
+// the CRDs, which the rest of the package uses.
+func deployLifeboat(t *testing.T, n *realnode.Node) {
+	t.Helper()
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	// kustomize takes a base only by a relative path.
+	base, err := filepath.Rel(dir, filepath.Join(root, "manifests"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiPort := cluster.Host[strings.LastIndex(cluster.Host, ":")+1:]
+	ports, err := controlplane.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kustomization := fmt.Sprintf(overlay, base, n.Name(), apiPort, filepath.Join(n.Dir, "kubelet.yaml"), n.Address(), ports[0])
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpContainerLogs(t, n)
+		}
+		ctx := context.Background()
+		_, _ = cluster.Kubectl(ctx, "delete", "namespace", "lifeboat-system", "--ignore-not-found")
+		_, _ = cluster.Kubectl(ctx, "delete", "clusterrole,clusterrolebinding,validatingwebhookconfiguration",
+			"-l", "app.kubernetes.io/part-of=lifeboat", "--ignore-not-found")
+	})
+	// The CRDs are already there (the control plane installs them): applying takes them over.
+	if out, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "--force-conflicts", "-k", dir); err != nil {
+		t.Fatalf("applying manifests/: %v\n%s", err, out)
+	}
+	for _, app := range []string{"lifeboat-agent", "lifeboat-controller"} {
+		waitReadyPod(t, "lifeboat-system", "app.kubernetes.io/name="+app, 3*time.Minute)
+	}
+}
+
+// dumpContainerLogs shows the end of every container log on the real node, for a failed test;
+// it must run before the pods are deleted, which deletes their logs.
+func dumpContainerLogs(t *testing.T, n *realnode.Node) {
+	logs := n.ContainerLogs(40)
+	names := make([]string, 0, len(logs))
+	for name := range logs {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		t.Logf("container log %s:\n%s", name, logs[name])
+	}
+}
+
+// waitReadyPod waits until a pod with the label selector runs Ready on the real node.
+func waitReadyPod(t *testing.T, ns, selector string, timeout time.Duration) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		pods, err := cluster.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil || len(pods.Items) == 0 {
+			last = "no pod"
+			return false, nil
+		}
+		p := pods.Items[0]
+		last = fmt.Sprintf("%s on %q: phase %s, containers %+v", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.ContainerStatuses)
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				return p.Spec.NodeName == realNodeName, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("want a Ready pod %s in %s on %s within %s; last seen %s", selector, ns, realNodeName, timeout, last)
+	}
+}
+
+// realConsolePath is where the launcher writes the guest's console on the real node: the
+// hostPath is the machine's own.
+func realConsolePath(v *v1alpha1.VirtualMachineInstance) string {
+	return filepath.Join(launcher.RunDir, "domains", string(v.UID), "console.log")
+}
+
+// realVM starts lifeboat on the real node, a LiveMigrate VM there, and an emulated node to
+// migrate to; it returns when the guest counts.
+func realVM(t *testing.T, gateOn bool) (*realnode.Node, *testNode, *v1alpha1.VirtualMachineInstance, int) {
+	t.Helper()
+	real := startRealNode(t)
+	deployLifeboat(t, real)
+	setConfig(t, gateOn)
+	ns := testNamespace(t)
+	vmi := createVMI(t, ns, newVMI("real", strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](realMaxGrace - 15)
+	}))
+	t.Cleanup(func() { _ = os.RemoveAll(filepath.Dir(realConsolePath(vmi))) })
+	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
+	if vmi.Status.NodeName != realNodeName {
+		t.Fatalf("the VM must start on the real node, the only one: %s", describe(vmi))
+	}
+	before := waitCounterPast(t, realConsolePath(vmi), 0, bootTimeout)
+	// The target joins only now, so that the VM could start nowhere else.
+	target := startNodes(t, 1)[0]
+	return real, target, vmi, before
+}
+
+// pressure makes the real node's memory.available fall below its kubelet's evictionSoft
+// threshold for longer than its evictionSoftGracePeriod (5 s).
+func pressure(t *testing.T, n *realnode.Node) {
+	t.Helper()
+	available, threshold, err := n.CrossMemorySoftThreshold(t.Context(), 2<<30, func(c *kubeletv1beta1.KubeletConfiguration) {
+		c.EvictionSoftGracePeriod = map[string]string{"memory.available": "5s"}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("memory.available %s: evictionSoft memory.available<%s for 5s", available, threshold)
+}
+
+// kubeletEviction waits for the real kubelet's Evicted event on the pod: when the eviction
+// manager picked it and sent SIGTERM.
+func kubeletEviction(t *testing.T, pod *corev1.Pod, timeout time.Duration) time.Time {
+	t.Helper()
+	var at time.Time
+	sel := fields.Set{"involvedObject.name": pod.Name, "reason": "Evicted", "source": "kubelet"}.AsSelector().String()
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		evs, err := cluster.Kube.CoreV1().Events(pod.Namespace).List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err != nil || len(evs.Items) == 0 {
+			return false, nil
+		}
+		e := evs.Items[0]
+		at = e.FirstTimestamp.Time
+		if at.IsZero() {
+			at = e.EventTime.Time
+		}
+		t.Logf("the kubelet evicted %s: %s", pod.Name, e.Message)
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("the kubelet did not evict %s within %s", pod.Name, timeout)
+	}
+	return at
+}
+
+// sourceExitedCleanly checks that the launcher container exited 0 before the grace period
+// ended (so it was never SIGKILLed), and that the kubelet recorded why it ended the pod.
+func sourceExitedCleanly(t *testing.T, pod *corev1.Pod, evicted time.Time) {
+	t.Helper()
+	var last *corev1.Pod
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, (realMaxGrace+30)*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := cluster.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = p
+		return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded, nil
+	})
+	if err != nil {
+		status := "nothing"
+		if last != nil {
+			status = fmt.Sprintf("%+v", last.Status)
+		}
+		t.Fatalf("the source pod %s did not end within %ds: last seen %s", pod.Name, realMaxGrace+30, status)
+	}
+	cs := last.Status.ContainerStatuses
+	if len(cs) != 1 || cs[0].State.Terminated == nil || cs[0].State.Terminated.ExitCode != 0 {
+		t.Fatalf("the source launcher must exit 0 by itself, never SIGKILLed: %+v", cs)
+	}
+	end := cs[0].State.Terminated.FinishedAt.Time
+	// Event and container times have one-second resolution.
+	if limit := evicted.Add(realMaxGrace*time.Second + time.Second); end.After(limit) {
+		t.Errorf("the source launcher exited at %s, after the grace period (evicted at %s, %ds)", end, evicted, realMaxGrace)
+	}
+	t.Logf("the source launcher exited 0 %s after the eviction (grace %ds)", end.Sub(evicted), realMaxGrace)
+	// kubelet v1.37.1 takes a terminated pod's phase from its containers: a launcher that exited 0
+	// leaves its pod Succeeded, not Failed with reason Evicted (which the kubelet keeps only when
+	// a container ended non-zero, as one it SIGKILLed does). The eviction is recorded in the
+	// DisruptionTarget condition.
+	if last.Status.Phase != corev1.PodSucceeded {
+		t.Errorf("the source pod's phase is %s (reason %q), want Succeeded: its launcher exited 0", last.Status.Phase, last.Status.Reason)
+	}
+	c := podCondition(last, corev1.DisruptionTarget)
+	if c == nil || c.Status != corev1.ConditionTrue || c.Reason != "TerminationByKubelet" || !strings.Contains(c.Message, "memory") {
+		t.Errorf("the kubelet records its eviction for memory in the DisruptionTarget condition: %+v", c)
+	}
+}
+
+func podCondition(p *corev1.Pod, typ corev1.PodConditionType) *corev1.PodCondition {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == typ {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// TestRealNodePressureLiveMigratesTheVM: lifeboat deployed from manifests/ on a real kubelet; a
+// LiveMigrate VM runs in a real pod there; memory pressure makes the kubelet's eviction manager
+// pick the VM pod and send SIGTERM; the VM live-migrates to the other node before the grace
+// period ends, its guest keeps counting, and the source launcher exits 0 in time.
+func TestRealNodePressureLiveMigratesTheVM(t *testing.T) {
+	real, target, vmi, before := realVM(t, true)
+	sourcePod := launcherPod(t, vmi)
+	pressure(t, real)
+	evicted := kubeletEviction(t, sourcePod, 2*time.Minute)
+
+	moved := waitVMI(t, vmi.Namespace, vmi.Name, realMaxGrace*time.Second, "the VM on the other node",
+		func(v *v1alpha1.VirtualMachineInstance) bool {
+			return v.Status.NodeName == target.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
+		})
+	t.Logf("migrated from %s to %s %s after the eviction (mode %s)", real.Name(), target.Name(),
+		time.Since(evicted).Round(time.Second), moved.Status.MigrationState.Mode)
+	waitCounterPast(t, target.consolePath(moved), before+2, 30*time.Second)
+	if s := moved.Status.MigrationState; s.Cause != v1alpha1.MigrationCauseNodePressure || s.SourceNode != real.Name() {
+		t.Errorf("migration state %+v: want cause NodePressure from %s", s, real.Name())
+	}
+	if c := meta.FindStatusCondition(moved.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); moved.Status.EvacuationNodeName != "" || c == nil || c.Status != metav1.ConditionFalse {
+		t.Errorf("a migrated VM is no longer marked: %s", describe(moved))
+	}
+	sourceExitedCleanly(t, sourcePod, evicted)
+	if v := waitVMI(t, vmi.Namespace, vmi.Name, 10*time.Second, "Running on the target", running); v.Status.NodeName != target.Name() {
+		t.Errorf("the VMI must run on %s: %s", target.Name(), describe(v))
+	}
+}
+
+// TestRealNodePressureShutsTheVMDownWithTheGateOff: the same eviction with the feature gate off
+// is today's behaviour: the guest is shut down through ACPI, the VMI ends and is never marked,
+// although another node could take it.
+func TestRealNodePressureShutsTheVMDownWithTheGateOff(t *testing.T) {
+	real, _, vmi, _ := realVM(t, false)
+	sourcePod := launcherPod(t, vmi)
+	pressure(t, real)
+	evicted := kubeletEviction(t, sourcePod, 2*time.Minute)
+
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if _, err := guest.WaitForLine(ctx, realConsolePath(vmi), protocol.PowerButton); err != nil {
+		t.Fatalf("want a graceful shutdown: %v", err)
+	}
+	v := waitVMI(t, vmi.Namespace, vmi.Name, time.Minute, "a final phase", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase.Terminal()
+	})
+	if v.Status.EvacuationNodeName != "" || v.Status.NodeName != real.Name() {
+		t.Errorf("a VM shut down with the gate off is never marked nor moved: %s", describe(v))
+	}
+	migrations, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(vmi.Namespace).List(t.Context(), metav1.ListOptions{})
+	if err != nil || len(migrations.Items) != 0 {
+		t.Errorf("with the gate off no migration is made: %v, %d", err, len(migrations.Items))
+	}
+	sourceExitedCleanly(t, sourcePod, evicted)
+}

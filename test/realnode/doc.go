@@ -1,0 +1,14 @@
+// Package realnode runs a real Kubernetes node for lifeboat's tests: Debian's containerd and
+// runc, a loopback-only CNI configuration, a pause image built here and imported (there is no
+// registry), and kubelet v1.37.1 built from the pinned Go modules like the control plane
+// (test/controlplane). Everything lives in the node's own directory and is torn down by Stop.
+//
+// Choices forced by this machine, each checked here:
+//   - cgroup v1 with the cgroupfs driver, so failCgroupV1 is false;
+//   - the kubelet refuses a loopback --node-ip, so it runs with an external cloud provider and
+//     Start plays that provider: it sets the node's InternalIP (in 127.0.0.0/8) and removes the
+//     uninitialized taint;
+//   - pods must use the host's network: the CNI configuration only satisfies the runtime's
+//     readiness check and gives no pod an address;
+//   - the kubelet owns the kubepods cgroups of the machine, so one real node runs at a time.
+package realnode
