@@ -65,11 +65,7 @@ func New(kube kubernetes.Interface, vmis lifeboatinformers.VirtualMachineInstanc
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "disruption"}),
 		recorder: recorder, log: log.With("controller", "disruption"),
 	}
-	_, _ = vmis.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.enqueue,
-		UpdateFunc: func(_, obj any) { c.enqueue(obj) },
-		DeleteFunc: c.enqueue,
-	})
+	_, _ = vmis.Informer().AddEventHandler(worker.Handler(c.enqueue))
 	byVMI := cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueueVMIOf,
 		UpdateFunc: func(_, obj any) { c.enqueueVMIOf(obj) },
@@ -86,11 +82,7 @@ func New(kube kubernetes.Interface, vmis lifeboatinformers.VirtualMachineInstanc
 	return c
 }
 
-func (c *Controller) enqueue(obj any) {
-	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
-		c.queue.Add(key)
-	}
-}
+func (c *Controller) enqueue(obj any) { worker.Enqueue(c.queue, obj) }
 
 // enqueueVMIOf maps a launcher pod or a budget to its VMI through the VMI-name label both carry.
 func (c *Controller) enqueueVMIOf(obj any) {

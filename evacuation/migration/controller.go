@@ -52,11 +52,7 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations life
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "migration"}),
 		recorder: recorder, opts: opts, log: log.With("controller", "migration"),
 	}
-	_, _ = migrations.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.enqueue,
-		UpdateFunc: func(_, obj any) { c.enqueue(obj) },
-		DeleteFunc: c.enqueue,
-	})
+	_, _ = migrations.Informer().AddEventHandler(worker.Handler(c.enqueue))
 	// A VMI's or a pod's change concerns the migrations of that VMI.
 	byVMI := cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueueForVMI,
@@ -68,11 +64,7 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations life
 	return c
 }
 
-func (c *Controller) enqueue(obj any) {
-	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
-		c.queue.Add(key)
-	}
-}
+func (c *Controller) enqueue(obj any) { worker.Enqueue(c.queue, obj) }
 
 func (c *Controller) enqueueForVMI(obj any) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {

@@ -56,11 +56,7 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, vmiInformer lif
 		now:      metav1.Now,
 		log:      log.With("controller", "vmi"),
 	}
-	_, _ = vmiInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.enqueue,
-		UpdateFunc: func(_, obj any) { c.enqueue(obj) },
-		DeleteFunc: c.enqueue,
-	})
+	_, _ = vmiInformer.Informer().AddEventHandler(worker.Handler(c.enqueue))
 	_, _ = podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueueOwner,
 		UpdateFunc: func(_, obj any) { c.enqueueOwner(obj) },
