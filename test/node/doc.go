@@ -22,7 +22,9 @@
 //     with grace period 0;
 //   - node-pressure eviction (EvictPod): the Evicted event with its annotations, the kubelet's
 //     message, grace min(evictionMaxPodGracePeriod, terminationGracePeriodSeconds), and a
-//     final status with phase Failed, reason Evicted and the DisruptionTarget condition. As in
+//     final status with phase Failed, reason Evicted and the DisruptionTarget condition (but
+//     Succeeded, with the condition, when every container exited 0, as a real v1.37.1 node
+//     shows: the kubelet takes the phase from the containers). As in
 //     v1.37.1 (status_manager.go mergePodStatus), the condition reaches the API together with
 //     the terminal phase, once the containers have stopped, not before the SIGTERM.
 //

@@ -21,7 +21,8 @@ import (
 //     threshold, the smaller of EvictionMaxPodGracePeriod and the pod's
 //     terminationGracePeriodSeconds; for a hard one, none (the kubelet's minimum of one second);
 //  3. once no container runs, the pod's final status: phase Failed, reason Evicted, the message,
-//     and condition DisruptionTarget=True with reason TerminationByKubelet.
+//     and condition DisruptionTarget=True with reason TerminationByKubelet; when every container
+//     exited 0 (a launcher whose guest left), phase Succeeded with the condition alone.
 //
 // EvictPod returns when the pod is terminal (or gone). The evicted pod is not deleted.
 func (n *Node) EvictPod(ctx context.Context, namespace, name string) error {

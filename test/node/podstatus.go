@@ -84,7 +84,10 @@ func generatePodStatus(pod *corev1.Pod, obs observation) corev1.PodStatus {
 		// Reason and message belong to the phase they were written with.
 		status.Reason, status.Message = "", ""
 	}
-	if obs.terminal && obs.eviction != nil {
+	if obs.terminal && obs.eviction != nil && phase != corev1.PodSucceeded {
+		// kubelet v1.37.1 takes an evicted pod's phase from its containers, as a real node shows:
+		// when every container exited 0 the pod is Succeeded, and only the DisruptionTarget
+		// condition tells of the eviction.
 		phase, status.Reason, status.Message = corev1.PodFailed, reasonEvicted, obs.eviction.message
 	}
 	status.Phase = phase

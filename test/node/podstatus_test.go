@@ -170,6 +170,26 @@ func TestGeneratePodStatus(t *testing.T) {
 			},
 		},
 	}, {
+		name: "evicted, every container exited 0: Succeeded, the eviction only in DisruptionTarget",
+		pod:  pod(corev1.RestartPolicyNever, scheduled),
+		obs: observation{sandbox: sandboxStopped, terminal: true, eviction: &eviction{message: "low"},
+			containers: []corev1.ContainerStatus{exitedWith("a", 0), exitedWith("b", 0)}},
+		want: statusSummary{
+			Phase: "Succeeded",
+			Conditions: []string{
+				"DisruptionTarget=True TerminationByKubelet: low",
+				"PodReadyToStartContainers=False PodSandboxNotReady: pod sandbox is not ready",
+				"Initialized=True PodCompleted: ",
+				"Ready=False PodCompleted: ",
+				"ContainersReady=False PodCompleted: ",
+				"PodScheduled=True : ",
+			},
+			Containers: []string{
+				"a ready=false started=false restarts=0 terminated 0 : ",
+				"b ready=false started=false restarts=0 terminated 0 : ",
+			},
+		},
+	}, {
 		name: "conditions of others kept, readiness gate not met",
 		pod: func() *corev1.Pod {
 			p := pod(corev1.RestartPolicyNever, scheduled)

@@ -208,8 +208,14 @@ func sourceLauncherEnded(ctx context.Context, kube kubernetes.Interface, ns, uid
 			if deadline != nil {
 				within = fmt.Sprintf(", %s before its grace period ended", deadline.Sub(t.FinishedAt.Time).Truncate(time.Second))
 			}
-			fmt.Printf("the source launcher in pod %s exited %d at %s%s; the kubelet recorded the pod as %s/%s\n",
-				pod.Name, t.ExitCode, t.FinishedAt.Format("15:04:05"), within, pod.Status.Phase, pod.Status.Reason)
+			recorded := string(pod.Status.Phase)
+			for _, c := range pod.Status.Conditions {
+				if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+					recorded += fmt.Sprintf(", %s %s: %q", c.Type, c.Reason, c.Message)
+				}
+			}
+			fmt.Printf("the source launcher in pod %s exited %d at %s%s; the kubelet recorded the pod as %s\n",
+				pod.Name, t.ExitCode, t.FinishedAt.Format("15:04:05"), within, recorded)
 		}
 	}
 	return nil
