@@ -125,7 +125,7 @@ var checks = map[string][][]string{
 // The images' programs run in their unpacked root filesystems.
 func TestImagesRunTheirPrograms(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("running programs in an image's root filesystem needs chroot, which needs root")
+		t.Fatal("running programs in an image's root filesystem needs chroot, which needs root (the README's prerequisites)")
 	}
 	out := archives(t)
 	for _, c := range Components {
@@ -173,11 +173,11 @@ func unpack(t *testing.T, img v1.Image) string {
 func TestContainerdImports(t *testing.T) {
 	for _, bin := range []string{"containerd", "ctr"} {
 		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("needs %s (Debian package containerd): %v", bin, err)
+			t.Fatalf("needs %s (Debian package containerd, which .ci/run installs): %v", bin, err)
 		}
 	}
 	if os.Getuid() != 0 {
-		t.Skip("containerd needs root")
+		t.Fatal("containerd needs root (the README's prerequisites)")
 	}
 	out := archives(t)
 	ctr := startContainerd(t)
@@ -200,7 +200,7 @@ func TestContainerdImports(t *testing.T) {
 		}
 	}
 	if _, err := exec.LookPath("runc"); err != nil {
-		t.Skipf("running the imported images needs runc (Debian package runc): %v", err)
+		t.Fatalf("running the imported images needs runc (Debian package runc, which .ci/run installs): %v", err)
 	}
 	for _, c := range Components {
 		for i, argv := range checks[c.Name] {

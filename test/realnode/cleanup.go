@@ -2,6 +2,7 @@ package realnode
 
 import (
 	"bufio"
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // dirPrefix names the nodes' directories in the temporary directory.
@@ -45,17 +47,13 @@ const cgroupRoot = "/sys/fs/cgroup"
 // killPodProcesses SIGKILLs every process in the kubelet's pod cgroups, until none is left,
 // so that no container outlives its node.
 func killPodProcesses() {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	_ = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		pids := pidsIn(filepath.Join(cgroupRoot, "memory", "kubepods"))
-		if len(pids) == 0 {
-			return
-		}
 		for _, pid := range pids {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
-		time.Sleep(100 * time.Millisecond) // let the kernel reap them before looking again
-	}
+		return len(pids) == 0, nil
+	})
 }
 
 // pidsIn lists the processes of a cgroup directory and of all below it.
