@@ -73,6 +73,18 @@ func (c *Conn) Close() error {
 	return nil
 }
 
+// LoadQEMUCapabilities has the daemon probe its QEMU binary, or read the probe from its
+// capabilities cache, now. libvirt does it lazily, on the first domain it starts or receives,
+// and a probe costs seconds (under TCG about 4 s): a migration target that has not loaded them
+// would pay that inside the migration, against the source's deadline.
+func (c *Conn) LoadQEMUCapabilities() error {
+	// Empty emulator, architecture, machine and virtualization type: the host's defaults.
+	if _, err := c.virt.GetDomainCapabilities("", "", "", "", 0); err != nil {
+		return fmt.Errorf("loading the QEMU capabilities of %s: %w", c.uri, err)
+	}
+	return nil
+}
+
 func (c *Conn) lost() bool {
 	c.lostMu.Lock()
 	defer c.lostMu.Unlock()

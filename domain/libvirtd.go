@@ -29,6 +29,9 @@ type Config struct {
 	SocketDir string
 	// Binary is the daemon to run; empty means /usr/sbin/libvirtd.
 	Binary string
+	// CapabilitiesCache, if not empty, is a directory for libvirt's QEMU capabilities cache
+	// that the node's daemons share (created if missing). Empty means the daemon's own.
+	CapabilitiesCache string
 }
 
 // stopTimeout is how long Stop waits after SIGTERM before it kills.
@@ -124,7 +127,13 @@ func layoutFor(cfg Config) (daemonLayout, error) {
 			return daemonLayout{}, fmt.Errorf("starting libvirtd: path %q has a quote or newline, which libvirt's config files cannot hold", p)
 		}
 	}
-	return daemonLayout{dir: dir, socketDir: socketDir}, nil
+	l := daemonLayout{dir: dir, socketDir: socketDir}
+	if cfg.CapabilitiesCache != "" {
+		if l.capsCache, err = filepath.Abs(cfg.CapabilitiesCache); err != nil {
+			return daemonLayout{}, err
+		}
+	}
+	return l, nil
 }
 
 func writeDaemonFiles(l daemonLayout) error {

@@ -16,6 +16,9 @@ type bindMount struct {
 type daemonLayout struct {
 	dir       string
 	socketDir string
+	// capsCache, if not empty, is a directory shared by the node's daemons for libvirt's
+	// QEMU capabilities cache.
+	capsCache string
 }
 
 func (l daemonLayout) confDir() string    { return filepath.Join(l.dir, "etc") }
@@ -30,22 +33,39 @@ func (l daemonLayout) daemonLog() string  { return filepath.Join(l.dir, "libvirt
 func (l daemonLayout) socket() string     { return filepath.Join(l.socketDir, "libvirt-sock") }
 func (l daemonLayout) qemuPidDir() string { return filepath.Join(l.runDir(), "qemu") }
 
+// capsCacheTarget is where libvirt keeps its QEMU capabilities cache, under /var/cache/libvirt.
+const capsCacheTarget = "/var/cache/libvirt/qemu/capabilities"
+
 // dirs are the directories to create before the daemon starts. libvirtd does not create
 // the QEMU log directory it needs with stdio_handler = "file".
 func (l daemonLayout) dirs() []string {
-	return []string{l.confDir(), l.runDir(), l.libDir(), filepath.Join(l.logDir(), "qemu"), l.cacheDir(), l.socketDir}
+	dirs := []string{l.confDir(), l.runDir(), l.libDir(), filepath.Join(l.logDir(), "qemu"), l.cacheDir(), l.socketDir}
+	if l.capsCache != "" {
+		dirs = append(dirs, l.capsCache)
+	}
+	return dirs
 }
 
 // mounts are the bind mounts that give the daemon its own libvirt system paths, so that
 // several daemons run side by side as if each had the machine to itself.
+//
+// A shared capabilities cache is mounted last, inside the daemon's own cache. libvirt probes a
+// QEMU binary's capabilities (several seconds under TCG) the first time a daemon uses it, and a
+// migration target's daemon first uses it in the middle of the migration; with the cache the
+// node's first launcher pays once. libvirt checks a cached entry against the QEMU and libvirt
+// binaries' change times, the kernel and the CPU, and probes again if any differs.
 func (l daemonLayout) mounts() []bindMount {
-	return []bindMount{
+	mounts := []bindMount{
 		{Source: l.confDir(), Target: "/etc/libvirt"},
 		{Source: l.runDir(), Target: "/run/libvirt"},
 		{Source: l.libDir(), Target: "/var/lib/libvirt"},
 		{Source: l.logDir(), Target: "/var/log/libvirt"},
 		{Source: l.cacheDir(), Target: "/var/cache/libvirt"},
 	}
+	if l.capsCache != "" {
+		mounts = append(mounts, bindMount{Source: l.capsCache, Target: capsCacheTarget})
+	}
+	return mounts
 }
 
 // libvirtdConf is the daemon's libvirtd.conf. Its own host UUID keeps daemons apart

@@ -58,6 +58,16 @@ func TestDaemonLayout(t *testing.T) {
 		t.Errorf("QEMU pid files are looked for in %s, but libvirt writes them in %s/qemu", l.qemuPidDir(), targets["/run/libvirt"])
 	}
 
+	// A shared capabilities cache is mounted after, so inside, the daemon's own cache.
+	l, err = layoutFor(Config{Dir: "/d", CapabilitiesCache: "/run/lifeboat/qemu-capabilities"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounts := l.mounts()
+	if last := mounts[len(mounts)-1]; last != (bindMount{Source: "/run/lifeboat/qemu-capabilities", Target: "/var/cache/libvirt/qemu/capabilities"}) {
+		t.Errorf("the last mount is %+v, want the shared capabilities cache over libvirt's", last)
+	}
+
 	l, err = layoutFor(Config{Dir: "/d"})
 	if err != nil || l.socket() != "/d/libvirt-sock" {
 		t.Errorf("layoutFor() without a socket directory: socket %s, error %v; want /d/libvirt-sock", l.socket(), err)

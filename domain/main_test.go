@@ -44,9 +44,15 @@ var testImage = func() func(t *testing.T) guest.Image {
 // startDaemon starts a private libvirtd in a temporary directory, stopped when the test ends.
 func startDaemon(t *testing.T) *Libvirtd {
 	t.Helper()
+	return startDaemonConfig(t, Config{Dir: t.TempDir()})
+}
+
+// startDaemonConfig starts a private libvirtd for cfg, stopped when the test ends.
+func startDaemonConfig(t *testing.T, cfg Config) *Libvirtd {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	d, err := StartLibvirtd(ctx, Config{Dir: t.TempDir()})
+	d, err := StartLibvirtd(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

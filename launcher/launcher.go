@@ -31,9 +31,12 @@ type Config struct {
 	MigrationTarget       string
 	PodGracePeriodSeconds int64
 	DomainsDir            string
-	NotifySocket          string
-	Acceleration          domain.Acceleration
-	Log                   *slog.Logger
+	// CapabilitiesCache is libvirt's QEMU capabilities cache shared by the node's launchers;
+	// empty means the daemon's own.
+	CapabilitiesCache string
+	NotifySocket      string
+	Acceleration      domain.Acceleration
+	Log               *slog.Logger
 }
 
 // ConfigFromEnv reads the VMI and the pod grace period the launcher pod passes in its environment.
@@ -93,7 +96,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return contract.ExitFailed, err
 	}
-	daemon, err := domain.StartLibvirtd(ctx, domain.Config{Dir: filepath.Join(dir, "libvirt"), SocketDir: dir})
+	daemon, err := domain.StartLibvirtd(ctx, domain.Config{Dir: filepath.Join(dir, "libvirt"), SocketDir: dir, CapabilitiesCache: cfg.CapabilitiesCache})
 	if err != nil {
 		return contract.ExitFailed, fmt.Errorf("starting the pod's libvirtd: %w", err)
 	}
@@ -107,6 +110,13 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 		return contract.ExitFailed, err
 	}
 	defer conn.Close()
+	// Before a guest is started here or migrated in: a migration target would otherwise probe
+	// QEMU in the middle of the migration.
+	loadStart := time.Now()
+	if err := conn.LoadQEMUCapabilities(); err != nil {
+		return contract.ExitFailed, err
+	}
+	log.Info("QEMU capabilities loaded", "took", time.Since(loadStart).Round(time.Millisecond), "cache", cfg.CapabilitiesCache)
 	events, err := conn.Events(ctx)
 	if err != nil {
 		return contract.ExitFailed, err

@@ -14,6 +14,9 @@ const (
 	// DomainsDir holds one directory per launcher, named by VMI UID, with its libvirt
 	// socket (libvirt-sock) and the guest's console log (console.log).
 	DomainsDir = RunDir + "/domains"
+	// QEMUCapabilitiesDir is libvirt's QEMU capabilities cache, shared by the node's launchers
+	// so that only the first probes QEMU.
+	QEMUCapabilitiesDir = RunDir + "/qemu-capabilities"
 	// NotifySocket is the agent's socket launchers report to.
 	NotifySocket = RunDir + "/notify.sock"
 	// LibvirtSocket and ConsoleLog are the file names inside a launcher's directory.

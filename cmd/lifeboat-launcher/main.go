@@ -20,6 +20,7 @@ func main() {
 	domain.MaybeRunLibvirtdShim()
 
 	domainsDir := flag.String("domains-dir", contract.DomainsDir, "per-VMI directories shared with the agent")
+	capsDir := flag.String("qemu-capabilities-dir", contract.QEMUCapabilitiesDir, "libvirt's QEMU capabilities cache, shared by the node's launchers")
 	notifySocket := flag.String("notify-socket", contract.NotifySocket, "the agent's notify socket")
 	accel := flag.String("acceleration", "auto", "kvm, tcg, or auto (KVM only after a probe boot proves it works)")
 	flag.Parse()
@@ -37,6 +38,6 @@ func main() {
 		log.Error("bad launcher configuration", "err", err)
 		os.Exit(contract.ExitFailed)
 	}
-	cfg.DomainsDir, cfg.NotifySocket, cfg.Log = *domainsDir, *notifySocket, log
+	cfg.DomainsDir, cfg.CapabilitiesCache, cfg.NotifySocket, cfg.Log = *domainsDir, *capsDir, *notifySocket, log
 	os.Exit(launcher.Run(context.Background(), cfg, sigterm))
 }

@@ -70,6 +70,10 @@ func startNode(t testing.TB, vmiDir string) Node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
+	// As a launcher does at its start, so that the target does not probe QEMU mid-migration.
+	if err := c.LoadQEMUCapabilities(); err != nil {
+		t.Fatal(err)
+	}
 	return Node{Daemon: d, Conn: c, Dir: dir}
 }
 
