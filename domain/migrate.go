@@ -107,9 +107,23 @@ func (c *Conn) Migrate(ctx context.Context, name string, opts MigrateOptions) er
 		return err
 	}
 	defer dom.Free()
+	// The migration waits on a connection of its own. On a connection with a call waiting in
+	// a migration, libvirt's client held other calls back until the next keepalive (5 s,
+	// measured with the daemon's RPC log): the convergence policy's statistics and its pause
+	// came late by that much, against a deadline.
+	mc, err := connectURI(c.uri)
+	if err != nil {
+		return fmt.Errorf("migrating domain %q: %w", name, err)
+	}
+	defer mc.Close()
+	mdom, err := mc.lookup(name)
+	if err != nil {
+		return err
+	}
+	defer mdom.Free()
 
 	done := make(chan error, 1)
-	go func() { done <- dom.MigrateToURI3(opts.DestURI, migrateParams(opts), migrateFlags(opts)) }()
+	go func() { done <- mdom.MigrateToURI3(opts.DestURI, migrateParams(opts), migrateFlags(opts)) }()
 	select {
 	case err := <-done:
 		if err != nil {
