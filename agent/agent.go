@@ -52,6 +52,11 @@ type Config struct {
 	// LauncherExit reads the exit code of the launcher of the VMI with uid on this node, nil
 	// while it runs; a restarted agent uses it to learn how a migration it lost track of ended.
 	LauncherExit func(ctx context.Context, namespace, vmiUID string) (*int32, error)
+	// LauncherPods lists the VMI UIDs of the launcher pods the API server has on this node.
+	// With it the agent removes the directories of launchers whose pods were deleted, every
+	// LauncherDirSweep; a directory that changed within LauncherDirMinAge is kept.
+	LauncherPods                        func(ctx context.Context) (map[string]bool, error)
+	LauncherDirSweep, LauncherDirMinAge time.Duration
 }
 
 // Agent keeps the status of the VMIs on its node true and ends their guests as decided.
@@ -155,6 +160,9 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 		go wait.UntilWithContext(ctx, a.runWorker, time.Second)
 	}
 	go a.migrations.run(ctx)
+	if a.cfg.LauncherPods != nil {
+		go wait.UntilWithContext(ctx, a.sweepLauncherDirs, a.cfg.LauncherDirSweep)
+	}
 	a.cfg.Log.Info("agent started", "node", a.cfg.NodeName, "domainsDir", a.cfg.DomainsDir)
 	for {
 		select {

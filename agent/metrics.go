@@ -12,6 +12,8 @@ type Metrics struct {
 	MarkLatency prometheus.Histogram
 	// EvacuationsLost counts marked VMs still on the node when their deadline passed.
 	EvacuationsLost prometheus.Counter
+	// LauncherDirsRemoved counts per-VMI directories removed after their launcher pods were deleted.
+	LauncherDirsRemoved prometheus.Counter
 }
 
 // NewMetrics registers the agent's metrics.
@@ -33,7 +35,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_evacuations_lost_total",
 			Help: "VMs marked for evacuation that were still on the node when the kubelet's deadline passed.",
 		}),
+		LauncherDirsRemoved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_agent_launcher_dirs_removed_total",
+			Help: "Per-VMI launcher directories removed because their VMI had no launcher pod left on the node.",
+		}),
 	}
-	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost)
+	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherDirsRemoved)
 	return m
 }

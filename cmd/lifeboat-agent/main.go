@@ -32,6 +32,7 @@ type options struct {
 	kubeconfig, nodeName, nodeAddress, runDir, listen, kubeletConfig string
 	workers                                                          int
 	maxPodGracePeriod                                                int64
+	dirSweep, dirMinAge                                              time.Duration
 }
 
 func main() {
@@ -45,6 +46,8 @@ func main() {
 	flag.StringVar(&o.kubeletConfig, "kubelet-config", "", "the node kubelet's KubeletConfiguration file, read for evictionMaxPodGracePeriod")
 	flag.Int64Var(&o.maxPodGracePeriod, "eviction-max-pod-grace-period", -1,
 		"the node kubelet's evictionMaxPodGracePeriod in seconds, if --kubelet-config is not given; -1 means unknown (the pod's grace period is assumed)")
+	flag.DurationVar(&o.dirSweep, "launcher-dir-sweep-interval", time.Minute, "how often the directories of launchers whose pods were deleted are removed")
+	flag.DurationVar(&o.dirMinAge, "launcher-dir-min-age", time.Minute, "a launcher directory changed more recently than this is never removed")
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("node", o.nodeName)
@@ -97,6 +100,9 @@ func run(o options, log *slog.Logger) error {
 		Metrics:           agent.NewMetrics(reg),
 		Log:               log,
 		LauncherExit:      launcherExit(kubeClient, o.nodeName),
+		LauncherPods:      launcherPods(kubeClient, o.nodeName),
+		LauncherDirSweep:  o.dirSweep,
+		LauncherDirMinAge: o.dirMinAge,
 	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs(),
 		configInformers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations())
 	if err != nil {
@@ -155,6 +161,21 @@ func kubeletMaxPodGracePeriod(o options) (*int64, error) {
 
 // launcherExit reads, from the kubelet's record of its pod, how the launcher of a VMI on this
 // node ended.
+// launcherPods lists the VMI UIDs of the launcher pods on the node, in any phase.
+func launcherPods(client kubernetes.Interface, nodeName string) func(ctx context.Context) (map[string]bool, error) {
+	return func(ctx context.Context) (map[string]bool, error) {
+		pods, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID, FieldSelector: "spec.nodeName=" + nodeName})
+		if err != nil {
+			return nil, err
+		}
+		uids := make(map[string]bool, len(pods.Items))
+		for _, pod := range pods.Items {
+			uids[pod.Labels[v1alpha1.LabelVMIUID]] = true
+		}
+		return uids, nil
+	}
+}
+
 func launcherExit(client kubernetes.Interface, nodeName string) func(ctx context.Context, namespace, vmiUID string) (*int32, error) {
 	return func(ctx context.Context, namespace, vmiUID string) (*int32, error) {
 		pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{

@@ -123,7 +123,8 @@ func startNodes(t testing.TB, n int, configure ...func(*node.Config)) []*testNod
 		tn := &testNode{Node: n, metrics: fmt.Sprintf("http://%s:%d/metrics", n.Address(), port)}
 		tn.agent = startProc(t, "lifeboat-agent", "--kubeconfig", cluster.Kubeconfig, "--node-name", n.Name(),
 			"--eviction-max-pod-grace-period", strconv.FormatInt(maxGrace[n.Name()], 10), "--node-address", n.Address(),
-			"--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", fmt.Sprintf("%s:%d", n.Address(), port))
+			"--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", fmt.Sprintf("%s:%d", n.Address(), port),
+			"--launcher-dir-sweep-interval", "1s", "--launcher-dir-min-age", launcherDirMinAge.String())
 		out = append(out, tn)
 		t.Cleanup(func() {
 			if t.Failed() {
@@ -146,6 +147,10 @@ func (n *testNode) dumpContainerLogs(t testing.TB) {
 		}
 	}
 }
+
+// launcherDirMinAge is the agents' --launcher-dir-min-age: short, so that a test sees a
+// deleted pod's directory go, and long enough for a test to read a console just after its pod went.
+const launcherDirMinAge = 10 * time.Second
 
 // evictionMaxPodGracePeriod is the emulated kubelets' setting, which their agents are told:
 // short, so a test can watch a marked VM's deadline pass.

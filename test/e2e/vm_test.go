@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -59,6 +62,15 @@ func TestVMLifecycle(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("after the guest shut down, its launcher pod and the VMI must be gone: %v", err)
+	}
+	// The pod's files on the node go with it, as an emptyDir's would.
+	dir := filepath.Dir(n.consolePath(vmi))
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, launcherDirMinAge+time.Minute, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(dir)
+		return errors.Is(err, os.ErrNotExist), nil
+	})
+	if err != nil {
+		t.Fatalf("the launcher directory %s of the deleted pod is still on node %s: %v", dir, n.Name(), err)
 	}
 }
 

@@ -42,6 +42,7 @@ var rbacCases = []struct {
 	{"agent may not change the configuration", agentSA, access{verb: "update", group: "lifeboat.dev", resource: "lifeboatconfigs", name: "cluster"}, false},
 	{"agent may not create pods", agentSA, access{verb: "create", resource: "pods", namespace: "ns"}, false},
 	{"agent lists the pods of a VMI to learn how its launcher ended", agentSA, access{verb: "list", resource: "pods", namespace: "ns"}, true},
+	{"agent lists its node's launcher pods in every namespace, to remove the directories of deleted ones", agentSA, access{verb: "list", resource: "pods"}, true},
 	{"agent may not delete pods", agentSA, access{verb: "delete", resource: "pods", namespace: "ns", name: "p"}, false},
 	{"agent may not watch pods", agentSA, access{verb: "watch", resource: "pods"}, false},
 	{"agent may not read secrets", agentSA, access{verb: "get", resource: "secrets", namespace: "lifeboat-system", name: "lifeboat-webhook-tls"}, false},
