@@ -82,9 +82,10 @@ type launcher struct {
 }
 
 // New makes an agent. The VMI informer must list the VMIs whose status.nodeName is this node;
-// the migration informer lists migrations (the agent acts on those from or to this node).
+// the migration informers list the migrations whose status.sourceNode is this node and those
+// whose status.targetNode is (a field selector cannot say "or").
 func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInstanceInformer, configs lifeboatinformers.LifeboatConfigInformer,
-	migrationInformer lifeboatinformers.VirtualMachineInstanceMigrationInformer) (*Agent, error) {
+	migrationInformers []lifeboatinformers.VirtualMachineInstanceMigrationInformer) (*Agent, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -104,7 +105,7 @@ func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.Virtual
 	}); err != nil {
 		return nil, err
 	}
-	a.migrations = a.newMigrations(lb, migrationInformer, cfg.NodeAddress)
+	a.migrations = a.newMigrations(lb, migrationInformers, cfg.NodeAddress)
 	// A feature gate turned on while a launcher waits must take effect for it.
 	a.synced = []cache.InformerSynced{a.informer.HasSynced, configs.Informer().HasSynced}
 	_, err := configs.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{

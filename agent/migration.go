@@ -41,10 +41,11 @@ type Migrator interface {
 type migrations struct {
 	a        *Agent
 	lifeboat lifeboatclient.Interface
-	lister   lifeboatlisters.VirtualMachineInstanceMigrationLister
-	synced   cache.InformerSynced
-	queue    workqueue.TypedRateLimitingInterface[string]
-	address  string // this node's address, where target proxies listen
+	// listers are the caches of the migrations from and to this node.
+	listers []lifeboatlisters.VirtualMachineInstanceMigrationLister
+	synced  []cache.InformerSynced
+	queue   workqueue.TypedRateLimitingInterface[string]
+	address string // this node's address, where target proxies listen
 
 	mu     sync.Mutex
 	active map[string]*activeMigration // by migration UID
@@ -58,9 +59,9 @@ type activeMigration struct {
 
 func (am *activeMigration) key() string { return am.keyName }
 
-func (a *Agent) newMigrations(lb lifeboatclient.Interface, informer lifeboatinformers.VirtualMachineInstanceMigrationInformer, address string) *migrations {
+func (a *Agent) newMigrations(lb lifeboatclient.Interface, informers []lifeboatinformers.VirtualMachineInstanceMigrationInformer, address string) *migrations {
 	m := &migrations{
-		a: a, lifeboat: lb, lister: informer.Lister(), synced: informer.Informer().HasSynced, address: address,
+		a: a, lifeboat: lb, address: address,
 		queue:  workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "agent-migrations"}),
 		active: map[string]*activeMigration{},
 	}
@@ -69,25 +70,42 @@ func (a *Agent) newMigrations(lb lifeboatclient.Interface, informer lifeboatinfo
 			m.queue.Add(key)
 		}
 	}
-	_, _ = informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) }, DeleteFunc: enqueue,
-	})
+	for _, informer := range informers {
+		m.listers = append(m.listers, informer.Lister())
+		m.synced = append(m.synced, informer.Informer().HasSynced)
+		_, _ = informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) }, DeleteFunc: enqueue,
+		})
+	}
 	return m
 }
 
 func (m *migrations) enqueueAll() {
-	list, err := m.lister.List(labels.Everything())
-	if err != nil {
-		return
+	for _, lister := range m.listers {
+		list, err := lister.List(labels.Everything())
+		if err != nil {
+			continue
+		}
+		for _, mig := range list {
+			m.queue.Add(mig.Namespace + "/" + mig.Name)
+		}
 	}
-	for _, mig := range list {
-		m.queue.Add(mig.Namespace + "/" + mig.Name)
+}
+
+// get finds a migration in the caches; NotFound when it neither leaves nor reaches this node.
+func (m *migrations) get(ns, name string) (*v1alpha1.VirtualMachineInstanceMigration, error) {
+	for _, lister := range m.listers {
+		mig, err := lister.VirtualMachineInstanceMigrations(ns).Get(name)
+		if !apierrors.IsNotFound(err) {
+			return mig, err
+		}
 	}
+	return nil, apierrors.NewNotFound(v1alpha1.Resource("virtualmachineinstancemigrations"), name)
 }
 
 func (m *migrations) run(ctx context.Context) {
 	defer m.queue.ShutDown()
-	if !cache.WaitForCacheSync(ctx.Done(), m.synced) {
+	if !cache.WaitForCacheSync(ctx.Done(), m.synced...) {
 		return
 	}
 	go wait.UntilWithContext(ctx, func(ctx context.Context) {
@@ -125,7 +143,7 @@ func (m *migrations) finish(uid string) {
 
 func (m *migrations) sync(ctx context.Context, key string) (time.Duration, error) {
 	ns, name, _ := cache.SplitMetaNamespaceKey(key)
-	cached, err := m.lister.VirtualMachineInstanceMigrations(ns).Get(name)
+	cached, err := m.get(ns, name)
 	if apierrors.IsNotFound(err) {
 		m.finishByKey(key)
 		return 0, nil

@@ -17,6 +17,7 @@ import (
 
 	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
@@ -80,7 +81,7 @@ func TestAFailedMigrationResumesAGuestItPaused(t *testing.T) {
 		NodeName: "source", Recorder: record.NewFakeRecorder(100), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister(),
 	}, client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
-		informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations())
+		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/agent"
 	"github.com/lifeboat-vm/lifeboat/agent/notifyserver"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	migrationinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/cmd/internal/kube"
@@ -84,10 +85,15 @@ func run(o options, log *slog.Logger) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	informers := lifeboatinformers.NewSharedInformerFactoryWithOptions(lb, 0, lifeboatinformers.WithTweakListOptions(func(lo *metav1.ListOptions) {
-		lo.FieldSelector = "status.nodeName=" + o.nodeName
-	}))
-	// The node filter above applies to VMIs only: the configuration and migrations come unfiltered.
+	// Each factory's field selector applies to every type in it: the node's VMIs, the
+	// migrations leaving it and those reaching it (a field selector cannot say "or"), and the
+	// configuration unfiltered.
+	bySelector := func(field string) lifeboatinformers.SharedInformerFactory {
+		return lifeboatinformers.NewSharedInformerFactoryWithOptions(lb, 0, lifeboatinformers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+			lo.FieldSelector = field + "=" + o.nodeName
+		}))
+	}
+	informers, outbound, inbound := bySelector("status.nodeName"), bySelector("status.sourceNode"), bySelector("status.targetNode")
 	configInformers := lifeboatinformers.NewSharedInformerFactory(lb, 0)
 	a, err := agent.New(agent.Config{
 		NodeName:          o.nodeName,
@@ -104,7 +110,7 @@ func run(o options, log *slog.Logger) error {
 		LauncherDirSweep:  o.dirSweep,
 		LauncherDirMinAge: o.dirMinAge,
 	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs(),
-		configInformers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations())
+		[]migrationinformers.VirtualMachineInstanceMigrationInformer{outbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations(), inbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
 	if err != nil {
 		return err
 	}
@@ -125,8 +131,9 @@ func run(o options, log *slog.Logger) error {
 		}
 	}()
 	go func() { errc <- notify.Serve(ctx) }()
-	informers.Start(ctx.Done())
-	configInformers.Start(ctx.Done())
+	for _, f := range []lifeboatinformers.SharedInformerFactory{informers, outbound, inbound, configInformers} {
+		f.Start(ctx.Done())
+	}
 	go func() { errc <- a.Run(ctx, o.workers) }()
 
 	select {

@@ -30,6 +30,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/agent"
 	"github.com/lifeboat-vm/lifeboat/agent/notifyserver"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/domain"
@@ -162,7 +163,7 @@ func setUp(b *testing.B, n int) *bed {
 		Recorder:          broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "lifeboat-agent"}),
 		Metrics:           agent.NewMetrics(reg), Log: log,
 	}, cp.Lifeboat, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs(),
-		configInformers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations())
+		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{configInformers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
 	if err != nil {
 		b.Fatal(err)
 	}

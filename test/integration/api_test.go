@@ -247,6 +247,15 @@ func TestVirtualMachineInstanceMigrationClient(t *testing.T) {
 	if err != nil || len(list.Items) != 1 {
 		t.Fatalf("list: %v, %d items", err, len(list.Items))
 	}
+	// Agents list only the migrations leaving or reaching their node.
+	for selector, want := range map[string]int{
+		"status.sourceNode=node-a": 1, "status.targetNode=node-b": 1, "status.sourceNode=node-b": 0, "status.targetNode=node-a": 0,
+	} {
+		list, err := vmims.List(ctx, metav1.ListOptions{FieldSelector: selector})
+		if err != nil || len(list.Items) != want {
+			t.Errorf("list with field selector %s: %v, %d items; want %d", selector, err, len(list.Items), want)
+		}
+	}
 
 	changed := got.DeepCopy()
 	changed.Spec.VMIName = "another"

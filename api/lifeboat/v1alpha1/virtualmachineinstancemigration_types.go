@@ -15,6 +15,8 @@ import (
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.status.sourceNode`
 // +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.targetNode`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:selectablefield:JSONPath=`.status.sourceNode`
+// +kubebuilder:selectablefield:JSONPath=`.status.targetNode`
 
 // VirtualMachineInstanceMigration moves one VMI from its node to another by live migration.
 type VirtualMachineInstanceMigration struct {
