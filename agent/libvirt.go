@@ -95,3 +95,4 @@ func (c *libvirtConn) JobStats(name string) (domain.JobStats, error) { return c.
 func (c *libvirtConn) StartPostCopy(name string) error               { return c.conn.StartPostCopy(name) }
 func (c *libvirtConn) Suspend(name string) error                     { return c.conn.Suspend(name) }
 func (c *libvirtConn) Resume(name string) error                      { return c.conn.Resume(name) }
+func (c *libvirtConn) LoadQEMUCapabilities() error                   { return c.conn.LoadQEMUCapabilities() }

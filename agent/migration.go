@@ -34,6 +34,8 @@ type Migrator interface {
 	StartPostCopy(name string) error
 	Suspend(name string) error
 	Resume(name string) error
+	// LoadQEMUCapabilities returns once the launcher's libvirtd has QEMU's capabilities.
+	LoadQEMUCapabilities() error
 }
 
 // migrations runs this node's part of live migrations: as target, the proxies to the target
@@ -197,6 +199,14 @@ func (m *migrations) prepareTarget(ctx context.Context, mig *v1alpha1.VirtualMac
 	}
 	if !m.a.connected(uid) {
 		return fmt.Errorf("the target launcher of %s is not connected yet", mig.Spec.VMIName)
+	}
+	// The target launcher loads QEMU's capabilities as it starts, a probe of seconds for a
+	// node's first launcher; the guest must not be sent before, or the migration waits on the
+	// probe against its deadline. Once loaded this answers at once.
+	if mg := m.a.migrator(uid); mg != nil {
+		if err := mg.LoadQEMUCapabilities(); err != nil {
+			return fmt.Errorf("waiting for the target launcher of %s to load QEMU's capabilities: %w", mig.Spec.VMIName, err)
+		}
 	}
 	m.mu.Lock()
 	_, running := m.active[string(mig.UID)]

@@ -50,6 +50,8 @@ func (s *stuckMigrator) StartPostCopy(string) error {
 	return nil
 }
 
+func (s *stuckMigrator) LoadQEMUCapabilities() error { return nil }
+
 func (s *stuckMigrator) Suspend(string) error {
 	close(s.suspended)
 	return nil
