@@ -62,6 +62,9 @@ func run(o options, log *slog.Logger) error {
 	if o.nodeName == "" {
 		return errors.New("--node-name (or $NODE_NAME) is required")
 	}
+	if o.dirSweep <= 0 || o.dirMinAge < 0 {
+		return fmt.Errorf("--launcher-dir-sweep-interval=%s must be positive and --launcher-dir-min-age=%s not negative", o.dirSweep, o.dirMinAge)
+	}
 	maxGrace, err := kubeletMaxPodGracePeriod(o)
 	if err != nil {
 		return err
@@ -166,8 +169,6 @@ func kubeletMaxPodGracePeriod(o options) (*int64, error) {
 	return nil, nil
 }
 
-// launcherExit reads, from the kubelet's record of its pod, how the launcher of a VMI on this
-// node ended.
 // launcherPods lists the VMI UIDs of the launcher pods on the node, in any phase.
 func launcherPods(client kubernetes.Interface, nodeName string) func(ctx context.Context) (map[string]bool, error) {
 	return func(ctx context.Context) (map[string]bool, error) {
@@ -183,6 +184,8 @@ func launcherPods(client kubernetes.Interface, nodeName string) func(ctx context
 	}
 }
 
+// launcherExit reads, from the kubelet's record of its pod, how the launcher of a VMI on this
+// node ended.
 func launcherExit(client kubernetes.Interface, nodeName string) func(ctx context.Context, namespace, vmiUID string) (*int32, error) {
 	return func(ctx context.Context, namespace, vmiUID string) (*int32, error) {
 		pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{
