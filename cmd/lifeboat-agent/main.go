@@ -62,8 +62,11 @@ func run(o options, log *slog.Logger) error {
 	if o.nodeName == "" {
 		return errors.New("--node-name (or $NODE_NAME) is required")
 	}
-	if o.dirSweep <= 0 || o.dirMinAge < 0 {
-		return fmt.Errorf("--launcher-dir-sweep-interval=%s must be positive and --launcher-dir-min-age=%s not negative", o.dirSweep, o.dirMinAge)
+	if o.dirSweep <= 0 {
+		return fmt.Errorf("--launcher-dir-sweep-interval=%s: must be positive", o.dirSweep)
+	}
+	if o.dirMinAge < 0 {
+		return fmt.Errorf("--launcher-dir-min-age=%s: must not be negative", o.dirMinAge)
 	}
 	maxGrace, err := kubeletMaxPodGracePeriod(o)
 	if err != nil {
