@@ -89,13 +89,7 @@ const node = "bench-node"
 // setUp starts a control plane, an agent for node with n running VMIs, and a notify connection
 // per VMI, as each launcher would hold.
 func setUp(b *testing.B, n int) *bed {
-	ctx, cancel := context.WithCancel(context.Background())
-	b.Cleanup(cancel)
-	cp, err := controlplane.Start(ctx, controlplane.Options{WithoutControllerManager: true, WithoutScheduler: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(cp.Stop)
+	ctx, cp := startControlPlane(b)
 	ns, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}, metav1.CreateOptions{})
 	if err != nil {
 		b.Fatal(err)

@@ -29,7 +29,6 @@ import (
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
-	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 )
 
 // BenchmarkWebhookEvictions sends 100 concurrent evictions of LiveMigrate VMs' launcher pods through
@@ -39,13 +38,7 @@ import (
 // as the evictor sees them, and the ratio of the p99s.
 func BenchmarkWebhookEvictions(b *testing.B) {
 	const n = 100
-	ctx, cancel := context.WithCancel(context.Background())
-	b.Cleanup(cancel)
-	cp, err := controlplane.Start(ctx, controlplane.Options{WithoutControllerManager: true, WithoutScheduler: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(cp.Stop)
+	ctx, cp := startControlPlane(b)
 	// The evictor and the webhook may send as fast as they like, as lifeboat-controller may (kube.ClientQPS).
 	cfg := rest.CopyConfig(cp.Config)
 	cfg.QPS, cfg.Burst = 1000, 1000
