@@ -28,6 +28,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/evictionrequest"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 )
 
 var cluster *controlplane.ControlPlane
@@ -137,20 +138,7 @@ func dumpEvents(t *testing.T, ns string) {
 
 func waitEvent(t *testing.T, ns, object, reason string) *corev1.Event {
 	t.Helper()
-	var found *corev1.Event
-	sel := fields.Set{"involvedObject.name": object, "involvedObject.kind": "Eviction", "reason": reason}.AsSelector().String()
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		evs, err := cluster.Kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: sel})
-		if err != nil || len(evs.Items) == 0 {
-			return false, nil
-		}
-		found = &evs.Items[0]
-		return true, nil
-	})
-	if err != nil {
-		t.Fatalf("no %s event on Eviction %s/%s", reason, ns, object)
-	}
-	return found
+	return kubewait.Event(t, cluster.Kube, ns, fields.Set{"involvedObject.name": object, "involvedObject.kind": "Eviction", "reason": reason}, 30*time.Second)
 }
 
 func waitVMI(t *testing.T, v *v1alpha1.VirtualMachineInstance, what string, cond func(*v1alpha1.VirtualMachineInstance) bool) *v1alpha1.VirtualMachineInstance {

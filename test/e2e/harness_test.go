@@ -25,6 +25,7 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
@@ -318,20 +319,7 @@ func launcherPod(t *testing.T, v *v1alpha1.VirtualMachineInstance) *corev1.Pod {
 
 func waitEvent(t *testing.T, ns, object, reason string, timeout time.Duration) *corev1.Event {
 	t.Helper()
-	var found *corev1.Event
-	sel := fields.Set{"involvedObject.name": object, "reason": reason}.AsSelector().String()
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		evs, err := cluster.Kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: sel})
-		if err != nil || len(evs.Items) == 0 {
-			return false, nil
-		}
-		found = &evs.Items[0]
-		return true, nil
-	})
-	if err != nil {
-		t.Fatalf("no %s event on %s/%s within %s", reason, ns, object, timeout)
-	}
-	return found
+	return kubewait.Event(t, cluster.Kube, ns, fields.Set{"involvedObject.name": object, "reason": reason}, timeout)
 }
 
 // launcherPID finds the host pid of the launcher process of a pod, from its environment.

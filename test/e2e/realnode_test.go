@@ -25,6 +25,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 	"github.com/lifeboat-vm/lifeboat/test/images"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 	"github.com/lifeboat-vm/lifeboat/test/realnode"
 )
@@ -250,25 +251,12 @@ func pressure(t *testing.T, n *realnode.Node) {
 // manager picked it and sent SIGTERM.
 func kubeletEviction(t *testing.T, pod *corev1.Pod, timeout time.Duration) time.Time {
 	t.Helper()
-	var at time.Time
-	sel := fields.Set{"involvedObject.name": pod.Name, "reason": "Evicted", "source": "kubelet"}.AsSelector().String()
-	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		evs, err := cluster.Kube.CoreV1().Events(pod.Namespace).List(ctx, metav1.ListOptions{FieldSelector: sel})
-		if err != nil || len(evs.Items) == 0 {
-			return false, nil
-		}
-		e := evs.Items[0]
-		at = e.FirstTimestamp.Time
-		if at.IsZero() {
-			at = e.EventTime.Time
-		}
-		t.Logf("the kubelet evicted %s: %s", pod.Name, e.Message)
-		return true, nil
-	})
-	if err != nil {
-		t.Fatalf("the kubelet did not evict %s within %s", pod.Name, timeout)
+	e := kubewait.Event(t, cluster.Kube, pod.Namespace, fields.Set{"involvedObject.name": pod.Name, "reason": "Evicted", "source": "kubelet"}, timeout)
+	t.Logf("the kubelet evicted %s: %s", pod.Name, e.Message)
+	if e.FirstTimestamp.IsZero() {
+		return e.EventTime.Time
 	}
-	return at
+	return e.FirstTimestamp.Time
 }
 
 // sourceExitedCleanly checks that the launcher container exited 0 before the grace period
