@@ -2,6 +2,7 @@
 #
 #   make demo        bring up a local cluster, run a VM, evict its pod the kubelet way and watch it live-migrate
 #   make test        everything CI runs: generated files fresh, lint, unit and integration tests
+#   make deps        install the Debian packages both need (make demo and make test do it first; quick when done)
 #   make generate    regenerate deep-copy, clients, informers, listers and CRDs from api/
 #   make demo-down   stop the demo cluster
 #   make bench       benchmarks (control plane start-up, evacuation mark latency)
@@ -23,12 +24,18 @@ API_PKG   := $(MODULE)/api/lifeboat/v1alpha1
 CLIENT    := $(MODULE)/api/client
 HEADER    := api/boilerplate.go.txt
 CODEGEN   := $(GO) run k8s.io/code-generator/cmd
-DEMO_DIR  := $(CURDIR)/.demo/cluster
+DEMO_DIR  ?= $(CURDIR)/.demo/cluster
+# The emulated nodes' host paths; short, because launchers' unix sockets live under it.
+DEMO_NODES ?= /tmp/lifeboat-demo
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: all generate verify-generated lint test bench bench-deadline bench-drain binaries lifeboat-bins demo demo-down clean images manifests-check e2e
+.PHONY: deps all generate verify-generated lint test bench bench-deadline bench-drain binaries lifeboat-bins demo demo-down clean images manifests-check e2e
 
 all: test
+
+# Every target that builds cgo (libvirt) or runs guests needs these; quick and silent once installed.
+deps:
+	@hack/install-deps
 
 generate:
 	$(CODEGEN)/deepcopy-gen@$(CODE_GENERATOR_VERSION) --go-header-file $(HEADER) --output-file zz_generated.deepcopy.go ./api/lifeboat/v1alpha1
@@ -55,20 +62,20 @@ verify-generated:
 		echo "generated files are stale: run make generate and commit the result"; exit 1; \
 	fi; echo "generated files are up to date"
 
-lint:
+lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@# The generated clients keep code-generator's choices (deprecated ListWatch fields); verify-generated covers them.
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $$($(GO) list ./... | grep -v /api/client/)
 
 # The control plane binaries are built from test/tools once and cached (see test/controlplane).
-binaries:
+binaries: deps
 	$(GO) run ./test/cmd/lifeboat-cluster build
 
 # Tests that need a KVM host (or, for TCG, QEMU >= 9.0) skip elsewhere; they are listed here, never skipped silently.
 KVM_ONLY_TESTS := TestPostCopyFinishesANonConvergingMigration|TestMigrationPastTheFirstPassMovesADirtyingGuestIntact
 
-test: verify-generated lint binaries
+test: deps verify-generated lint binaries
 	$(GO) test -count=1 -timeout 30m ./...
 	@set -o pipefail; $(GO) test -count=1 -v -run '^($(KVM_ONLY_TESTS))$$' ./domain/ | grep -E -- '--- (SKIP|PASS|FAIL)|^ +[a-z_]+_test.go:'
 
@@ -78,7 +85,7 @@ bench: binaries
 
 # Long: every cell boots a guest and migrates it (docs/benchmarks.md); not part of make bench.
 BENCH_COUNT ?= 1
-bench-deadline:
+bench-deadline: deps
 	$(GO) test -run '^$$' -bench BenchmarkDeadlineMatrix -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/bench/
 
 bench-drain: binaries
@@ -86,7 +93,7 @@ bench-drain: binaries
 
 # The Debian layer of the agent and launcher images is built once with mmdebstrap and cached (test/images).
 IMAGES_DIR ?= $(CURDIR)/.images
-images:
+images: deps
 	$(GO) run ./test/cmd/lifeboat-images build -out $(IMAGES_DIR)
 
 # manifests/ rendered and applied with server-side apply: every object accepted, RBAC per component, leader election.
@@ -100,19 +107,19 @@ e2e: binaries
 	$(GO) test -count=1 -timeout 30m ./test/realnode/
 	$(GO) test -count=1 -timeout 30m -v -run '^TestRealNode' ./test/e2e/
 
-$(CLUSTER): $(shell find test api -name '*.go') go.mod
+$(CLUSTER): $(shell find test api -name '*.go') go.mod | deps
 	$(GO) build -o $@ ./test/cmd/lifeboat-cluster
 
 # lifeboat's own commands, for the demo (the tests build their own).
-lifeboat-bins:
+lifeboat-bins: deps
 	$(GO) build -o bin/ ./cmd/...
 
 ACCELERATION ?= auto
 KUBECTL = "$$($(CLUSTER) bin-dir)/kubectl" --kubeconfig $(DEMO_DIR)/admin.kubeconfig
 
-demo: $(CLUSTER) lifeboat-bins
+demo: deps $(CLUSTER) lifeboat-bins
 	@$(CLUSTER) down --dir $(DEMO_DIR) >/dev/null
-	$(CLUSTER) up --dir $(DEMO_DIR) --nodes 2 --lifeboat-bin bin --acceleration $(ACCELERATION)
+	$(CLUSTER) up --dir $(DEMO_DIR) --nodes 2 --nodes-root $(DEMO_NODES) --lifeboat-bin bin --acceleration $(ACCELERATION)
 	@set -e; read kernel initrd <<<"$$($(CLUSTER) guest)"; set -x; \
 	$(KUBECTL) apply --server-side -f manifests/lifeboatconfig.yaml; \
 	: "A bandwidth cap, so that the transfer is slow enough to watch"; \
@@ -127,12 +134,19 @@ demo: $(CLUSTER) lifeboat-bins
 	$(CLUSTER) evict default/demo --dir $(DEMO_DIR); \
 	$(CLUSTER) follow default/demo --dir $(DEMO_DIR) --timeout 2m; \
 	$(KUBECTL) get vmi,vmim,pods -o wide; \
+	: "An admin drains the node the VM runs on now: the eviction webhook answers 429 and lifeboat moves the VM"; \
+	node=$$($(KUBECTL) get vmi demo -o jsonpath='{.status.nodeName}'); \
+	$(KUBECTL) drain "$$node" --ignore-daemonsets --timeout=3m; \
+	$(KUBECTL) uncordon "$$node"; \
+	$(KUBECTL) get vmi,vmim,pods -o wide; \
 	$(KUBECTL) get events --sort-by=.lastTimestamp | tail -n 25
 	@echo
-	@echo "The cluster keeps running: 2 emulated nodes with lifeboat agents, the lifeboat controller, the demo VM."
+	@echo "The cluster keeps running: 2 emulated nodes with lifeboat agents, the lifeboat controller (eviction webhook,"
+	@echo "disruption budgets, EvictionRequest responder), the demo VM."
 	@echo "  $(CLUSTER) evict default/demo --dir $(DEMO_DIR) && $(CLUSTER) follow default/demo --dir $(DEMO_DIR)   # again"
 	@echo "  export KUBECONFIG=$(DEMO_DIR)/admin.kubeconfig PATH=$$($(CLUSTER) bin-dir):\$$PATH"
 	@echo "  kubectl get vmi,pods -o wide"
+	@echo "  kubectl drain NODE --ignore-daemonsets && kubectl uncordon NODE   # a drain live-migrates the VM too"
 	@echo "  $(CLUSTER) console default/demo --dir $(DEMO_DIR)     # the guest's serial console"
 	@echo "  kubectl delete vmi demo                              # shuts the guest down through ACPI"
 	@echo "Logs: $(DEMO_DIR)/*.log.   Stop everything: make demo-down"

@@ -36,8 +36,22 @@ func (k kernel) modules() ([]string, error) {
 	return strings.Fields(string(b)), nil
 }
 
-// ensureKernel returns the current cloud kernel, fetching it first if it is not cached.
+// ensureKernel returns the current cloud kernel, fetching it first if it is not cached. Package
+// lists that are missing or older than the mirror (a kernel no longer there) are refreshed once.
 func ensureKernel(ctx context.Context, cache string, progress io.Writer) (kernel, error) {
+	k, err := ensureKernelFromLists(ctx, cache, progress)
+	if err == nil {
+		return k, nil
+	}
+	fmt.Fprintf(progress, "%v\nrefreshing apt's package lists and trying again\n", err)
+	if _, uerr := run(exec.CommandContext(ctx, "apt-get", "update", "-q")); uerr != nil {
+		return kernel{}, fmt.Errorf("%w (and apt-get update failed: %v)", err, uerr)
+	}
+	return ensureKernelFromLists(ctx, cache, progress)
+}
+
+// ensureKernelFromLists is ensureKernel with apt's package lists as they are.
+func ensureKernelFromLists(ctx context.Context, cache string, progress io.Writer) (kernel, error) {
 	pkg, err := resolveKernelPackage(ctx)
 	if err != nil {
 		return kernel{}, err

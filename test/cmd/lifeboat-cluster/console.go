@@ -26,7 +26,11 @@ func console(ctx context.Context, dir, ref, waitFor string, timeout time.Duratio
 	if vmi.Status.NodeName == "" {
 		return fmt.Errorf("VMI %s/%s runs on no node yet (phase %q)", ns, name, vmi.Status.Phase)
 	}
-	path := consolePath(vmi.Status.NodeName, string(vmi.UID))
+	root, err := readNodesRoot(dir)
+	if err != nil {
+		return err
+	}
+	path := consolePath(root, vmi.Status.NodeName, string(vmi.UID))
 	if waitFor != "" {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
@@ -44,6 +48,6 @@ func console(ctx context.Context, dir, ref, waitFor string, timeout time.Duratio
 
 // consolePath is where the launcher on a demo node logs a VMI's serial console; the emulated
 // node keeps /var/run under <root>/run.
-func consolePath(node, vmiUID string) string {
+func consolePath(nodesRoot, node, vmiUID string) string {
 	return filepath.Join(nodesRoot, node, "run", "lifeboat", "domains", vmiUID, "console.log")
 }

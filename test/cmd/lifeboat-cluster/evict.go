@@ -181,7 +181,7 @@ func follow(ctx context.Context, dir, ref string, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	if err := counterGoesOn(ctx, string(start.UID), from, to); err != nil {
+	if err := counterGoesOn(ctx, dir, string(start.UID), from, to); err != nil {
 		return err
 	}
 	return sourceLauncherEnded(ctx, kube, ns, string(start.UID), from, deadline)
@@ -223,15 +223,19 @@ func sourceLauncherEnded(ctx context.Context, kube kubernetes.Interface, ns, uid
 
 // counterGoesOn shows that the guest did not reboot: the counter it printed on the source node
 // goes on, from where it was, on the target.
-func counterGoesOn(ctx context.Context, uid, from, to string) error {
-	b, err := os.ReadFile(consolePath(from, uid))
+func counterGoesOn(ctx context.Context, dir, uid, from, to string) error {
+	root, err := readNodesRoot(dir)
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(consolePath(root, from, uid))
 	if err != nil {
 		return err
 	}
 	before := guest.Counter(string(b))
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	console, err := guest.WaitForConsole(ctx, consolePath(to, uid), fmt.Sprintf("a counter above %d", before), func(c string) bool {
+	console, err := guest.WaitForConsole(ctx, consolePath(root, to, uid), fmt.Sprintf("a counter above %d", before), func(c string) bool {
 		return guest.Counter(c) > before
 	})
 	if err != nil {

@@ -4,6 +4,7 @@
 //	lifeboat-cluster build              build and cache the control plane binaries
 //	lifeboat-cluster up --dir DIR       start a control plane in the background, wait until ready;
 //	    --nodes N --lifeboat-bin BIN    also N emulated nodes with an agent each, and the controller
+//	    --nodes-root DIR                 the nodes' host paths (default /tmp/lifeboat-demo)
 //	lifeboat-cluster down --dir DIR     stop it and remove DIR
 //	lifeboat-cluster bin-dir            print the directory holding kubectl and the other binaries
 //	lifeboat-cluster guest              print the test guest's kernel and initrd (built once, cached)
@@ -52,6 +53,7 @@ func main() {
 	fs.IntVar(&lb.nodes, "nodes", 0, "emulated nodes to start, each with a lifeboat agent; with any, the controller runs too")
 	fs.StringVar(&lb.bin, "lifeboat-bin", "bin", "directory holding lifeboat-agent, lifeboat-controller and lifeboat-launcher")
 	fs.StringVar(&lb.acceleration, "acceleration", "auto", "guest acceleration: kvm, tcg or auto")
+	fs.StringVar(&lb.nodesRoot, "nodes-root", defaultNodesRoot, "directory of the emulated nodes' host paths; keep it short (unix socket paths live under it)")
 	waitFor := fs.String("wait-for", "", "console: wait until the guest printed this line")
 	args := os.Args[2:]
 	var ref string
@@ -135,7 +137,8 @@ func up(ctx context.Context, dir string, timeout time.Duration, lb lifeboatOptio
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(self, "serve", "--dir", dir, "--nodes", strconv.Itoa(lb.nodes), "--lifeboat-bin", bin, "--acceleration", lb.acceleration)
+	cmd := exec.Command(self, "serve", "--dir", dir, "--nodes", strconv.Itoa(lb.nodes), "--lifeboat-bin", bin,
+		"--acceleration", lb.acceleration, "--nodes-root", lb.nodesRoot)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

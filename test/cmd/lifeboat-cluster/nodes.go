@@ -3,23 +3,30 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/klog/v2"
 
+	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
-// nodesRoot holds the emulated nodes' private host paths. It is short on purpose: the launchers'
-// libvirt sockets live under it, and a unix socket path may not exceed 107 bytes.
-const nodesRoot = "/tmp/lifeboat-demo"
+// defaultNodesRoot holds the emulated nodes' private host paths. It is short on purpose: the
+// launchers' libvirt sockets live under it, and a unix socket path may not exceed 107 bytes.
+const defaultNodesRoot = "/tmp/lifeboat-demo"
+
+// nodesRootFile records, in the cluster's directory, the nodes root serve was given, for the
+// commands (console) that read the nodes' files later.
+const nodesRootFile = "nodes-root"
 
 // maxPodGracePeriod is the emulated kubelets' evictionMaxPodGracePeriod, which their agents are told.
 const maxPodGracePeriod = 60
@@ -29,6 +36,16 @@ type lifeboatOptions struct {
 	nodes        int
 	bin          string // directory with lifeboat-agent, lifeboat-controller, lifeboat-launcher
 	acceleration string
+	nodesRoot    string
+}
+
+// readNodesRoot returns the nodes root of the cluster in dir.
+func readNodesRoot(dir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, nodesRootFile))
+	if err != nil {
+		return "", fmt.Errorf("no emulated nodes run from %s: %w", dir, err)
+	}
+	return strings.TrimSpace(string(b)), nil
 }
 
 // startLifeboat starts the emulated nodes, an agent on each, and the controller; stop ends them.
@@ -38,18 +55,32 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 		for i := len(stops) - 1; i >= 0; i-- {
 			stops[i]()
 		}
-		_ = os.RemoveAll(nodesRoot)
+		_ = os.RemoveAll(o.nodesRoot)
 	}
 	defer func() {
 		if err != nil {
 			stop()
 		}
 	}()
-	if err := os.RemoveAll(nodesRoot); err != nil {
+	if err := os.RemoveAll(o.nodesRoot); err != nil {
+		return nil, stop, err
+	}
+	if err := os.WriteFile(filepath.Join(cp.Dir, nodesRootFile), []byte(o.nodesRoot), 0o644); err != nil {
+		return nil, stop, err
+	}
+	// The controller runs as a cluster admin deploys it: with the eviction webhook (so drains and the
+	// descheduler meet lifeboat), the disruption budgets and the EvictionRequest responder.
+	hook, err := freeAddress("127.0.0.1")
+	if err != nil {
+		return nil, stop, err
+	}
+	metrics, err := freeAddress("127.0.0.1")
+	if err != nil {
 		return nil, stop, err
 	}
 	controller, err := startChild(cp.Dir, filepath.Join(o.bin, "lifeboat-controller"),
-		"--kubeconfig", cp.Kubeconfig, "--acceleration", o.acceleration)
+		"--kubeconfig", cp.Kubeconfig, "--acceleration", o.acceleration,
+		"--webhook-listen", hook, "--webhook-url", "https://"+hook+webhook.Path, "--metrics-listen", metrics)
 	if err != nil {
 		return nil, stop, err
 	}
@@ -57,7 +88,7 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 	for i := 1; i <= o.nodes; i++ {
 		name, addr := fmt.Sprintf("node-%d", i), fmt.Sprintf("127.0.0.%d", 10+i)
 		n, err := node.Start(ctx, node.Config{
-			Client: cp.Kube, Name: name, Address: addr, RootDir: filepath.Join(nodesRoot, name),
+			Client: cp.Kube, Name: name, Address: addr, RootDir: filepath.Join(o.nodesRoot, name),
 			Capacity:                  corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")},
 			Binaries:                  map[string]string{"lifeboat-launcher": filepath.Join(o.bin, "lifeboat-launcher")},
 			EvictionMaxPodGracePeriod: maxPodGracePeriod,
@@ -68,8 +99,12 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 		}
 		stops = append(stops, n.Stop)
 		nodes = append(nodes, n)
+		listen, err := freeAddress(addr)
+		if err != nil {
+			return nil, stop, err
+		}
 		agent, err := startChild(cp.Dir, filepath.Join(o.bin, "lifeboat-agent"), "--kubeconfig", cp.Kubeconfig,
-			"--node-name", name, "--node-address", addr, "--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", addr+":8185",
+			"--node-name", name, "--node-address", addr, "--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", listen,
 			"--eviction-max-pod-grace-period", strconv.Itoa(maxPodGracePeriod))
 		if err != nil {
 			return nil, stop, err
@@ -77,6 +112,17 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 		stops = append(stops, agent)
 	}
 	return nodes, stop, nil
+}
+
+// freeAddress returns host:port with a port free on host now, so that a demo cluster and the
+// tests' clusters can run side by side.
+func freeAddress(host string) (string, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
 }
 
 // startChild runs a lifeboat binary with its log in dir; the returned function stops it.

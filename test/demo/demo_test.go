@@ -1,0 +1,105 @@
+// Package demo runs make demo as a new user does, then uses the cluster it leaves running the
+// way the README invites: an admin drains the VM's node, and lifeboat must move the VM.
+package demo
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
+
+	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+)
+
+func TestDemoClusterMovesTheVMOnADrain(t *testing.T) {
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A cluster of the test's own, beside any demo the user keeps running; the nodes' root is
+	// short because the launchers' sockets live under it.
+	dir := filepath.Join(t.TempDir(), "cluster")
+	nodes, err := os.MkdirTemp("/tmp", "lbdemo-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := []string{"DEMO_DIR=" + dir, "DEMO_NODES=" + nodes}
+	t.Cleanup(func() {
+		if out, err := makeIn(root, append([]string{"demo-down"}, vars...)...); err != nil {
+			t.Errorf("make demo-down: %v\n%s", err, out)
+		}
+		_ = os.RemoveAll(nodes)
+	})
+
+	out, err := makeIn(root, append([]string{"demo"}, vars...)...)
+	if err != nil {
+		t.Fatalf("make demo: %v\n%s", err, out)
+	}
+	for _, want := range []string{"the VM never stopped", "evicting pod default/", "drained"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("make demo's story lacks %q; it printed:\n%s", want, out)
+		}
+	}
+
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, "admin.kubeconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb := lifeboatclient.NewForConfigOrDie(cfg)
+	vmis := lb.LifeboatV1alpha1().VirtualMachineInstances("default")
+	ctx := context.Background()
+	before, err := vmis.Get(ctx, "demo", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := before.Status.NodeName
+
+	// What the README says a user may do next: drain the VM's node.
+	bins, err := controlplane.EnsureBinaries(ctx, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain := exec.Command(filepath.Join(bins.Dir(), "kubectl"), "--kubeconfig", filepath.Join(dir, "admin.kubeconfig"),
+		"drain", from, "--ignore-daemonsets", "--timeout=3m")
+	drained, err := drain.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl drain %s: %v\n%s", from, err, drained)
+	}
+	if !strings.Contains(string(drained), webhook.EvacuationText) {
+		t.Errorf("kubectl drain %s never met the eviction webhook's %q; it printed:\n%s", from, webhook.EvacuationText, drained)
+	}
+	var after *v1alpha1.VirtualMachineInstance
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		after, err = vmis.Get(ctx, "demo", metav1.GetOptions{})
+		return err == nil && after.Status.Phase == v1alpha1.VMIRunning && after.Status.NodeName != "" &&
+			after.Status.NodeName != from && after.Status.EvacuationNodeName == "", nil
+	})
+	if err != nil {
+		t.Fatalf("after draining %s the VM should run on the other node with no evacuation mark; it has phase %q on %q, mark %q",
+			from, after.Status.Phase, after.Status.NodeName, after.Status.EvacuationNodeName)
+	}
+	if after.UID != before.UID {
+		t.Errorf("the drain replaced the VMI (uid %s, was %s) instead of moving it", after.UID, before.UID)
+	}
+}
+
+// makeIn runs make in dir with args and returns what it printed.
+func makeIn(dir string, args ...string) (string, error) {
+	var out bytes.Buffer
+	cmd := exec.Command("make", append([]string{"--no-print-directory"}, args...)...)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
