@@ -121,9 +121,10 @@ demo: deps $(CLUSTER) lifeboat-bins
 	@$(CLUSTER) down --dir $(DEMO_DIR) >/dev/null
 	$(CLUSTER) up --dir $(DEMO_DIR) --nodes 2 --nodes-root $(DEMO_NODES) --lifeboat-bin bin --acceleration $(ACCELERATION)
 	@set -e; read kernel initrd <<<"$$($(CLUSTER) guest)"; set -x; \
-	$(KUBECTL) apply --server-side -f manifests/lifeboatconfig.yaml; \
-	: "A bandwidth cap, so that the transfer is slow enough to watch"; \
-	$(KUBECTL) patch lifeboatconfig cluster --type merge -p '{"spec":{"migrations":{"bandwidthPerMigration":"32Mi"}}}'; \
+	$(KUBECTL) apply --server-side -f manifests/lifeboatconfig.yaml -f manifests/vmi-node-paths.yaml; \
+	: "The test guest boots from a node directory, which the admin must allow; and a bandwidth cap, so that the transfer is slow enough to watch"; \
+	dirs=$$(printf '"%s"\n' "$$(dirname $$kernel)" "$$(dirname $$initrd)" | sort -u | paste -sd,); \
+	$(KUBECTL) patch lifeboatconfig cluster --type merge -p "{\"spec\":{\"allowedNodeDirectories\":[$$dirs],\"migrations\":{\"bandwidthPerMigration\":\"32Mi\"}}}"; \
 	sed -e "s|/var/lib/lifeboat/guest/vmlinuz|$$kernel|" -e "s|/var/lib/lifeboat/guest/initrd.gz|$$initrd|" manifests/examples/vmi.yaml \
 		| $(KUBECTL) apply --server-side -f -; \
 	$(KUBECTL) get nodes -L lifeboat.dev/kvm; \

@@ -34,9 +34,11 @@ type Config struct {
 	// CapabilitiesCache is libvirt's QEMU capabilities cache shared by the node's launchers;
 	// empty means the daemon's own.
 	CapabilitiesCache string
-	NotifySocket      string
-	Acceleration      domain.Acceleration
-	Log               *slog.Logger
+	// NodeDirectories are the allowed node directories the pod mounts; boot files must stay in them.
+	NodeDirectories []string
+	NotifySocket    string
+	Acceleration    domain.Acceleration
+	Log             *slog.Logger
 }
 
 // ConfigFromEnv reads the VMI and the pod grace period the launcher pod passes in its environment.
@@ -53,6 +55,11 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		return cfg, fmt.Errorf("$%s lacks the VMI's namespace, name or UID", contract.EnvVMI)
 	}
 	cfg.MigrationTarget = getenv(contract.EnvMigrationTarget)
+	if d := getenv(contract.EnvNodeDirectories); d != "" {
+		if err := json.Unmarshal([]byte(d), &cfg.NodeDirectories); err != nil {
+			return cfg, fmt.Errorf("decoding $%s: %w", contract.EnvNodeDirectories, err)
+		}
+	}
 	if g := getenv(contract.EnvPodGracePeriod); g != "" {
 		n, err := strconv.ParseInt(g, 10, 64)
 		if err != nil || n < 0 {
@@ -92,6 +99,9 @@ func Run(ctx context.Context, cfg Config, sigterm <-chan os.Signal) int {
 }
 
 func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, sigterm <-chan os.Signal) (int, error) {
+	if err := CheckNodePaths(cfg.VMI.Spec.Boot, cfg.NodeDirectories); err != nil {
+		return contract.ExitFailed, err
+	}
 	dir := filepath.Join(cfg.DomainsDir, cfg.VMI.UID)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return contract.ExitFailed, err

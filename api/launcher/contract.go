@@ -27,6 +27,9 @@ const (
 	EnvVMI = "LIFEBOAT_VMI"
 	// EnvPodGracePeriod holds the pod's terminationGracePeriodSeconds, reported with SIGTERM.
 	EnvPodGracePeriod = "LIFEBOAT_POD_GRACE_PERIOD_SECONDS"
+	// EnvNodeDirectories holds the allowed node directories the pod mounts (a JSON list); the
+	// launcher refuses a boot file that resolves out of its directory.
+	EnvNodeDirectories = "LIFEBOAT_NODE_DIRECTORIES"
 	// EnvMigrationTarget, when set (to the migration's UID), makes the launcher a migration
 	// target: it runs its libvirtd and waits for the domain to arrive instead of starting one.
 	EnvMigrationTarget = "LIFEBOAT_MIGRATION_TARGET"

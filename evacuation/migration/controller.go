@@ -2,6 +2,7 @@ package migration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -35,6 +36,7 @@ type Controller struct {
 	lifeboat   lifeboatclient.Interface
 	migrations lifeboatlisters.VirtualMachineInstanceMigrationLister
 	vmis       lifeboatlisters.VirtualMachineInstanceLister
+	configs    lifeboatlisters.LifeboatConfigLister
 	pods       corelisters.PodLister
 	synced     []cache.InformerSynced
 	queue      workqueue.TypedRateLimitingInterface[string]
@@ -45,10 +47,12 @@ type Controller struct {
 
 // New wires the controller to its informers; the pod informer should hold launcher pods.
 func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations lifeboatinformers.VirtualMachineInstanceMigrationInformer,
-	vmis lifeboatinformers.VirtualMachineInstanceInformer, pods coreinformers.PodInformer, recorder record.EventRecorder, opts vmi.PodOptions, log *slog.Logger) *Controller {
+	vmis lifeboatinformers.VirtualMachineInstanceInformer, configs lifeboatinformers.LifeboatConfigInformer, pods coreinformers.PodInformer,
+	recorder record.EventRecorder, opts vmi.PodOptions, log *slog.Logger) *Controller {
 	c := &Controller{
-		kube: kube, lifeboat: lb, migrations: migrations.Lister(), vmis: vmis.Lister(), pods: pods.Lister(),
-		synced:   []cache.InformerSynced{migrations.Informer().HasSynced, vmis.Informer().HasSynced, pods.Informer().HasSynced},
+		kube: kube, lifeboat: lb, migrations: migrations.Lister(), vmis: vmis.Lister(), configs: configs.Lister(), pods: pods.Lister(),
+		synced: []cache.InformerSynced{migrations.Informer().HasSynced, vmis.Informer().HasSynced, configs.Informer().HasSynced,
+			pods.Informer().HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "migration"}),
 		recorder: recorder, opts: opts, log: log.With("controller", "migration"),
 	}
@@ -132,7 +136,14 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	status, action, events := Next(m, v, target, metav1.Now())
 	switch action {
 	case CreateTargetPod:
-		pod, err := vmi.NewTargetPod(v, m, c.opts)
+		pod, err := vmi.NewTargetPod(v, m, c.opts, vmi.AllowedNodeDirectories(c.configs))
+		var refused *vmi.RefusedError
+		if errors.As(err, &refused) {
+			// The guest stays where it runs: the admin no longer allows its node paths.
+			status.Phase, status.FailureReason = v1alpha1.MigrationFailed, "no target pod: "+refused.Reason
+			events = append(events, Event{corev1.EventTypeWarning, vmi.ReasonNodePathRefused, refused.Reason})
+			break
+		}
 		if err != nil {
 			return err
 		}

@@ -112,7 +112,7 @@ func runningVM(t *testing.T, strategy v1alpha1.EvictionStrategy) (*v1alpha1.Virt
 	if v, err = vmis.UpdateStatus(ctx, v, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pod, err := vmi.NewLauncherPod(v, vmi.PodOptions{Image: "lifeboat-launcher:test", Acceleration: "tcg", EvictionResponder: true})
+	pod, err := vmi.NewLauncherPod(v, vmi.PodOptions{Image: "lifeboat-launcher:test", Acceleration: "tcg", EvictionResponder: true}, []string{"/images"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ package vmi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -34,6 +35,7 @@ type Controller struct {
 	kube     kubernetes.Interface
 	lifeboat lifeboatclient.Interface
 	vmis     lifeboatlisters.VirtualMachineInstanceLister
+	configs  lifeboatlisters.LifeboatConfigLister
 	pods     corelisters.PodLister
 	synced   []cache.InformerSynced
 	queue    workqueue.TypedRateLimitingInterface[string]
@@ -45,11 +47,13 @@ type Controller struct {
 
 // New wires the controller to its informers. The pod informer should be filtered to launcher pods.
 func New(kube kubernetes.Interface, lb lifeboatclient.Interface, vmiInformer lifeboatinformers.VirtualMachineInstanceInformer,
-	podInformer coreinformers.PodInformer, recorder record.EventRecorder, opts PodOptions, log *slog.Logger) *Controller {
+	configInformer lifeboatinformers.LifeboatConfigInformer, podInformer coreinformers.PodInformer,
+	recorder record.EventRecorder, opts PodOptions, log *slog.Logger) *Controller {
 	c := &Controller{
 		kube: kube, lifeboat: lb,
-		vmis: vmiInformer.Lister(), pods: podInformer.Lister(),
-		synced:   []cache.InformerSynced{vmiInformer.Informer().HasSynced, podInformer.Informer().HasSynced},
+		vmis: vmiInformer.Lister(), configs: configInformer.Lister(), pods: podInformer.Lister(),
+		synced: []cache.InformerSynced{vmiInformer.Informer().HasSynced, configInformer.Informer().HasSynced,
+			podInformer.Informer().HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "vmi"}),
 		recorder: recorder,
 		opts:     opts,
@@ -57,6 +61,8 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, vmiInformer lif
 		log:      log.With("controller", "vmi"),
 	}
 	_, _ = vmiInformer.Informer().AddEventHandler(worker.Handler(c.enqueue))
+	// A VMI refused for its node paths may start once the admin allows them.
+	_, _ = configInformer.Informer().AddEventHandler(worker.Handler(func(any) { c.enqueuePending() }))
 	_, _ = podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueueOwner,
 		UpdateFunc: func(_, obj any) { c.enqueueOwner(obj) },
@@ -74,6 +80,20 @@ func (c *Controller) enqueue(obj any) {
 	c.queue.Add(key)
 }
 
+// enqueuePending enqueues the VMIs that have no launcher pod yet.
+func (c *Controller) enqueuePending() {
+	vmis, err := c.vmis.List(labels.Everything())
+	if err != nil {
+		utilruntime.HandleError(err)
+		return
+	}
+	for _, v := range vmis {
+		if v.Status.Phase == "" || v.Status.Phase == v1alpha1.VMIPending {
+			c.enqueue(v)
+		}
+	}
+}
+
 // enqueueOwner maps a launcher pod to the VMI that controls it.
 func (c *Controller) enqueueOwner(obj any) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -86,6 +106,16 @@ func (c *Controller) enqueueOwner(obj any) {
 	if ref := metav1.GetControllerOf(pod); ref != nil && ref.Kind == "VirtualMachineInstance" && ref.APIVersion == v1alpha1.SchemeGroupVersion.String() {
 		c.queue.Add(pod.Namespace + "/" + ref.Name)
 	}
+}
+
+// AllowedNodeDirectories are the node directories the cluster's LifeboatConfig allows VMIs to
+// boot from; none when there is no LifeboatConfig.
+func AllowedNodeDirectories(configs lifeboatlisters.LifeboatConfigLister) []string {
+	cfg, err := configs.Get(v1alpha1.ConfigName)
+	if err != nil {
+		return nil
+	}
+	return cfg.Spec.AllowedNodeDirectories
 }
 
 // Run processes the queue with the given number of workers until ctx ends.
@@ -146,7 +176,14 @@ func (c *Controller) launcherPod(vmi *v1alpha1.VirtualMachineInstance) (*corev1.
 }
 
 func (c *Controller) createLauncherPod(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) (*corev1.Pod, error) {
-	pod, err := NewLauncherPod(vmi, c.opts)
+	pod, err := NewLauncherPod(vmi, c.opts, AllowedNodeDirectories(c.configs))
+	var refused *RefusedError
+	if errors.As(err, &refused) {
+		// Permanent until the VMI or the configuration changes, and both requeue it.
+		c.recorder.Event(vmi, corev1.EventTypeWarning, ReasonNodePathRefused, refused.Reason)
+		c.log.Info("refused a launcher pod", "vmi", vmi.Namespace+"/"+vmi.Name, "reason", refused.Reason)
+		return nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}

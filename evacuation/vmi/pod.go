@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
@@ -80,8 +79,19 @@ type PodOptions struct {
 	HostNetwork bool
 }
 
-// NewLauncherPod builds the launcher pod of a VMI, owned by it.
-func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*corev1.Pod, error) {
+// RefusedError is a VMI that may not have a launcher pod as it is: it names a node path the
+// cluster admin does not allow. Retrying does not help until the VMI or the LifeboatConfig changes.
+type RefusedError struct{ Reason string }
+
+func (e *RefusedError) Error() string { return e.Reason }
+
+// NewLauncherPod builds the launcher pod of a VMI, owned by it. allowed are the node directories
+// the cluster admin allows (LifeboatConfig spec.allowedNodeDirectories); a VMI naming a node path
+// outside them gets no pod but a *RefusedError.
+func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allowed []string) (*corev1.Pod, error) {
+	if reason := v1alpha1.RefusedNodePath(vmi.Spec.Boot, allowed); reason != "" {
+		return nil, &RefusedError{Reason: reason}
+	}
 	payload, err := json.Marshal(launcher.VMI{Namespace: vmi.Namespace, Name: vmi.Name, UID: string(vmi.UID), Spec: vmi.Spec})
 	if err != nil {
 		return nil, fmt.Errorf("encoding the VMI for its launcher: %w", err)
@@ -96,7 +106,11 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 	if cpus == 0 {
 		cpus = 1
 	}
-	volumes, mounts := launcherVolumes(vmi)
+	volumes, mounts, dirs := launcherVolumes(vmi, allowed)
+	allowedEnv, err := json.Marshal(dirs)
+	if err != nil {
+		return nil, err
+	}
 	var responders []corev1.EvictionResponder
 	if opts.EvictionResponder {
 		responders = []corev1.EvictionResponder{{Name: v1alpha1.EvictionResponderName, Priority: ptr.To(v1alpha1.EvictionResponderPriority)}}
@@ -133,6 +147,7 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 				Env: []corev1.EnvVar{
 					{Name: launcher.EnvVMI, Value: string(payload)},
 					{Name: launcher.EnvPodGracePeriod, Value: fmt.Sprint(grace)},
+					{Name: launcher.EnvNodeDirectories, Value: string(allowedEnv)},
 					fieldEnv("POD_NAME", "metadata.name"),
 					fieldEnv("POD_NAMESPACE", "metadata.namespace"),
 					fieldEnv("POD_UID", "metadata.uid"),
@@ -156,8 +171,8 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions) (*cor
 
 // NewTargetPod builds the launcher pod that receives a VMI in a migration: the VMI's launcher pod,
 // named for the migration, told to wait for the guest, and kept off the source node.
-func NewTargetPod(vmi *v1alpha1.VirtualMachineInstance, m *v1alpha1.VirtualMachineInstanceMigration, opts PodOptions) (*corev1.Pod, error) {
-	pod, err := NewLauncherPod(vmi, opts)
+func NewTargetPod(vmi *v1alpha1.VirtualMachineInstance, m *v1alpha1.VirtualMachineInstanceMigration, opts PodOptions, allowed []string) (*corev1.Pod, error) {
+	pod, err := NewLauncherPod(vmi, opts, allowed)
 	if err != nil {
 		return nil, err
 	}
@@ -203,22 +218,21 @@ func fieldEnv(name, path string) corev1.EnvVar {
 	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
 }
 
-// launcherVolumes mounts the shared run directory and, at the same paths, the directories of
-// the guest's boot files, which are paths on the node: read-only, but for a disk image's.
-func launcherVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []corev1.VolumeMount) {
+// launcherVolumes mounts the shared run directory and, at the same paths, the allowed node
+// directories that hold the guest's boot files: read-only, but for a disk image's. It returns the
+// directories mounted, which the launcher checks the files' symlinks against. The VMI's paths
+// were checked against allowed already.
+func launcherVolumes(vmi *v1alpha1.VirtualMachineInstance, allowed []string) ([]corev1.Volume, []corev1.VolumeMount, []string) {
 	volumes := []corev1.Volume{{
 		Name:         "lifeboat-run",
 		VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: launcher.RunDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}},
 	}}
 	mounts := []corev1.VolumeMount{{Name: "lifeboat-run", MountPath: launcher.RunDir}}
 	dirs := map[string]bool{} // directory → read-only
-	for _, p := range []string{vmi.Spec.Boot.Kernel, vmi.Spec.Boot.Initrd} {
-		if p != "" {
-			dirs[filepath.Dir(p)] = true
-		}
-	}
-	if d := vmi.Spec.Boot.Disk; d != "" {
-		dirs[filepath.Dir(d)] = false
+	for _, f := range v1alpha1.NodePaths(vmi.Spec.Boot) {
+		d, _ := v1alpha1.AllowedDirectory(f[1], allowed)
+		readOnly, seen := dirs[d]
+		dirs[d] = (readOnly || !seen) && f[1] != vmi.Spec.Boot.Disk
 	}
 	sorted := make([]string, 0, len(dirs))
 	for d := range dirs {
@@ -226,12 +240,12 @@ func launcherVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []c
 	}
 	sort.Strings(sorted)
 	for i, d := range sorted {
-		name := fmt.Sprintf("boot-%d", i)
+		name := fmt.Sprintf("node-dir-%d", i)
 		volumes = append(volumes, corev1.Volume{
 			Name:         name,
 			VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: d, Type: ptr.To(corev1.HostPathDirectory)}},
 		})
 		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: d, ReadOnly: dirs[d]})
 	}
-	return volumes, mounts
+	return volumes, mounts, sorted
 }

@@ -2,6 +2,9 @@ package vmi
 
 import (
 	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -24,7 +27,8 @@ func TestNewLauncherPod(t *testing.T) {
 			NodeSelector:                  map[string]string{"zone": "a"},
 		},
 	}
-	pod, err := NewLauncherPod(vmi, PodOptions{Image: "lifeboat-launcher:dev", Acceleration: "tcg"})
+	allowed := []string{"/disks", "/images", "/unused"}
+	pod, err := NewLauncherPod(vmi, PodOptions{Image: "lifeboat-launcher:dev", Acceleration: "tcg"}, allowed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,12 +61,21 @@ func TestNewLauncherPod(t *testing.T) {
 		t.Errorf("cpu request = %s, want 200m for 2 vCPUs", got.String())
 	}
 	var payload launcher.VMI
+	var dirs []string
 	for _, e := range c.Env {
-		if e.Name == launcher.EnvVMI {
+		switch e.Name {
+		case launcher.EnvVMI:
 			if err := json.Unmarshal([]byte(e.Value), &payload); err != nil {
 				t.Fatal(err)
 			}
+		case launcher.EnvNodeDirectories:
+			if err := json.Unmarshal([]byte(e.Value), &dirs); err != nil {
+				t.Fatal(err)
+			}
 		}
+	}
+	if want := []string{"/disks", "/images"}; !slices.Equal(dirs, want) {
+		t.Errorf("the launcher is told the node directories %v, want the mounted %v", dirs, want)
 	}
 	if payload.UID != "0a1b" || payload.Spec.Boot.Kernel != "/images/vmlinuz" {
 		t.Errorf("launcher payload = %+v", payload)
@@ -77,6 +90,9 @@ func TestNewLauncherPod(t *testing.T) {
 	if ro, ok := mounts["/disks"]; !ok || ro {
 		t.Errorf("disk image directory must be mounted read-write: %v", mounts)
 	}
+	if _, ok := mounts["/unused"]; ok || len(mounts) != 3 {
+		t.Errorf("only the allowed directories the VMI uses and the run directory may be mounted: %v", mounts)
+	}
 	if _, ok := mounts[launcher.RunDir]; !ok {
 		t.Errorf("run directory %s not mounted: %v", launcher.RunDir, mounts)
 	}
@@ -89,9 +105,28 @@ func TestNewLauncherPod(t *testing.T) {
 	if pod.Spec.HostNetwork {
 		t.Errorf("a launcher pod uses the pod network unless told otherwise")
 	}
-	hostNet, err := NewLauncherPod(vmi, PodOptions{Image: "lifeboat-launcher:dev", Acceleration: "tcg", HostNetwork: true})
+	hostNet, err := NewLauncherPod(vmi, PodOptions{Image: "lifeboat-launcher:dev", Acceleration: "tcg", HostNetwork: true}, allowed)
 	if err != nil || !hostNet.Spec.HostNetwork {
 		t.Errorf("with HostNetwork, a launcher pod must use the node's network: %v", err)
+	}
+}
+
+func TestNoLauncherPodForANodePathNotAllowed(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Name: "vm1", Namespace: "ns", UID: "0a1b"},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{Memory: resource.MustParse("1Gi"),
+			Boot: v1alpha1.BootSource{Kernel: "/var/lib/lifeboat/guest/vmlinuz", Disk: "/dev/sda"}},
+	}
+	m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "m", UID: "m1"}}
+	allowed := []string{"/var/lib/lifeboat/guest"}
+	opts := PodOptions{Image: "img", Acceleration: "tcg"}
+	pod, err := NewLauncherPod(vmi, opts, allowed)
+	var refused *RefusedError
+	if pod != nil || !errors.As(err, &refused) || !strings.Contains(refused.Reason, `boot.disk "/dev/sda"`) {
+		t.Errorf("a VMI with the node's /dev/sda as a disk got pod %v and error %v; want no pod and a refusal naming boot.disk", pod, err)
+	}
+	if pod, err := NewTargetPod(vmi, m, opts, allowed); pod != nil || !errors.As(err, &refused) {
+		t.Errorf("a migration target of that VMI got pod %v and error %v; want no pod and a refusal", pod, err)
 	}
 }
 
@@ -160,11 +195,11 @@ func TestLauncherPodDeclaresTheEvictionResponderOnlyWhenServed(t *testing.T) {
 	}
 	for _, tc := range cases {
 		opts := PodOptions{Image: "img", Acceleration: "tcg", EvictionResponder: tc.served}
-		first, err := NewLauncherPod(vmi, opts)
+		first, err := NewLauncherPod(vmi, opts, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		target, err := NewTargetPod(vmi, m, opts)
+		target, err := NewTargetPod(vmi, m, opts, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -18,12 +18,14 @@ type Event struct {
 
 // Reasons of VMI events and status, CamelCase as Kubernetes has them.
 const (
-	ReasonSuccessfulCreate  = "SuccessfulCreate"
-	ReasonFailedCreate      = "FailedCreate"
-	ReasonScheduled         = "Scheduled"
-	ReasonFailedScheduling  = "FailedScheduling"
-	ReasonStopped           = "Stopped"
-	ReasonLauncherFailed    = "LauncherFailed"
+	ReasonSuccessfulCreate = "SuccessfulCreate"
+	ReasonFailedCreate     = "FailedCreate"
+	ReasonScheduled        = "Scheduled"
+	ReasonFailedScheduling = "FailedScheduling"
+	ReasonStopped          = "Stopped"
+	ReasonLauncherFailed   = "LauncherFailed"
+	// ReasonNodePathRefused: the VMI names a node path the cluster admin does not allow; it gets no pod.
+	ReasonNodePathRefused   = "NodePathRefused"
 	ReasonLauncherVanished  = "LauncherPodVanished"
 	ReasonShuttingDown      = "ShuttingDown"
 	ReasonGuestShutDown     = "GuestShutDown"

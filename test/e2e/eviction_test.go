@@ -27,6 +27,7 @@ func setConfig(t testing.TB, gateOn bool, mutate ...func(*v1alpha1.LifeboatConfi
 	ctx := context.Background()
 	configs := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs()
 	cfg := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}}
+	cfg.Spec.AllowedNodeDirectories = guestDirectories()
 	if gateOn {
 		cfg.Spec.FeatureGates = []v1alpha1.FeatureGate{v1alpha1.FeatureGateNodePressureEvictionLiveMigration}
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -243,8 +244,29 @@ func newVMI(name string, mutate ...func(*v1alpha1.VirtualMachineInstance)) *v1al
 	return v
 }
 
+// guestDirectories are the node directories of the test guest's kernel and initrd, which the
+// cluster admin must allow (LifeboatConfig spec.allowedNodeDirectories) for VMIs to boot it.
+func guestDirectories() []string {
+	dirs := []string{filepath.Dir(image.Kernel)}
+	if d := filepath.Dir(image.Initrd); d != dirs[0] {
+		dirs = append(dirs, d)
+	}
+	return dirs
+}
+
+// createVMI creates v in ns; a cluster without a LifeboatConfig gets one that allows the test
+// guest's node directories, and nothing else.
 func createVMI(t testing.TB, ns string, v *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineInstance {
 	t.Helper()
+	cfg := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName},
+		Spec: v1alpha1.LifeboatConfigSpec{AllowedNodeDirectories: guestDirectories()}}
+	if _, err := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs().Create(context.Background(), cfg, metav1.CreateOptions{}); err == nil {
+		t.Cleanup(func() {
+			_ = cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs().Delete(context.Background(), v1alpha1.ConfigName, metav1.DeleteOptions{})
+		})
+	} else if !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("creating the LifeboatConfig: %v", err)
+	}
 	created, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Create(context.Background(), v, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating VMI %s: %v", v.Name, err)

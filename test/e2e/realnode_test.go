@@ -156,7 +156,7 @@ func deployLifeboat(t *testing.T, n *realnode.Node) {
 		}
 		ctx := context.Background()
 		_, _ = cluster.Kubectl(ctx, "delete", "namespace", "lifeboat-system", "--ignore-not-found")
-		_, _ = cluster.Kubectl(ctx, "delete", "clusterrole,clusterrolebinding,validatingwebhookconfiguration",
+		_, _ = cluster.Kubectl(ctx, "delete", "clusterrole,clusterrolebinding,validatingwebhookconfiguration,validatingadmissionpolicy,validatingadmissionpolicybinding",
 			"-l", "app.kubernetes.io/part-of=lifeboat", "--ignore-not-found")
 	})
 	// The CRDs are already there (the control plane installs them): applying takes them over.

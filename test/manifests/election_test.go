@@ -98,12 +98,13 @@ func leaseHolder(ctx context.Context) string {
 // gives a new VMI its launcher pod.
 func createVMIAndWaitForItsPod(t *testing.T, ns, name string) {
 	t.Helper()
+	allowNodeDirectories(t, guestDir)
 	ctx := context.Background()
 	vmi, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Create(ctx, &v1alpha1.VirtualMachineInstance{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: v1alpha1.VirtualMachineInstanceSpec{
 			CPUs: 1, Memory: resource.MustParse("128Mi"),
-			Boot: v1alpha1.BootSource{Kernel: "/var/lib/lifeboat/guest/vmlinuz", Initrd: "/var/lib/lifeboat/guest/initrd.gz"},
+			Boot: v1alpha1.BootSource{Kernel: guestDir + "/vmlinuz", Initrd: guestDir + "/initrd.gz"},
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {

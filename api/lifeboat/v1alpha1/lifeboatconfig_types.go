@@ -52,6 +52,19 @@ type LifeboatConfigSpec struct {
 	// +kubebuilder:default={}
 	// +optional
 	Migrations MigrationsConfig `json:"migrations,omitempty"`
+
+	// AllowedNodeDirectories are the node directories whose files a VMI's spec.boot may name.
+	// Empty (the default) means none: a VMI that names a node path is refused at admission and
+	// gets no launcher pod. A launcher pod mounts only the listed directories its VMI uses, and
+	// the launcher refuses a file that resolves (through symlinks) out of its directory.
+	// Everyone who may create a VMI can read these directories, and write a disk image in them.
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=1024
+	// +kubebuilder:validation:items:Pattern=`^(/[^/]+)+$`
+	// +kubebuilder:validation:XValidation:rule="self.all(d, !d.split('/').exists(s, s == '..' || s == '.'))",message="allowedNodeDirectories must be clean absolute paths, without . or .. and not /"
+	// +listType=set
+	// +optional
+	AllowedNodeDirectories []string `json:"allowedNodeDirectories,omitempty"`
 }
 
 // MigrationsConfig limits and tunes live migrations.

@@ -116,6 +116,11 @@ func (in *LifeboatConfigSpec) DeepCopyInto(out *LifeboatConfigSpec) {
 		**out = **in
 	}
 	in.Migrations.DeepCopyInto(&out.Migrations)
+	if in.AllowedNodeDirectories != nil {
+		in, out := &in.AllowedNodeDirectories, &out.AllowedNodeDirectories
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	return
 }
 

@@ -1,0 +1,49 @@
+package v1alpha1
+
+import (
+	"fmt"
+	"path"
+	"strings"
+)
+
+// NodePaths are the node files a VMI's spec.boot names, by their field: boot.kernel, boot.initrd, boot.disk.
+func NodePaths(boot BootSource) [][2]string {
+	var paths [][2]string
+	for _, f := range [][2]string{{"boot.kernel", boot.Kernel}, {"boot.initrd", boot.Initrd}, {"boot.disk", boot.Disk}} {
+		if f[1] != "" {
+			paths = append(paths, f)
+		}
+	}
+	return paths
+}
+
+// AllowedDirectory returns the directory of allowed that holds p, or false if none does or p is
+// not a clean absolute path. Symlinks are the node's to resolve; see the launcher.
+func AllowedDirectory(p string, allowed []string) (string, bool) {
+	if !path.IsAbs(p) || path.Clean(p) != p {
+		return "", false
+	}
+	for _, d := range allowed {
+		if d != "/" && strings.HasPrefix(p, d+"/") {
+			return d, true
+		}
+	}
+	return "", false
+}
+
+// RefusedNodePath says why boot may not be used under the allow-list, or "" if it may: every
+// node path it names must be clean, absolute and inside one of the allowed directories.
+// The admission policy (manifests/vmi-node-paths.yaml) says the same in CEL.
+func RefusedNodePath(boot BootSource, allowed []string) string {
+	for _, f := range NodePaths(boot) {
+		if _, ok := AllowedDirectory(f[1], allowed); ok {
+			continue
+		}
+		if len(allowed) == 0 {
+			return fmt.Sprintf("%s %q is a node path, and the cluster admin allows none (LifeboatConfig %q spec.allowedNodeDirectories is empty)", f[0], f[1], ConfigName)
+		}
+		return fmt.Sprintf("%s %q is not a clean path inside a node directory the cluster admin allows (LifeboatConfig %q spec.allowedNodeDirectories: %s)",
+			f[0], f[1], ConfigName, strings.Join(allowed, ", "))
+	}
+	return ""
+}
