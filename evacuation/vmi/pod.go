@@ -158,6 +158,9 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 					corev1.ResourceCPU:    *resource.NewMilliQuantity(int64(cpus)*CPURequestPerVCPUMilli, resource.DecimalSI),
 				}},
 				VolumeMounts: mounts,
+				// A launcher that refuses its VMI (a boot file's symlink out of its directory) says
+				// why in its last log line; the kubelet makes that the VMI's failure message.
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 				// The launcher mounts its libvirtd's private directories (a mount namespace needs
 				// CAP_SYS_ADMIN) and QEMU opens /dev/kvm where the node has it: a privileged
 				// container has both, and sees the node's devices without naming one that may be missing.

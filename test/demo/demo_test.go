@@ -30,7 +30,7 @@ func TestDemoClusterMovesTheVMOnADrain(t *testing.T) {
 	// A cluster of the test's own, beside any demo the user keeps running; the nodes' root is
 	// short because the launchers' sockets live under it.
 	dir := filepath.Join(t.TempDir(), "cluster")
-	nodes, err := os.MkdirTemp("/tmp", "lbdemo-")
+	nodes, err := os.MkdirTemp("/tmp", "lbd")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/google/uuid"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/klog/v2"
@@ -23,6 +24,9 @@ import (
 // defaultNodesRoot holds the emulated nodes' private host paths. It is short on purpose: the
 // launchers' libvirt sockets live under it, and a unix socket path may not exceed 107 bytes.
 const defaultNodesRoot = "/tmp/lifeboat-demo"
+
+// maxSocketPath is the longest unix socket path Linux takes (sun_path less its terminating NUL).
+const maxSocketPath = 107
 
 // nodesRootFile records, in the cluster's directory, the nodes root serve was given, for the
 // commands (console) that read the nodes' files later.
@@ -62,6 +66,11 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 			stop()
 		}
 	}()
+	// The longest socket a node holds: a migration's, in a launcher's directory.
+	longest := filepath.Join(o.nodesRoot, fmt.Sprintf("node-%d", o.nodes), "run/lifeboat/domains", uuid.NewString(), "migration-libvirt.sock")
+	if len(longest) > maxSocketPath {
+		return nil, stop, fmt.Errorf("--nodes-root %s is too long: the nodes' unix sockets, such as %s, would exceed %d bytes", o.nodesRoot, longest, maxSocketPath)
+	}
 	if err := os.RemoveAll(o.nodesRoot); err != nil {
 		return nil, stop, err
 	}
