@@ -20,7 +20,9 @@ func TestTheLauncherRefusesASymlinkOutOfAnAllowedDirectory(t *testing.T) {
 	if err := os.Symlink(image.Kernel, link); err != nil {
 		t.Fatal(err)
 	}
-	setConfig(t, false, func(c *v1alpha1.LifeboatConfig) { c.Spec.AllowedNodeDirectories = append(c.Spec.AllowedNodeDirectories, allowed) })
+	setConfig(t, false, func(c *v1alpha1.LifeboatConfig) {
+		c.Spec.AllowedNodeDirectories = append(c.Spec.AllowedNodeDirectories, allowed)
+	})
 	startController(t)
 	n := startNodes(t, 1)[0]
 	ns := testNamespace(t)
