@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -239,7 +240,9 @@ func launcherVolumes(vmi *v1alpha1.VirtualMachineInstance, allowed []string) ([]
 	}
 	sorted := make([]string, 0, len(dirs))
 	for d := range dirs {
-		sorted = append(sorted, d)
+		if !coveredBy(d, dirs) {
+			sorted = append(sorted, d)
+		}
 	}
 	sort.Strings(sorted)
 	for i, d := range sorted {
@@ -251,4 +254,15 @@ func launcherVolumes(vmi *v1alpha1.VirtualMachineInstance, allowed []string) ([]
 		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: d, ReadOnly: dirs[d]})
 	}
 	return volumes, mounts, sorted
+}
+
+// coveredBy reports whether another directory of dirs holds d and is mounted as d would be, so
+// that mounting d as well would only nest the same files.
+func coveredBy(d string, dirs map[string]bool) bool {
+	for outer, readOnly := range dirs {
+		if strings.HasPrefix(d, outer+"/") && readOnly == dirs[d] {
+			return true
+		}
+	}
+	return false
 }

@@ -3,6 +3,7 @@ package vmi
 import (
 	"encoding/json"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -108,6 +109,26 @@ func TestNewLauncherPod(t *testing.T) {
 	hostNet, err := NewLauncherPod(vmi, PodOptions{Image: "lifeboat-launcher:dev", Acceleration: "tcg", HostNetwork: true}, allowed)
 	if err != nil || !hostNet.Spec.HostNetwork {
 		t.Errorf("with HostNetwork, a launcher pod must use the node's network: %v", err)
+	}
+}
+
+func TestNestedAllowedDirectoriesAreMountedOnce(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Name: "vm1", Namespace: "ns", UID: "0a1b"},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{Memory: resource.MustParse("1Gi"),
+			Boot: v1alpha1.BootSource{Kernel: "/guest/linux/vmlinuz", Initrd: "/guest/initrd.gz", Disk: "/guest/linux/disks/a.raw"}},
+	}
+	pod, err := NewLauncherPod(vmi, PodOptions{Image: "img", Acceleration: "tcg"}, []string{"/guest", "/guest/linux", "/guest/linux/disks"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		got[m.MountPath] = m.ReadOnly
+	}
+	want := map[string]bool{launcher.RunDir: false, "/guest": true, "/guest/linux/disks": false}
+	if !maps.Equal(got, want) {
+		t.Errorf("mounts (path: read-only) %v, want %v: a read-only directory inside a read-only one is not mounted again, a writable one is", got, want)
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -244,29 +245,56 @@ func newVMI(name string, mutate ...func(*v1alpha1.VirtualMachineInstance)) *v1al
 	return v
 }
 
+// allowNodePaths adds the directories of v's node paths to the LifeboatConfig's allow-list.
+func allowNodePaths(t testing.TB, v *v1alpha1.VirtualMachineInstance) {
+	t.Helper()
+	ctx := context.Background()
+	configs := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs()
+	cfg := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName},
+		Spec: v1alpha1.LifeboatConfigSpec{AllowedNodeDirectories: guestDirectories()}}
+	if _, err := configs.Create(ctx, cfg, metav1.CreateOptions{}); err == nil {
+		t.Cleanup(func() { _ = configs.Delete(context.Background(), v1alpha1.ConfigName, metav1.DeleteOptions{}) })
+	} else if !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("creating the LifeboatConfig: %v", err)
+	}
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		cfg, err := configs.Get(ctx, v1alpha1.ConfigName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		changed := false
+		for _, f := range v1alpha1.NodePaths(v.Spec.Boot) {
+			if _, ok := v1alpha1.AllowedDirectory(f[1], cfg.Spec.AllowedNodeDirectories); !ok {
+				cfg.Spec.AllowedNodeDirectories = append(cfg.Spec.AllowedNodeDirectories, filepath.Dir(f[1]))
+				changed = true
+			}
+		}
+		if !changed {
+			return nil
+		}
+		_, err = configs.Update(ctx, cfg, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("allowing the node directories of VMI %s: %v", v.Name, err)
+	}
+}
+
 // guestDirectories are the node directories of the test guest's kernel and initrd, which the
 // cluster admin must allow (LifeboatConfig spec.allowedNodeDirectories) for VMIs to boot it.
 func guestDirectories() []string {
-	dirs := []string{filepath.Dir(image.Kernel)}
-	if d := filepath.Dir(image.Initrd); d != dirs[0] {
-		dirs = append(dirs, d)
+	dirs := []string{filepath.Dir(image.Initrd)}
+	if _, ok := v1alpha1.AllowedDirectory(image.Kernel, dirs); !ok {
+		dirs = append(dirs, filepath.Dir(image.Kernel))
 	}
 	return dirs
 }
 
-// createVMI creates v in ns; a cluster without a LifeboatConfig gets one that allows the test
-// guest's node directories, and nothing else.
+// createVMI creates v in ns, first allowing the node directories it boots from as a lab admin
+// would (a cluster without a LifeboatConfig gets one that allows only those).
 func createVMI(t testing.TB, ns string, v *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineInstance {
 	t.Helper()
-	cfg := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName},
-		Spec: v1alpha1.LifeboatConfigSpec{AllowedNodeDirectories: guestDirectories()}}
-	if _, err := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs().Create(context.Background(), cfg, metav1.CreateOptions{}); err == nil {
-		t.Cleanup(func() {
-			_ = cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs().Delete(context.Background(), v1alpha1.ConfigName, metav1.DeleteOptions{})
-		})
-	} else if !apierrors.IsAlreadyExists(err) {
-		t.Fatalf("creating the LifeboatConfig: %v", err)
-	}
+	allowNodePaths(t, v)
 	created, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Create(context.Background(), v, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating VMI %s: %v", v.Name, err)

@@ -17,18 +17,19 @@ func NodePaths(boot BootSource) [][2]string {
 	return paths
 }
 
-// AllowedDirectory returns the directory of allowed that holds p, or false if none does or p is
-// not a clean absolute path. Symlinks are the node's to resolve; see the launcher.
+// AllowedDirectory returns the innermost directory of allowed that holds p, or false if none does
+// or p is not a clean absolute path. Symlinks are the node's to resolve; see the launcher.
 func AllowedDirectory(p string, allowed []string) (string, bool) {
 	if !path.IsAbs(p) || path.Clean(p) != p {
 		return "", false
 	}
+	found := ""
 	for _, d := range allowed {
-		if d != "/" && strings.HasPrefix(p, d+"/") {
-			return d, true
+		if d != "/" && strings.HasPrefix(p, d+"/") && len(d) > len(found) {
+			found = d
 		}
 	}
-	return "", false
+	return found, found != ""
 }
 
 // RefusedNodePath says why boot may not be used under the allow-list, or "" if it may: every
