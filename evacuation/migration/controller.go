@@ -96,8 +96,40 @@ func (c *Controller) enqueueForVMI(obj any) {
 // Run processes the queue with workers until ctx ends.
 func (c *Controller) Run(ctx context.Context, workers int) error {
 	return worker.Run(ctx, "migration", c.queue, c.synced, workers, func(ctx context.Context, key string) (time.Duration, error) {
-		return 0, c.sync(ctx, key)
+		if err := c.sync(ctx, key); err != nil {
+			return 0, err
+		}
+		return c.recheckAfter(key), nil
 	}, c.log)
+}
+
+// limits are the pending timeouts the cluster's configuration sets now.
+func (c *Controller) limits() Limits {
+	config, err := c.configs.Get(v1alpha1.ConfigName)
+	if err != nil {
+		return LimitsFrom(nil)
+	}
+	return LimitsFrom(config)
+}
+
+// recheckAfter is when a migration that waits for its target must be looked at again, for its
+// pending timeout or its deadline, if nothing else changes first; 0 when never.
+func (c *Controller) recheckAfter(key string) time.Duration {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return 0
+	}
+	m, err := c.migrations.VirtualMachineInstanceMigrations(ns).Get(name)
+	if err != nil {
+		return 0
+	}
+	v, _ := c.vmis.VirtualMachineInstances(ns).Get(m.Spec.VMIName)
+	target, err := c.targetPod(m, v)
+	if err != nil {
+		return 0
+	}
+	_, after := Stalled(m, target, c.limits(), time.Now())
+	return after
 }
 
 func (c *Controller) sync(ctx context.Context, key string) error {
@@ -133,7 +165,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		}
 	}
 
-	status, action, events := Next(m, v, target, metav1.Now())
+	status, action, events := Next(m, v, target, c.limits(), metav1.Now())
 	switch action {
 	case CreateTargetPod:
 		pod, err := vmi.NewTargetPod(v, m, c.opts, vmi.AllowedNodeDirectories(c.configs))

@@ -31,8 +31,9 @@ const (
 type Event struct{ Type, Reason, Message string }
 
 // Next is the migration's next status from what the cluster shows: its VMI (nil if gone) and
-// its target pod (nil if none). Phases the agents own (PreparingTarget onwards) are left to them.
-func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachineInstance, target *corev1.Pod, now metav1.Time) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
+// its target pod (nil if none); a target that does not run within limits (or by the deadline)
+// fails it. Phases the agents own (PreparingTarget onwards) are left to them.
+func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachineInstance, target *corev1.Pod, limits Limits, now metav1.Time) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
 	status := *m.Status.DeepCopy()
 	fail := func(reason string) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
 		setPhase(&status, v1alpha1.MigrationFailed, now)
@@ -57,6 +58,9 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachin
 		return fail(fmt.Sprintf("VMI %s is %s, not Running", v.Name, v.Status.Phase))
 	case target != nil && target.Status.Phase == corev1.PodFailed:
 		return fail(fmt.Sprintf("target pod %s failed: %s", target.Name, vmi.PodFailureMessage(target)))
+	}
+	if reason, _ := Stalled(m, target, limits, now.Time); reason != "" {
+		return fail(reason)
 	}
 
 	switch status.Phase {

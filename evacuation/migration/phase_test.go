@@ -18,12 +18,21 @@ func TestNext(t *testing.T) {
 	stopped := running.DeepCopy()
 	stopped.Status.Phase = v1alpha1.VMISucceeded
 	mig := func(phase v1alpha1.VirtualMachineInstanceMigrationPhase) *v1alpha1.VirtualMachineInstanceMigration {
-		m := &v1alpha1.VirtualMachineInstanceMigration{Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
+		m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: now}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
 		m.Status.Phase, m.Status.SourceNode = phase, "a"
 		return m
 	}
 	pod := func(node string, phase corev1.PodPhase) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "target"}, Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: phase}}
+	}
+	stale := func(m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMachineInstanceMigration {
+		m.CreationTimestamp = metav1.NewTime(now.Add(-DefaultUnschedulablePendingTimeout))
+		return m
+	}
+	unschedulablePod := func() *corev1.Pod {
+		p := pod("", corev1.PodPending)
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: "no nodes fit"}}
+		return p
 	}
 	cases := []struct {
 		name       string
@@ -44,11 +53,12 @@ func TestNext(t *testing.T) {
 		{"target pod failed: Failed, pod removed", mig(v1alpha1.MigrationPreparingTarget), running, pod("b", corev1.PodFailed), v1alpha1.MigrationFailed, DeleteTargetPod, "target pod target failed"},
 		{"target pod deleted mid-way: Failed", mig(v1alpha1.MigrationTargetReady), running, nil, v1alpha1.MigrationFailed, NoAction, "deleted"},
 		{"failed by an agent: the target pod goes", mig(v1alpha1.MigrationFailed), running, pod("b", corev1.PodRunning), v1alpha1.MigrationFailed, DeleteTargetPod, ""},
+		{"a target the scheduler cannot place, past its limit: Failed with the scheduler's words", stale(mig(v1alpha1.MigrationScheduling)), running, unschedulablePod(), v1alpha1.MigrationFailed, DeleteTargetPod, "no nodes fit"},
 		{"succeeded: nothing", mig(v1alpha1.MigrationSucceeded), running, pod("b", corev1.PodRunning), v1alpha1.MigrationSucceeded, NoAction, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			status, action, _ := Next(tc.m, tc.vmi, tc.target, now)
+			status, action, _ := Next(tc.m, tc.vmi, tc.target, LimitsFrom(nil), now)
 			if status.Phase != tc.wantPhase || action != tc.wantAction {
 				t.Errorf("phase %s action %d, want %s %d", status.Phase, action, tc.wantPhase, tc.wantAction)
 			}
@@ -74,8 +84,8 @@ func TestTheFirstStatusRecordsTheRequestedCause(t *testing.T) {
 		{"an unknown cause is not recorded as one", map[string]string{v1alpha1.AnnotationCause: "Boredom"}, v1alpha1.MigrationCauseManual, ""},
 	}
 	for _, tc := range cases {
-		m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Annotations: tc.annotations}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
-		status, _, _ := Next(m, vmi, nil, now)
+		m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Annotations: tc.annotations, CreationTimestamp: now}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
+		status, _, _ := Next(m, vmi, nil, LimitsFrom(nil), now)
 		deadline := ""
 		if status.Deadline != nil {
 			deadline = status.Deadline.UTC().Format(time.RFC3339)

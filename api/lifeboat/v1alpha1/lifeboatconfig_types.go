@@ -87,6 +87,21 @@ type MigrationsConfig struct {
 	// +optional
 	BandwidthPerMigration *resource.Quantity `json:"bandwidthPerMigration,omitempty"`
 
+	// UnschedulablePendingTimeoutSeconds is how long a migration waits for its target pod while
+	// the scheduler finds no node for it; then the migration fails and frees its slot (KubeVirt's
+	// setting of the same name and default).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:default=300
+	// +optional
+	UnschedulablePendingTimeoutSeconds *int64 `json:"unschedulablePendingTimeoutSeconds,omitempty"`
+
+	// CatchAllPendingTimeoutSeconds is how long a migration waits for its target pod to run,
+	// whatever holds it back (an image that cannot be pulled, a container that cannot start).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:default=900
+	// +optional
+	CatchAllPendingTimeoutSeconds *int64 `json:"catchAllPendingTimeoutSeconds,omitempty"`
+
 	// AllowAutoConverge lets a migration throttle the guest's vCPUs to converge before its deadline.
 	// +kubebuilder:default=true
 	// +optional

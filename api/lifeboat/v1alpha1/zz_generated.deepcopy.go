@@ -202,6 +202,16 @@ func (in *MigrationsConfig) DeepCopyInto(out *MigrationsConfig) {
 		x := (*in).DeepCopy()
 		*out = &x
 	}
+	if in.UnschedulablePendingTimeoutSeconds != nil {
+		in, out := &in.UnschedulablePendingTimeoutSeconds, &out.UnschedulablePendingTimeoutSeconds
+		*out = new(int64)
+		**out = **in
+	}
+	if in.CatchAllPendingTimeoutSeconds != nil {
+		in, out := &in.CatchAllPendingTimeoutSeconds, &out.CatchAllPendingTimeoutSeconds
+		*out = new(int64)
+		**out = **in
+	}
 	if in.AllowAutoConverge != nil {
 		in, out := &in.AllowAutoConverge, &out.AllowAutoConverge
 		*out = new(bool)

@@ -1,0 +1,61 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/utils/ptr"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/node"
+)
+
+// A drain of a node with two VMs and one outbound slot: the first VM's target can never be
+// scheduled (its node selector matches only the node it leaves). Its migration fails after the
+// configured pending timeout with the scheduler's own words, and frees the slot, so the second VM
+// still moves; the first keeps running where it was.
+func TestATargetThatCannotBeScheduledFreesItsSlot(t *testing.T) {
+	setConfig(t, false, func(c *v1alpha1.LifeboatConfig) {
+		c.Spec.Migrations.UnschedulablePendingTimeoutSeconds = ptr.To[int64](5)
+		c.Spec.Migrations.ParallelOutboundMigrationsPerNode = ptr.To[int32](1)
+	})
+	startController(t)
+	const pin = "e2e.lifeboat.dev/pinned"
+	source := startNodes(t, 1, func(c *node.Config) { c.Labels = map[string]string{pin: "yes"} })[0]
+	ns := testNamespace(t)
+	live := strategy(v1alpha1.EvictionStrategyLiveMigrate)
+	stuck := createVMI(t, ns, newVMI("stuck", live, func(v *v1alpha1.VirtualMachineInstance) { v.Spec.NodeSelector = map[string]string{pin: "yes"} }))
+	mover := createVMI(t, ns, newVMI("mover", live))
+	for _, v := range []*v1alpha1.VirtualMachineInstance{stuck, mover} {
+		v = waitVMI(t, ns, v.Name, bootTimeout, "phase Running", running)
+		waitCounterPast(t, source.consolePath(v), 0, bootTimeout)
+	}
+	startNodes(t, 1) // the only place to go, without the label
+
+	stuck = waitVMI(t, ns, stuck.Name, time.Second, "running", running)
+	setMark(t, stuck, true)
+	first := waitMigrationOf(t, stuck, "with its target pod waiting for a node", func(m *v1alpha1.VirtualMachineInstanceMigration) bool {
+		return m.Status.Phase == v1alpha1.MigrationScheduling
+	})
+	setMark(t, waitVMI(t, ns, mover.Name, time.Second, "running", running), true)
+
+	failed := waitMigrationOf(t, stuck, "Failed", func(m *v1alpha1.VirtualMachineInstanceMigration) bool {
+		return m.Name == first.Name && m.Status.Phase == v1alpha1.MigrationFailed
+	})
+	if r := failed.Status.FailureReason; !strings.Contains(r, "node affinity/selector") || !strings.Contains(r, "limit is 5s") {
+		t.Errorf("the stuck migration failed with %q; want the scheduler's reason and the 5s limit", r)
+	}
+	if waited := failed.Status.EndTimestamp.Sub(failed.CreationTimestamp.Time); waited > 30*time.Second {
+		t.Errorf("the stuck migration held its slot for %s; the limit was 5s", waited)
+	}
+	moved := waitVMI(t, ns, mover.Name, 2*time.Minute, "running on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return running(v) && v.Status.NodeName != source.Name() && v.Status.NodeName != ""
+	})
+	if s := moved.Status.MigrationState; s == nil || !s.Completed {
+		t.Errorf("the second VM should have moved by a completed migration: %s", describe(moved))
+	}
+	if v := waitVMI(t, ns, stuck.Name, time.Second, "running", running); v.Status.NodeName != source.Name() {
+		t.Errorf("the VM whose target could not be placed should still run on %s: %s", source.Name(), describe(v))
+	}
+}
