@@ -17,16 +17,19 @@ import (
 type DomainState string
 
 const (
-	DomainRunning      DomainState = "Running"
-	DomainPaused       DomainState = "Paused"
+	DomainRunning DomainState = "Running"
+	DomainPaused  DomainState = "Paused"
+	// DomainPMSuspended: the guest suspended itself to RAM (ACPI S3); its memory is still there.
+	DomainPMSuspended  DomainState = "PMSuspended"
 	DomainShuttingDown DomainState = "ShuttingDown"
 	DomainShutoff      DomainState = "Shutoff"
 	DomainCrashed      DomainState = "Crashed"
 )
 
-// Alive reports whether the guest still exists in memory (seed 001's domainIsAlive).
+// Alive reports whether the guest still exists in memory (seed 001's domainIsAlive, which
+// counts paused and PM-suspended guests alive): a SIGTERM to its launcher must then be acted on.
 func (s DomainState) Alive() bool {
-	return s == DomainRunning || s == DomainPaused || s == DomainShuttingDown
+	return s == DomainRunning || s == DomainPaused || s == DomainPMSuspended || s == DomainShuttingDown
 }
 
 // Domain is what the agent knows of a VMI's domain.

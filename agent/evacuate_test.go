@@ -7,6 +7,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
 func gateOn(strategy *v1alpha1.EvictionStrategy) *v1alpha1.LifeboatConfig {
@@ -37,6 +38,9 @@ func TestShouldEvacuateVMI(t *testing.T) {
 		{"no domain", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyLiveMigrate)), nil, gateOn(nil), false},
 		{"VMI not running", testVMI(v1alpha1.VMIScheduled, strategy(v1alpha1.EvictionStrategyLiveMigrate)), signalled, gateOn(nil), false},
 		{"domain not alive", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyLiveMigrate)), &Domain{State: DomainShutoff, GracefulShutdown: &signal}, gateOn(nil), false},
+		{"domain paused: alive", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyLiveMigrate)), &Domain{State: DomainPaused, GracefulShutdown: &signal}, gateOn(nil), true},
+		{"domain PM-suspended: alive", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyLiveMigrate)), &Domain{State: DomainPMSuspended, GracefulShutdown: &signal}, gateOn(nil), true},
+		{"domain crashed: not alive", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyLiveMigrate)), &Domain{State: DomainCrashed, GracefulShutdown: &signal}, gateOn(nil), false},
 		{"VMI being deleted", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyLiveMigrate), deletedAt(t0)), signalled, gateOn(nil), false},
 		{"no graceful-shutdown trigger", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyLiveMigrate)), &Domain{State: DomainRunning}, gateOn(nil), false},
 		{"LiveMigrate, migratable", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyLiveMigrate)), signalled, gateOn(nil), true},
@@ -97,6 +101,29 @@ func TestMaxPodGracePeriodFromKubeletConfig(t *testing.T) {
 		got, err := MaxPodGracePeriodFromKubeletConfig([]byte(tc.yaml))
 		if (err != nil) != tc.wantErr || got != tc.want {
 			t.Errorf("%s: got %d, %v; want %d, error %v", tc.name, got, err, tc.want, tc.wantErr)
+		}
+	}
+}
+
+// TestStateOf: libvirt's states as the agent counts them; only a stopped or crashed guest is gone.
+func TestStateOf(t *testing.T) {
+	for _, tc := range []struct {
+		state  domain.State
+		reason domain.Reason
+		want   DomainState
+		alive  bool
+	}{
+		{domain.Running, domain.ReasonUnknown, DomainRunning, true},
+		{domain.Paused, domain.ReasonUnknown, DomainPaused, true},
+		{domain.PMSuspended, domain.ReasonUnknown, DomainPMSuspended, true},
+		{domain.ShuttingDown, domain.ReasonUnknown, DomainShuttingDown, true},
+		{domain.Crashed, domain.ReasonUnknown, DomainCrashed, false},
+		{domain.Shutoff, domain.ReasonCrashed, DomainCrashed, false},
+		{domain.Shutoff, domain.ReasonUnknown, DomainShutoff, false},
+	} {
+		got := stateOf(tc.state, tc.reason)
+		if got != tc.want || got.Alive() != tc.alive {
+			t.Errorf("libvirt %s (%s): %s, alive %v; want %s, alive %v", tc.state, tc.reason, got, got.Alive(), tc.want, tc.alive)
 		}
 	}
 }

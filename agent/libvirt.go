@@ -71,6 +71,8 @@ func stateOf(s domain.State, r domain.Reason) DomainState {
 		return DomainRunning
 	case s == domain.Paused:
 		return DomainPaused
+	case s == domain.PMSuspended:
+		return DomainPMSuspended
 	case s == domain.ShuttingDown:
 		return DomainShuttingDown
 	case s == domain.Crashed, s == domain.Shutoff && r == domain.ReasonCrashed:
