@@ -99,8 +99,9 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	pods := kubeInformers.Core().V1().Pods()
 	vmiController := vmi.New(kubeClient, lb, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, recorder, podOpts, log)
 	evacuationController := evacuate.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), recorder, log)
-	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, recorder, podOpts, log)
-	disruptionController := disruption.New(kubeClient, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, recorder, log)
+	budgets := disruption.NewBudgetInformer(kubeClient)
+	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, budgets, recorder, podOpts, log)
+	disruptionController := disruption.New(kubeClient, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), pods, budgets, recorder, log)
 	cancelController := cancellation.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), recorder, log)
 	reg := prometheus.NewRegistry()
 	// The controllers run in the leader only; every replica serves the webhook and metrics.
@@ -138,6 +139,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	}
 	kubeInformers.Start(ctx.Done())
 	lbInformers.Start(ctx.Done())
+	go budgets.RunWithContext(ctx)
 
 	always = append(always, func(ctx context.Context) error {
 		return o.leader.run(ctx, kubeClient, log, func(ctx context.Context) error { return runAll(ctx, controllers) })

@@ -40,28 +40,35 @@ const (
 
 // Controller keeps each VMI's disruption budget and the descheduler annotation on its pods.
 type Controller struct {
-	kube     kubernetes.Interface
-	vmis     lifeboatlisters.VirtualMachineInstanceLister
-	configs  lifeboatlisters.LifeboatConfigLister
-	pods     corelisters.PodLister
-	budgets  policylisters.PodDisruptionBudgetLister
-	budgetsI cache.SharedIndexInformer
-	synced   []cache.InformerSynced
-	queue    workqueue.TypedRateLimitingInterface[string]
-	recorder record.EventRecorder
-	log      *slog.Logger
+	kube       kubernetes.Interface
+	vmis       lifeboatlisters.VirtualMachineInstanceLister
+	migrations lifeboatlisters.VirtualMachineInstanceMigrationLister
+	configs    lifeboatlisters.LifeboatConfigLister
+	pods       corelisters.PodLister
+	budgets    policylisters.PodDisruptionBudgetLister
+	synced     []cache.InformerSynced
+	queue      workqueue.TypedRateLimitingInterface[string]
+	recorder   record.EventRecorder
+	log        *slog.Logger
 }
 
-// New wires the controller. The pod informer should hold launcher pods; the controller watches the
-// budgets it makes itself (those labelled with a VMI's UID).
-func New(kube kubernetes.Interface, vmis lifeboatinformers.VirtualMachineInstanceInformer, configs lifeboatinformers.LifeboatConfigInformer,
-	pods coreinformers.PodInformer, recorder record.EventRecorder, log *slog.Logger) *Controller {
-	budgets := policyinformers.NewFilteredPodDisruptionBudgetInformer(kube, metav1.NamespaceAll, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
+// NewBudgetInformer watches the budgets lifeboat makes (those labelled with a VMI's UID); the
+// disruption controller writes them and the migration controller waits on them.
+func NewBudgetInformer(kube kubernetes.Interface) cache.SharedIndexInformer {
+	return policyinformers.NewFilteredPodDisruptionBudgetInformer(kube, metav1.NamespaceAll, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
 		func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelVMIUID })
+}
+
+// New wires the controller. The pod informer should hold launcher pods, the budget informer be
+// NewBudgetInformer's; whoever calls New runs the budget informer.
+func New(kube kubernetes.Interface, vmis lifeboatinformers.VirtualMachineInstanceInformer, migrations lifeboatinformers.VirtualMachineInstanceMigrationInformer,
+	configs lifeboatinformers.LifeboatConfigInformer, pods coreinformers.PodInformer, budgets cache.SharedIndexInformer,
+	recorder record.EventRecorder, log *slog.Logger) *Controller {
 	c := &Controller{
-		kube: kube, vmis: vmis.Lister(), configs: configs.Lister(), pods: pods.Lister(),
-		budgets: policylisters.NewPodDisruptionBudgetLister(budgets.GetIndexer()), budgetsI: budgets,
-		synced:   []cache.InformerSynced{vmis.Informer().HasSynced, configs.Informer().HasSynced, pods.Informer().HasSynced, budgets.HasSynced},
+		kube: kube, vmis: vmis.Lister(), migrations: migrations.Lister(), configs: configs.Lister(), pods: pods.Lister(),
+		budgets: policylisters.NewPodDisruptionBudgetLister(budgets.GetIndexer()),
+		synced: []cache.InformerSynced{vmis.Informer().HasSynced, migrations.Informer().HasSynced, configs.Informer().HasSynced,
+			pods.Informer().HasSynced, budgets.HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "disruption"}),
 		recorder: recorder, log: log.With("controller", "disruption"),
 	}
@@ -73,6 +80,12 @@ func New(kube kubernetes.Interface, vmis lifeboatinformers.VirtualMachineInstanc
 	}
 	_, _ = pods.Informer().AddEventHandler(byVMI)
 	_, _ = budgets.AddEventHandler(byVMI)
+	// A new migration grows the budget before its target pod exists; its end shrinks it.
+	_, _ = migrations.Informer().AddEventHandler(worker.Handler(func(obj any) {
+		if m, ok := obj.(*v1alpha1.VirtualMachineInstanceMigration); ok {
+			c.queue.Add(m.Namespace + "/" + m.Spec.VMIName)
+		}
+	}))
 	// The cluster's default strategy may change every VMI's budget.
 	_, _ = configs.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { c.enqueueAll() },
@@ -103,7 +116,6 @@ func (c *Controller) enqueueAll() {
 
 // Run runs the budget informer and the workers until ctx ends.
 func (c *Controller) Run(ctx context.Context, workers int) error {
-	go c.budgetsI.RunWithContext(ctx)
 	return worker.Run(ctx, "disruption", c.queue, c.synced, workers, func(ctx context.Context, key string) (time.Duration, error) {
 		return 0, c.sync(ctx, key)
 	}, c.log)
@@ -127,7 +139,11 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		return err
 	}
 	// The annotation does not wait for the budget: each is retried on its own failure.
-	errs := []error{c.syncBudget(ctx, vmi, MinAvailable(vmi, config, pods))}
+	migrating, err := Migrating(c.migrations, vmi)
+	if err != nil {
+		return err
+	}
+	errs := []error{c.syncBudget(ctx, vmi, MinAvailable(vmi, config, pods, migrating))}
 	for _, p := range pods {
 		errs = append(errs, c.syncAnnotation(ctx, p, EvictionInProgress(vmi, p)))
 	}
@@ -169,7 +185,7 @@ func (c *Controller) syncBudget(ctx context.Context, vmi *v1alpha1.VirtualMachin
 		if err != nil {
 			return fmt.Errorf("resizing PodDisruptionBudget %s: %w", existing.Name, err)
 		}
-		why := "the migration's target pod is protected too"
+		why := "a migration's target pod is protected too, from before it exists"
 		if want == 1 {
 			why = "the VM has one pod again"
 		}
@@ -207,6 +223,20 @@ func (c *Controller) syncAnnotation(ctx context.Context, pod *corev1.Pod, want b
 	}
 	c.log.Info("descheduler annotation", "pod", pod.Namespace+"/"+pod.Name, "annotation", v1alpha1.AnnotationEvictionInProgress, "set", want)
 	return nil
+}
+
+// Migrating reports whether the VMI has a migration that has not ended.
+func Migrating(migrations lifeboatlisters.VirtualMachineInstanceMigrationLister, vmi *v1alpha1.VirtualMachineInstance) (bool, error) {
+	ms, err := migrations.VirtualMachineInstanceMigrations(vmi.Namespace).List(labels.Everything())
+	if err != nil {
+		return false, err
+	}
+	for _, m := range ms {
+		if m.Spec.VMIName == vmi.Name && !m.Status.Phase.Terminal() && m.DeletionTimestamp == nil {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // BudgetName is the name of a VMI's budget.

@@ -11,8 +11,10 @@ import (
 )
 
 // MinAvailable is how many of the VMI's launcher pods its budget keeps; 0 means it needs no budget.
-// pods are the VMI's launcher pods (the source and, during a migration, the target).
-func MinAvailable(vmi *v1alpha1.VirtualMachineInstance, config *v1alpha1.LifeboatConfig, pods []*corev1.Pod) int32 {
+// pods are the VMI's launcher pods (the source and, during a migration, the target); migrating
+// says the VMI has a migration that has not ended, whose target pod the budget must cover from
+// before it exists (seed 000: the budget is expanded before the target pod is created).
+func MinAvailable(vmi *v1alpha1.VirtualMachineInstance, config *v1alpha1.LifeboatConfig, pods []*corev1.Pod, migrating bool) int32 {
 	if vmi.Status.Phase.Terminal() || vmi.DeletionTimestamp != nil {
 		return 0
 	}
@@ -32,6 +34,9 @@ func MinAvailable(vmi *v1alpha1.VirtualMachineInstance, config *v1alpha1.Lifeboa
 		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
 			live++
 		}
+	}
+	if migrating {
+		live = max(live, 2)
 	}
 	return min(max(live, 1), 2)
 }

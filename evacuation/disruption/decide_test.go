@@ -34,36 +34,43 @@ func pod(node string, phase corev1.PodPhase) *corev1.Pod {
 func TestMinAvailable(t *testing.T) {
 	source := pod("node-a", corev1.PodRunning)
 	target := pod("node-b", corev1.PodPending)
+	clusterDefault := func(s v1alpha1.EvictionStrategy) *v1alpha1.LifeboatConfig {
+		return &v1alpha1.LifeboatConfig{Spec: v1alpha1.LifeboatConfigSpec{EvictionStrategy: ptr.To(s)}}
+	}
+	noStrategy := func(v *v1alpha1.VirtualMachineInstance) { v.Spec.EvictionStrategy = nil }
 	cases := []struct {
-		name string
-		vmi  *v1alpha1.VirtualMachineInstance
-		pods []*corev1.Pod
-		want int32
+		name      string
+		vmi       *v1alpha1.VirtualMachineInstance
+		config    *v1alpha1.LifeboatConfig
+		pods      []*corev1.Pod
+		migrating bool
+		want      int32
 	}{
-		{"None: no budget", vmi(v1alpha1.EvictionStrategyNone, true), []*corev1.Pod{source}, 0},
-		{"LiveMigrate: a budget", vmi(v1alpha1.EvictionStrategyLiveMigrate, true), []*corev1.Pod{source}, 1},
-		{"LiveMigrate, even when not migratable: a budget", vmi(v1alpha1.EvictionStrategyLiveMigrate, false), []*corev1.Pod{source}, 1},
-		{"LiveMigrateIfPossible, migratable: a budget", vmi(v1alpha1.EvictionStrategyLiveMigrateIfPossible, true), []*corev1.Pod{source}, 1},
-		{"LiveMigrateIfPossible, not migratable: no budget", vmi(v1alpha1.EvictionStrategyLiveMigrateIfPossible, false), []*corev1.Pod{source}, 0},
-		{"External: a budget", vmi(v1alpha1.EvictionStrategyExternal, false), []*corev1.Pod{source}, 1},
+		{"None: no budget", vmi(v1alpha1.EvictionStrategyNone, true), nil, []*corev1.Pod{source}, false, 0},
+		{"LiveMigrate: a budget", vmi(v1alpha1.EvictionStrategyLiveMigrate, true), nil, []*corev1.Pod{source}, false, 1},
+		{"LiveMigrate, even when not migratable: a budget", vmi(v1alpha1.EvictionStrategyLiveMigrate, false), nil, []*corev1.Pod{source}, false, 1},
+		{"LiveMigrateIfPossible, migratable: a budget", vmi(v1alpha1.EvictionStrategyLiveMigrateIfPossible, true), nil, []*corev1.Pod{source}, false, 1},
+		{"LiveMigrateIfPossible, not migratable: no budget", vmi(v1alpha1.EvictionStrategyLiveMigrateIfPossible, false), nil, []*corev1.Pod{source}, false, 0},
+		{"External: a budget", vmi(v1alpha1.EvictionStrategyExternal, false), nil, []*corev1.Pod{source}, false, 1},
+		{"no strategy, the cluster's default LiveMigrate: a budget", vmi(v1alpha1.EvictionStrategyNone, true, noStrategy), clusterDefault(v1alpha1.EvictionStrategyLiveMigrate), []*corev1.Pod{source}, false, 1},
+		{"no strategy, the cluster's default None: no budget", vmi(v1alpha1.EvictionStrategyNone, true, noStrategy), clusterDefault(v1alpha1.EvictionStrategyNone), []*corev1.Pod{source}, false, 0},
+		{"no strategy and no LifeboatConfig: None, no budget", vmi(v1alpha1.EvictionStrategyNone, true, noStrategy), nil, []*corev1.Pod{source}, false, 0},
+		{"the VMI's own strategy wins over the cluster's", vmi(v1alpha1.EvictionStrategyNone, true), clusterDefault(v1alpha1.EvictionStrategyLiveMigrate), []*corev1.Pod{source}, false, 0},
 
-		{"during a migration the target pod is protected too", vmi(v1alpha1.EvictionStrategyLiveMigrate, true), []*corev1.Pod{source, target}, 2},
+		{"a migration begins: the budget covers its target pod before the pod exists", vmi(v1alpha1.EvictionStrategyLiveMigrate, true), nil, []*corev1.Pod{source}, true, 2},
+		{"during a migration the target pod is protected too", vmi(v1alpha1.EvictionStrategyLiveMigrate, true), nil, []*corev1.Pod{source, target}, true, 2},
+		{"a migration of a VM that needs no budget makes none", vmi(v1alpha1.EvictionStrategyNone, true), nil, []*corev1.Pod{source}, true, 0},
 		{"after the migration, back to one: the source has ended", vmi(v1alpha1.EvictionStrategyLiveMigrate, true, func(v *v1alpha1.VirtualMachineInstance) { v.Status.NodeName = "node-b" }),
-			[]*corev1.Pod{pod("node-a", corev1.PodSucceeded), pod("node-b", corev1.PodRunning)}, 1},
-		{"after a failed migration, back to one: the target has failed", vmi(v1alpha1.EvictionStrategyLiveMigrate, true), []*corev1.Pod{source, pod("node-b", corev1.PodFailed)}, 1},
-		{"before its pod exists, the budget is already there", vmi(v1alpha1.EvictionStrategyLiveMigrate, false, func(v *v1alpha1.VirtualMachineInstance) { v.Status.Phase, v.Status.NodeName = v1alpha1.VMIPending, "" }), nil, 1},
-		{"LiveMigrateIfPossible, not running yet: no budget", vmi(v1alpha1.EvictionStrategyLiveMigrateIfPossible, true, func(v *v1alpha1.VirtualMachineInstance) { v.Status.Phase = v1alpha1.VMIScheduled }), []*corev1.Pod{source}, 0},
-		{"the VM has ended: no budget", vmi(v1alpha1.EvictionStrategyLiveMigrate, true, func(v *v1alpha1.VirtualMachineInstance) { v.Status.Phase = v1alpha1.VMISucceeded }), []*corev1.Pod{source}, 0},
-		{"the VMI is being deleted: no budget", vmi(v1alpha1.EvictionStrategyExternal, true, func(v *v1alpha1.VirtualMachineInstance) { v.DeletionTimestamp = ptr.To(metav1.Now()) }), []*corev1.Pod{source}, 0},
-		{"the cluster's strategy applies when the VMI has none", func() *v1alpha1.VirtualMachineInstance {
-			v := vmi(v1alpha1.EvictionStrategyNone, true)
-			v.Spec.EvictionStrategy = nil
-			return v
-		}(), []*corev1.Pod{source}, 0},
+			nil, []*corev1.Pod{pod("node-a", corev1.PodSucceeded), pod("node-b", corev1.PodRunning)}, false, 1},
+		{"after a failed migration, back to one: the target has failed", vmi(v1alpha1.EvictionStrategyLiveMigrate, true), nil, []*corev1.Pod{source, pod("node-b", corev1.PodFailed)}, false, 1},
+		{"before its pod exists, the budget is already there", vmi(v1alpha1.EvictionStrategyLiveMigrate, false, func(v *v1alpha1.VirtualMachineInstance) { v.Status.Phase, v.Status.NodeName = v1alpha1.VMIPending, "" }), nil, nil, false, 1},
+		{"LiveMigrateIfPossible, not running yet: no budget", vmi(v1alpha1.EvictionStrategyLiveMigrateIfPossible, true, func(v *v1alpha1.VirtualMachineInstance) { v.Status.Phase = v1alpha1.VMIScheduled }), nil, []*corev1.Pod{source}, false, 0},
+		{"the VM has ended: no budget", vmi(v1alpha1.EvictionStrategyLiveMigrate, true, func(v *v1alpha1.VirtualMachineInstance) { v.Status.Phase = v1alpha1.VMISucceeded }), nil, []*corev1.Pod{source}, false, 0},
+		{"the VMI is being deleted: no budget", vmi(v1alpha1.EvictionStrategyExternal, true, func(v *v1alpha1.VirtualMachineInstance) { v.DeletionTimestamp = ptr.To(metav1.Now()) }), nil, []*corev1.Pod{source}, true, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := MinAvailable(tc.vmi, nil, tc.pods); got != tc.want {
+			if got := MinAvailable(tc.vmi, tc.config, tc.pods, tc.migrating); got != tc.want {
 				t.Errorf("minAvailable %d, want %d", got, tc.want)
 			}
 		})

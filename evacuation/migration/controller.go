@@ -15,6 +15,7 @@ import (
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	policylisters "k8s.io/client-go/listers/policy/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -23,6 +24,7 @@ import (
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/disruption"
 	"github.com/lifeboat-vm/lifeboat/evacuation/internal/worker"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
@@ -38,6 +40,7 @@ type Controller struct {
 	vmis       lifeboatlisters.VirtualMachineInstanceLister
 	configs    lifeboatlisters.LifeboatConfigLister
 	pods       corelisters.PodLister
+	budgets    policylisters.PodDisruptionBudgetLister
 	synced     []cache.InformerSynced
 	queue      workqueue.TypedRateLimitingInterface[string]
 	recorder   record.EventRecorder
@@ -48,11 +51,12 @@ type Controller struct {
 // New wires the controller to its informers; the pod informer should hold launcher pods.
 func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations lifeboatinformers.VirtualMachineInstanceMigrationInformer,
 	vmis lifeboatinformers.VirtualMachineInstanceInformer, configs lifeboatinformers.LifeboatConfigInformer, pods coreinformers.PodInformer,
-	recorder record.EventRecorder, opts vmi.PodOptions, log *slog.Logger) *Controller {
+	budgets cache.SharedIndexInformer, recorder record.EventRecorder, opts vmi.PodOptions, log *slog.Logger) *Controller {
 	c := &Controller{
 		kube: kube, lifeboat: lb, migrations: migrations.Lister(), vmis: vmis.Lister(), configs: configs.Lister(), pods: pods.Lister(),
+		budgets: policylisters.NewPodDisruptionBudgetLister(budgets.GetIndexer()),
 		synced: []cache.InformerSynced{migrations.Informer().HasSynced, vmis.Informer().HasSynced, configs.Informer().HasSynced,
-			pods.Informer().HasSynced},
+			pods.Informer().HasSynced, budgets.HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "migration"}),
 		recorder: recorder, opts: opts, log: log.With("controller", "migration"),
 	}
@@ -65,6 +69,8 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations life
 	}
 	_, _ = vmis.Informer().AddEventHandler(byVMI)
 	_, _ = pods.Informer().AddEventHandler(byVMI)
+	// A target pod waits for its VMI's budget to cover it.
+	_, _ = budgets.AddEventHandler(byVMI)
 	return c
 }
 
@@ -79,8 +85,8 @@ func (c *Controller) enqueueForVMI(obj any) {
 		return
 	}
 	name := o.GetName()
-	if _, isPod := obj.(*corev1.Pod); isPod {
-		name = o.GetLabels()[v1alpha1.LabelVMIName]
+	if _, isVMI := obj.(*v1alpha1.VirtualMachineInstance); !isVMI {
+		name = o.GetLabels()[v1alpha1.LabelVMIName] // a launcher pod or a budget
 	}
 	ms, err := c.migrations.VirtualMachineInstanceMigrations(o.GetNamespace()).List(labels.Everything())
 	if err != nil {
@@ -101,6 +107,30 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 		}
 		return c.recheckAfter(key), nil
 	}, c.log)
+}
+
+// budgetCoversTarget reports whether the VMI's disruption budget already keeps the target pod
+// as well as the source (seed 000: it grows before the target pod is created), so that no
+// eviction can take the source in between; a VMI that needs no budget, or has one lifeboat does
+// not manage, is not waited for.
+func (c *Controller) budgetCoversTarget(v *v1alpha1.VirtualMachineInstance) bool {
+	pods, err := c.pods.Pods(v.Namespace).List(labels.SelectorFromSet(labels.Set{v1alpha1.LabelVMIUID: string(v.UID)}))
+	if err != nil {
+		return false
+	}
+	config, err := c.configs.Get(v1alpha1.ConfigName)
+	if err != nil {
+		config = nil
+	}
+	want := disruption.MinAvailable(v, config, pods, true)
+	if want == 0 {
+		return true
+	}
+	b, err := c.budgets.PodDisruptionBudgets(v.Namespace).Get(disruption.BudgetName(v))
+	if err != nil {
+		return false
+	}
+	return !metav1.IsControlledBy(b, v) || b.Spec.MinAvailable == nil || b.Spec.MinAvailable.IntValue() >= int(want)
 }
 
 // limits are the pending timeouts the cluster's configuration sets now.
@@ -168,6 +198,10 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	status, action, events := Next(m, v, target, c.limits(), metav1.Now())
 	switch action {
 	case CreateTargetPod:
+		if !c.budgetCoversTarget(v) {
+			// The disruption controller grows the budget first; its change brings us back.
+			break
+		}
 		pod, err := vmi.NewTargetPod(v, m, c.opts, vmi.AllowedNodeDirectories(c.configs))
 		var refused *vmi.RefusedError
 		if errors.As(err, &refused) {

@@ -1,9 +1,18 @@
 package e2e
 
 import (
+	"context"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"k8s.io/utils/ptr"
 
@@ -34,10 +43,21 @@ func TestATargetThatCannotBeScheduledFreesItsSlot(t *testing.T) {
 	startNodes(t, 1) // the only place to go, without the label
 
 	stuck = waitVMI(t, ns, stuck.Name, time.Second, "running", running)
+	order := watchBudgetAndTarget(t, stuck)
 	setMark(t, stuck, true)
 	first := waitMigrationOf(t, stuck, "with its target pod waiting for a node", func(m *v1alpha1.VirtualMachineInstanceMigration) bool {
 		return m.Status.Phase == v1alpha1.MigrationScheduling
 	})
+	// Seed 000: the budget covers the target pod before that pod exists, so no eviction can take
+	// the source in between. etcd orders every write, and resource versions are its revisions.
+	var budgetGrew, targetCreated int64
+	_ = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		budgetGrew, targetCreated = order()
+		return budgetGrew != 0 && targetCreated != 0, nil
+	})
+	if budgetGrew == 0 || targetCreated == 0 || budgetGrew > targetCreated {
+		t.Errorf("the budget grew to 2 at revision %d, the target pod was created at revision %d; want the budget first", budgetGrew, targetCreated)
+	}
 	setMark(t, waitVMI(t, ns, mover.Name, time.Second, "running", running), true)
 
 	failed := waitMigrationOf(t, stuck, "Failed", func(m *v1alpha1.VirtualMachineInstanceMigration) bool {
@@ -57,5 +77,58 @@ func TestATargetThatCannotBeScheduledFreesItsSlot(t *testing.T) {
 	}
 	if v := waitVMI(t, ns, stuck.Name, time.Second, "running", running); v.Status.NodeName != source.Name() {
 		t.Errorf("the VM whose target could not be placed should still run on %s: %s", source.Name(), describe(v))
+	}
+}
+
+// watchBudgetAndTarget watches v's disruption budget and launcher pods from now; the function it
+// returns gives the revision at which the budget first kept 2 pods and the one at which a second
+// launcher pod (a migration's target) was created, 0 for what was not seen.
+func watchBudgetAndTarget(t *testing.T, v *v1alpha1.VirtualMachineInstance) func() (budgetGrew, targetCreated int64) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	sel := metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(v.UID)}
+	pods, err := cluster.Kube.CoreV1().Pods(v.Namespace).List(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	budgets, err := cluster.Kube.PolicyV1().PodDisruptionBudgets(v.Namespace).Watch(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	podSel := sel
+	podSel.ResourceVersion = pods.ResourceVersion
+	podWatch, err := cluster.Kube.CoreV1().Pods(v.Namespace).Watch(ctx, podSel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var grew, created int64
+	go func() {
+		for ev := range budgets.ResultChan() {
+			if b, ok := ev.Object.(*policyv1.PodDisruptionBudget); ok && b.Spec.MinAvailable != nil && b.Spec.MinAvailable.IntValue() >= 2 {
+				mu.Lock()
+				if grew == 0 {
+					grew, _ = strconv.ParseInt(b.ResourceVersion, 10, 64)
+				}
+				mu.Unlock()
+			}
+		}
+	}()
+	go func() {
+		for ev := range podWatch.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok && ev.Type == watch.Added {
+				mu.Lock()
+				if created == 0 {
+					created, _ = strconv.ParseInt(p.ResourceVersion, 10, 64)
+				}
+				mu.Unlock()
+			}
+		}
+	}()
+	return func() (int64, int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		return grew, created
 	}
 }
