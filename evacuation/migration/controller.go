@@ -118,11 +118,7 @@ func (c *Controller) budgetCoversTarget(v *v1alpha1.VirtualMachineInstance) bool
 	if err != nil {
 		return false
 	}
-	config, err := c.configs.Get(v1alpha1.ConfigName)
-	if err != nil {
-		config = nil
-	}
-	want := disruption.MinAvailable(v, config, pods, true)
+	want := disruption.MinAvailable(v, c.config(), pods, true)
 	if want == 0 {
 		return true
 	}
@@ -133,14 +129,17 @@ func (c *Controller) budgetCoversTarget(v *v1alpha1.VirtualMachineInstance) bool
 	return !metav1.IsControlledBy(b, v) || b.Spec.MinAvailable == nil || b.Spec.MinAvailable.IntValue() >= int(want)
 }
 
-// limits are the pending timeouts the cluster's configuration sets now.
-func (c *Controller) limits() Limits {
+// config is the cluster's LifeboatConfig, nil if there is none.
+func (c *Controller) config() *v1alpha1.LifeboatConfig {
 	config, err := c.configs.Get(v1alpha1.ConfigName)
 	if err != nil {
-		return LimitsFrom(nil)
+		return nil
 	}
-	return LimitsFrom(config)
+	return config
 }
+
+// limits are the pending timeouts the cluster's configuration sets now.
+func (c *Controller) limits() Limits { return LimitsFrom(c.config()) }
 
 // recheckAfter is when a migration that waits for its target must be looked at again, for its
 // pending timeout or its deadline, if nothing else changes first; 0 when never.
