@@ -13,20 +13,20 @@ import (
 // a symlink leads, so admission cannot refuse it.
 func CheckNodePaths(boot v1alpha1.BootSource, allowed []string) error {
 	for _, f := range v1alpha1.NodePaths(boot) {
-		dir, ok := v1alpha1.AllowedDirectory(f[1], allowed)
+		dir, ok := v1alpha1.AllowedDirectory(f.Path, allowed)
 		if !ok {
-			return fmt.Errorf("%s %q is not in a node directory this pod mounts (%s): refused", f[0], f[1], strings.Join(allowed, ", "))
+			return fmt.Errorf("%s %q is not in a node directory this pod mounts (%s): refused", f.Field, f.Path, strings.Join(allowed, ", "))
 		}
 		realDir, err := filepath.EvalSymlinks(dir)
 		if err != nil {
-			return fmt.Errorf("the allowed node directory of %s: %w", f[0], err)
+			return fmt.Errorf("the allowed node directory of %s: %w", f.Field, err)
 		}
-		real, err := filepath.EvalSymlinks(f[1])
+		real, err := filepath.EvalSymlinks(f.Path)
 		if err != nil {
-			return fmt.Errorf("%s: %w", f[0], err)
+			return fmt.Errorf("%s: %w", f.Field, err)
 		}
 		if !strings.HasPrefix(real, realDir+string(filepath.Separator)) {
-			return fmt.Errorf("%s %q resolves to %q, out of the allowed node directory %s: refused", f[0], f[1], real, dir)
+			return fmt.Errorf("%s %q resolves to %q, out of the allowed node directory %s: refused", f.Field, f.Path, real, dir)
 		}
 	}
 	return nil

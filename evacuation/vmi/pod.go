@@ -234,9 +234,9 @@ func launcherVolumes(vmi *v1alpha1.VirtualMachineInstance, allowed []string) ([]
 	mounts := []corev1.VolumeMount{{Name: "lifeboat-run", MountPath: launcher.RunDir}}
 	dirs := map[string]bool{} // directory → read-only
 	for _, f := range v1alpha1.NodePaths(vmi.Spec.Boot) {
-		d, _ := v1alpha1.AllowedDirectory(f[1], allowed)
+		d, _ := v1alpha1.AllowedDirectory(f.Path, allowed)
 		readOnly, seen := dirs[d]
-		dirs[d] = (readOnly || !seen) && f[1] != vmi.Spec.Boot.Disk
+		dirs[d] = (readOnly || !seen) && f.Path != vmi.Spec.Boot.Disk
 	}
 	sorted := make([]string, 0, len(dirs))
 	for d := range dirs {

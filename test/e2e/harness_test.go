@@ -264,8 +264,8 @@ func allowNodePaths(t testing.TB, v *v1alpha1.VirtualMachineInstance) {
 		}
 		changed := false
 		for _, f := range v1alpha1.NodePaths(v.Spec.Boot) {
-			if _, ok := v1alpha1.AllowedDirectory(f[1], cfg.Spec.AllowedNodeDirectories); !ok {
-				cfg.Spec.AllowedNodeDirectories = append(cfg.Spec.AllowedNodeDirectories, filepath.Dir(f[1]))
+			if _, ok := v1alpha1.AllowedDirectory(f.Path, cfg.Spec.AllowedNodeDirectories); !ok {
+				cfg.Spec.AllowedNodeDirectories = append(cfg.Spec.AllowedNodeDirectories, filepath.Dir(f.Path))
 				changed = true
 			}
 		}

@@ -6,12 +6,19 @@ import (
 	"strings"
 )
 
-// NodePaths are the node files a VMI's spec.boot names, by their field: boot.kernel, boot.initrd, boot.disk.
-func NodePaths(boot BootSource) [][2]string {
-	var paths [][2]string
-	for _, f := range [][2]string{{"boot.kernel", boot.Kernel}, {"boot.initrd", boot.Initrd}, {"boot.disk", boot.Disk}} {
-		if f[1] != "" {
-			paths = append(paths, f)
+// NodePath is a node file a VMI's spec names, with the field that names it.
+// +k8s:deepcopy-gen=false
+type NodePath struct {
+	Field string // boot.kernel, boot.initrd or boot.disk
+	Path  string
+}
+
+// NodePaths are the node files a VMI's spec.boot names.
+func NodePaths(boot BootSource) []NodePath {
+	var paths []NodePath
+	for _, p := range []NodePath{{"boot.kernel", boot.Kernel}, {"boot.initrd", boot.Initrd}, {"boot.disk", boot.Disk}} {
+		if p.Path != "" {
+			paths = append(paths, p)
 		}
 	}
 	return paths
@@ -37,14 +44,14 @@ func AllowedDirectory(p string, allowed []string) (string, bool) {
 // The admission policy (manifests/vmi-node-paths.yaml) says the same in CEL.
 func RefusedNodePath(boot BootSource, allowed []string) string {
 	for _, f := range NodePaths(boot) {
-		if _, ok := AllowedDirectory(f[1], allowed); ok {
+		if _, ok := AllowedDirectory(f.Path, allowed); ok {
 			continue
 		}
 		if len(allowed) == 0 {
-			return fmt.Sprintf("%s %q is a node path, and the cluster admin allows none (LifeboatConfig %q spec.allowedNodeDirectories is empty)", f[0], f[1], ConfigName)
+			return fmt.Sprintf("%s %q is a node path, and the cluster admin allows none (LifeboatConfig %q spec.allowedNodeDirectories is empty)", f.Field, f.Path, ConfigName)
 		}
 		return fmt.Sprintf("%s %q is not a clean path inside a node directory the cluster admin allows (LifeboatConfig %q spec.allowedNodeDirectories: %s)",
-			f[0], f[1], ConfigName, strings.Join(allowed, ", "))
+			f.Field, f.Path, ConfigName, strings.Join(allowed, ", "))
 	}
 	return ""
 }
