@@ -57,6 +57,9 @@ type Config struct {
 	// LauncherDirSweep; a directory that changed within LauncherDirMinAge is kept.
 	LauncherPods                        func(ctx context.Context) (map[string]bool, error)
 	LauncherDirSweep, LauncherDirMinAge time.Duration
+	// PodInformer, if set, holds this node's launcher pods: a pod deleted through the API gives
+	// its SIGTERM its cause and deadline (PodDeletion).
+	PodInformer cache.SharedIndexInformer
 }
 
 // Agent keeps the status of the VMIs on its node true and ends their guests as decided.
@@ -113,7 +116,41 @@ func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.Virtual
 		UpdateFunc: func(_, _ any) { a.enqueueAll() },
 		DeleteFunc: func(any) { a.enqueueAll() },
 	})
+	if err != nil || cfg.PodInformer == nil {
+		return a, err
+	}
+	// A pod's deletion may reach the agent after its launcher's report of the SIGTERM.
+	a.synced = append(a.synced, cfg.PodInformer.HasSynced)
+	_, err = cfg.PodInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, obj any) {
+			if p, ok := obj.(*corev1.Pod); ok && p.Labels[v1alpha1.LabelVMIUID] != "" {
+				a.queue.Add(p.Labels[v1alpha1.LabelVMIUID])
+			}
+		},
+	})
 	return a, err
+}
+
+// podDeletion is the deletion through the API of the VMI's launcher pod on this node, nil if
+// there is none (or no pod informer).
+func (a *Agent) podDeletion(vmi *v1alpha1.VirtualMachineInstance) *PodDeletion {
+	if a.cfg.PodInformer == nil {
+		return nil
+	}
+	for _, obj := range a.cfg.PodInformer.GetStore().List() {
+		p, ok := obj.(*corev1.Pod)
+		if !ok || p.Labels[v1alpha1.LabelVMIUID] != string(vmi.UID) || p.Spec.NodeName != a.cfg.NodeName || p.DeletionTimestamp == nil {
+			continue
+		}
+		d := &PodDeletion{Deadline: p.DeletionTimestamp.Time}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+				d.DisruptionReason = c.Reason
+			}
+		}
+		return d
+	}
+	return nil
 }
 
 func (a *Agent) enqueueAll() {
@@ -337,6 +374,7 @@ func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 		if dom != nil {
 			dom.ShutdownSent = shutdownSent
 			dom.NotMigratableReason = NotMigratableReason(vmi)
+			dom.Deletion = a.podDeletion(vmi)
 		}
 	}
 	plan := Decide(vmi, dom, a.eviction(), a.cfg.NodeName, a.cfg.Now())

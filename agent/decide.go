@@ -45,6 +45,25 @@ type Domain struct {
 	PodDeadline *time.Time
 	// ShutdownSent is true once this agent pressed the guest's power button.
 	ShutdownSent bool
+	// Deletion is the launcher pod's deletion through the API, nil if it was not deleted: then a
+	// SIGTERM came from the kubelet itself (node pressure).
+	Deletion *PodDeletion
+}
+
+// PodDeletion is what the API server says of a launcher pod's deletion.
+type PodDeletion struct {
+	// Deadline is the pod's deletionTimestamp: when its grace period ends and the kubelet kills it.
+	Deadline time.Time
+	// DisruptionReason is the reason of the pod's DisruptionTarget condition, "" without one.
+	DisruptionReason string
+}
+
+// Cause is the migration cause of a deletion: an eviction through the API, or another deletion.
+func (d *PodDeletion) Cause() v1alpha1.MigrationCause {
+	if d.DisruptionReason == "EvictionByEvictionAPI" {
+		return v1alpha1.MigrationCauseAPIEviction
+	}
+	return v1alpha1.MigrationCausePodDeleted
 }
 
 // Eviction is what the agent knows of the cluster's and its kubelet's eviction settings.
@@ -203,8 +222,20 @@ func withoutSourceSignal(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, node
 	return &d
 }
 
-// mark sets the evacuation mark for a node-pressure eviction; it reports whether the mark is new.
+// mark sets the evacuation mark for a SIGTERM: the launcher pod's deletion through the API, with
+// the deadline the API server set, or else the kubelet's own node-pressure eviction. It reports
+// whether the mark is new.
 func mark(status *v1alpha1.VirtualMachineInstanceStatus, vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node string, now metav1.Time) bool {
+	if d := dom.Deletion; d != nil {
+		why := "the launcher pod was deleted through the API"
+		if d.DisruptionReason != "" {
+			why += " (" + d.DisruptionReason + ")"
+		}
+		msg := fmt.Sprintf("%s; SIGTERM at %s, and the VM must leave node %s by the end of the pod's grace period, %s",
+			why, dom.GracefulShutdown.UTC().Format(time.RFC3339), node, d.Deadline.UTC().Format(time.RFC3339))
+		status.EvacuationDeadline = &metav1.Time{Time: d.Deadline}
+		return v1alpha1.MarkForEvacuation(status, d.Cause(), msg, now)
+	}
 	podGrace := guestGrace(vmi)
 	if dom.PodDeadline != nil {
 		podGrace = dom.PodDeadline.Sub(*dom.GracefulShutdown)

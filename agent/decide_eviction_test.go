@@ -12,6 +12,12 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
 
+// deleted says the launcher pod of dom was deleted through the API, with deadline and reason.
+func deleted(dom *Domain, deadline time.Time, reason string) *Domain {
+	dom.Deletion = &PodDeletion{Deadline: deadline, DisruptionReason: reason}
+	return dom
+}
+
 func TestDecideOnNodePressure(t *testing.T) {
 	signal := t0
 	podDeadline := t0.Add(35 * time.Second)
@@ -38,10 +44,25 @@ func TestDecideOnNodePressure(t *testing.T) {
 		wantDecision string
 		wantDeadline time.Duration // after the signal
 		wantMessage  string        // in the EvictionRequested condition
+		wantCause    v1alpha1.MigrationCause
 	}{
 		{name: "gate on, LiveMigrate: marked and held, deadline from the kubelet maximum",
 			vmi: testVMI(v1alpha1.VMIRunning, liveMigrate), dom: signalled(), ev: Eviction{Config: gateOn(nil), MaxPodGracePeriod: ptr.To[int64](30)}, now: t0.Add(50 * time.Millisecond),
 			wantMark: true, wantNewMark: true, wantDecision: DecisionEvacuate, wantDeadline: 30 * time.Second, wantMessage: "must leave node node-1 by 2026-11-22T03:00:30Z"},
+		{name: "the pod deleted through the API (kubectl delete pod): its own cause, and the deadline the API server set",
+			vmi: testVMI(v1alpha1.VMIRunning, liveMigrate), dom: deleted(signalled(), t0.Add(40*time.Second), ""), ev: Eviction{Config: gateOn(nil), MaxPodGracePeriod: ptr.To[int64](30)}, now: t0,
+			wantMark: true, wantNewMark: true, wantDecision: DecisionEvacuate, wantDeadline: 40 * time.Second, wantCause: v1alpha1.MigrationCausePodDeleted,
+			wantMessage: "the launcher pod was deleted through the API; SIGTERM at 2026-11-22T03:00:00Z"},
+		{name: "the pod evicted through the API (its DisruptionTarget says so): APIEviction",
+			vmi: testVMI(v1alpha1.VMIRunning, liveMigrate), dom: deleted(signalled(), t0.Add(20*time.Second), "EvictionByEvictionAPI"), ev: Eviction{Config: gateOn(nil), MaxPodGracePeriod: ptr.To[int64](30)}, now: t0,
+			wantMark: true, wantNewMark: true, wantDecision: DecisionEvacuate, wantDeadline: 20 * time.Second, wantCause: v1alpha1.MigrationCauseAPIEviction,
+			wantMessage: "(EvictionByEvictionAPI)"},
+		{name: "the kubelet's own eviction: NodePressure",
+			vmi: testVMI(v1alpha1.VMIRunning, liveMigrate), dom: signalled(), ev: Eviction{Config: gateOn(nil), MaxPodGracePeriod: ptr.To[int64](30)}, now: t0,
+			wantMark: true, wantNewMark: true, wantDecision: DecisionEvacuate, wantDeadline: 30 * time.Second, wantCause: v1alpha1.MigrationCauseNodePressure},
+		{name: "a deletion learned after the mark corrects its cause and deadline",
+			vmi: testVMI(v1alpha1.VMIRunning, liveMigrate, marked), dom: deleted(signalled(), t0.Add(40*time.Second), ""), ev: Eviction{Config: gateOn(nil), MaxPodGracePeriod: ptr.To[int64](30)}, now: t0.Add(time.Second),
+			wantMark: true, wantDeadline: 40 * time.Second, wantCause: v1alpha1.MigrationCausePodDeleted},
 		{name: "kubelet setting unknown: the pod's grace, and the message says so",
 			vmi: testVMI(v1alpha1.VMIRunning, liveMigrate), dom: signalled(), ev: Eviction{Config: gateOn(nil)}, now: t0,
 			wantMark: true, wantNewMark: true, wantDecision: DecisionEvacuate, wantDeadline: 35 * time.Second, wantMessage: "assuming the pod's grace period of 35s"},
@@ -96,6 +117,12 @@ func TestDecideOnNodePressure(t *testing.T) {
 				c := meta.FindStatusCondition(status.Conditions, v1alpha1.VMIConditionEvictionRequested)
 				if c == nil || !strings.Contains(c.Message, tc.wantMessage) {
 					t.Errorf("EvictionRequested condition %+v does not say %q", c, tc.wantMessage)
+				}
+			}
+			if tc.wantCause != "" {
+				c := meta.FindStatusCondition(status.Conditions, v1alpha1.VMIConditionEvictionRequested)
+				if c == nil || c.Reason != string(tc.wantCause) {
+					t.Errorf("EvictionRequested condition %+v, want reason %s", c, tc.wantCause)
 				}
 			}
 			if tc.wantNewMark {

@@ -18,7 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/lifeboat-vm/lifeboat/agent"
 	"github.com/lifeboat-vm/lifeboat/agent/notifyserver"
@@ -101,6 +103,11 @@ func run(o options, log *slog.Logger) error {
 	}
 	informers, outbound, inbound := bySelector("status.nodeName"), bySelector("status.sourceNode"), bySelector("status.targetNode")
 	configInformers := lifeboatinformers.NewSharedInformerFactory(lb, 0)
+	// This node's launcher pods: a deletion through the API explains a launcher's SIGTERM.
+	pods := coreinformers.NewFilteredPodInformer(kubeClient, metav1.NamespaceAll, 0, cache.Indexers{}, func(lo *metav1.ListOptions) {
+		lo.FieldSelector = "spec.nodeName=" + o.nodeName
+		lo.LabelSelector = v1alpha1.LabelRole + "=" + v1alpha1.RoleLauncher
+	})
 	a, err := agent.New(agent.Config{
 		NodeName:          o.nodeName,
 		DomainsDir:        filepath.Join(o.runDir, "domains"),
@@ -115,6 +122,7 @@ func run(o options, log *slog.Logger) error {
 		LauncherPods:      launcherPods(kubeClient, o.nodeName),
 		LauncherDirSweep:  o.dirSweep,
 		LauncherDirMinAge: o.dirMinAge,
+		PodInformer:       pods,
 	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs(),
 		[]migrationinformers.VirtualMachineInstanceMigrationInformer{outbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations(), inbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
 	if err != nil {
@@ -140,6 +148,7 @@ func run(o options, log *slog.Logger) error {
 	for _, f := range []lifeboatinformers.SharedInformerFactory{informers, outbound, inbound, configInformers} {
 		f.Start(ctx.Done())
 	}
+	go pods.RunWithContext(ctx)
 	go func() { errc <- a.Run(ctx, o.workers) }()
 
 	select {

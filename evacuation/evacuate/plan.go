@@ -155,8 +155,7 @@ func candidate(vmi *v1alpha1.VirtualMachineInstance) Candidate {
 	c := Candidate{VMI: vmi, Cause: v1alpha1.MigrationCauseManual, Deadline: vmi.Status.EvacuationDeadline}
 	if cond := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); cond != nil && cond.Status == metav1.ConditionTrue {
 		c.markedAt = cond.LastTransitionTime.Time
-		switch cause := v1alpha1.MigrationCause(cond.Reason); cause {
-		case v1alpha1.MigrationCauseNodePressure, v1alpha1.MigrationCauseAPIEviction, v1alpha1.MigrationCauseEvictionRequest, v1alpha1.MigrationCauseDrain:
+		if cause := v1alpha1.MigrationCause(cond.Reason); cause.Recorded() {
 			c.Cause = cause
 		}
 	}
@@ -211,11 +210,11 @@ func earliestDeadline(a, b Candidate) int {
 	return a.Deadline.Time.Compare(b.Deadline.Time)
 }
 
-// causePriority: node pressure first (the kubelet will kill), then drains, then the rest.
+// causePriority: node pressure and deleted pods first (the kubelet will kill), then drains, then the rest.
 func causePriority(a, b Candidate) int {
 	rank := func(c v1alpha1.MigrationCause) int {
 		switch c {
-		case v1alpha1.MigrationCauseNodePressure:
+		case v1alpha1.MigrationCauseNodePressure, v1alpha1.MigrationCausePodDeleted:
 			return 0
 		case v1alpha1.MigrationCauseDrain:
 			return 1

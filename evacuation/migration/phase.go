@@ -108,8 +108,7 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachin
 // was made by a person.
 func requested(m *v1alpha1.VirtualMachineInstanceMigration) (v1alpha1.MigrationCause, *metav1.Time) {
 	cause := v1alpha1.MigrationCauseManual
-	switch c := v1alpha1.MigrationCause(m.Annotations[v1alpha1.AnnotationCause]); c {
-	case v1alpha1.MigrationCauseNodePressure, v1alpha1.MigrationCauseAPIEviction, v1alpha1.MigrationCauseEvictionRequest, v1alpha1.MigrationCauseDrain:
+	if c := v1alpha1.MigrationCause(m.Annotations[v1alpha1.AnnotationCause]); c.Recorded() {
 		cause = c
 	}
 	var deadline *metav1.Time

@@ -28,7 +28,7 @@ var EvictionStrategies = []EvictionStrategy{
 }
 
 // MigrationCause records why a migration exists (seed 001's open question).
-// +kubebuilder:validation:Enum=NodePressure;APIEviction;EvictionRequest;Drain;Manual
+// +kubebuilder:validation:Enum=NodePressure;APIEviction;EvictionRequest;Drain;PodDeleted;Manual
 type MigrationCause string
 
 const (
@@ -40,9 +40,22 @@ const (
 	MigrationCauseEvictionRequest MigrationCause = "EvictionRequest"
 	// MigrationCauseDrain: the VM's node is being drained.
 	MigrationCauseDrain MigrationCause = "Drain"
+	// MigrationCausePodDeleted: the launcher pod was deleted through the API other than by an
+	// eviction (kubectl delete pod, a controller); the kubelet kills it when its deletion grace ends.
+	MigrationCausePodDeleted MigrationCause = "PodDeleted"
 	// MigrationCauseManual: a person created the migration.
 	MigrationCauseManual MigrationCause = "Manual"
 )
+
+// Recorded reports whether c is a cause lifeboat records from a mark or an annotation; anything
+// else is taken for a person's migration (Manual).
+func (c MigrationCause) Recorded() bool {
+	switch c {
+	case MigrationCauseNodePressure, MigrationCauseAPIEviction, MigrationCauseEvictionRequest, MigrationCauseDrain, MigrationCausePodDeleted:
+		return true
+	}
+	return false
+}
 
 // MigrationMode is how far a migration has escalated to converge before its deadline.
 // +kubebuilder:validation:Enum=PreCopy;AutoConverge;PostCopy;Paused
