@@ -44,7 +44,7 @@ var rbacCases = []struct {
 	{"agent lists the pods of a VMI to learn how its launcher ended", agentSA, access{verb: "list", resource: "pods", namespace: "ns"}, true},
 	{"agent lists its node's launcher pods in every namespace, to remove the directories of deleted ones", agentSA, access{verb: "list", resource: "pods"}, true},
 	{"agent may not delete pods", agentSA, access{verb: "delete", resource: "pods", namespace: "ns", name: "p"}, false},
-	{"agent may not watch pods", agentSA, access{verb: "watch", resource: "pods"}, false},
+	{"agent watches its node's launcher pods, to read a SIGTERM that follows a deletion", agentSA, access{verb: "watch", resource: "pods"}, true},
 	{"agent may not read secrets", agentSA, access{verb: "get", resource: "secrets", namespace: "lifeboat-system", name: "lifeboat-webhook-tls"}, false},
 	{"agent may not read nodes", agentSA, access{verb: "get", resource: "nodes", name: "n"}, false},
 
