@@ -24,6 +24,8 @@ const (
 	OutcomeExternal = "external"
 	OutcomeEnded    = "ended"
 	OutcomeCanceled = "canceled"
+	// OutcomeInterrupted: lifeboat's turn was ended by the evictionrequest controller.
+	OutcomeInterrupted = "interrupted"
 )
 
 // Event reasons on the Eviction.
@@ -34,6 +36,7 @@ const (
 	ReasonLeftToExternal   = "LeftToExternalController"
 	ReasonVMEnded          = "VMEnded"
 	ReasonCanceled         = "EvacuationCanceled"
+	ReasonInterrupted      = "EvacuationInterrupted"
 	ReasonNotCancelable    = "EvacuationNotCancelable"
 	ReasonRejectedByServer = "StatusRejected"
 )
@@ -108,10 +111,12 @@ func Decide(o Observation, s Settings, now time.Time) Plan {
 	case lifecyclev1alpha1.ResponderStateActive:
 		return active(o, s, now)
 	case lifecyclev1alpha1.ResponderStateCanceled:
-		return canceled(o)
+		return stop(o, ReasonCanceled, OutcomeCanceled, "every requester withdrew")
+	case lifecyclev1alpha1.ResponderStateInterrupted:
+		// Our turn is over; the next responder (in the end the imperative evictor) takes the pod.
+		return stop(o, ReasonInterrupted, OutcomeInterrupted, "lifeboat's turn on the Eviction was interrupted and the next responder takes the pod")
 	}
-	// Inactive: not our turn yet. Interrupted: our turn is over; the next responder (in the end
-	// the imperative evictor) takes the pod, so stop all work. Completed: nothing left to do.
+	// Inactive: not our turn yet. Completed: nothing left to do.
 	return Plan{}
 }
 
@@ -201,7 +206,11 @@ func complete(o Observation, now time.Time, outcome string, e Event) Plan {
 
 // canceled: every requester withdrew. An unfinished pre-copy migration is cancelled by clearing
 // the mark, if this Eviction set it; post-copy and paused migrations cannot go back.
-func canceled(o Observation) Plan {
+// stop ends lifeboat's work on an Eviction it no longer answers (every requester withdrew, or its
+// turn was interrupted): it clears the mark this Eviction set, which cancels the unfinished
+// migration and takes the descheduler's eviction-in-progress off the source pod. A migration in
+// post-copy or paused cannot go back and finishes; the Event says so.
+func stop(o Observation, reason, outcome, why string) Plan {
 	vmi, node := o.VMI, o.Pod.Spec.NodeName
 	if vmi == nil || !marked(vmi, node) || !markedByEviction(vmi) {
 		return Plan{}
@@ -209,13 +218,13 @@ func canceled(o Observation) Plan {
 	id := vmi.Namespace + "/" + vmi.Name
 	if m := o.Migration; m != nil && !m.Status.Phase.Terminal() && (m.Status.Mode == v1alpha1.MigrationModePostCopy || m.Status.Mode == v1alpha1.MigrationModePaused) {
 		return Plan{Events: []Event{{corev1.EventTypeWarning, ReasonNotCancelable,
-			fmt.Sprintf("every requester withdrew, but migration %s of VM %s is in %s and cannot be cancelled; it finishes on node %s", m.Name, id, m.Status.Mode, m.Status.TargetNode)}}}
+			fmt.Sprintf("%s, but migration %s of VM %s is in %s and cannot be cancelled; it finishes on node %s", why, m.Name, id, m.Status.Mode, m.Status.TargetNode)}}}
 	}
-	msg := fmt.Sprintf("every requester withdrew: the evacuation of VM %s from node %s is cancelled", id, node)
+	msg := fmt.Sprintf("%s: the evacuation of VM %s from node %s is cancelled", why, id, node)
 	if m := o.Migration; m != nil && !m.Status.Phase.Terminal() {
 		msg += fmt.Sprintf(" (migration %s stops; the VM stays)", m.Name)
 	}
-	return Plan{ClearMark: msg, Outcome: OutcomeCanceled, Events: []Event{{corev1.EventTypeNormal, ReasonCanceled, msg}}}
+	return Plan{ClearMark: msg, Outcome: outcome, Events: []Event{{corev1.EventTypeNormal, reason, msg}}}
 }
 
 // progressMessage says where the evacuation stands, for a person reading the Eviction.

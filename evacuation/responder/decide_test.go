@@ -172,7 +172,11 @@ func TestDecide(t *testing.T) {
 			want{reason: ReasonNotCancelable, message: "cannot be cancelled"}},
 		{"Canceled, the mark is the kubelet's: leave it", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateCanceled, heartbeatAt(-time.Minute, progress)), Pod: launcherPod(corev1.PodRunning), VMI: vm(markedBy("NodePressure")), Migration: running}, want{}},
 		{"Canceled, mark already cleared: nothing", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateCanceled, heartbeatAt(-time.Minute, progress)), Pod: launcherPod(corev1.PodRunning), VMI: vm()}, want{}},
-		{"Interrupted: stop, touch nothing", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateInterrupted, heartbeatAt(-25*time.Minute, progress)), Pod: launcherPod(corev1.PodRunning), VMI: vm(markedBy("EvictionRequest")), Migration: running}, want{}},
+		{"Interrupted mid pre-copy, our mark: stop and clear it (the next responder takes the pod)", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateInterrupted, heartbeatAt(-25*time.Minute, progress)), Pod: launcherPod(corev1.PodRunning), VMI: vm(markedBy("EvictionRequest")), Migration: running},
+			want{clear: true, outcome: OutcomeInterrupted, reason: ReasonInterrupted, message: "was interrupted and the next responder takes the pod"}},
+		{"Interrupted in post-copy: cannot go back, say so", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateInterrupted, heartbeatAt(-time.Minute, progress)), Pod: launcherPod(corev1.PodRunning), VMI: vm(markedBy("EvictionRequest")), Migration: migration(v1alpha1.MigrationRunning, v1alpha1.MigrationModePostCopy)},
+			want{reason: ReasonNotCancelable, message: "interrupted"}},
+		{"Interrupted, the mark is the kubelet's: leave it", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateInterrupted, heartbeatAt(-time.Minute, progress)), Pod: launcherPod(corev1.PodRunning), VMI: vm(markedBy("NodePressure")), Migration: running}, want{}},
 		{"Completed: nothing", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateCompleted, heartbeatAt(-time.Minute, progress)), Pod: launcherPod(corev1.PodSucceeded), VMI: vm(migratedTo("b"))}, want{}},
 	}
 	for _, tc := range cases {
