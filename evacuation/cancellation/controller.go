@@ -86,6 +86,26 @@ func Cancellable(vmi *v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Vi
 	return out
 }
 
+// DeleteUnstarted deletes the VMI's Cancellable migrations, so that none starts only to be
+// aborted; a running one is cancelled by its source agent once the mark is gone. It returns the
+// names of those it deleted.
+func DeleteUnstarted(ctx context.Context, lb lifeboatclient.Interface, migrations lifeboatlisters.VirtualMachineInstanceMigrationLister,
+	vmi *v1alpha1.VirtualMachineInstance) ([]string, error) {
+	all, err := migrations.VirtualMachineInstanceMigrations(vmi.Namespace).List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	var deleted []string
+	for _, m := range Cancellable(vmi, all) {
+		err := lb.LifeboatV1alpha1().VirtualMachineInstanceMigrations(m.Namespace).Delete(ctx, m.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &m.UID}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return deleted, fmt.Errorf("deleting migration %s: %w", m.Name, err)
+		}
+		deleted = append(deleted, m.Name)
+	}
+	return deleted, nil
+}
+
 // Run processes the queue until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
 	return worker.Run(ctx, "cancel", c.queue, c.synced, 1, func(ctx context.Context, key string) (time.Duration, error) {
@@ -125,17 +145,9 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("clearing the evacuation mark: %w", err)
 	}
-	all, err := c.migrations.VirtualMachineInstanceMigrations(ns).List(labels.Everything())
+	deleted, err := DeleteUnstarted(ctx, c.lifeboat, c.migrations, cached)
 	if err != nil {
 		return err
-	}
-	var deleted []string
-	for _, m := range Cancellable(cached, all) {
-		err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Delete(ctx, m.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &m.UID}})
-		if err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("deleting migration %s: %w", m.Name, err)
-		}
-		deleted = append(deleted, m.Name)
 	}
 	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:null}}}`, v1alpha1.AnnotationCancelEvacuation)
 	if _, err := vmis.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {

@@ -30,6 +30,7 @@ import (
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/cancellation"
 	"github.com/lifeboat-vm/lifeboat/evacuation/internal/worker"
 )
 
@@ -207,7 +208,12 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 		if err := c.clearMark(ctx, obs, plan.ClearMark); err != nil {
 			return 0, err
 		}
-		log.Info("cleared the evacuation mark: every requester withdrew", "vmi", obs.VMI.Name)
+		// As a cancel request does: no migration starts only to be aborted.
+		deleted, err := cancellation.DeleteUnstarted(ctx, c.lifeboat, c.migrations, obs.VMI)
+		if err != nil {
+			return 0, err
+		}
+		log.Info("stopped the evacuation: cleared the mark", "vmi", obs.VMI.Name, "why", plan.ClearMark, "deletedMigrations", deleted)
 	}
 	if plan.Write != nil {
 		if err := c.apply(ctx, ev, plan.Write); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	lifecyclev1alpha1 "k8s.io/api/lifecycle/v1alpha1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -241,6 +242,15 @@ func TestSecondRequesterJoinsAndWithdraws(t *testing.T) {
 	}
 	waitVMI(t, v, "marked for evacuation with cause EvictionRequest", isMarked)
 	waitEvent(t, v.Namespace, erc.Name, ReasonEvacuating)
+	// The evacuation's migration, as the evacuation controller makes it, not yet moving memory.
+	pending, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).Create(ctx, &v1alpha1.VirtualMachineInstanceMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: v.Name + "-evacuation", Labels: map[string]string{
+			v1alpha1.LabelVMIName: v.Name, v1alpha1.LabelVMIUID: string(v.UID), v1alpha1.LabelEvacuation: "true"}},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: v.Name},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	if err := erc.Join(ctx, second); err != nil {
 		t.Fatal(err)
@@ -270,6 +280,13 @@ func TestSecondRequesterJoinsAndWithdraws(t *testing.T) {
 		t.Errorf("EvictionRequested must turn False when the Eviction is canceled: %+v", got.Status.Conditions)
 	}
 	waitEvent(t, v.Namespace, erc.Name, ReasonCanceled)
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).Get(ctx, pending.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Errorf("migration %s had not started moving memory; the withdrawal must delete it, not leave it to start and abort", pending.Name)
+	}
 	if n := testutil.ToFloat64(metrics.Answered.WithLabelValues(OutcomeCanceled)); n != 1 {
 		t.Errorf("evictions answered canceled = %v, want 1", n)
 	}
