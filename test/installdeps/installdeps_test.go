@@ -121,7 +121,7 @@ func oneMessage(t *testing.T, out string, code int, command string) {
 
 func TestWithoutRootItSaysWhatIsMissingAndTheCommand(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("runs the script as the user nobody, which needs root to start")
+		t.Fatal("running the script as the user nobody needs root (the README's prerequisites)")
 	}
 	s := script(t)
 	cmd := exec.Command(s)
@@ -142,7 +142,7 @@ func TestCheckOnlyInstallsNothingAndSaysTheCommand(t *testing.T) {
 
 func TestWithoutTheMirrorsItSaysWhatIsMissingAndTheCommand(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("reaches apt-get only as root")
+		t.Fatal("the script reaches apt-get only as root (the README's prerequisites)")
 	}
 	s := script(t)
 	cmd := exec.Command(s)
