@@ -50,6 +50,11 @@ type Domain struct {
 	Deletion *PodDeletion
 }
 
+// reasonEvictionByEvictionAPI is the DisruptionTarget reason the API server gives a pod it
+// deletes for an eviction (k8s.io/kubernetes pkg/registry/core/pod/storage/eviction.go; k8s.io/api
+// has no constant for it).
+const reasonEvictionByEvictionAPI = "EvictionByEvictionAPI"
+
 // PodDeletion is what the API server says of a launcher pod's deletion.
 type PodDeletion struct {
 	// Deadline is the pod's deletionTimestamp: when its grace period ends and the kubelet kills it.
@@ -60,7 +65,7 @@ type PodDeletion struct {
 
 // Cause is the migration cause of a deletion: an eviction through the API, or another deletion.
 func (d *PodDeletion) Cause() v1alpha1.MigrationCause {
-	if d.DisruptionReason == "EvictionByEvictionAPI" {
+	if d.DisruptionReason == reasonEvictionByEvictionAPI {
 		return v1alpha1.MigrationCauseAPIEviction
 	}
 	return v1alpha1.MigrationCausePodDeleted

@@ -139,7 +139,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		return err
 	}
 	// The annotation does not wait for the budget: each is retried on its own failure.
-	migrating, err := Migrating(c.migrations, vmi)
+	migrating, err := hasUnfinishedMigration(c.migrations, vmi)
 	if err != nil {
 		return err
 	}
@@ -225,8 +225,8 @@ func (c *Controller) syncAnnotation(ctx context.Context, pod *corev1.Pod, want b
 	return nil
 }
 
-// Migrating reports whether the VMI has a migration that has not ended.
-func Migrating(migrations lifeboatlisters.VirtualMachineInstanceMigrationLister, vmi *v1alpha1.VirtualMachineInstance) (bool, error) {
+// hasUnfinishedMigration reports whether the VMI has a migration that has not ended.
+func hasUnfinishedMigration(migrations lifeboatlisters.VirtualMachineInstanceMigrationLister, vmi *v1alpha1.VirtualMachineInstance) (bool, error) {
 	ms, err := migrations.VirtualMachineInstanceMigrations(vmi.Namespace).List(labels.Everything())
 	if err != nil {
 		return false, err

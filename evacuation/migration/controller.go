@@ -102,10 +102,7 @@ func (c *Controller) enqueueForVMI(obj any) {
 // Run processes the queue with workers until ctx ends.
 func (c *Controller) Run(ctx context.Context, workers int) error {
 	return worker.Run(ctx, "migration", c.queue, c.synced, workers, func(ctx context.Context, key string) (time.Duration, error) {
-		if err := c.sync(ctx, key); err != nil {
-			return 0, err
-		}
-		return c.recheckAfter(key), nil
+		return c.sync(ctx, key)
 	}, c.log)
 }
 
@@ -141,60 +138,43 @@ func (c *Controller) config() *v1alpha1.LifeboatConfig {
 // limits are the pending timeouts the cluster's configuration sets now.
 func (c *Controller) limits() Limits { return LimitsFrom(c.config()) }
 
-// recheckAfter is when a migration that waits for its target must be looked at again, for its
-// pending timeout or its deadline, if nothing else changes first; 0 when never.
-func (c *Controller) recheckAfter(key string) time.Duration {
+// sync moves the migration on; a migration still waiting for its target is looked at again when
+// its pending timeout or deadline comes, if nothing else changes first.
+func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error) {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
-		return 0
-	}
-	m, err := c.migrations.VirtualMachineInstanceMigrations(ns).Get(name)
-	if err != nil {
-		return 0
-	}
-	v, _ := c.vmis.VirtualMachineInstances(ns).Get(m.Spec.VMIName)
-	target, err := c.targetPod(m, v)
-	if err != nil {
-		return 0
-	}
-	_, after := Stalled(m, target, c.limits(), time.Now())
-	return after
-}
-
-func (c *Controller) sync(ctx context.Context, key string) error {
-	ns, name, err := cache.SplitMetaNamespaceKey(key)
-	if err != nil {
-		return nil
+		return 0, nil
 	}
 	cached, err := c.migrations.VirtualMachineInstanceMigrations(ns).Get(name)
 	if apierrors.IsNotFound(err) {
-		return nil
+		return 0, nil
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	m := cached.DeepCopy()
 	v, err := c.vmis.VirtualMachineInstances(ns).Get(m.Spec.VMIName)
 	if apierrors.IsNotFound(err) {
 		v = nil
 	} else if err != nil {
-		return err
+		return 0, err
 	}
 	target, err := c.targetPod(m, v)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if m.DeletionTimestamp != nil {
-		return c.cleanUp(ctx, m, target)
+		return 0, c.cleanUp(ctx, m, target)
 	}
 	if !hasFinalizer(m) {
 		m.Finalizers = append(m.Finalizers, FinalizerCleanup)
 		if m, err = c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Update(ctx, m, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("adding the cleanup finalizer: %w", err)
+			return 0, fmt.Errorf("adding the cleanup finalizer: %w", err)
 		}
 	}
 
-	status, action, events := Next(m, v, target, c.limits(), metav1.Now())
+	limits, now := c.limits(), metav1.Now()
+	status, action, events := Next(m, v, target, limits, now)
 	switch action {
 	case CreateTargetPod:
 		if !c.budgetCoversTarget(v) {
@@ -210,27 +190,29 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 			break
 		}
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if _, err := c.kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			c.recorder.Eventf(m, corev1.EventTypeWarning, "FailedCreate", "creating target pod %s: %v", pod.Name, err)
-			return fmt.Errorf("creating target pod %s: %w", pod.Name, err)
+			return 0, fmt.Errorf("creating target pod %s: %w", pod.Name, err)
 		}
 	case DeleteTargetPod:
 		if err := c.deletePod(ctx, target); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	if !apiequality.Semantic.DeepEqual(status, m.Status) {
-		m.Status = status
+	changed := !apiequality.Semantic.DeepEqual(status, m.Status)
+	m.Status = status
+	if changed {
 		if _, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).UpdateStatus(ctx, m, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("updating status to %s: %w", status.Phase, err)
+			return 0, fmt.Errorf("updating status to %s: %w", status.Phase, err)
 		}
 	}
 	for _, e := range events {
 		c.recorder.Event(m, e.Type, e.Reason, e.Message)
 	}
-	return nil
+	_, recheck := Stalled(m, target, limits, now.Time)
+	return recheck, nil
 }
 
 // targetPod is the migration's target pod, if it exists.
