@@ -98,7 +98,8 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	lbv1 := lbInformers.Lifeboat().V1alpha1()
 	pods := kubeInformers.Core().V1().Pods()
 	vmiController := vmi.New(kubeClient, lb, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, recorder, podOpts, log)
-	evacuationController := evacuate.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), recorder, log)
+	nodes, boundPods := evacuate.NewCapacityInformers(kubeClient)
+	evacuationController := evacuate.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), nodes, boundPods, recorder, log)
 	budgets := disruption.NewBudgetInformer(kubeClient)
 	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, budgets, recorder, podOpts, log)
 	disruptionController := disruption.New(kubeClient, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), pods, budgets, recorder, log)
@@ -140,6 +141,8 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	kubeInformers.Start(ctx.Done())
 	lbInformers.Start(ctx.Done())
 	go budgets.RunWithContext(ctx)
+	go nodes.RunWithContext(ctx)
+	go boundPods.RunWithContext(ctx)
 
 	always = append(always, func(ctx context.Context) error {
 		return o.leader.run(ctx, kubeClient, log, func(ctx context.Context) error { return runAll(ctx, controllers) })

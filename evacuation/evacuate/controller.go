@@ -27,6 +27,9 @@ const (
 	ReasonMigrationCreated = "EvacuationMigrationCreated"
 	ReasonLeftToExternal   = "EvacuationLeftToExternalController"
 	ReasonFailedToMigrate  = "FailedCreateMigration"
+	// ReasonAwaitingCapacity: no node took the VM's last target pod; lifeboat tries again when
+	// the nodes or their free capacity change.
+	ReasonAwaitingCapacity = "EvacuationAwaitingCapacity"
 	globalKey              = "evacuations"
 )
 
@@ -43,9 +46,12 @@ type Controller struct {
 	log        *slog.Logger
 	now        func() time.Time
 
-	// announced remembers the External marks already reported, so each gets one Event.
+	// announced remembers the External marks and capacity waits already reported, so each gets
+	// one Event.
 	mu        sync.Mutex
 	announced map[string]bool
+	// capacityChanged is when a node or a bound pod last changed in a way that could make room.
+	capacityChanged time.Time
 	// unseen are the migrations this controller created that its cache does not show yet
 	// (namespace/name → when created). Planning before they show would count too few running
 	// migrations and overrun the parallel limits.
@@ -59,12 +65,13 @@ const (
 	cacheMaxWait = 10 * time.Second
 )
 
-// New wires the controller to its informers.
+// New wires the controller to its informers; nodes and pods are NewCapacityInformers'.
 func New(lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInstanceInformer, migrations lifeboatinformers.VirtualMachineInstanceMigrationInformer,
-	configs lifeboatinformers.LifeboatConfigInformer, recorder record.EventRecorder, log *slog.Logger) *Controller {
+	configs lifeboatinformers.LifeboatConfigInformer, nodes, pods cache.SharedIndexInformer, recorder record.EventRecorder, log *slog.Logger) *Controller {
 	c := &Controller{
 		lifeboat: lb, vmis: vmis.Lister(), migrations: migrations.Lister(), configs: configs.Lister(),
-		synced:   []cache.InformerSynced{vmis.Informer().HasSynced, migrations.Informer().HasSynced, configs.Informer().HasSynced},
+		synced: []cache.InformerSynced{vmis.Informer().HasSynced, migrations.Informer().HasSynced, configs.Informer().HasSynced,
+			nodes.HasSynced, pods.HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "evacuation"}),
 		recorder: recorder, log: log.With("controller", "evacuation"), now: time.Now,
 		announced: map[string]bool{}, unseen: map[string]time.Time{},
@@ -77,7 +84,36 @@ func New(lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInsta
 	for _, inf := range []cache.SharedIndexInformer{vmis.Informer(), migrations.Informer(), configs.Informer()} {
 		_, _ = inf.AddEventHandler(handler)
 	}
+	// A new node (or the first list, after a restart), a node that accepts more, and a bound pod
+	// that ends or goes may make room for a target pod that found none.
+	_, _ = nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { c.capacityChange() },
+		UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*corev1.Node)
+			n, ok2 := cur.(*corev1.Node)
+			if ok1 && ok2 && NodeMayTakeMore(o, n) {
+				c.capacityChange()
+			}
+		},
+	})
+	_, _ = pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*corev1.Pod)
+			p, ok2 := cur.(*corev1.Pod)
+			if ok1 && ok2 && PodFreedCapacity(o, p) {
+				c.capacityChange()
+			}
+		},
+		DeleteFunc: func(any) { c.capacityChange() },
+	})
 	return c
+}
+
+func (c *Controller) capacityChange() {
+	c.mu.Lock()
+	c.capacityChanged = c.now()
+	c.mu.Unlock()
+	c.queue.Add(globalKey)
 }
 
 // Run processes the queue until ctx ends, with one worker: the limits are cluster-wide.
@@ -104,9 +140,15 @@ func (c *Controller) sync(ctx context.Context) (time.Duration, error) {
 		config = nil // no configuration: the defaults
 	}
 	var errs []error
-	d := Plan(vmis, migrations, config, c.now())
+	c.mu.Lock()
+	capacityChanged := c.capacityChanged
+	c.mu.Unlock()
+	d := Plan(vmis, migrations, config, capacityChanged, c.now())
 	for _, vmi := range d.External {
 		c.announceExternal(vmi)
+	}
+	for _, a := range d.AwaitingCapacity {
+		c.announceAwaiting(a)
 	}
 	for _, cand := range d.Create {
 		errs = append(errs, c.create(ctx, cand))
@@ -165,13 +207,28 @@ func (c *Controller) awaitingCache() bool {
 
 // announceExternal tells, once per mark, that lifeboat leaves this VMI to an external controller.
 func (c *Controller) announceExternal(vmi *v1alpha1.VirtualMachineInstance) {
-	key := string(vmi.UID) + "/" + candidate(vmi).markedAt.String()
-	c.mu.Lock()
-	seen := c.announced[key]
-	c.announced[key] = true
-	c.mu.Unlock()
-	if !seen {
+	if c.firstTime(string(vmi.UID) + "/" + candidate(vmi).markedAt.String()) {
 		c.recorder.Eventf(vmi, corev1.EventTypeNormal, ReasonLeftToExternal,
 			"marked for evacuation from node %s; its eviction strategy is External, so lifeboat leaves the move to the external controller", vmi.Status.NodeName)
 	}
+}
+
+// announceAwaiting tells, once per failed migration, that the VM waits for room on another node.
+func (c *Controller) announceAwaiting(a Awaiting) {
+	if !c.firstTime(string(a.Failed.UID)) {
+		return
+	}
+	msg := fmt.Sprintf("no node took the target pod of migration %s (%s); the VM stays on node %s and lifeboat tries again when a node is added or changes, or a pod ends",
+		a.Failed.Name, a.Failed.Status.FailureReason, a.VMI.Status.NodeName)
+	c.recorder.Event(a.VMI, corev1.EventTypeWarning, ReasonAwaitingCapacity, msg)
+	c.log.Info("evacuation awaits capacity", "vmi", a.VMI.Namespace+"/"+a.VMI.Name, "failedMigration", a.Failed.Name)
+}
+
+// firstTime reports whether key is announced for the first time, and remembers it.
+func (c *Controller) firstTime(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen := c.announced[key]
+	c.announced[key] = true
+	return !seen
 }

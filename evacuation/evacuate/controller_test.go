@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
+	kubefake "k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
 
 	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
@@ -42,7 +43,8 @@ func TestMigrationsCountBeforeTheCacheShowsThem(t *testing.T) {
 		_ = vmiInformer.Informer().GetIndexer().Add(v)
 	}
 	_ = cfgInformer.Informer().GetIndexer().Add(cfg)
-	c := New(client, vmiInformer, migInformer, cfgInformer, record.NewFakeRecorder(100), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	nodes, pods := NewCapacityInformers(kubefake.NewClientset())
+	c := New(client, vmiInformer, migInformer, cfgInformer, nodes, pods, record.NewFakeRecorder(100), slog.New(slog.NewTextHandler(io.Discard, nil)))
 
 	ctx := context.Background()
 	for range 3 {

@@ -33,6 +33,15 @@ type Decision struct {
 	External []*v1alpha1.VirtualMachineInstance
 	// RetryAfter, if positive, is when a candidate held back by its backoff becomes due.
 	RetryAfter time.Duration
+	// AwaitingCapacity are marked VMIs whose last migration found no node for its target pod and
+	// that wait for the nodes or their free capacity to change; each with that migration.
+	AwaitingCapacity []Awaiting
+}
+
+// Awaiting is a marked VMI held back until capacity changes, and the migration that found none.
+type Awaiting struct {
+	VMI    *v1alpha1.VirtualMachineInstance
+	Failed *v1alpha1.VirtualMachineInstanceMigration
 }
 
 // Backoff after a failed migration while the mark stays: base doubling up to max.
@@ -42,15 +51,18 @@ const (
 )
 
 // Plan decides which marked VMIs get a migration now. migrations are all existing migrations;
-// config may be nil (defaults: 5 per cluster, 2 outbound per node).
-func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.VirtualMachineInstanceMigration, config *v1alpha1.LifeboatConfig, now time.Time) Decision {
+// config may be nil (defaults: 5 per cluster, 2 outbound per node). capacityChanged is the last
+// time a node came, changed what it accepts, or had a pod end: a VMI whose last migration found no
+// node for its target is retried only after such a change (and its backoff), since nothing else
+// could place the target now.
+func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.VirtualMachineInstanceMigration, config *v1alpha1.LifeboatConfig, capacityChanged, now time.Time) Decision {
 	var d Decision
 	perCluster, perNode := limits(config)
 	active, outbound := 0, map[string]int{}
-	migrating := map[string]bool{}       // VMI names (namespace/name) with an unfinished migration
-	failures := map[string][]time.Time{} // VMI UID → end times of failed migrations
-	ended := map[string]bool{}           // UIDs of migrations that ended
-	nodeOf := map[string]string{}        // VMI names (namespace/name) → node
+	migrating := map[string]bool{}                                       // VMI names (namespace/name) with an unfinished migration
+	failures := map[string][]*v1alpha1.VirtualMachineInstanceMigration{} // VMI UID → its failed migrations
+	ended := map[string]bool{}                                           // UIDs of migrations that ended
+	nodeOf := map[string]string{}                                        // VMI names (namespace/name) → node
 	for _, vmi := range vmis {
 		nodeOf[vmi.Namespace+"/"+vmi.Name] = vmi.Status.NodeName
 	}
@@ -62,7 +74,7 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 		case v1alpha1.MigrationFailed:
 			ended[string(m.UID)] = true
 			if uid := m.Labels[v1alpha1.LabelVMIUID]; uid != "" && m.Status.EndTimestamp != nil {
-				failures[uid] = append(failures[uid], m.Status.EndTimestamp.Time)
+				failures[uid] = append(failures[uid], m)
 			}
 		default:
 			// A migration the migration controller has not picked up yet has no source node in
@@ -94,7 +106,12 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 			continue
 		}
 		c := candidate(vmi)
-		if wait := backoff(failures[string(vmi.UID)], c.markedAt, now); wait > 0 {
+		failed := failedSince(failures[string(vmi.UID)], c.markedAt)
+		if last := lastOf(failed); last != nil && last.Status.TargetUnschedulable && !capacityChanged.After(last.Status.EndTimestamp.Time) {
+			d.AwaitingCapacity = append(d.AwaitingCapacity, Awaiting{VMI: vmi, Failed: last})
+			continue
+		}
+		if wait := backoff(failed, now); wait > 0 {
 			if d.RetryAfter == 0 || wait < d.RetryAfter {
 				d.RetryAfter = wait
 			}
@@ -162,24 +179,37 @@ func candidate(vmi *v1alpha1.VirtualMachineInstance) Candidate {
 	return c
 }
 
-// backoff is how long a VMI must still wait after its failed migrations since the mark.
-func backoff(failedAt []time.Time, markedAt, now time.Time) time.Duration {
-	var n int
-	var last time.Time
-	for _, t := range failedAt {
-		if t.Before(markedAt) {
-			continue // failures of an earlier evacuation do not count against this one
-		}
-		n++
-		if t.After(last) {
-			last = t
+// failedSince are the failed migrations that ended after the mark: failures of an earlier
+// evacuation do not count against this one.
+func failedSince(failed []*v1alpha1.VirtualMachineInstanceMigration, markedAt time.Time) []*v1alpha1.VirtualMachineInstanceMigration {
+	var since []*v1alpha1.VirtualMachineInstanceMigration
+	for _, m := range failed {
+		if !m.Status.EndTimestamp.Before(&metav1.Time{Time: markedAt}) {
+			since = append(since, m)
 		}
 	}
-	if n == 0 {
+	return since
+}
+
+// lastOf is the migration that ended last, nil if none.
+func lastOf(failed []*v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMachineInstanceMigration {
+	var last *v1alpha1.VirtualMachineInstanceMigration
+	for _, m := range failed {
+		if last == nil || m.Status.EndTimestamp.After(last.Status.EndTimestamp.Time) {
+			last = m
+		}
+	}
+	return last
+}
+
+// backoff is how long a VMI must still wait after its failed migrations.
+func backoff(failed []*v1alpha1.VirtualMachineInstanceMigration, now time.Time) time.Duration {
+	last := lastOf(failed)
+	if last == nil {
 		return 0
 	}
-	wait := backoffBase << min(n-1, 10)
-	return max(min(wait, backoffMax)-now.Sub(last), 0)
+	wait := backoffBase << min(len(failed)-1, 10)
+	return max(min(wait, backoffMax)-now.Sub(last.Status.EndTimestamp.Time), 0)
 }
 
 // less compares two candidates: negative when a goes first.

@@ -56,6 +56,11 @@ func migration(vmi, source string, phase v1alpha1.VirtualMachineInstanceMigratio
 	return m
 }
 
+func unschedulable(m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMachineInstanceMigration {
+	m.Status.TargetUnschedulable = true
+	return m
+}
+
 func config(perCluster, perNode int32) *v1alpha1.LifeboatConfig {
 	return &v1alpha1.LifeboatConfig{Spec: v1alpha1.LifeboatConfigSpec{Migrations: v1alpha1.MigrationsConfig{
 		ParallelMigrationsPerCluster: ptr.To(perCluster), ParallelOutboundMigrationsPerNode: ptr.To(perNode),
@@ -71,6 +76,9 @@ func TestPlan(t *testing.T) {
 		want       []string // "name:cause", in order
 		external   []string
 		retryAfter time.Duration
+		// capacityChanged is how long ago a node or pod last made room; 0: never.
+		capacityChanged time.Duration
+		awaiting        []string
 	}{
 		{name: "a marked LiveMigrate VMI gets a migration with its cause",
 			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 30)}, want: []string{"a:NodePressure"}},
@@ -123,6 +131,22 @@ func TestPlan(t *testing.T) {
 			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 60)},
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationFailed, 6*time.Second)},
 			want:       []string{"a:NodePressure"}},
+		{name: "a target no node took: no retry while nothing changed",
+			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "Drain", 0)},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{unschedulable(migration("a", "n1", v1alpha1.MigrationFailed, 30*time.Second))},
+			awaiting:   []string{"a"}},
+		{name: "a target no node took: the capacity changed before it failed",
+			vmis:            []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "Drain", 0)},
+			migrations:      []*v1alpha1.VirtualMachineInstanceMigration{unschedulable(migration("a", "n1", v1alpha1.MigrationFailed, 30*time.Second))},
+			capacityChanged: 40 * time.Second, awaiting: []string{"a"}},
+		{name: "a target no node took: retried once capacity changed, after the backoff",
+			vmis:            []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "Drain", 0)},
+			migrations:      []*v1alpha1.VirtualMachineInstanceMigration{unschedulable(migration("a", "n1", v1alpha1.MigrationFailed, 30*time.Second))},
+			capacityChanged: 10 * time.Second, want: []string{"a:Drain"}},
+		{name: "a target no node took, capacity changed just now: the backoff still holds",
+			vmis:            []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "Drain", 0)},
+			migrations:      []*v1alpha1.VirtualMachineInstanceMigration{unschedulable(migration("a", "n1", v1alpha1.MigrationFailed, 2*time.Second))},
+			capacityChanged: time.Second, retryAfter: 3 * time.Second},
 		{name: "failures before this mark do not count",
 			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 60)},
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationFailed, 2*time.Minute)},
@@ -130,16 +154,25 @@ func TestPlan(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d := Plan(tc.vmis, tc.migrations, tc.config, now)
-			var got, external []string
+			var changed time.Time
+			if tc.capacityChanged != 0 {
+				changed = now.Add(-tc.capacityChanged)
+			}
+			d := Plan(tc.vmis, tc.migrations, tc.config, changed, now)
+			var got, external, awaiting []string
 			for _, c := range d.Create {
 				got = append(got, fmt.Sprintf("%s:%s", c.VMI.Name, c.Cause))
 			}
 			for _, v := range d.External {
 				external = append(external, v.Name)
 			}
-			if fmt.Sprint(got) != fmt.Sprint(tc.want) || fmt.Sprint(external) != fmt.Sprint(tc.external) || d.RetryAfter != tc.retryAfter {
-				t.Errorf("create %v external %v retryAfter %s; want %v %v %s", got, external, d.RetryAfter, tc.want, tc.external, tc.retryAfter)
+			for _, a := range d.AwaitingCapacity {
+				awaiting = append(awaiting, a.VMI.Name)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) || fmt.Sprint(external) != fmt.Sprint(tc.external) || d.RetryAfter != tc.retryAfter ||
+				fmt.Sprint(awaiting) != fmt.Sprint(tc.awaiting) {
+				t.Errorf("create %v external %v retryAfter %s awaiting %v; want %v %v %s %v", got, external, d.RetryAfter, awaiting,
+					tc.want, tc.external, tc.retryAfter, tc.awaiting)
 			}
 		})
 	}

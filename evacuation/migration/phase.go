@@ -60,6 +60,7 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachin
 		return fail(fmt.Sprintf("target pod %s failed: %s", target.Name, vmi.PodFailureMessage(target)))
 	}
 	if reason, _ := Stalled(m, target, limits, now.Time); reason != "" {
+		status.TargetUnschedulable = target != nil && unschedulable(target)
 		return fail(reason)
 	}
 

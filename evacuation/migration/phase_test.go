@@ -95,3 +95,25 @@ func TestTheFirstStatusRecordsTheRequestedCause(t *testing.T) {
 		}
 	}
 }
+
+// A migration that fails because no node takes its target pod says so, so that the evacuation
+// controller waits for capacity before trying again; other failures do not.
+func TestUnschedulableFailuresAreMarked(t *testing.T) {
+	now := metav1.NewTime(time.Date(2026, 11, 25, 9, 0, 0, 0, time.UTC))
+	running := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm"}}
+	running.Status.Phase, running.Status.NodeName = v1alpha1.VMIRunning, "a"
+	stale := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(now.Add(-DefaultCatchAllPendingTimeout))},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}, Status: v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: v1alpha1.MigrationScheduling}}
+	unschedulable := &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{
+		{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: "no nodes fit"}}}}
+	pulling := &corev1.Pod{Spec: corev1.PodSpec{NodeName: "b"}, Status: corev1.PodStatus{Phase: corev1.PodPending}}
+	for _, tc := range []struct {
+		target *corev1.Pod
+		want   bool
+	}{{unschedulable, true}, {pulling, false}, {nil, false}} {
+		status, _, _ := Next(stale, running, tc.target, LimitsFrom(nil), now)
+		if status.Phase != v1alpha1.MigrationFailed || status.TargetUnschedulable != tc.want {
+			t.Errorf("target %+v: phase %s targetUnschedulable %v, want Failed %v", tc.target, status.Phase, status.TargetUnschedulable, tc.want)
+		}
+	}
+}

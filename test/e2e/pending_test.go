@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,18 +12,22 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/evacuate"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
 // A drain of a node with two VMs and one outbound slot: the first VM's target can never be
 // scheduled (its node selector matches only the node it leaves). Its migration fails after the
 // configured pending timeout with the scheduler's own words, and frees the slot, so the second VM
-// still moves; the first keeps running where it was.
+// still moves; the first keeps running where it was. lifeboat then stops trying it while nothing
+// changes that could place it, and tries again, successfully, once a node gets the label.
 func TestATargetThatCannotBeScheduledFreesItsSlot(t *testing.T) {
 	setConfig(t, false, func(c *v1alpha1.LifeboatConfig) {
 		c.Spec.Migrations.UnschedulablePendingTimeoutSeconds = ptr.To[int64](5)
@@ -76,6 +81,97 @@ func TestATargetThatCannotBeScheduledFreesItsSlot(t *testing.T) {
 	}
 	if v := waitVMI(t, ns, stuck.Name, time.Second, "running", running); v.Status.NodeName != source.Name() {
 		t.Errorf("the VM whose target could not be placed should still run on %s: %s", source.Name(), describe(v))
+	}
+
+	// The second VM's old pod ended after the first failure, which could have made room: lifeboat
+	// tries once more. After that failure, the VM waits for capacity, and says so.
+	last := waitAwaitingCapacity(t, stuck, 2)
+	tries := len(migrationsOf(t, stuck))
+	// Retries back off 5 s, then 10 s: well within this window a retry would show.
+	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		return len(migrationsOf(t, stuck)) != tries, nil
+	})
+	if err == nil {
+		t.Fatalf("lifeboat tried again although nothing changed since migration %s found no node: %v", last, migrationsOf(t, stuck))
+	}
+	target := waitVMI(t, ns, mover.Name, time.Second, "running", running).Status.NodeName
+	labelNode(t, target, pin, "yes")
+	moved = waitVMI(t, ns, stuck.Name, 2*time.Minute, "running on node "+target+" once it has the label", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return running(v) && v.Status.NodeName == target
+	})
+	if s := moved.Status.MigrationState; s == nil || !s.Completed {
+		t.Errorf("the VM should have moved by a completed migration: %s", describe(moved))
+	}
+}
+
+// migrationsOf lists v's migrations as name:phase.
+func migrationsOf(t *testing.T, v *v1alpha1.VirtualMachineInstance) []string {
+	t.Helper()
+	list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).List(context.Background(),
+		metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(v.UID)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range list.Items {
+		out = append(out, m.Name+":"+string(m.Status.Phase))
+	}
+	return out
+}
+
+// waitAwaitingCapacity waits until v has at least n migrations, all failed, and the newest one,
+// which no node took, is named by an EvacuationAwaitingCapacity Event on v; it returns that
+// migration's name.
+func waitAwaitingCapacity(t *testing.T, v *v1alpha1.VirtualMachineInstance, n int) string {
+	t.Helper()
+	ctx := context.Background()
+	var last, seen string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).List(ctx,
+			metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(v.UID)})
+		if err != nil {
+			return false, nil
+		}
+		var newest *v1alpha1.VirtualMachineInstanceMigration
+		for i := range list.Items {
+			m := &list.Items[i]
+			if m.Status.Phase != v1alpha1.MigrationFailed {
+				return false, nil
+			}
+			if newest == nil || m.Status.EndTimestamp.After(newest.Status.EndTimestamp.Time) {
+				newest = m
+			}
+		}
+		if len(list.Items) < n || !newest.Status.TargetUnschedulable {
+			return false, nil
+		}
+		last = newest.Name
+		events, err := cluster.Kube.CoreV1().Events(v.Namespace).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.name": v.Name, "reason": evacuate.ReasonAwaitingCapacity}.String()})
+		if err != nil {
+			return false, nil
+		}
+		for _, e := range events.Items {
+			seen = e.Message
+			if strings.Contains(e.Message, "migration "+last+" ") {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("want %d migrations of %s, all failed, the newest (%s) for want of a node, and an %s Event naming it; seen %v and the Event %q",
+			n, v.Name, last, evacuate.ReasonAwaitingCapacity, migrationsOf(t, v), seen)
+	}
+	return last
+}
+
+// labelNode sets a label on a node, as an admin would.
+func labelNode(t *testing.T, node, key, value string) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, key, value)
+	if _, err := cluster.Kube.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -100,6 +100,10 @@ type VirtualMachineInstanceMigrationStatus struct {
 	// FailureReason says why a failed migration failed.
 	// +optional
 	FailureReason string `json:"failureReason,omitempty"`
+	// TargetUnschedulable is true when the migration failed because no node would take its
+	// target pod: another attempt waits until the cluster's nodes or their free capacity change.
+	// +optional
+	TargetUnschedulable bool `json:"targetUnschedulable,omitempty"`
 	// Progress is the memory transfer's latest figures, written by the source agent while it runs.
 	// +optional
 	Progress *MigrationProgress `json:"progress,omitempty"`

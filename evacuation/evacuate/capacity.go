@@ -1,0 +1,71 @@
+package evacuate
+
+import (
+	"maps"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// NodeMayTakeMore reports whether a node's change could let the scheduler place a pod it could
+// not place before: it became schedulable or ready, its labels or taints changed, or its
+// allocatable resources did. Heartbeats and image lists change nothing.
+func NodeMayTakeMore(old, cur *corev1.Node) bool {
+	return old.Spec.Unschedulable != cur.Spec.Unschedulable ||
+		!apiequality.Semantic.DeepEqual(old.Spec.Taints, cur.Spec.Taints) ||
+		!maps.Equal(old.Labels, cur.Labels) ||
+		!apiequality.Semantic.DeepEqual(old.Status.Allocatable, cur.Status.Allocatable) ||
+		ready(old) != ready(cur)
+}
+
+func ready(n *corev1.Node) corev1.ConditionStatus {
+	i := slices.IndexFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == corev1.NodeReady })
+	if i < 0 {
+		return corev1.ConditionUnknown
+	}
+	return n.Status.Conditions[i].Status
+}
+
+// PodFreedCapacity reports whether a pod's update gave its node's resources back: a bound pod
+// that reached a terminal phase no longer counts against its node.
+func PodFreedCapacity(old, cur *corev1.Pod) bool {
+	return cur.Spec.NodeName != "" && !terminal(old) && terminal(cur)
+}
+
+func terminal(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// NewCapacityInformers watches what can make room for a target pod: the nodes, and the pods bound
+// to them. Both are cut down to the fields that tell (a pod keeps its name, node and phase), so
+// watching every pod of a large cluster costs little memory.
+func NewCapacityInformers(kube kubernetes.Interface) (nodes, pods cache.SharedIndexInformer) {
+	nodes = coreinformers.NewNodeInformer(kube, 0, cache.Indexers{})
+	_ = nodes.SetTransform(func(obj any) (any, error) {
+		if n, ok := obj.(*corev1.Node); ok {
+			n.ManagedFields, n.Status.Images = nil, nil
+		}
+		return obj, nil
+	})
+	pods = coreinformers.NewFilteredPodInformer(kube, metav1.NamespaceAll, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermNotEqualSelector("spec.nodeName", "").String()
+	})
+	_ = pods.SetTransform(func(obj any) (any, error) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			return obj, nil
+		}
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion},
+			Spec:       corev1.PodSpec{NodeName: p.Spec.NodeName},
+			Status:     corev1.PodStatus{Phase: p.Status.Phase},
+		}, nil
+	})
+	return nodes, pods
+}
