@@ -23,7 +23,10 @@ func TestNodeMayTakeMore(t *testing.T) {
 		change func(*corev1.Node)
 		want   bool
 	}{
-		{"a heartbeat", func(n *corev1.Node) { n.Status.Conditions[0].LastHeartbeatTime = metav1.Unix(2, 0); n.ResourceVersion = "2" }, false},
+		{"a heartbeat", func(n *corev1.Node) {
+			n.Status.Conditions[0].LastHeartbeatTime = metav1.Unix(2, 0)
+			n.ResourceVersion = "2"
+		}, false},
 		{"new images", func(n *corev1.Node) { n.Status.Images = []corev1.ContainerImage{{Names: []string{"x"}}} }, false},
 		{"a label (a node selector may match now)", func(n *corev1.Node) { n.Labels["pinned"] = "yes" }, true},
 		{"cordoned or uncordoned", func(n *corev1.Node) { n.Spec.Unschedulable = true }, true},
