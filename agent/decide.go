@@ -147,8 +147,14 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node
 	status := vmi.Status.DeepCopy()
 	nowMeta := metav1.NewTime(now)
 	if evacuationLost(vmi, dom, node, now) {
-		msg := fmt.Sprintf("the VM was still on node %s when its evacuation deadline %s passed; it was lost with its pod",
-			node, vmi.Status.EvacuationDeadline.UTC().Format(time.RFC3339))
+		deadline := vmi.Status.EvacuationDeadline.UTC().Format(time.RFC3339)
+		msg := fmt.Sprintf("the VM was still on node %s when its evacuation deadline %s passed; it was lost with its pod", node, deadline)
+		if now.Before(vmi.Status.EvacuationDeadline.Add(-lostCheckSlack)) {
+			// Killed long before the grace period the agent expected: a hard eviction threshold
+			// (the kubelet then gives one second) or a force deletion. Nothing is left to move.
+			msg = fmt.Sprintf("the launcher pod on node %s ended at %s, before the evacuation deadline %s (a hard eviction or a force deletion gives no grace: %s); the VM was lost with its pod",
+				node, now.UTC().Format(time.RFC3339), deadline, vmi.Status.Message)
+		}
 		setCondition(status, v1alpha1.VMIConditionEvictionRequested, metav1.ConditionFalse, ReasonEvacuationDeadlineExceeded, msg, nowMeta)
 		plan.Events = append(plan.Events, Event{corev1.EventTypeWarning, ReasonEvacuationDeadlineExceeded, msg})
 		plan.Status, plan.Lost = status, true
@@ -256,14 +262,17 @@ func mark(status *v1alpha1.VirtualMachineInstanceStatus, vmi *v1alpha1.VirtualMa
 }
 
 // evacuationLost reports whether a VM marked for evacuation from this node was still here,
-// no longer alive, when its deadline passed, and that has not been recorded yet.
+// no longer alive, when its deadline passed or when its launcher pod ended (the VMI failed), and
+// that has not been recorded yet.
 func evacuationLost(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, node string, now time.Time) bool {
 	if vmi.Status.EvacuationNodeName != node || vmi.Status.NodeName != node || vmi.Status.EvacuationDeadline == nil {
 		return false
 	}
 	// The kubelet counts its grace from before the launcher saw the signal, so it may kill a
-	// moment before the recorded deadline; within the slack, a VM that is gone was lost.
-	if now.Before(vmi.Status.EvacuationDeadline.Add(-lostCheckSlack)) || (dom != nil && dom.State.Alive()) {
+	// moment before the recorded deadline; within the slack, a VM that is gone was lost. A VMI
+	// that failed on this node (its pod ended; the VMI controller records that) is lost at once.
+	ended := vmi.Status.Phase == v1alpha1.VMIFailed
+	if (!ended && now.Before(vmi.Status.EvacuationDeadline.Add(-lostCheckSlack))) || (dom != nil && dom.State.Alive()) {
 		return false
 	}
 	c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested)

@@ -92,6 +92,13 @@ func TestDecideOnNodePressure(t *testing.T) {
 					EndTimestamp: ptr.To(metav1.NewTime(t0.Add(3 * time.Second)))}
 				return v
 			}(), dom: signalled(), ev: Eviction{Config: gateOn(nil)}, now: t0.Add(4 * time.Second)},
+		{name: "the pod ended (the VMI failed) long before the deadline: a hard eviction, lost at once",
+			vmi: func() *v1alpha1.VirtualMachineInstance {
+				v := testVMI(v1alpha1.VMIFailed, liveMigrate, marked)
+				v.Status.Message = "Evicted: The node was low on resource: memory."
+				return v
+			}(), dom: nil, ev: Eviction{Config: gateOn(nil)}, now: t0.Add(2 * time.Second),
+			wantMark: true, wantLost: true, wantMessage: "before the evacuation deadline 2026-11-22T03:00:30Z (a hard eviction or a force deletion gives no grace: Evicted: The node was low"},
 		{name: "deadline not reached and the launcher reconnecting: nothing yet",
 			vmi: testVMI(v1alpha1.VMIRunning, liveMigrate, marked), dom: nil, ev: Eviction{Config: gateOn(nil)}, now: t0.Add(10 * time.Second),
 			wantMark: true},
