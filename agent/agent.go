@@ -76,6 +76,9 @@ type Agent struct {
 	migrations *migrations
 	// migratedAway holds, by VMI UID, when a launcher reported its guest left by migration.
 	migratedAway sync.Map
+	// signalled holds, by VMI UID, the SIGTERM a launcher reported (a *signal), which its domain's
+	// metadata may not show yet: libvirt holds that write while a migration runs.
+	signalled sync.Map
 }
 
 // launcher is the agent's link to one launcher.
@@ -180,6 +183,9 @@ func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 	if m.Kind == notify.KindDomainGone && m.Reason == notify.ReasonMigrated {
 		a.migratedAway.Store(m.VMI.UID, m.Time)
 	}
+	if m.Kind == notify.KindGracefulShutdown {
+		a.signalled.Store(m.VMI.UID, &signal{at: m.Time, deadline: m.Time.Add(time.Duration(m.PodGracePeriodSeconds) * time.Second)})
+	}
 	a.queue.Add(m.VMI.UID)
 }
 
@@ -212,6 +218,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 			go a.connect(ctx, uid)
 		case uid := <-gone:
 			a.forget(uid)
+			a.signalled.Delete(uid)
 		}
 	}
 }
@@ -299,6 +306,9 @@ func (a *Agent) migrator(uid string) Migrator {
 	return nil
 }
 
+// signal is a SIGTERM a launcher reported: when, and when its pod's grace period ends.
+type signal struct{ at, deadline time.Time }
+
 func (a *Agent) forget(uid string) {
 	a.mu.Lock()
 	l, ok := a.launchers[uid]
@@ -372,6 +382,9 @@ func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 			return 0, fmt.Errorf("observing domain %s: %w", name, err)
 		}
 		if dom != nil {
+			if s, ok := a.signalled.Load(uid); ok && dom.GracefulShutdown == nil {
+				dom.GracefulShutdown, dom.PodDeadline = &s.(*signal).at, &s.(*signal).deadline
+			}
 			dom.ShutdownSent = shutdownSent
 			dom.NotMigratableReason = NotMigratableReason(vmi)
 			dom.Deletion = a.podDeletion(vmi)

@@ -17,6 +17,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -155,12 +156,12 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 		select {
 		case <-sigterm:
 			now := time.Now()
-			gs := domain.GracefulShutdown{SignalTime: now, Deadline: now.Add(time.Duration(cfg.PodGracePeriodSeconds) * time.Second)}
-			if err := conn.SetGracefulShutdown(name, gs); err != nil {
-				log.Error("recording the graceful-shutdown signal in the domain", "err", err)
-			}
-			log.Info("SIGTERM: told the agent; the guest keeps running until it decides", "podGracePeriodSeconds", cfg.PodGracePeriodSeconds)
+			// The agent hears first: recording the signal in the domain waits for libvirt's job
+			// lock, which an outgoing migration holds (up to 30 s, then it fails).
 			notifier.Report(notify.KindGracefulShutdown, now, cfg.PodGracePeriodSeconds, "")
+			log.Info("SIGTERM: told the agent; the guest keeps running until it decides", "podGracePeriodSeconds", cfg.PodGracePeriodSeconds)
+			gs := domain.GracefulShutdown{SignalTime: now, Deadline: now.Add(time.Duration(cfg.PodGracePeriodSeconds) * time.Second)}
+			go recordGracefulShutdown(ctx, conn, name, gs, log)
 		case ev, ok := <-events:
 			if !ok {
 				return contract.ExitFailed, errors.New("the libvirt event stream ended")
@@ -193,6 +194,20 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 			return contract.ExitFailed, ctx.Err()
 		}
 	}
+}
+
+// recordGracefulShutdown writes the signal into the domain's metadata, where a restarted agent
+// or libvirt finds it, trying again while libvirt's job lock is held (a migration) until it
+// succeeds or the domain is gone; the agent already knows from the report.
+func recordGracefulShutdown(ctx context.Context, conn *domain.Conn, name string, gs domain.GracefulShutdown, log *slog.Logger) {
+	_ = wait.PollUntilContextCancel(ctx, time.Second, true, func(context.Context) (bool, error) {
+		err := conn.SetGracefulShutdown(name, gs)
+		if err == nil || errors.Is(err, domain.ErrNotFound) {
+			return true, nil
+		}
+		log.Warn("recording the graceful-shutdown signal in the domain; trying again", "err", err)
+		return false, nil
+	})
 }
 
 // startGuest defines and starts the VMI's domain.
