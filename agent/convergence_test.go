@@ -64,3 +64,24 @@ func TestNextMode(t *testing.T) {
 		})
 	}
 }
+
+// A deadline learned while the migration runs (a SIGTERM during a drain's migration) counts when
+// it is earlier than the migration's own.
+func TestTheEarlierDeadlineHolds(t *testing.T) {
+	at := func(s int) time.Time { return time.Date(2026, 11, 25, 9, 0, s, 0, time.UTC) }
+	for _, tc := range []struct {
+		name               string
+		own, learned, want time.Time
+	}{
+		{name: "none at all", want: time.Time{}},
+		{name: "its own only", own: at(30), want: at(30)},
+		{name: "learned, none of its own", learned: at(40), want: at(40)},
+		{name: "learned, earlier", own: at(30), learned: at(20), want: at(20)},
+		{name: "learned, later: its own holds", own: at(30), learned: at(50), want: at(30)},
+	} {
+		c := ConvergingMigration{Deadline: tc.own, Tightened: func() time.Time { return tc.learned }}
+		if got := c.deadline(); !got.Equal(tc.want) {
+			t.Errorf("%s: deadline %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}

@@ -22,6 +22,9 @@ type ConvergingMigration struct {
 	Allowed  Allowed
 	// Deadline is when the migration must have ended; zero when it has none.
 	Deadline time.Time
+	// Tightened, when set, is asked on every tick for a deadline learned since the start (the
+	// source pod got a SIGTERM during a drain's migration); zero for none. The earlier one holds.
+	Tightened func() time.Time
 	Clock    clock.WithTicker
 	Log      *slog.Logger
 	// Cancelled, when set, is asked on every tick while the migration can still be aborted;
@@ -93,8 +96,8 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 	if !transferring.IsZero() {
 		p.Elapsed = c.Clock.Since(*transferring)
 	}
-	if !c.Deadline.IsZero() {
-		p.HasDeadline, p.TimeLeft = true, c.Deadline.Sub(c.Clock.Now())
+	if deadline := c.deadline(); !deadline.IsZero() {
+		p.HasDeadline, p.TimeLeft = true, deadline.Sub(c.Clock.Now())
 	}
 	next := NextMode(mode, p, c.Allowed)
 	switch {
@@ -108,4 +111,16 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 		return mode, err
 	}
 	return next, nil
+}
+
+// deadline is the earlier of the migration's own deadline and one learned since; zero for none.
+func (c ConvergingMigration) deadline() time.Time {
+	d := c.Deadline
+	if c.Tightened == nil {
+		return d
+	}
+	if t := c.Tightened(); !t.IsZero() && (d.IsZero() || t.Before(d)) {
+		return t
+	}
+	return d
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
@@ -123,6 +124,7 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	if mig.Status.Deadline != nil {
 		c.Deadline = mig.Status.Deadline.Time
 	}
+	c.Tightened = m.tightened(mig, string(vmi.UID), c.Deadline)
 	mode, result := MigrateConverging(ctx, c)
 	// The moment libvirt's migration ended, apart from the status writes that follow: the
 	// drain benchmark reads the controllers' overhead from it.
@@ -150,6 +152,41 @@ func (m *migrations) leftByMigration(uid string, start time.Time) bool {
 		return ok && !at.(time.Time).Before(start), nil
 	})
 	return err == nil
+}
+
+// tightened follows the VMI's evacuation deadline from the source node while the migration runs:
+// a SIGTERM that comes during a migration without a deadline (or with a later one) sets an
+// earlier one, which the migration must now meet. It records each earlier deadline on the
+// migration, with an Event, and returns the earliest known (zero for none).
+func (m *migrations) tightened(mig *v1alpha1.VirtualMachineInstanceMigration, uid string, start time.Time) func() time.Time {
+	known := start
+	return func() time.Time {
+		objs, err := m.a.informer.GetIndexer().ByIndex(uidIndex, uid)
+		if err != nil || len(objs) == 0 {
+			return known
+		}
+		vmi := objs[0].(*v1alpha1.VirtualMachineInstance)
+		d := vmi.Status.EvacuationDeadline
+		if vmi.Status.EvacuationNodeName != mig.Status.SourceNode || d == nil || (!known.IsZero() && !d.Before(&metav1.Time{Time: known})) {
+			return known
+		}
+		known = d.Time
+		m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "DeadlineTightened", "the VM must now leave node %s by %s (%s)",
+			mig.Status.SourceNode, d.UTC().Format(time.RFC3339), evacuationCause(vmi))
+		err = m.updateMigration(context.Background(), mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) { x.Status.Deadline = d.DeepCopy() })
+		if err != nil {
+			m.a.cfg.Log.Warn("recording a tightened deadline on the migration", "migration", mig.Name, "err", err)
+		}
+		return known
+	}
+}
+
+// evacuationCause is the reason of the VMI's EvictionRequested condition.
+func evacuationCause(vmi *v1alpha1.VirtualMachineInstance) string {
+	if c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); c != nil {
+		return c.Reason
+	}
+	return "no cause recorded"
 }
 
 // markCleared reports whether an evacuation's reason went away: its VMI is no longer marked for

@@ -221,7 +221,7 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 		}
 		log.Info("reported on the eviction", "heartbeat", plan.Write.Heartbeat.UTC(), "completed", plan.Write.Completion != nil, "message", plan.Write.Message)
 	}
-	if plan.Outcome != "" {
+	if plan.Outcome != "" && c.firstAnswer(ev) {
 		c.metrics.Answered.WithLabelValues(plan.Outcome).Inc()
 		log.Info("answered the eviction", "outcome", plan.Outcome)
 	}
@@ -359,6 +359,8 @@ func (c *Controller) apply(ctx context.Context, ev *lifecyclev1alpha1.Eviction, 
 type memory struct {
 	// told are the Events already recorded, so a repeated sync tells once.
 	told map[Event]bool
+	// answered is set once the Eviction's outcome is counted.
+	answered bool
 	// written is lifeboat's entry as the API server returned it after the last write: the
 	// informer's copy may lag behind it, and deciding from that copy would heartbeat too soon
 	// or set completionTime a second time.
@@ -401,6 +403,16 @@ func (c *Controller) remember(written *lifecyclev1alpha1.Eviction) {
 		c.memoryOf(written.UID).written = e.DeepCopy()
 		c.mu.Unlock()
 	}
+}
+
+// firstAnswer reports whether the Eviction's outcome is not counted yet, and marks it counted.
+func (c *Controller) firstAnswer(ev *lifecyclev1alpha1.Eviction) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.memoryOf(ev.UID)
+	first := !m.answered
+	m.answered = true
+	return first
 }
 
 // tell records an Event on the Eviction once.

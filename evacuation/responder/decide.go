@@ -26,6 +26,8 @@ const (
 	OutcomeCanceled = "canceled"
 	// OutcomeInterrupted: lifeboat's turn was ended by the evictionrequest controller.
 	OutcomeInterrupted = "interrupted"
+	// OutcomeStalled: no node would take the VM; lifeboat gave its turn up.
+	OutcomeStalled = "stalled"
 )
 
 // Event reasons on the Eviction.
@@ -37,6 +39,7 @@ const (
 	ReasonVMEnded          = "VMEnded"
 	ReasonCanceled         = "EvacuationCanceled"
 	ReasonInterrupted      = "EvacuationInterrupted"
+	ReasonStalled          = "EvacuationStalled"
 	ReasonNotCancelable    = "EvacuationNotCancelable"
 	ReasonRejectedByServer = "StatusRejected"
 )
@@ -161,6 +164,14 @@ func active(o Observation, s Settings, now time.Time) Plan {
 			fmt.Sprintf("VM %s (eviction strategy %s) cannot be live-migrated (%s); the next responder evicts pod %s", id, strategy, notMigratableReason(vmi), pod.Name)})
 	}
 
+	if m := o.Migration; !movedAway && stalledSince(m, entry.StartTime) {
+		// Nothing is being done until the cluster changes (seed 002: no heartbeat without work):
+		// give the turn up, so the Eviction goes on to the next responder. The mark stays, so the
+		// VM still leaves when a node can take it.
+		return complete(o, now, OutcomeStalled, Event{corev1.EventTypeWarning, ReasonStalled,
+			fmt.Sprintf("no node takes VM %s: migration %s failed (%s); lifeboat gives up its turn, and the VM stays marked and leaves node %s when the nodes or their free capacity change",
+				id, m.Name, m.Status.FailureReason, node)})
+	}
 	var p Plan
 	if !movedAway && !marked(vmi, node) {
 		p.Mark = markMessage(o)
@@ -204,18 +215,26 @@ func complete(o Observation, now time.Time, outcome string, e Event) Plan {
 	}
 }
 
-// canceled: every requester withdrew. An unfinished pre-copy migration is cancelled by clearing
-// the mark, if this Eviction set it; post-copy and paused migrations cannot go back.
 // stop ends lifeboat's work on an Eviction it no longer answers (every requester withdrew, or its
 // turn was interrupted): it clears the mark this Eviction set, which cancels the unfinished
 // migration and takes the descheduler's eviction-in-progress off the source pod. A migration in
-// post-copy or paused cannot go back and finishes; the Event says so.
+// post-copy or paused cannot go back and finishes; the Event says so. A mark another cause set
+// since (the kubelet, the pod's deletion) is not this Eviction's to clear: after an interruption,
+// which usually comes with such a cause, the Event says the evacuation goes on for it.
 func stop(o Observation, reason, outcome, why string) Plan {
 	vmi, node := o.VMI, o.Pod.Spec.NodeName
-	if vmi == nil || !marked(vmi, node) || !markedByEviction(vmi) {
+	if vmi == nil || !marked(vmi, node) {
 		return Plan{}
 	}
 	id := vmi.Namespace + "/" + vmi.Name
+	if !markedByEviction(vmi) {
+		if outcome != OutcomeInterrupted {
+			return Plan{}
+		}
+		c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested)
+		return Plan{Outcome: outcome, Events: []Event{{corev1.EventTypeNormal, reason,
+			fmt.Sprintf("%s; VM %s is now marked for another cause (%s), so its evacuation from node %s goes on", why, id, c.Reason, node)}}}
+	}
 	if m := o.Migration; m != nil && !m.Status.Phase.Terminal() && (m.Status.Mode == v1alpha1.MigrationModePostCopy || m.Status.Mode == v1alpha1.MigrationModePaused) {
 		return Plan{Events: []Event{{corev1.EventTypeWarning, ReasonNotCancelable,
 			fmt.Sprintf("%s, but migration %s of VM %s is in %s and cannot be cancelled; it finishes on node %s", why, m.Name, id, m.Status.Mode, m.Status.TargetNode)}}}
@@ -225,6 +244,13 @@ func stop(o Observation, reason, outcome, why string) Plan {
 		msg += fmt.Sprintf(" (migration %s stops; the VM stays)", m.Name)
 	}
 	return Plan{ClearMark: msg, Outcome: outcome, Events: []Event{{corev1.EventTypeNormal, reason, msg}}}
+}
+
+// stalledSince: the migration, ended after the responder's turn began, failed because no node
+// would take its target pod; the evacuation controller tries again only when capacity changes.
+func stalledSince(m *v1alpha1.VirtualMachineInstanceMigration, start *metav1.Time) bool {
+	return m != nil && m.Status.Phase == v1alpha1.MigrationFailed && m.Status.TargetUnschedulable &&
+		m.Status.EndTimestamp != nil && !m.Status.EndTimestamp.Before(start)
 }
 
 // progressMessage says where the evacuation stands, for a person reading the Eviction.

@@ -90,6 +90,14 @@ func migration(phase v1alpha1.VirtualMachineInstanceMigrationPhase, mode v1alpha
 	}
 }
 
+// unschedulable is a migration that failed at end because no node took its target pod.
+func unschedulable(end *metav1.Time) *v1alpha1.VirtualMachineInstanceMigration {
+	m := migration(v1alpha1.MigrationFailed, "")
+	m.Status.EndTimestamp, m.Status.TargetUnschedulable = end, true
+	m.Status.FailureReason = "waited 5m0s for the target: 0/2 nodes are available"
+	return m
+}
+
 // TestDecide mirrors the responder's duties in the 1.37 API: act only on a processed Eviction,
 // only while Active; migrate, decline, leave to an external controller, cancel, stop.
 func TestDecide(t *testing.T) {
@@ -176,7 +184,14 @@ func TestDecide(t *testing.T) {
 			want{clear: true, outcome: OutcomeInterrupted, reason: ReasonInterrupted, message: "was interrupted and the next responder takes the pod"}},
 		{"Interrupted in post-copy: cannot go back, say so", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateInterrupted, heartbeatAt(-time.Minute, progress)), Pod: launcherPod(corev1.PodRunning), VMI: vm(markedBy("EvictionRequest")), Migration: migration(v1alpha1.MigrationRunning, v1alpha1.MigrationModePostCopy)},
 			want{reason: ReasonNotCancelable, message: "interrupted"}},
-		{"Interrupted, the mark is the kubelet's: leave it", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateInterrupted, heartbeatAt(-time.Minute, progress)), Pod: launcherPod(corev1.PodRunning), VMI: vm(markedBy("NodePressure")), Migration: running}, want{}},
+		{"Interrupted, the mark is now the pod deletion's: leave it, and say the evacuation goes on", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateInterrupted, heartbeatAt(-time.Minute, progress)), Pod: launcherPod(corev1.PodRunning), VMI: vm(markedBy("PodDeleted")), Migration: running},
+			want{outcome: OutcomeInterrupted, reason: ReasonInterrupted, message: "now marked for another cause (PodDeleted), so its evacuation from node a goes on"}},
+		{"the migration found no node for its target: give the turn up, the mark stays", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateActive, heartbeatAt(-time.Minute, progress)), Pod: launcherPod(corev1.PodRunning), VMI: vm(markedBy("EvictionRequest")),
+			Migration: unschedulable(at(0))},
+			want{write: true, complete: true, outcome: OutcomeStalled, reason: ReasonStalled, heartbeat: at(0), message: "no node takes VM ns/vm: migration vm-evacuation-x failed (waited 5m0s for the target: 0/2 nodes are available)"}},
+		{"a migration that found no node before this turn began: go on", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateActive, started()), Pod: launcherPod(corev1.PodRunning), VMI: vm(markedBy("EvictionRequest")),
+			Migration: unschedulable(at(-time.Minute))},
+			want{write: true, heartbeat: at(0), message: "failed", requeue: time.Minute}},
 		{"Completed: nothing", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateCompleted, heartbeatAt(-time.Minute, progress)), Pod: launcherPod(corev1.PodSucceeded), VMI: vm(migratedTo("b"))}, want{}},
 	}
 	for _, tc := range cases {

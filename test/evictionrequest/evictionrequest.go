@@ -141,6 +141,22 @@ func (c *Controller) Withdraw(ctx context.Context, requester string) error {
 	})
 }
 
+// TargetDeleted is what the evictionrequest controller does when the target pod is deleted while
+// a responder is active: the Eviction gets condition TargetEvicted (reason PodDeleted) and the
+// active responder becomes Interrupted. The API server allows that before the responder's
+// heartbeat deadline only because the Eviction is then final.
+func (c *Controller) TargetDeleted(ctx context.Context) error {
+	return c.updateStatus(ctx, func(ev *lifecyclev1alpha1.Eviction) {
+		for i := range ev.Status.TargetResponders {
+			if ev.Status.TargetResponders[i].State == lifecyclev1alpha1.ResponderStateActive {
+				ev.Status.TargetResponders[i].State = lifecyclev1alpha1.ResponderStateInterrupted
+			}
+		}
+		meta.SetStatusCondition(&ev.Status.Conditions, metav1.Condition{Type: string(lifecyclev1alpha1.EvictionConditionTargetEvicted), Status: metav1.ConditionTrue,
+			Reason: string(lifecyclev1alpha1.EvictionConditionReasonPodDeleted), Message: "the pod was deleted", ObservedGeneration: ev.Generation})
+	})
+}
+
 // Advance moves on from a responder that reported completionTime: it becomes Completed and the
 // next one Active with its startTime. It returns the newly active responder's name.
 func (c *Controller) Advance(ctx context.Context) (string, error) {
