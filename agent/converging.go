@@ -25,8 +25,8 @@ type ConvergingMigration struct {
 	// Tightened, when set, is asked on every tick for a deadline learned since the start (the
 	// source pod got a SIGTERM during a drain's migration); zero for none. The earlier one holds.
 	Tightened func() time.Time
-	Clock    clock.WithTicker
-	Log      *slog.Logger
+	Clock     clock.WithTicker
+	Log       *slog.Logger
 	// Cancelled, when set, is asked on every tick while the migration can still be aborted;
 	// true aborts it (the guest stays on the source).
 	Cancelled func() bool

@@ -23,7 +23,9 @@ import (
 // It completes with a message that says why, so the Eviction goes on to the next responder; the
 // VM runs on where it was, still marked, to leave when a node can take it.
 func TestAnEvictionRequestNoNodeCanServeIsGivenUp(t *testing.T) {
-	setConfig(t, false, func(c *v1alpha1.LifeboatConfig) { c.Spec.Migrations.UnschedulablePendingTimeoutSeconds = ptr.To[int64](5) })
+	setConfig(t, false, func(c *v1alpha1.LifeboatConfig) {
+		c.Spec.Migrations.UnschedulablePendingTimeoutSeconds = ptr.To[int64](5)
+	})
 	startController(t)
 	const pin = "e2e.lifeboat.dev/pinned"
 	source := startNodes(t, 1, func(c *node.Config) { c.Labels = map[string]string{pin: "yes"} })[0]
