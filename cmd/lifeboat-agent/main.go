@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/lifeboat-vm/lifeboat/agent"
+	"github.com/lifeboat-vm/lifeboat/agent/deviceplugin"
 	"github.com/lifeboat-vm/lifeboat/agent/notifyserver"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	migrationinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
@@ -33,7 +34,8 @@ import (
 
 type options struct {
 	kubeconfig, nodeName, nodeAddress, runDir, listen, kubeletConfig string
-	workers                                                          int
+	devicePluginDir                                                  string
+	workers, deviceSlots                                             int
 	maxPodGracePeriod                                                int64
 	dirSweep, dirMinAge                                              time.Duration
 }
@@ -51,6 +53,9 @@ func main() {
 		"the node kubelet's evictionMaxPodGracePeriod in seconds, if --kubelet-config is not given; -1 means unknown (the pod's grace period is assumed)")
 	flag.DurationVar(&o.dirSweep, "launcher-dir-sweep-interval", time.Minute, "how often the directories of launchers whose pods were deleted are removed")
 	flag.DurationVar(&o.dirMinAge, "launcher-dir-min-age", time.Minute, "a launcher directory changed more recently than this is never removed")
+	flag.StringVar(&o.devicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins",
+		"the kubelet's device plugin directory, where the agent serves devices.lifeboat.dev/* to launcher pods; empty turns the device plugins off")
+	flag.IntVar(&o.deviceSlots, "device-slots", 110, "how many pods on the node may hold each device (the kubelet's default maxPods)")
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("node", o.nodeName)
@@ -69,6 +74,9 @@ func run(o options, log *slog.Logger) error {
 	}
 	if o.dirMinAge < 0 {
 		return fmt.Errorf("--launcher-dir-min-age=%s: must not be negative", o.dirMinAge)
+	}
+	if o.deviceSlots <= 0 {
+		return fmt.Errorf("--device-slots=%d: must be positive", o.deviceSlots)
 	}
 	maxGrace, err := kubeletMaxPodGracePeriod(o)
 	if err != nil {
@@ -150,6 +158,9 @@ func run(o options, log *slog.Logger) error {
 	}
 	go pods.RunWithContext(ctx)
 	go func() { errc <- a.Run(ctx, o.workers) }()
+	if o.devicePluginDir != "" {
+		runDevicePlugins(ctx, o, reg, log)
+	}
 
 	select {
 	case <-ctx.Done():
@@ -214,5 +225,24 @@ func launcherExit(client kubernetes.Interface, nodeName string) func(ctx context
 			}
 		}
 		return nil, nil
+	}
+}
+
+// runDevicePlugins serves each device the node has to the kubelet, in the background until ctx
+// ends; a device the node lacks is not advertised, so the scheduler keeps pods that need it away.
+func runDevicePlugins(ctx context.Context, o options, reg prometheus.Registerer, log *slog.Logger) {
+	registrations := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lifeboat_agent_device_plugin_registrations_total",
+		Help: "Registrations of the agent's device plugins with the kubelet (again after each kubelet restart), by resource.",
+	}, []string{"resource"})
+	reg.MustRegister(registrations)
+	for _, d := range deviceplugin.Devices {
+		if !deviceplugin.Present(d) {
+			log.Info("device not advertised: the node lacks it", "resource", d.Resource(), "path", d.Path)
+			continue
+		}
+		p := &deviceplugin.Plugin{Device: d, Slots: o.deviceSlots, Dir: o.devicePluginDir, Log: log,
+			Registered: registrations.WithLabelValues(d.Resource()).Inc}
+		go p.Run(ctx)
 	}
 }

@@ -154,10 +154,10 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 					fieldEnv("POD_UID", "metadata.uid"),
 					fieldEnv("NODE_NAME", "spec.nodeName"),
 				},
-				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+				Resources: withDevices(opts, corev1.ResourceRequirements{Requests: corev1.ResourceList{
 					corev1.ResourceMemory: memory,
 					corev1.ResourceCPU:    *resource.NewMilliQuantity(int64(cpus)*CPURequestPerVCPUMilli, resource.DecimalSI),
-				}},
+				}}),
 				VolumeMounts: mounts,
 				// A launcher that refuses its VMI (a boot file's symlink out of its directory) says
 				// why in its last log line; the kubelet makes that the VMI's failure message.
@@ -171,6 +171,20 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 			EvictionResponders: responders,
 		},
 	}, nil
+}
+
+// withDevices adds the devices the launcher needs, from the agents' device plugins, to r: with
+// KVM asked for outright, /dev/kvm, so that the scheduler places the VM only where a node's agent
+// found KVM. (With "auto" the launcher decides on the node, so nothing can be asked for.)
+func withDevices(opts PodOptions, r corev1.ResourceRequirements) corev1.ResourceRequirements {
+	if opts.Acceleration != "kvm" {
+		return r
+	}
+	one := resource.MustParse("1")
+	kvm := corev1.ResourceName(v1alpha1.DeviceKVM)
+	r.Requests[kvm] = one
+	r.Limits = corev1.ResourceList{kvm: one}
+	return r
 }
 
 // NewTargetPod builds the launcher pod that receives a VMI in a migration: the VMI's launcher pod,

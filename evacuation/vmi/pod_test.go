@@ -231,3 +231,25 @@ func TestLauncherPodDeclaresTheEvictionResponderOnlyWhenServed(t *testing.T) {
 		}
 	}
 }
+
+// A launcher told to use KVM asks for /dev/kvm from the agents' device plugin, so the scheduler
+// places it only where an agent found KVM; with TCG or auto it asks for nothing.
+func TestLauncherPodAsksForKVMOnlyWhenItMustUseIt(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "ns", UID: "u1"}}
+	for _, tc := range []struct {
+		acceleration string
+		want         bool
+	}{{"kvm", true}, {"tcg", false}, {"auto", false}} {
+		pod, err := NewLauncherPod(vmi, PodOptions{Image: "img", Acceleration: tc.acceleration}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := pod.Spec.Containers[0].Resources
+		req, inRequests := r.Requests[v1alpha1.DeviceKVM]
+		limit, inLimits := r.Limits[v1alpha1.DeviceKVM]
+		got := inRequests && inLimits && req.Value() == 1 && limit.Value() == 1
+		if got != tc.want || (!tc.want && (inRequests || inLimits)) {
+			t.Errorf("acceleration %s: %s requests %v limits %v, want asked for: %v", tc.acceleration, v1alpha1.DeviceKVM, r.Requests, r.Limits, tc.want)
+		}
+	}
+}

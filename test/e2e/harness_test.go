@@ -127,7 +127,10 @@ func startNodes(t testing.TB, n int, configure ...func(*node.Config)) []*testNod
 		tn.agent = startProc(t, "lifeboat-agent", "--kubeconfig", cluster.Kubeconfig, "--node-name", n.Name(),
 			"--eviction-max-pod-grace-period", strconv.FormatInt(maxGrace[n.Name()], 10), "--node-address", n.Address(),
 			"--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", fmt.Sprintf("%s:%d", n.Address(), port),
-			"--launcher-dir-sweep-interval", "1s", "--launcher-dir-min-age", launcherDirMinAge.String())
+			"--launcher-dir-sweep-interval", "1s", "--launcher-dir-min-age", launcherDirMinAge.String(),
+			// Emulated nodes have no kubelet device manager; the machine's own directory may
+			// belong to the real test node's kubelet.
+			"--device-plugin-dir=")
 		out = append(out, tn)
 		t.Cleanup(func() {
 			if t.Failed() {

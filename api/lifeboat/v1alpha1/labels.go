@@ -26,3 +26,10 @@ const (
 // EvictionResponderPriority is the priority the API asks of the responder that is the pod's
 // managing controller: above it, others can preempt lifeboat; below it, they can be its fallback.
 const EvictionResponderPriority int32 = 10000
+
+// Extended resources the node agents' device plugins serve: DeviceResourcePrefix + kvm, tun,
+// vhost-net, userfaultfd. Launcher pods ask for the devices their VM needs.
+const (
+	DeviceResourcePrefix = "devices.lifeboat.dev/"
+	DeviceKVM            = DeviceResourcePrefix + "kvm"
+)

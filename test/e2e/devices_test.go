@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/lifeboat-vm/lifeboat/agent/deviceplugin"
+	"github.com/lifeboat-vm/lifeboat/test/images"
+	"github.com/lifeboat-vm/lifeboat/test/realnode"
+)
+
+// lifeboat deployed from manifests/ on the real kubelet serves the node's VM devices through the
+// kubelet's device plugin API: each device the node has appears in its allocatable with the
+// agent's slots (none it lacks: this machine has no /dev/kvm), a pod that asks for one finds the
+// device node in its container, and after the agent's pod is replaced its plugins register
+// again, so the next pod gets the device too.
+func TestDevicesReachPodsThroughTheRealKubelet(t *testing.T) {
+	n := startRealNode(t)
+	deployLifeboat(t, n)
+	want := map[corev1.ResourceName]bool{}
+	for _, d := range deviceplugin.Devices {
+		want[corev1.ResourceName(d.Resource())] = deviceplugin.Present(d)
+	}
+	if !want[corev1.ResourceName(deviceplugin.Tun.Resource())] {
+		t.Fatal("this machine has no /dev/net/tun: the test needs one device to hand out")
+	}
+	waitAllocatable(t, n, want)
+
+	tun := deviceplugin.Tun
+	runDevicePod(t, n, "tun-1", tun)
+	pods, err := cluster.Kube.CoreV1().Pods("lifeboat-system").List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=lifeboat-agent"})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("want the one agent pod: %v %v", pods, err)
+	}
+	if err := cluster.Kube.CoreV1().Pods("lifeboat-system").Delete(t.Context(), pods.Items[0].Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitReadyPod(t, "lifeboat-system", "app.kubernetes.io/name=lifeboat-agent", 2*time.Minute)
+	waitAllocatable(t, n, want)
+	runDevicePod(t, n, "tun-2", tun)
+}
+
+// waitAllocatable waits until the node's allocatable holds each of lifeboat's devices it should
+// (with the agent's default 110 slots) and none it should not.
+func waitAllocatable(t *testing.T, n *realnode.Node, want map[corev1.ResourceName]bool) {
+	t.Helper()
+	var seen corev1.ResourceList
+	err := wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		node, err := cluster.Kube.CoreV1().Nodes().Get(ctx, n.Name(), metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		seen = node.Status.Allocatable
+		for name, present := range want {
+			q, ok := seen[name]
+			if present != (ok && q.Value() == 110) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("want lifeboat's devices in the node's allocatable as %v (110 slots each); it has %v", want, seen)
+	}
+}
+
+// runDevicePod runs a pod that asks for one d and checks that d's device node is in its container.
+func runDevicePod(t *testing.T, n *realnode.Node, name string, d deviceplugin.Device) {
+	t.Helper()
+	ns := testNamespace(t)
+	one := corev1.ResourceList{corev1.ResourceName(d.Resource()): resource.MustParse("1")}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			NodeName: n.Name(), RestartPolicy: corev1.RestartPolicyNever, HostNetwork: true,
+			Containers: []corev1.Container{{
+				Name: "check", Image: images.Registry + "lifeboat-launcher:" + images.Tag, ImagePullPolicy: corev1.PullNever,
+				Command:         []string{"/bin/sh", "-c", "test -c " + d.Path},
+				Resources:       corev1.ResourceRequirements{Limits: one, Requests: one},
+				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
+			}},
+		},
+	}
+	if _, err := cluster.Kube.CoreV1().Pods(ns).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var phase corev1.PodPhase
+	err := wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := cluster.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		phase = p.Status.Phase
+		return phase == corev1.PodSucceeded || phase == corev1.PodFailed, nil
+	})
+	if err != nil || phase != corev1.PodSucceeded {
+		t.Fatalf("pod %s, asking for %s, should find %s in its container and succeed; it is %s", name, d.Resource(), d.Path, phase)
+	}
+}
