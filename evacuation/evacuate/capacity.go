@@ -38,6 +38,13 @@ func PodFreedCapacity(old, cur *corev1.Pod) bool {
 	return cur.Spec.NodeName != "" && !terminal(old) && terminal(cur)
 }
 
+// DeletionFreedCapacity reports whether deleting a bound pod gave its node's resources back: not
+// if the pod had ended already, since an ended pod no longer counted against its node.
+func DeletionFreedCapacity(obj any) bool {
+	p, ok := obj.(*corev1.Pod)
+	return !ok || !terminal(p) // a tombstone's pod may have been running
+}
+
 func terminal(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }

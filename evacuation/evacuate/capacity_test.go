@@ -6,6 +6,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 )
 
 func TestNodeMayTakeMore(t *testing.T) {
@@ -61,6 +62,22 @@ func TestPodFreedCapacity(t *testing.T) {
 	} {
 		if got := PodFreedCapacity(tc.old, tc.cur); got != tc.want {
 			t.Errorf("%s: PodFreedCapacity = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestDeletionFreedCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		obj  any
+		want bool
+	}{
+		{"a running pod", &corev1.Pod{Spec: corev1.PodSpec{NodeName: "n"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}, true},
+		{"a pod that had ended", &corev1.Pod{Spec: corev1.PodSpec{NodeName: "n"}, Status: corev1.PodStatus{Phase: corev1.PodSucceeded}}, false},
+		{"a tombstone: its pod may have been running", cache.DeletedFinalStateUnknown{Key: "ns/p"}, true},
+	} {
+		if got := DeletionFreedCapacity(tc.obj); got != tc.want {
+			t.Errorf("%s: DeletionFreedCapacity = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

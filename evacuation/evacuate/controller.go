@@ -104,7 +104,11 @@ func New(lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInsta
 				c.capacityChange()
 			}
 		},
-		DeleteFunc: func(any) { c.capacityChange() },
+		DeleteFunc: func(obj any) {
+			if DeletionFreedCapacity(obj) {
+				c.capacityChange()
+			}
+		},
 	})
 	return c
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -62,6 +63,7 @@ func TestATargetThatCannotBeScheduledFreesItsSlot(t *testing.T) {
 	if budgetGrew == 0 || targetCreated == 0 || budgetGrew > targetCreated {
 		t.Errorf("the budget grew to 2 at revision %d, the target pod was created at revision %d; want the budget first", budgetGrew, targetCreated)
 	}
+	moverPod := launcherPod(t, mover)
 	setMark(t, waitVMI(t, ns, mover.Name, time.Second, "running", running), true)
 
 	failed := waitMigrationOf(t, stuck, "Failed", func(m *v1alpha1.VirtualMachineInstanceMigration) bool {
@@ -84,11 +86,11 @@ func TestATargetThatCannotBeScheduledFreesItsSlot(t *testing.T) {
 	}
 
 	// The second VM's old pod ended after the first failure, which could have made room: lifeboat
-	// tries once more. After that failure, the VM waits for capacity, and says so.
-	last := waitAwaitingCapacity(t, stuck, 2)
-	tries := len(migrationsOf(t, stuck))
-	// Retries back off 5 s, then 10 s: well within this window a retry would show.
-	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+	// may try again. Once a failure ends after that, the VM waits for capacity, and says so.
+	last, tries := waitAwaitingCapacity(t, stuck, waitPodEnded(t, moverPod))
+	// Past the backoff after that many failures (5 s doubling), a retry would have shown.
+	window := 5*time.Second<<(tries-1) + 5*time.Second
+	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, window, true, func(context.Context) (bool, error) {
 		return len(migrationsOf(t, stuck)) != tries, nil
 	})
 	if err == nil {
@@ -119,14 +121,32 @@ func migrationsOf(t *testing.T, v *v1alpha1.VirtualMachineInstance) []string {
 	return out
 }
 
-// waitAwaitingCapacity waits until v has at least n migrations, all failed, and the newest one,
-// which no node took, is named by an EvacuationAwaitingCapacity Event on v; it returns that
-// migration's name.
-func waitAwaitingCapacity(t *testing.T, v *v1alpha1.VirtualMachineInstance, n int) string {
+// waitPodEnded waits until pod is terminal or gone, and returns when it saw that.
+func waitPodEnded(t *testing.T, pod *corev1.Pod) time.Time {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := cluster.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return err == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed), nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s did not end within a minute", pod.Name)
+	}
+	return time.Now()
+}
+
+// waitAwaitingCapacity waits until every migration of v has failed, the newest one, which no
+// node took, ended after after (whole seconds, as the API keeps times), and an
+// EvacuationAwaitingCapacity Event on v names it; it returns that migration's name and how many
+// migrations v had.
+func waitAwaitingCapacity(t *testing.T, v *v1alpha1.VirtualMachineInstance, after time.Time) (string, int) {
 	t.Helper()
 	ctx := context.Background()
 	var last, seen string
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	var tries int
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).List(ctx,
 			metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(v.UID)})
 		if err != nil {
@@ -142,7 +162,7 @@ func waitAwaitingCapacity(t *testing.T, v *v1alpha1.VirtualMachineInstance, n in
 				newest = m
 			}
 		}
-		if len(list.Items) < n || !newest.Status.TargetUnschedulable {
+		if newest == nil || !newest.Status.TargetUnschedulable || !newest.Status.EndTimestamp.After(after) {
 			return false, nil
 		}
 		last = newest.Name
@@ -154,16 +174,17 @@ func waitAwaitingCapacity(t *testing.T, v *v1alpha1.VirtualMachineInstance, n in
 		for _, e := range events.Items {
 			seen = e.Message
 			if strings.Contains(e.Message, "migration "+last+" ") {
+				tries = len(list.Items)
 				return true, nil
 			}
 		}
 		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("want %d migrations of %s, all failed, the newest (%s) for want of a node, and an %s Event naming it; seen %v and the Event %q",
-			n, v.Name, last, evacuate.ReasonAwaitingCapacity, migrationsOf(t, v), seen)
+		t.Fatalf("want every migration of %s failed, the newest (%s) for want of a node after %s, and an %s Event naming it; seen %v and the Event %q",
+			v.Name, last, after.UTC().Format(time.RFC3339), evacuate.ReasonAwaitingCapacity, migrationsOf(t, v), seen)
 	}
-	return last
+	return last, tries
 }
 
 // labelNode sets a label on a node, as an admin would.
