@@ -62,15 +62,21 @@ type Plugin struct {
 	// Dir is the kubelet's device plugin directory, where kubelet.sock is.
 	Dir string
 	Log *slog.Logger
-	// Registered, if set, is called after each registration with the kubelet.
+	// Registered, if set, is called each time the kubelet takes a registration up: it asked for
+	// the device list and was sent it, so it can admit pods that need the device.
 	Registered func()
 	// present reports whether the node still has the device; Present by default.
 	present func(Device) bool
+	// instance tells this plugin's socket from an earlier agent's: the kubelet keys plugins by
+	// socket path, refuses a second registration on a path it still holds, and drops a
+	// resource's devices when its last socket's connection ends, so a new agent registers on
+	// its own path before the old one's connection goes.
+	instance string
 }
 
 // socket is the plugin's own socket in the kubelet's directory.
 func (p *Plugin) socket() string {
-	return filepath.Join(p.Dir, "lifeboat-"+p.Device.Name+".sock")
+	return filepath.Join(p.Dir, "lifeboat-"+p.Device.Name+"-"+p.instance+".sock")
 }
 
 // kubeletSocket is where the kubelet takes registrations.
@@ -84,6 +90,7 @@ func (p *Plugin) Run(ctx context.Context) {
 	if p.present == nil {
 		p.present = Present
 	}
+	p.instance = strconv.FormatInt(time.Now().UnixNano(), 36)
 	log := p.Log.With("resource", p.Device.Resource())
 	for ctx.Err() == nil {
 		kubelet, err := waitFor(ctx, p.kubeletSocket())
@@ -99,9 +106,21 @@ func (p *Plugin) Run(ctx context.Context) {
 	}
 }
 
+// removeStale removes sockets an earlier agent left for this device; a connection the kubelet
+// still holds on one is not affected.
+func (p *Plugin) removeStale() {
+	stale, _ := filepath.Glob(filepath.Join(p.Dir, "lifeboat-"+p.Device.Name+"-*.sock"))
+	for _, f := range stale {
+		if f != p.socket() {
+			_ = os.Remove(f)
+		}
+	}
+}
+
 // serveOnce serves and registers once, and returns when the kubelet no longer knows the plugin
 // (its socket was removed, or the kubelet's changed) or ctx ends.
 func (p *Plugin) serveOnce(ctx context.Context, kubelet os.FileInfo, log *slog.Logger) error {
+	p.removeStale()
 	_ = os.Remove(p.socket())
 	lis, err := net.Listen("unix", p.socket())
 	if err != nil {
@@ -117,9 +136,6 @@ func (p *Plugin) serveOnce(ctx context.Context, kubelet os.FileInfo, log *slog.L
 		return err
 	}
 	log.Info("registered with the kubelet", "socket", p.socket(), "slots", p.Slots)
-	if p.Registered != nil {
-		p.Registered()
-	}
 	ticker := time.NewTicker(watchInterval)
 	defer ticker.Stop()
 	for {
@@ -171,16 +187,22 @@ func (p *Plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*plu
 // ListAndWatch sends the slots, healthy while the device node is there, and again on each change.
 func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
 	healthy := p.present(p.Device)
+	if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: slots(p.Device.Name, p.Slots, healthy)}); err != nil {
+		return err
+	}
+	if p.Registered != nil {
+		p.Registered()
+	}
 	for {
-		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: slots(p.Device.Name, p.Slots, healthy)}); err != nil {
-			return err
-		}
 		for now := healthy; now == healthy; now = p.present(p.Device) {
 			if !sleep(stream.Context(), healthInterval) {
 				return nil
 			}
 		}
 		healthy = !healthy
+		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: slots(p.Device.Name, p.Slots, healthy)}); err != nil {
+			return err
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,16 +70,25 @@ func TestThePluginRegistersServesAndRegistersAgain(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	healthy := true
+	taken := make(chan struct{}, 4)
 	p := &Plugin{Device: Tun, Slots: 3, Dir: dir, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		present: func(Device) bool { return healthy }}
+		present: func(Device) bool { return healthy }, Registered: func() { taken <- struct{}{} }}
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
 
-	// The kubelet comes after the plugin, as on a node where the agent starts first.
+	// An earlier agent's socket; the kubelet comes after the plugin, as on a node where the agent
+	// starts first.
+	stale := filepath.Join(dir, "lifeboat-tun-earlier.sock")
+	if err := os.WriteFile(stale, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	k := startKubelet(t, dir, requests)
 	r := waitRegistration(t, requests, "the kubelet started after the plugin")
-	if r.ResourceName != "devices.lifeboat.dev/tun" || r.Version != pluginapi.Version || r.Endpoint != "lifeboat-tun.sock" {
-		t.Fatalf("registration %+v: want devices.lifeboat.dev/tun, version %s, endpoint lifeboat-tun.sock", r, pluginapi.Version)
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("an earlier agent's socket should be removed: %v", err)
+	}
+	if r.ResourceName != "devices.lifeboat.dev/tun" || r.Version != pluginapi.Version || !strings.HasPrefix(r.Endpoint, "lifeboat-tun-") {
+		t.Fatalf("registration %+v: want devices.lifeboat.dev/tun, version %s, endpoint lifeboat-tun-<instance>.sock", r, pluginapi.Version)
 	}
 
 	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, r.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -98,6 +108,11 @@ func TestThePluginRegistersServesAndRegistersAgain(t *testing.T) {
 	if len(list.Devices) != 3 || list.Devices[0].Health != pluginapi.Healthy || list.Devices[2].ID != "tun-2" {
 		t.Errorf("devices %v: want 3 healthy slots tun-0..tun-2", list.Devices)
 	}
+	select {
+	case <-taken:
+	case <-time.After(5 * time.Second):
+		t.Error("the registration should count as taken up once the kubelet has the device list")
+	}
 	alloc, err := client.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"tun-1"}}}})
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +129,7 @@ func TestThePluginRegistersServesAndRegistersAgain(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not end with its context")
 	}
-	if _, err := os.Stat(filepath.Join(dir, "lifeboat-tun.sock")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(dir, r.Endpoint)); !os.IsNotExist(err) {
 		t.Errorf("the plugin's socket should be gone after Run: %v", err)
 	}
 }

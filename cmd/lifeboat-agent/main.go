@@ -233,7 +233,7 @@ func launcherExit(client kubernetes.Interface, nodeName string) func(ctx context
 func runDevicePlugins(ctx context.Context, o options, reg prometheus.Registerer, log *slog.Logger) {
 	registrations := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lifeboat_agent_device_plugin_registrations_total",
-		Help: "Registrations of the agent's device plugins with the kubelet (again after each kubelet restart), by resource.",
+		Help: "Registrations of the agent's device plugins that the kubelet took up (it fetched the device list), again after each kubelet restart, by resource.",
 	}, []string{"resource"})
 	reg.MustRegister(registrations)
 	for _, d := range deviceplugin.Devices {

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/agent/deviceplugin"
@@ -19,11 +20,12 @@ import (
 // lifeboat deployed from manifests/ on the real kubelet serves the node's VM devices through the
 // kubelet's device plugin API: each device the node has appears in its allocatable with the
 // agent's slots (none it lacks: this machine has no /dev/kvm), a pod that asks for one finds the
-// device node in its container, and after the agent's pod is replaced its plugins register
-// again, so the next pod gets the device too.
+// device node in its container, and after the agent's pod is replaced, and again after the
+// kubelet restarts (which removes every plugin's socket), its plugins register again, so the
+// next pod gets the device too.
 func TestDevicesReachPodsThroughTheRealKubelet(t *testing.T) {
 	n := startRealNode(t)
-	deployLifeboat(t, n)
+	metrics := deployLifeboat(t, n)
 	want := map[corev1.ResourceName]bool{}
 	for _, d := range deviceplugin.Devices {
 		want[corev1.ResourceName(d.Resource())] = deviceplugin.Present(d)
@@ -39,12 +41,36 @@ func TestDevicesReachPodsThroughTheRealKubelet(t *testing.T) {
 	if err != nil || len(pods.Items) != 1 {
 		t.Fatalf("want the one agent pod: %v %v", pods, err)
 	}
-	if err := cluster.Kube.CoreV1().Pods("lifeboat-system").Delete(t.Context(), pods.Items[0].Name, metav1.DeleteOptions{}); err != nil {
+	old := &pods.Items[0]
+	if err := cluster.Kube.CoreV1().Pods("lifeboat-system").Delete(t.Context(), old.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	waitPodEnded(t, old) // its metrics and its plugins' connections are gone with it
 	waitReadyPod(t, "lifeboat-system", "app.kubernetes.io/name=lifeboat-agent", 2*time.Minute)
+	waitRegistrations(t, metrics, tun, 1)
 	waitAllocatable(t, n, want)
 	runDevicePod(t, n, "tun-2", tun)
+
+	if err := n.RestartKubelet(t.Context(), func(*kubeletv1beta1.KubeletConfiguration) {}); err != nil {
+		t.Fatal(err)
+	}
+	waitRegistrations(t, metrics, tun, 2)
+	waitAllocatable(t, n, want)
+	runDevicePod(t, n, "tun-3", tun)
+}
+
+// waitRegistrations waits until the agent has registered d's plugin with the kubelet n times.
+func waitRegistrations(t *testing.T, metrics string, d deviceplugin.Device, n float64) {
+	t.Helper()
+	sample := `lifeboat_agent_device_plugin_registrations_total{resource="` + d.Resource() + `"}`
+	var got float64
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		got = metricValue(t, metrics, sample)
+		return got >= n, nil
+	})
+	if err != nil {
+		t.Fatalf("want %s >= %v; it is %v", sample, n, got)
+	}
 }
 
 // waitAllocatable waits until the node's allocatable holds each of lifeboat's devices it should
@@ -91,16 +117,17 @@ func runDevicePod(t *testing.T, n *realnode.Node, name string, d deviceplugin.De
 	if _, err := cluster.Kube.CoreV1().Pods(ns).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var phase corev1.PodPhase
+	var status corev1.PodStatus
 	err := wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		p, err := cluster.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
-		phase = p.Status.Phase
-		return phase == corev1.PodSucceeded || phase == corev1.PodFailed, nil
+		status = p.Status
+		return status.Phase == corev1.PodSucceeded || status.Phase == corev1.PodFailed, nil
 	})
-	if err != nil || phase != corev1.PodSucceeded {
-		t.Fatalf("pod %s, asking for %s, should find %s in its container and succeed; it is %s", name, d.Resource(), d.Path, phase)
+	if err != nil || status.Phase != corev1.PodSucceeded {
+		t.Fatalf("pod %s, asking for %s, should find %s in its container and succeed; it is %s (%s: %s, containers %+v)",
+			name, d.Resource(), d.Path, status.Phase, status.Reason, status.Message, status.ContainerStatuses)
 	}
 }

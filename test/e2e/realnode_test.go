@@ -128,8 +128,8 @@ patches:
 
 // deployLifeboat applies manifests/, through the test overlay, with server-side apply, and waits
 // for the agent and the controller to be Ready on the real node. Cleanup removes what it made but
-// the CRDs, which the rest of the package uses.
-func deployLifeboat(t *testing.T, n *realnode.Node) {
+// the CRDs, which the rest of the package uses. It returns the agent's /metrics URL.
+func deployLifeboat(t *testing.T, n *realnode.Node) string {
 	t.Helper()
 	root, err := controlplane.RepoRoot()
 	if err != nil {
@@ -166,6 +166,7 @@ func deployLifeboat(t *testing.T, n *realnode.Node) {
 	for _, app := range []string{"lifeboat-agent", "lifeboat-controller"} {
 		waitReadyPod(t, "lifeboat-system", "app.kubernetes.io/name="+app, 3*time.Minute)
 	}
+	return fmt.Sprintf("http://%s:%d/metrics", n.Address(), ports[0])
 }
 
 // dumpContainerLogs shows the end of every container log on the real node, for a failed test;
