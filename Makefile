@@ -8,6 +8,7 @@
 #   make bench       benchmarks (control plane start-up, evacuation mark latency)
 #   make bench-deadline  the migration deadline matrix (real libvirt and TCG guests; 25 to 45 min a run)
 #   make bench-drain     drain throughput: 10 VMs leaving one node through the real cluster (3 min a run)
+#   make bench-density   memory each VM costs its node beyond the guest's, by process (1 and 2 vCPUs)
 #   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
 #   make manifests-check  apply manifests/ to a local control plane and check every object
 #   make e2e         lifeboat deployed from manifests/ on a real kubelet, whose soft eviction it turns into a live migration
@@ -29,7 +30,7 @@ DEMO_DIR  ?= $(CURDIR)/.demo/cluster
 DEMO_NODES ?= /tmp/lifeboat-demo
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: deps all generate verify-generated lint test bench bench-deadline bench-drain binaries lifeboat-bins demo demo-down clean images manifests-check e2e
+.PHONY: deps all generate verify-generated lint test bench bench-deadline bench-drain bench-density binaries lifeboat-bins demo demo-down clean images manifests-check e2e
 
 all: test
 
@@ -90,6 +91,14 @@ bench-deadline: deps
 
 bench-drain: binaries
 	$(GO) test -run '^$$' -bench BenchmarkDrainThroughput -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/e2e/
+
+# What a VM costs its node beyond its guest's memory, by process (docs/benchmarks.md): 3 runs, read by benchstat.
+BENCHSTAT := $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
+DENSITY_COUNT ?= 3
+bench-density: binaries
+	@set -o pipefail; out=$$(mktemp); \
+	$(GO) test -run '^$$' -bench BenchmarkDensity -benchtime=1x -count=$(DENSITY_COUNT) -timeout 0 ./test/e2e/ | tee "$$out" && \
+	$(BENCHSTAT) "$$out"; rm -f "$$out"
 
 # The Debian layer of the agent and launcher images is built once with mmdebstrap and cached (test/images).
 IMAGES_DIR ?= $(CURDIR)/.images

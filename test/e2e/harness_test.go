@@ -350,7 +350,7 @@ func (n *testNode) consolePath(v *v1alpha1.VirtualMachineInstance) string {
 }
 
 // waitCounterPast waits until the guest's counter exceeds n: the guest kept running.
-func waitCounterPast(t *testing.T, path string, n int, timeout time.Duration) int {
+func waitCounterPast(t testing.TB, path string, n int, timeout time.Duration) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -361,7 +361,7 @@ func waitCounterPast(t *testing.T, path string, n int, timeout time.Duration) in
 	return guest.Counter(console)
 }
 
-func launcherPod(t *testing.T, v *v1alpha1.VirtualMachineInstance) *corev1.Pod {
+func launcherPod(t testing.TB, v *v1alpha1.VirtualMachineInstance) *corev1.Pod {
 	t.Helper()
 	pods, err := cluster.Kube.CoreV1().Pods(v.Namespace).List(context.Background(), metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(v.UID)})
 	if err != nil || len(pods.Items) != 1 {
@@ -376,16 +376,26 @@ func waitEvent(t *testing.T, ns, object, reason string, timeout time.Duration) *
 }
 
 // launcherPID finds the host pid of the launcher process of a pod, from its environment.
-func launcherPID(t *testing.T, pod *corev1.Pod) int {
+func launcherPID(t testing.TB, pod *corev1.Pod) int {
 	t.Helper()
+	pid := podProcess(pod, "lifeboat-launcher")
+	if pid == 0 {
+		t.Fatalf("no lifeboat-launcher process for pod %s", pod.Name)
+	}
+	return pid
+}
+
+// podProcess finds the host pid of the process of a pod whose executable is named exe, from the
+// pod name in its environment (which the launcher's libvirtd inherits); 0 if there is none.
+func podProcess(pod *corev1.Pod, exe string) int {
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-		if filepath.Base(exe) != "lifeboat-launcher" {
+		path, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if filepath.Base(path) != exe {
 			continue
 		}
 		env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
@@ -393,6 +403,5 @@ func launcherPID(t *testing.T, pod *corev1.Pod) int {
 			return pid
 		}
 	}
-	t.Fatalf("no lifeboat-launcher process for pod %s", pod.Name)
 	return 0
 }

@@ -1,0 +1,162 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// densityVMs idle guests of densityMemory share one emulated node in each run.
+const (
+	densityVMs    = 4
+	densityMemory = "256Mi"
+)
+
+// BenchmarkDensity measures what a VM costs its node beyond the guest's own memory (issue 22):
+// densityVMs idle guests on one node, for 1 and 2 vCPUs, and per VM the resident memory of its
+// launcher, of its libvirtd and of QEMU less the guest RAM it touched (QEMU's RSS minus the RSS of
+// its guest RAM mapping). Each figure is the median over the node's VMs; run with -count for
+// several runs and read them with benchstat. Under TCG, QEMU's figure includes the translation
+// cache, which KVM does not have.
+func BenchmarkDensity(b *testing.B) {
+	for _, cpus := range []int32{1, 2} {
+		b.Run(fmt.Sprintf("vcpus=%d", cpus), func(b *testing.B) {
+			setConfig(b, false)
+			startController(b)
+			n := startNodes(b, 1)[0]
+			ns := testNamespace(b)
+			b.Cleanup(func() { deleteNamespace(b, ns) })
+			vmis := make([]*v1alpha1.VirtualMachineInstance, densityVMs)
+			for i := range vmis {
+				vmis[i] = createVMI(b, ns, newVMI(fmt.Sprintf("dense-%d", i), func(v *v1alpha1.VirtualMachineInstance) {
+					v.Spec.CPUs, v.Spec.Memory = cpus, resource.MustParse(densityMemory)
+				}))
+			}
+			for i, v := range vmis {
+				vmis[i] = waitVMI(b, ns, v.Name, 2*bootTimeout, "phase Running", running)
+				// Booted: the guest's init writes its counter.
+				waitCounterPast(b, n.consolePath(vmis[i]), 1, 2*bootTimeout)
+			}
+			var launcher, libvirtd, qemu, total []float64
+			for b.Loop() {
+				for _, v := range vmis {
+					pod := launcherPod(b, v)
+					l := rssMiB(b, podProcess(pod, "lifeboat-launcher"))
+					d := rssMiB(b, podProcess(pod, "libvirtd"))
+					q := qemuOverheadMiB(b, qemuPID(b, v), v.Spec.Memory)
+					launcher, libvirtd, qemu, total = append(launcher, l), append(libvirtd, d), append(qemu, q), append(total, l+d+q)
+				}
+			}
+			b.ReportMetric(median(launcher), "launcher-MiB/VM")
+			b.ReportMetric(median(libvirtd), "libvirtd-MiB/VM")
+			b.ReportMetric(median(qemu), "qemu-overhead-MiB/VM")
+			b.ReportMetric(median(total), "overhead-MiB/VM")
+		})
+	}
+}
+
+// rssMiB is a process's resident memory in MiB, from /proc/<pid>/smaps_rollup.
+func rssMiB(b testing.TB, pid int) float64 {
+	b.Helper()
+	if pid == 0 {
+		b.Fatal("a process of the VM's pod is missing")
+	}
+	kb, err := smapsField(fmt.Sprintf("/proc/%d/smaps_rollup", pid), "Rss:")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return float64(kb) / 1024
+}
+
+// qemuOverheadMiB is QEMU's RSS less that of its guest RAM: the mapping whose size is the guest's
+// memory (libvirt's memory-backend-ram "pc.ram").
+func qemuOverheadMiB(b testing.TB, pid int, memory resource.Quantity) float64 {
+	b.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	guestKB := memory.Value() / 1024
+	var size, guestRSS int64 = 0, -1
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		switch fields[0] {
+		case "Size:":
+			size, _ = strconv.ParseInt(fields[1], 10, 64)
+		case "Rss:":
+			if size == guestKB && guestRSS < 0 {
+				guestRSS, _ = strconv.ParseInt(fields[1], 10, 64)
+			}
+		}
+	}
+	if guestRSS < 0 {
+		b.Fatalf("QEMU %d has no mapping of the guest's %d KiB", pid, guestKB)
+	}
+	total, err := smapsField(fmt.Sprintf("/proc/%d/smaps_rollup", pid), "Rss:")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return float64(total-guestRSS) / 1024
+}
+
+// smapsField reads one "Name: N kB" line of an smaps file.
+func smapsField(path, name string) (int64, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if fields := strings.Fields(line); len(fields) >= 2 && fields[0] == name {
+			return strconv.ParseInt(fields[1], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("%s has no %s line", path, name)
+}
+
+// qemuPID finds the VM's QEMU by the guest name libvirt gives it (namespace_name).
+func qemuPID(b testing.TB, v *v1alpha1.VirtualMachineInstance) int {
+	b.Helper()
+	want := "guest=" + v.Namespace + "_" + v.Name
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if !strings.HasPrefix(filepath.Base(exe), "qemu-system") {
+			continue
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		for _, arg := range strings.Split(string(cmdline), "\x00") {
+			if arg == want || strings.HasPrefix(arg, want+",") {
+				return pid
+			}
+		}
+	}
+	b.Fatalf("no QEMU for %s/%s", v.Namespace, v.Name)
+	return 0
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
