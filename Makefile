@@ -92,9 +92,9 @@ bench-deadline: deps
 bench-drain: binaries
 	$(GO) test -run '^$$' -bench BenchmarkDrainThroughput -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/e2e/
 
-# What a VM costs its node beyond its guest's memory, by process (docs/benchmarks.md): 3 runs, read by benchstat.
+# What a VM costs its node beyond its guest's memory, by process (docs/benchmarks.md): 6 runs (benchstat's minimum for a confidence interval).
 BENCHSTAT := $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
-DENSITY_COUNT ?= 3
+DENSITY_COUNT ?= 6
 bench-density: binaries
 	@set -o pipefail; out=$$(mktemp); \
 	$(GO) test -run '^$$' -bench BenchmarkDensity -benchtime=1x -count=$(DENSITY_COUNT) -timeout 0 ./test/e2e/ | tee "$$out" && \

@@ -24,9 +24,11 @@ const (
 // BenchmarkDensity measures what a VM costs its node beyond the guest's own memory (issue 22):
 // densityVMs idle guests on one node, for 1 and 2 vCPUs, and per VM the resident memory of its
 // launcher, of its libvirtd and of QEMU less the guest RAM it touched (QEMU's RSS minus the RSS of
-// its guest RAM mapping). Each figure is the median over the node's VMs; run with -count for
-// several runs and read them with benchstat. Under TCG, QEMU's figure includes the translation
-// cache, which KVM does not have.
+// its guest RAM mapping), and their sum as RSS and as PSS (shared pages, such as QEMU's and
+// libvirt's code, divided among the processes that map them: what the node pays per VM when it
+// runs many). Each figure is the median over the node's VMs; run with -count for several runs and
+// read them with benchstat. Under TCG, QEMU's figure includes the translation cache, which KVM
+// does not have.
 func BenchmarkDensity(b *testing.B) {
 	for _, cpus := range []int32{1, 2} {
 		b.Run(fmt.Sprintf("vcpus=%d", cpus), func(b *testing.B) {
@@ -46,40 +48,44 @@ func BenchmarkDensity(b *testing.B) {
 				// Booted: the guest's init writes its counter.
 				waitCounterPast(b, n.consolePath(vmis[i]), 1, 2*bootTimeout)
 			}
-			var launcher, libvirtd, qemu, total []float64
+			var launcher, libvirtd, qemu, total, pss []float64
 			for b.Loop() {
 				for _, v := range vmis {
 					pod := launcherPod(b, v)
-					l := rssMiB(b, podProcess(pod, "lifeboat-launcher"))
-					d := rssMiB(b, podProcess(pod, "libvirtd"))
-					q := qemuOverheadMiB(b, qemuPID(b, v), v.Spec.Memory)
-					launcher, libvirtd, qemu, total = append(launcher, l), append(libvirtd, d), append(qemu, q), append(total, l+d+q)
+					lp, dp, qp := podProcess(pod, "lifeboat-launcher"), podProcess(pod, "libvirtd"), qemuPID(b, v)
+					l, d := memMiB(b, lp, "Rss:"), memMiB(b, dp, "Rss:")
+					q := memMiB(b, qp, "Rss:") - guestMiB(b, qp, v.Spec.Memory, "Rss:")
+					p := memMiB(b, lp, "Pss:") + memMiB(b, dp, "Pss:") + memMiB(b, qp, "Pss:") - guestMiB(b, qp, v.Spec.Memory, "Pss:")
+					launcher, libvirtd, qemu = append(launcher, l), append(libvirtd, d), append(qemu, q)
+					total, pss = append(total, l+d+q), append(pss, p)
 				}
 			}
 			b.ReportMetric(median(launcher), "launcher-MiB/VM")
 			b.ReportMetric(median(libvirtd), "libvirtd-MiB/VM")
 			b.ReportMetric(median(qemu), "qemu-overhead-MiB/VM")
 			b.ReportMetric(median(total), "overhead-MiB/VM")
+			b.ReportMetric(median(pss), "overhead-PSS-MiB/VM")
 		})
 	}
 }
 
-// rssMiB is a process's resident memory in MiB, from /proc/<pid>/smaps_rollup.
-func rssMiB(b testing.TB, pid int) float64 {
+// memMiB is one figure of a process's memory (field "Rss:" or "Pss:") in MiB, from
+// /proc/<pid>/smaps_rollup.
+func memMiB(b testing.TB, pid int, field string) float64 {
 	b.Helper()
 	if pid == 0 {
 		b.Fatal("a process of the VM's pod is missing")
 	}
-	kb, err := smapsField(fmt.Sprintf("/proc/%d/smaps_rollup", pid), "Rss:")
+	kb, err := smapsField(fmt.Sprintf("/proc/%d/smaps_rollup", pid), field)
 	if err != nil {
 		b.Fatal(err)
 	}
 	return float64(kb) / 1024
 }
 
-// qemuOverheadMiB is QEMU's RSS less that of its guest RAM: the mapping whose size is the guest's
-// memory (libvirt's memory-backend-ram "pc.ram").
-func qemuOverheadMiB(b testing.TB, pid int, memory resource.Quantity) float64 {
+// guestMiB is one figure of QEMU's guest RAM mapping in MiB: the mapping whose size is the
+// guest's memory (libvirt's memory-backend-ram "pc.ram").
+func guestMiB(b testing.TB, pid int, memory resource.Quantity, field string) float64 {
 	b.Helper()
 	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
 	if err != nil {
@@ -87,7 +93,7 @@ func qemuOverheadMiB(b testing.TB, pid int, memory resource.Quantity) float64 {
 	}
 	defer f.Close()
 	guestKB := memory.Value() / 1024
-	var size, guestRSS int64 = 0, -1
+	var size int64
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
@@ -97,20 +103,15 @@ func qemuOverheadMiB(b testing.TB, pid int, memory resource.Quantity) float64 {
 		switch fields[0] {
 		case "Size:":
 			size, _ = strconv.ParseInt(fields[1], 10, 64)
-		case "Rss:":
-			if size == guestKB && guestRSS < 0 {
-				guestRSS, _ = strconv.ParseInt(fields[1], 10, 64)
+		case field:
+			if size == guestKB {
+				kb, _ := strconv.ParseInt(fields[1], 10, 64)
+				return float64(kb) / 1024
 			}
 		}
 	}
-	if guestRSS < 0 {
-		b.Fatalf("QEMU %d has no mapping of the guest's %d KiB", pid, guestKB)
-	}
-	total, err := smapsField(fmt.Sprintf("/proc/%d/smaps_rollup", pid), "Rss:")
-	if err != nil {
-		b.Fatal(err)
-	}
-	return float64(total-guestRSS) / 1024
+	b.Fatalf("QEMU %d has no mapping of the guest's %d KiB", pid, guestKB)
+	return 0
 }
 
 // smapsField reads one "Name: N kB" line of an smaps file.
