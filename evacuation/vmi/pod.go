@@ -98,10 +98,13 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 		return nil, fmt.Errorf("encoding the VMI for its launcher: %w", err)
 	}
 	grace := PodGracePeriodSeconds(vmi)
-	nodeSelector := map[string]string{v1alpha1.LabelKVMNode: "true"}
+	// lifeboat's own key last: a VMI cannot send its pod to a node lifeboat does not run VMs on
+	// (the API refuses the key too; this holds for VMIs stored before it did).
+	nodeSelector := map[string]string{}
 	for k, v := range vmi.Spec.NodeSelector {
 		nodeSelector[k] = v
 	}
+	nodeSelector[v1alpha1.LabelKVMNode] = "true"
 	memory := MemoryRequest(vmi.Spec.Memory)
 	cpus := vmi.Spec.CPUs
 	if cpus == 0 {

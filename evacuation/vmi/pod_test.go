@@ -253,3 +253,17 @@ func TestLauncherPodAsksForKVMOnlyWhenItMustUseIt(t *testing.T) {
 		}
 	}
 }
+
+// A VMI's node selector adds to lifeboat's, never replaces it: its pod goes only to nodes lifeboat
+// runs VMs on, even for a VMI stored before the API refused the key.
+func TestAVMINodeSelectorCannotReplaceLifeboats(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "ns", UID: "u1"}}
+	vmi.Spec.NodeSelector = map[string]string{v1alpha1.LabelKVMNode: "false", "zone": "a"}
+	pod, err := NewLauncherPod(vmi, PodOptions{Image: "img", Acceleration: "tcg"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pod.Spec.NodeSelector; got[v1alpha1.LabelKVMNode] != "true" || got["zone"] != "a" {
+		t.Errorf("node selector %v: want lifeboat.dev/kvm=true and the VMI's zone=a", got)
+	}
+}

@@ -354,6 +354,8 @@ spec: %s
 		{"negative CPUs", vmiWith(0, "-2"), []string{"spec.cpus", "should be greater than or equal to 1"}},
 		{"no boot source", vmiWith(3, "{cmdline: quiet}"), []string{"boot needs a kernel, a disk image, or both"}},
 		{"initrd without kernel", vmiWith(3, "{disk: /d, initrd: /i}"), []string{"boot.initrd needs boot.kernel"}},
+		{"a node selector on lifeboat's own node label", strings.Replace(vmiWith(3, "{kernel: /k}"), "spec:", "spec:\n  nodeSelector: {lifeboat.dev/kvm: \"false\"}", 1),
+			[]string{"spec.nodeSelector", "nodeSelector cannot name lifeboat.dev/kvm: lifeboat sets it"}},
 		{"config not named cluster", fmt.Sprintf(config, "mine", "{}"), []string{"the LifeboatConfig must be named 'cluster'"}},
 		{"config with unknown eviction strategy", fmt.Sprintf(config, "cluster", "{evictionStrategy: Always}"), []string{`spec.evictionStrategy: Unsupported value: "Always"`, strategies}},
 		{"config with unknown feature gate", fmt.Sprintf(config, "cluster", "{featureGates: [NodePressureEviction]}"), []string{`Unsupported value: "NodePressureEviction"`, `supported values: "NodePressureEvictionLiveMigration"`}},
