@@ -32,17 +32,23 @@ func ready(n *corev1.Node) corev1.ConditionStatus {
 	return n.Status.Conditions[i].Status
 }
 
-// PodFreedCapacity reports whether a pod's update gave its node's resources back: a bound pod
-// that reached a terminal phase no longer counts against its node.
-func PodFreedCapacity(old, cur *corev1.Pod) bool {
-	return cur.Spec.NodeName != "" && !terminal(old) && terminal(cur)
+// PodFreedCapacity reports whether a pod's update gave its node's resources back: a pod that
+// reached a terminal phase no longer counts against its node. node is the pod's node, nil if it
+// is gone; a pod on a node that is gone, not ready or cordoned frees nothing a target could use.
+func PodFreedCapacity(old, cur *corev1.Pod, node *corev1.Node) bool {
+	return usable(node) && !terminal(old) && terminal(cur)
 }
 
-// DeletionFreedCapacity reports whether deleting a bound pod gave its node's resources back: not
-// if the pod had ended already, since an ended pod no longer counted against its node.
-func DeletionFreedCapacity(obj any) bool {
-	p, ok := obj.(*corev1.Pod)
-	return !ok || !terminal(p) // a tombstone's pod may have been running
+// DeletionFreedCapacity reports whether deleting a pod gave its node's resources back: not if it
+// had ended already (an ended pod no longer counted against its node), nor if its node is gone,
+// not ready or cordoned (the pods of a removed node are collected long after it went).
+func DeletionFreedCapacity(pod *corev1.Pod, node *corev1.Node) bool {
+	return usable(node) && !terminal(pod)
+}
+
+// usable: a node the scheduler could place a pod on.
+func usable(n *corev1.Node) bool {
+	return n != nil && !n.Spec.Unschedulable && ready(n) == corev1.ConditionTrue
 }
 
 func terminal(p *corev1.Pod) bool {

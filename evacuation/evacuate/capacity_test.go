@@ -6,7 +6,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/cache"
 )
 
 func TestNodeMayTakeMore(t *testing.T) {
@@ -49,34 +48,39 @@ func TestPodFreedCapacity(t *testing.T) {
 	pod := func(node string, phase corev1.PodPhase) *corev1.Pod {
 		return &corev1.Pod{Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: phase}}
 	}
+	ready := &corev1.Node{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+	notReady := &corev1.Node{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown}}}}
+	cordoned := ready.DeepCopy()
+	cordoned.Spec.Unschedulable = true
 	for _, tc := range []struct {
 		name     string
 		old, cur *corev1.Pod
+		node     *corev1.Node
 		want     bool
 	}{
-		{"a bound pod ends", pod("n", corev1.PodRunning), pod("n", corev1.PodSucceeded), true},
-		{"a bound pod fails", pod("n", corev1.PodPending), pod("n", corev1.PodFailed), true},
-		{"a pod starts", pod("n", corev1.PodPending), pod("n", corev1.PodRunning), false},
-		{"an ended pod changes again", pod("n", corev1.PodFailed), pod("n", corev1.PodFailed), false},
-		{"an unbound pod fails", pod("", corev1.PodPending), pod("", corev1.PodFailed), false},
+		{"a pod ends on a ready node", pod("n", corev1.PodRunning), pod("n", corev1.PodSucceeded), ready, true},
+		{"a pod fails on a ready node", pod("n", corev1.PodPending), pod("n", corev1.PodFailed), ready, true},
+		{"a pod starts", pod("n", corev1.PodPending), pod("n", corev1.PodRunning), ready, false},
+		{"an ended pod changes again", pod("n", corev1.PodFailed), pod("n", corev1.PodFailed), ready, false},
+		{"a pod ends on a node that is gone", pod("n", corev1.PodRunning), pod("n", corev1.PodFailed), nil, false},
+		{"a pod ends on a node that is not ready", pod("n", corev1.PodRunning), pod("n", corev1.PodFailed), notReady, false},
+		{"a pod ends on a cordoned node", pod("n", corev1.PodRunning), pod("n", corev1.PodFailed), cordoned, false},
 	} {
-		if got := PodFreedCapacity(tc.old, tc.cur); got != tc.want {
+		if got := PodFreedCapacity(tc.old, tc.cur, tc.node); got != tc.want {
 			t.Errorf("%s: PodFreedCapacity = %v, want %v", tc.name, got, tc.want)
 		}
 	}
-}
-
-func TestDeletionFreedCapacity(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		obj  any
+		pod  *corev1.Pod
+		node *corev1.Node
 		want bool
 	}{
-		{"a running pod", &corev1.Pod{Spec: corev1.PodSpec{NodeName: "n"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}, true},
-		{"a pod that had ended", &corev1.Pod{Spec: corev1.PodSpec{NodeName: "n"}, Status: corev1.PodStatus{Phase: corev1.PodSucceeded}}, false},
-		{"a tombstone: its pod may have been running", cache.DeletedFinalStateUnknown{Key: "ns/p"}, true},
+		{"a running pod deleted", pod("n", corev1.PodRunning), ready, true},
+		{"a pod that had ended deleted", pod("n", corev1.PodSucceeded), ready, false},
+		{"a pod of a node that is gone deleted (the pod collector, long after)", pod("n", corev1.PodRunning), nil, false},
 	} {
-		if got := DeletionFreedCapacity(tc.obj); got != tc.want {
+		if got := DeletionFreedCapacity(tc.pod, tc.node); got != tc.want {
 			t.Errorf("%s: DeletionFreedCapacity = %v, want %v", tc.name, got, tc.want)
 		}
 	}

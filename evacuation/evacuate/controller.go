@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -40,6 +41,7 @@ type Controller struct {
 	vmis       lifeboatlisters.VirtualMachineInstanceLister
 	migrations lifeboatlisters.VirtualMachineInstanceMigrationLister
 	configs    lifeboatlisters.LifeboatConfigLister
+	nodes      corelisters.NodeLister
 	synced     []cache.InformerSynced
 	queue      workqueue.TypedRateLimitingInterface[string]
 	recorder   record.EventRecorder
@@ -96,21 +98,34 @@ func New(lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInsta
 			}
 		},
 	})
+	c.nodes = corelisters.NewNodeLister(nodes.GetIndexer())
 	_, _ = pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(old, cur any) {
 			o, ok1 := old.(*corev1.Pod)
 			p, ok2 := cur.(*corev1.Pod)
-			if ok1 && ok2 && PodFreedCapacity(o, p) {
+			if ok1 && ok2 && PodFreedCapacity(o, p, c.node(p.Spec.NodeName)) {
 				c.capacityChange()
 			}
 		},
 		DeleteFunc: func(obj any) {
-			if DeletionFreedCapacity(obj) {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if p, ok := obj.(*corev1.Pod); ok && DeletionFreedCapacity(p, c.node(p.Spec.NodeName)) {
 				c.capacityChange()
 			}
 		},
 	})
 	return c
+}
+
+// node is the named node from the cache, nil if there is none.
+func (c *Controller) node(name string) *corev1.Node {
+	n, err := c.nodes.Get(name)
+	if err != nil {
+		return nil
+	}
+	return n
 }
 
 func (c *Controller) capacityChange() {
