@@ -231,9 +231,12 @@ func stop(o Observation, reason, outcome, why string) Plan {
 		if outcome != OutcomeInterrupted {
 			return Plan{}
 		}
-		c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested)
+		cause := "not recorded"
+		if c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); c != nil {
+			cause = c.Reason
+		}
 		return Plan{Outcome: outcome, Events: []Event{{corev1.EventTypeNormal, reason,
-			fmt.Sprintf("%s; VM %s is now marked for another cause (%s), so its evacuation from node %s goes on", why, id, c.Reason, node)}}}
+			fmt.Sprintf("%s; VM %s is now marked for another cause (%s), so its evacuation from node %s goes on", why, id, cause, node)}}}
 	}
 	if m := o.Migration; m != nil && !m.Status.Phase.Terminal() && (m.Status.Mode == v1alpha1.MigrationModePostCopy || m.Status.Mode == v1alpha1.MigrationModePaused) {
 		return Plan{Events: []Event{{corev1.EventTypeWarning, ReasonNotCancelable,

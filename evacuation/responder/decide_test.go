@@ -192,6 +192,9 @@ func TestDecide(t *testing.T) {
 		{"a migration that found no node before this turn began: go on", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateActive, started()), Pod: launcherPod(corev1.PodRunning), VMI: vm(markedBy("EvictionRequest")),
 			Migration: unschedulable(at(-time.Minute))},
 			want{write: true, heartbeat: at(0), message: "failed", requeue: time.Minute}},
+		{"Interrupted, a mark without its condition: no cause to name, still said", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateInterrupted, heartbeatAt(-time.Minute, progress)), Pod: launcherPod(corev1.PodRunning),
+			VMI: vm(func(v *v1alpha1.VirtualMachineInstance) { v.Status.EvacuationNodeName = v.Status.NodeName })},
+			want{outcome: OutcomeInterrupted, reason: ReasonInterrupted, message: "marked for another cause (not recorded)"}},
 		{"Completed: nothing", Observation{Eviction: eviction(lifecyclev1alpha1.ResponderStateCompleted, heartbeatAt(-time.Minute, progress)), Pod: launcherPod(corev1.PodSucceeded), VMI: vm(migratedTo("b"))}, want{}},
 	}
 	for _, tc := range cases {
