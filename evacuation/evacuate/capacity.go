@@ -11,6 +11,8 @@ import (
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
 
 // NodeMayTakeMore reports whether a node's change could let the scheduler place a pod it could
@@ -36,23 +38,19 @@ func ready(n *corev1.Node) corev1.ConditionStatus {
 // reached a terminal phase no longer counts against its node. node is the pod's node, nil if it
 // is gone; a pod on a node that is gone, not ready or cordoned frees nothing a target could use.
 func PodFreedCapacity(old, cur *corev1.Pod, node *corev1.Node) bool {
-	return usable(node) && !terminal(old) && terminal(cur)
+	return usable(node) && !vmi.PodEnded(old) && vmi.PodEnded(cur)
 }
 
 // DeletionFreedCapacity reports whether deleting a pod gave its node's resources back: not if it
 // had ended already (an ended pod no longer counted against its node), nor if its node is gone,
 // not ready or cordoned (the pods of a removed node are collected long after it went).
 func DeletionFreedCapacity(pod *corev1.Pod, node *corev1.Node) bool {
-	return usable(node) && !terminal(pod)
+	return usable(node) && !vmi.PodEnded(pod)
 }
 
 // usable: a node the scheduler could place a pod on.
 func usable(n *corev1.Node) bool {
 	return n != nil && !n.Spec.Unschedulable && ready(n) == corev1.ConditionTrue
-}
-
-func terminal(p *corev1.Pod) bool {
-	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
 // NewCapacityInformers watches what can make room for a target pod: the nodes, and the pods bound

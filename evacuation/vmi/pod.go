@@ -226,13 +226,19 @@ func ActivePod(vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod) *corev1
 		case vmi.Status.NodeName == "" && p.Name == LauncherPodName(vmi):
 			return p
 		case vmi.Status.NodeName == "" || p.Spec.NodeName != vmi.Status.NodeName:
-		case p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed:
+		case PodEnded(p):
 			finished = p // the VMI's last pod, unless a live one is there too
 		default:
 			return p
 		}
 	}
 	return finished
+}
+
+// PodEnded reports whether the pod reached a terminal phase: its containers run no more and it no
+// longer counts against its node.
+func PodEnded(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
 func fieldEnv(name, path string) corev1.EnvVar {

@@ -65,7 +65,7 @@ func NextStatus(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, now metav
 
 	var events []Event
 	if s := status.MigrationState; s != nil && !s.Completed && !s.Failed && s.SourceNode == pod.Spec.NodeName &&
-		(pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed) {
+		PodEnded(pod) {
 		// The source launcher ends when its guest has left; the migration's outcome, not this
 		// pod, says where the VM is.
 		return status, nil
