@@ -306,6 +306,16 @@ func (a *Agent) migrator(uid string) Migrator {
 	return nil
 }
 
+// cachedVMI is this node's VMI with uid from the informer's cache (not a copy: read only); nil if
+// it has none.
+func (a *Agent) cachedVMI(uid string) *v1alpha1.VirtualMachineInstance {
+	objs, err := a.informer.GetIndexer().ByIndex(uidIndex, uid)
+	if err != nil || len(objs) == 0 {
+		return nil
+	}
+	return objs[0].(*v1alpha1.VirtualMachineInstance)
+}
+
 // signal is a SIGTERM a launcher reported: when, and when its pod's grace period ends.
 type signal struct{ at, deadline time.Time }
 

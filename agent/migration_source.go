@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
@@ -161,32 +161,23 @@ func (m *migrations) leftByMigration(uid string, start time.Time) bool {
 func (m *migrations) tightened(mig *v1alpha1.VirtualMachineInstanceMigration, uid string, start time.Time) func() time.Time {
 	known := start
 	return func() time.Time {
-		objs, err := m.a.informer.GetIndexer().ByIndex(uidIndex, uid)
-		if err != nil || len(objs) == 0 {
+		vmi := m.a.cachedVMI(uid)
+		if vmi == nil {
 			return known
 		}
-		vmi := objs[0].(*v1alpha1.VirtualMachineInstance)
 		d := vmi.Status.EvacuationDeadline
 		if vmi.Status.EvacuationNodeName != mig.Status.SourceNode || d == nil || (!known.IsZero() && !d.Before(&metav1.Time{Time: known})) {
 			return known
 		}
 		known = d.Time
 		m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "DeadlineTightened", "the VM must now leave node %s by %s (%s)",
-			mig.Status.SourceNode, d.UTC().Format(time.RFC3339), evacuationCause(vmi))
-		err = m.updateMigration(context.Background(), mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) { x.Status.Deadline = d.DeepCopy() })
+			mig.Status.SourceNode, d.UTC().Format(time.RFC3339), cmp.Or(vmi.EvacuationCause(), "no cause recorded"))
+		err := m.updateMigration(context.Background(), mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) { x.Status.Deadline = d.DeepCopy() })
 		if err != nil {
 			m.a.cfg.Log.Warn("recording a tightened deadline on the migration", "migration", mig.Name, "err", err)
 		}
 		return known
 	}
-}
-
-// evacuationCause is the reason of the VMI's EvictionRequested condition.
-func evacuationCause(vmi *v1alpha1.VirtualMachineInstance) string {
-	if c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); c != nil {
-		return c.Reason
-	}
-	return "no cause recorded"
 }
 
 // markCleared reports whether an evacuation's reason went away: its VMI is no longer marked for
@@ -195,12 +186,8 @@ func (m *migrations) markCleared(mig *v1alpha1.VirtualMachineInstanceMigration, 
 	if mig.Labels[v1alpha1.LabelEvacuation] != "true" {
 		return false
 	}
-	objs, err := m.a.informer.GetIndexer().ByIndex(uidIndex, uid)
-	if err != nil || len(objs) == 0 {
-		return false
-	}
-	vmi := objs[0].(*v1alpha1.VirtualMachineInstance)
-	return vmi.Status.NodeName == mig.Status.SourceNode && vmi.Status.EvacuationNodeName != mig.Status.SourceNode
+	vmi := m.a.cachedVMI(uid)
+	return vmi != nil && vmi.Status.NodeName == mig.Status.SourceNode && vmi.Status.EvacuationNodeName != mig.Status.SourceNode
 }
 
 // publishProgress writes a running migration's transfer figures on its status, for people

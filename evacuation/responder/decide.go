@@ -5,6 +5,7 @@
 package responder
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	vmictl "github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
 
 // Outcomes of an answered Eviction, as metric labels.
@@ -139,10 +141,10 @@ func active(o Observation, s Settings, now time.Time) Plan {
 	strategy := v1alpha1.EffectiveEvictionStrategy(vmi, o.Config)
 	movedAway := migratedFrom(vmi, node)
 	switch {
-	case vmi.Status.Phase.Terminal() || (podTerminal(pod) && !movedAway):
+	case vmi.Status.Phase.Terminal() || (vmictl.PodEnded(pod) && !movedAway):
 		return complete(o, now, OutcomeEnded, Event{corev1.EventTypeNormal, ReasonVMEnded,
 			fmt.Sprintf("VM %s is %s and its pod %s is %s; nothing to evacuate", id, vmi.Status.Phase, pod.Name, pod.Status.Phase)})
-	case movedAway && podTerminal(pod):
+	case movedAway && vmictl.PodEnded(pod):
 		return complete(o, now, OutcomeMigrated, Event{corev1.EventTypeNormal, ReasonEvacuated,
 			fmt.Sprintf("VM %s was live-migrated from node %s to node %s and its pod %s has ended", id, node, vmi.Status.NodeName, pod.Name)})
 	case vmi.Status.NodeName != node && !movedAway:
@@ -231,12 +233,8 @@ func stop(o Observation, reason, outcome, why string) Plan {
 		if outcome != OutcomeInterrupted {
 			return Plan{}
 		}
-		cause := "not recorded"
-		if c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); c != nil {
-			cause = c.Reason
-		}
 		return Plan{Outcome: outcome, Events: []Event{{corev1.EventTypeNormal, reason,
-			fmt.Sprintf("%s; VM %s is now marked for another cause (%s), so its evacuation from node %s goes on", why, id, cause, node)}}}
+			fmt.Sprintf("%s; VM %s is now marked for another cause (%s), so its evacuation from node %s goes on", why, id, cmp.Or(vmi.EvacuationCause(), "not recorded"), node)}}}
 	}
 	if m := o.Migration; m != nil && !m.Status.Phase.Terminal() && (m.Status.Mode == v1alpha1.MigrationModePostCopy || m.Status.Mode == v1alpha1.MigrationModePaused) {
 		return Plan{Events: []Event{{corev1.EventTypeWarning, ReasonNotCancelable,
@@ -426,10 +424,6 @@ func notMigratableReason(vmi *v1alpha1.VirtualMachineInstance) string {
 		return "its migratability is not known yet"
 	}
 	return c.Reason
-}
-
-func podTerminal(p *corev1.Pod) bool {
-	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
 func deref(s *string) string {

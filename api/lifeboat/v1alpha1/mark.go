@@ -21,6 +21,15 @@ func (v *VirtualMachineInstance) MarkedForEvacuation() bool {
 	return v.Status.NodeName != "" && v.Status.EvacuationNodeName == v.Status.NodeName
 }
 
+// EvacuationCause is the reason of the VMI's EvictionRequested condition, the cause of its mark
+// (or of its last one); "" if none is recorded.
+func (v *VirtualMachineInstance) EvacuationCause() string {
+	if c := meta.FindStatusCondition(v.Status.Conditions, VMIConditionEvictionRequested); c != nil {
+		return c.Reason
+	}
+	return ""
+}
+
 // LiveMigratable reports whether the running VMI's agent found it live-migratable, and if not, why.
 func (v *VirtualMachineInstance) LiveMigratable() (bool, string) {
 	if v.Status.Phase != VMIRunning {
