@@ -6,7 +6,6 @@ package deviceplugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -17,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/util/wait"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -92,18 +92,22 @@ func (p *Plugin) Run(ctx context.Context) {
 	}
 	p.instance = strconv.FormatInt(time.Now().UnixNano(), 36)
 	log := p.Log.With("resource", p.Device.Resource())
-	for ctx.Err() == nil {
-		kubelet, err := waitFor(ctx, p.kubeletSocket())
+	// Non-sliding: after a kubelet restart the next registration comes at once, after an error
+	// within a second.
+	wait.NonSlidingUntilWithContext(ctx, func(ctx context.Context) {
+		var kubelet os.FileInfo
+		err := wait.PollUntilContextCancel(ctx, watchInterval, true, func(context.Context) (bool, error) {
+			fi, err := os.Stat(p.kubeletSocket())
+			kubelet = fi
+			return err == nil, nil
+		})
 		if err != nil {
-			return
+			return // ctx ended
 		}
 		if err := p.serveOnce(ctx, kubelet, log); err != nil {
 			log.Error("device plugin: will try again", "err", err)
-			if !sleep(ctx, watchInterval) {
-				return
-			}
 		}
-	}
+	}, watchInterval)
 }
 
 // removeStale removes sockets an earlier agent left for this device; a connection the kubelet
@@ -187,22 +191,20 @@ func (p *Plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*plu
 // ListAndWatch sends the slots, healthy while the device node is there, and again on each change.
 func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
 	healthy := p.present(p.Device)
-	if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: slots(p.Device.Name, p.Slots, healthy)}); err != nil {
-		return err
-	}
-	if p.Registered != nil {
-		p.Registered()
-	}
-	for {
-		for now := healthy; now == healthy; now = p.present(p.Device) {
-			if !sleep(stream.Context(), healthInterval) {
-				return nil
-			}
-		}
-		healthy = !healthy
+	for first := true; ; first = false {
 		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: slots(p.Device.Name, p.Slots, healthy)}); err != nil {
 			return err
 		}
+		if first && p.Registered != nil {
+			p.Registered()
+		}
+		err := wait.PollUntilContextCancel(stream.Context(), healthInterval, false, func(context.Context) (bool, error) {
+			return p.present(p.Device) != healthy, nil
+		})
+		if err != nil {
+			return nil // the kubelet closed the stream
+		}
+		healthy = !healthy
 	}
 }
 
@@ -239,28 +241,4 @@ func Present(d Device) bool { return presentIn("/sys/class/misc", d) }
 func presentIn(sysMisc string, d Device) bool {
 	_, err := os.Stat(filepath.Join(sysMisc, filepath.Base(d.Path), "dev"))
 	return err == nil
-}
-
-// waitFor polls until path exists, and returns what it found; an error only when ctx ends.
-func waitFor(ctx context.Context, path string) (os.FileInfo, error) {
-	for {
-		if fi, err := os.Stat(path); err == nil {
-			return fi, nil
-		}
-		if !sleep(ctx, watchInterval) {
-			return nil, errors.New("stopped")
-		}
-	}
-}
-
-// sleep waits d or until ctx ends; false if ctx ended.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
