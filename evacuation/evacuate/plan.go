@@ -107,11 +107,12 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 		}
 		c := candidate(vmi)
 		failed := failedSince(failures[string(vmi.UID)], c.markedAt)
-		if last := lastOf(failed); last != nil && last.Status.TargetUnschedulable && !capacityChanged.After(last.Status.EndTimestamp.Time) {
+		last := lastOf(failed)
+		if last != nil && last.Status.TargetUnschedulable && !capacityChanged.After(last.Status.EndTimestamp.Time) {
 			d.AwaitingCapacity = append(d.AwaitingCapacity, Awaiting{VMI: vmi, Failed: last})
 			continue
 		}
-		if wait := backoff(failed, now); wait > 0 {
+		if wait := backoff(len(failed), last, now); wait > 0 {
 			if d.RetryAfter == 0 || wait < d.RetryAfter {
 				d.RetryAfter = wait
 			}
@@ -202,13 +203,12 @@ func lastOf(failed []*v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.Virtua
 	return last
 }
 
-// backoff is how long a VMI must still wait after its failed migrations.
-func backoff(failed []*v1alpha1.VirtualMachineInstanceMigration, now time.Time) time.Duration {
-	last := lastOf(failed)
+// backoff is how long a VMI must still wait after n failed migrations, the last of which is last.
+func backoff(n int, last *v1alpha1.VirtualMachineInstanceMigration, now time.Time) time.Duration {
 	if last == nil {
 		return 0
 	}
-	wait := backoffBase << min(len(failed)-1, 10)
+	wait := backoffBase << min(n-1, 10)
 	return max(min(wait, backoffMax)-now.Sub(last.Status.EndTimestamp.Time), 0)
 }
 
