@@ -52,12 +52,12 @@ func BenchmarkDensity(b *testing.B) {
 			for b.Loop() {
 				for _, v := range vmis {
 					pod := launcherPod(b, v)
-					lp, dp, qp := podProcess(pod, "lifeboat-launcher"), podProcess(pod, "libvirtd"), qemuPID(b, v)
-					l, d := memMiB(b, lp, "Rss:"), memMiB(b, dp, "Rss:")
-					q := memMiB(b, qp, "Rss:") - guestMiB(b, qp, v.Spec.Memory, "Rss:")
-					p := memMiB(b, lp, "Pss:") + memMiB(b, dp, "Pss:") + memMiB(b, qp, "Pss:") - guestMiB(b, qp, v.Spec.Memory, "Pss:")
-					launcher, libvirtd, qemu = append(launcher, l), append(libvirtd, d), append(qemu, q)
-					total, pss = append(total, l+d+q), append(pss, p)
+					l := processMem(b, podProcess(pod, "lifeboat-launcher"))
+					d := processMem(b, podProcess(pod, "libvirtd"))
+					qp := qemuPID(b, v)
+					q, guest := processMem(b, qp), guestMem(b, qp, v.Spec.Memory)
+					launcher, libvirtd, qemu = append(launcher, l.rss), append(libvirtd, d.rss), append(qemu, q.rss-guest.rss)
+					total, pss = append(total, l.rss+d.rss+q.rss-guest.rss), append(pss, l.pss+d.pss+q.pss-guest.pss)
 				}
 			}
 			b.ReportMetric(median(launcher), "launcher-MiB/VM")
@@ -69,23 +69,39 @@ func BenchmarkDensity(b *testing.B) {
 	}
 }
 
-// memMiB is one figure of a process's memory (field "Rss:" or "Pss:") in MiB, from
-// /proc/<pid>/smaps_rollup.
-func memMiB(b testing.TB, pid int, field string) float64 {
+// mem is a process's (or a mapping's) resident memory in MiB: RSS, and PSS, which divides shared
+// pages among the processes that map them.
+type mem struct{ rss, pss float64 }
+
+// processMem reads a process's memory from /proc/<pid>/smaps_rollup.
+func processMem(b testing.TB, pid int) mem {
 	b.Helper()
 	if pid == 0 {
 		b.Fatal("a process of the VM's pod is missing")
 	}
-	kb, err := smapsField(fmt.Sprintf("/proc/%d/smaps_rollup", pid), field)
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
 	if err != nil {
 		b.Fatal(err)
 	}
-	return float64(kb) / 1024
+	var m mem
+	var found int
+	for _, line := range strings.Split(string(data), "\n") {
+		if kb, ok := smapsKiB(line, "Rss:"); ok {
+			m.rss, found = mib(kb), found+1
+		}
+		if kb, ok := smapsKiB(line, "Pss:"); ok {
+			m.pss, found = mib(kb), found+1
+		}
+	}
+	if found != 2 {
+		b.Fatalf("/proc/%d/smaps_rollup has no Rss and Pss lines", pid)
+	}
+	return m
 }
 
-// guestMiB is one figure of QEMU's guest RAM mapping in MiB: the mapping whose size is the
+// guestMem reads QEMU's guest RAM mapping from /proc/<pid>/smaps: the mapping whose size is the
 // guest's memory (libvirt's memory-backend-ram "pc.ram").
-func guestMiB(b testing.TB, pid int, memory resource.Quantity, field string) float64 {
+func guestMem(b testing.TB, pid int, memory resource.Quantity) mem {
 	b.Helper()
 	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
 	if err != nil {
@@ -94,39 +110,39 @@ func guestMiB(b testing.TB, pid int, memory resource.Quantity, field string) flo
 	defer f.Close()
 	guestKB := memory.Value() / 1024
 	var size int64
+	var m mem
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 {
+		line := sc.Text()
+		if kb, ok := smapsKiB(line, "Size:"); ok {
+			size = kb
+		}
+		if size != guestKB {
 			continue
 		}
-		switch fields[0] {
-		case "Size:":
-			size, _ = strconv.ParseInt(fields[1], 10, 64)
-		case field:
-			if size == guestKB {
-				kb, _ := strconv.ParseInt(fields[1], 10, 64)
-				return float64(kb) / 1024
-			}
+		if kb, ok := smapsKiB(line, "Rss:"); ok {
+			m.rss = mib(kb)
+		}
+		if kb, ok := smapsKiB(line, "Pss:"); ok {
+			m.pss = mib(kb)
+			return m // Pss follows Rss in a mapping's lines
 		}
 	}
-	b.Fatalf("QEMU %d has no mapping of the guest's %d KiB", pid, guestKB)
-	return 0
+	b.Fatalf("QEMU %d has no mapping of the guest's %s", pid, memory.String())
+	return m
 }
 
-// smapsField reads one "Name: N kB" line of an smaps file.
-func smapsField(path, name string) (int64, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
+// smapsKiB reads a "Name: N kB" line of an smaps file.
+func smapsKiB(line, name string) (int64, bool) {
+	fields := strings.Fields(line)
+	if len(fields) < 2 || fields[0] != name {
+		return 0, false
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if fields := strings.Fields(line); len(fields) >= 2 && fields[0] == name {
-			return strconv.ParseInt(fields[1], 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("%s has no %s line", path, name)
+	kb, err := strconv.ParseInt(fields[1], 10, 64)
+	return kb, err == nil
 }
+
+func mib(kb int64) float64 { return float64(kb) / 1024 }
 
 // qemuPID finds the VM's QEMU by the guest name libvirt gives it (namespace_name).
 func qemuPID(b testing.TB, v *v1alpha1.VirtualMachineInstance) int {

@@ -45,7 +45,7 @@ func TestDevicesReachPodsThroughTheRealKubelet(t *testing.T) {
 	if err := cluster.Kube.CoreV1().Pods("lifeboat-system").Delete(t.Context(), old.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitPodEnded(t, old) // its metrics and its plugins' connections are gone with it
+	waitGone(t, old) // its metrics and its plugins' connections are gone with it
 	waitReadyPod(t, "lifeboat-system", "app.kubernetes.io/name=lifeboat-agent", 2*time.Minute)
 	waitRegistrations(t, metrics, tun, 1)
 	waitAllocatable(t, n, want)

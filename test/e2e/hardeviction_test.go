@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,7 +56,7 @@ func TestAHardEvictionIsRecordedLostAtOnce(t *testing.T) {
 	// Any migration made in the second before the kill has failed; no other comes.
 	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		for _, m := range migrationsOf(t, lost) {
-			if m[len(m)-len(":Failed"):] != ":Failed" {
+			if !strings.HasSuffix(m, ":Failed") {
 				return false, nil
 			}
 		}
