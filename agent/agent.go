@@ -396,7 +396,7 @@ func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 				dom.GracefulShutdown, dom.PodDeadline = &s.(*signal).at, &s.(*signal).deadline
 			}
 			dom.ShutdownSent = shutdownSent
-			dom.NotMigratableReason = NotMigratableReason(vmi)
+			dom.NotMigratableReason, dom.NotMigratableMessage = NotMigratable(vmi)
 			dom.Deletion = a.podDeletion(vmi)
 		}
 	}

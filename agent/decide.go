@@ -38,8 +38,9 @@ type Domain struct {
 	// GracefulShutdown is when the launcher received SIGTERM, as recorded in the domain's
 	// metadata, so it survives an agent restart; nil if it has not.
 	GracefulShutdown *time.Time
-	// NotMigratableReason is empty when the guest can be live-migrated.
-	NotMigratableReason string
+	// NotMigratableReason is empty when the guest can be live-migrated; NotMigratableMessage
+	// says what stops it for a person.
+	NotMigratableReason, NotMigratableMessage string
 	// PodDeadline is when the launcher's pod grace period ends, as the launcher recorded it
 	// with the signal (signal time + terminationGracePeriodSeconds).
 	PodDeadline *time.Time
@@ -124,13 +125,28 @@ const (
 	ReasonEvacuationDeadlineExceeded = "EvacuationDeadlineExceeded"
 )
 
-// NotMigratableReason says why a VMI cannot be live-migrated, or "" if it can. A disk image is a
-// file on the node: lifeboat does not copy storage, so only diskless (kernel-booted) guests move.
-func NotMigratableReason(vmi *v1alpha1.VirtualMachineInstance) string {
+// Reasons a VMI cannot be live-migrated (LiveMigratable=False).
+const (
+	// ReasonLocalDisk: boot.disk is a file on the node.
+	ReasonLocalDisk = "LocalDisk"
+	// ReasonDisksNotLiveMigratable: a disk is written in its pod and not copied (KubeVirt's reason).
+	ReasonDisksNotLiveMigratable = "DisksNotLiveMigratable"
+)
+
+// NotMigratable says why a VMI cannot be live-migrated, and what stops it, or "" if it can.
+// lifeboat does not copy storage yet: a writable disk that is not shared keeps the guest where it
+// is. Read-only disks made from the spec (the cloud-init seed) and kernels from images are made
+// again, the same, by the target.
+func NotMigratable(vmi *v1alpha1.VirtualMachineInstance) (reason, message string) {
 	if vmi.Spec.Boot.Disk != "" {
-		return "LocalDisk"
+		return ReasonLocalDisk, fmt.Sprintf("boot.disk %q is a file on the node, which a migration does not copy", vmi.Spec.Boot.Disk)
 	}
-	return ""
+	for _, v := range vmi.Spec.Volumes {
+		if v.ContainerDisk != nil {
+			return ReasonDisksNotLiveMigratable, fmt.Sprintf("containerDisk volume %q: the guest writes to an overlay in its pod, which a migration does not copy yet (issue 14)", v.Name)
+		}
+	}
+	return "", ""
 }
 
 // lostCheckSlack is how long after an evacuation deadline the agent checks whether the VM was
@@ -182,7 +198,7 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node
 			setCondition(status, v1alpha1.VMIConditionLiveMigratable, metav1.ConditionTrue, ReasonMigratable, "", nowMeta)
 		} else {
 			setCondition(status, v1alpha1.VMIConditionLiveMigratable, metav1.ConditionFalse, dom.NotMigratableReason,
-				"the guest cannot be live-migrated: "+dom.NotMigratableReason, nowMeta)
+				"the guest cannot be live-migrated: "+dom.NotMigratableMessage, nowMeta)
 		}
 		if ShouldEvacuateVMI(vmi, dom, ev.Config) {
 			// Hold the shutdown: the evacuation controller moves the VM before the kubelet's deadline.

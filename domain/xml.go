@@ -22,6 +22,22 @@ type XMLOptions struct {
 	// DiskFormat is the format of spec.boot.disk, "qcow2" or "raw". Empty means by the
 	// file's extension: .qcow2 is qcow2, anything else raw.
 	DiskFormat string
+	// Kernel and Initrd are the files of spec.boot.container, found in its image by the launcher.
+	Kernel, Initrd string
+	// Disks are spec.disks, in order, as the launcher prepared them.
+	Disks []Disk
+}
+
+// Disk is one of the guest's disks, ready for QEMU.
+type Disk struct {
+	// Path is the image file QEMU opens.
+	Path string
+	// Format is qcow2 or raw. It is never probed from the file (see diskFormat).
+	Format string
+	// Bus is virtio or sata.
+	Bus v1alpha1.DiskBus
+	// ReadOnly disks are attached read-only: the guest cannot change them.
+	ReadOnly bool
 }
 
 // DomainName is the libvirt name of a VMI's domain. Kubernetes names cannot contain "_",
@@ -52,8 +68,12 @@ func DomainXML(vmi *v1alpha1.VirtualMachineInstance, opts XMLOptions) (string, e
 		return "", err
 	}
 	boot := vmi.Spec.Boot
-	if boot.Kernel == "" && boot.Disk == "" {
-		return "", fmt.Errorf("VMI %s/%s boots nothing: it needs spec.boot.kernel or spec.boot.disk", vmi.Namespace, vmi.Name)
+	kernel, initrd := boot.Kernel, boot.Initrd
+	if opts.Kernel != "" {
+		kernel, initrd = opts.Kernel, opts.Initrd
+	}
+	if kernel == "" && boot.Disk == "" && len(opts.Disks) == 0 {
+		return "", fmt.Errorf("VMI %s/%s boots nothing: it needs a kernel (spec.boot) or a disk", vmi.Namespace, vmi.Name)
 	}
 	if opts.ConsoleLog == "" {
 		return "", errors.New("writing domain XML: no console log file")
@@ -76,8 +96,8 @@ func DomainXML(vmi *v1alpha1.VirtualMachineInstance, opts XMLOptions) (string, e
 		VCPU:     &libvirtxml.DomainVCPU{Value: cpus},
 		OS: &libvirtxml.DomainOS{
 			Type:    &libvirtxml.DomainOSType{Arch: "x86_64", Machine: machineType, Type: "hvm"},
-			Kernel:  boot.Kernel,
-			Initrd:  boot.Initrd,
+			Kernel:  kernel,
+			Initrd:  initrd,
 			Cmdline: boot.Cmdline,
 		},
 		Features: &libvirtxml.DomainFeatureList{
@@ -110,6 +130,9 @@ func DomainXML(vmi *v1alpha1.VirtualMachineInstance, opts XMLOptions) (string, e
 			Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
 		}}
 	}
+	if err := addDisks(dom, opts.Disks, kernel == "" && boot.Disk == ""); err != nil {
+		return "", fmt.Errorf("VMI %s/%s: %w", vmi.Namespace, vmi.Name, err)
+	}
 	out, err := dom.Marshal()
 	if err != nil {
 		return "", fmt.Errorf("writing the domain XML of VMI %s/%s: %w", vmi.Namespace, vmi.Name, err)
@@ -140,4 +163,42 @@ func diskFormat(path, explicit string) (string, error) {
 		return "raw", nil
 	}
 	return "", fmt.Errorf("disk format %q: want qcow2 or raw", explicit)
+}
+
+// addDisks attaches disks after any boot.disk, naming each bus's devices in order (vda, vdb, …;
+// sda, …). The first boots when nothing else does.
+func addDisks(dom *libvirtxml.Domain, disks []Disk, bootFirst bool) error {
+	next := map[v1alpha1.DiskBus]int{v1alpha1.DiskBusVirtio: len(dom.Devices.Disks)}
+	prefix := map[v1alpha1.DiskBus]string{v1alpha1.DiskBusVirtio: "vd", v1alpha1.DiskBusSATA: "sd"}
+	for i, d := range disks {
+		bus := d.Bus
+		if bus == "" {
+			bus = v1alpha1.DiskBusVirtio
+		}
+		p, ok := prefix[bus]
+		if !ok {
+			return fmt.Errorf("disk %d: bus %q: want virtio or sata", i, bus)
+		}
+		if d.Format != "qcow2" && d.Format != "raw" {
+			return fmt.Errorf("disk %d: format %q: want qcow2 or raw", i, d.Format)
+		}
+		if next[bus] >= 26 {
+			return fmt.Errorf("disk %d: more than 26 disks on bus %s", i, bus)
+		}
+		disk := libvirtxml.DomainDisk{
+			Device: "disk",
+			Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: d.Format},
+			Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: d.Path}},
+			Target: &libvirtxml.DomainDiskTarget{Dev: p + string(rune('a'+next[bus])), Bus: string(bus)},
+		}
+		next[bus]++
+		if d.ReadOnly {
+			disk.ReadOnly = &libvirtxml.DomainDiskReadOnly{}
+		}
+		if bootFirst && i == 0 {
+			disk.Boot = &libvirtxml.DomainDeviceBoot{Order: 1}
+		}
+		dom.Devices.Disks = append(dom.Devices.Disks, disk)
+	}
+	return nil
 }

@@ -59,6 +59,25 @@ func TestDomainXMLGolden(t *testing.T) {
 			}),
 			opts: XMLOptions{Acceleration: KVM, ConsoleLog: "/var/log/lifeboat/web.console", DiskFormat: "raw"},
 		},
+		{
+			// A containerDisk's overlay boots (no kernel), a SATA data disk, a read-only seed.
+			golden: "disks-tcg.xml",
+			vmi:    vmi(func(v *v1alpha1.VirtualMachineInstance) { v.Spec.Boot = v1alpha1.BootSource{} }),
+			opts: XMLOptions{Acceleration: TCG, ConsoleLog: "/var/log/lifeboat/web.console", Disks: []Disk{
+				{Path: "/var/run/lifeboat-vm/state/root.qcow2", Format: "qcow2"},
+				{Path: "/var/run/lifeboat-vm/state/data.qcow2", Format: "qcow2", Bus: v1alpha1.DiskBusSATA},
+				{Path: "/var/run/lifeboat-vm/state/cloudinit.iso", Format: "raw", Bus: v1alpha1.DiskBusVirtio, ReadOnly: true},
+			}},
+		},
+		{
+			// The kernel and initrd the launcher found in boot.container's image.
+			golden: "kernel-image-tcg.xml",
+			vmi: vmi(func(v *v1alpha1.VirtualMachineInstance) {
+				v.Spec.Boot = v1alpha1.BootSource{Container: &v1alpha1.KernelBootContainer{Image: "example.org/k", KernelPath: "/boot/vmlinuz"}, Cmdline: "console=ttyS0"}
+			}),
+			opts: XMLOptions{Acceleration: TCG, ConsoleLog: "/var/log/lifeboat/web.console",
+				Kernel: "/var/run/lifeboat-vm/kernel-boot/boot/vmlinuz", Initrd: "/var/run/lifeboat-vm/kernel-boot/boot/initrd.img"},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.golden, func(t *testing.T) {
@@ -113,6 +132,10 @@ func TestDomainXMLRejects(t *testing.T) {
 		{name: "no console log", vmi: vmi(nil), opts: XMLOptions{Acceleration: TCG}, want: "console"},
 		{name: "unknown disk format", vmi: vmi(func(v *v1alpha1.VirtualMachineInstance) { v.Spec.Boot.Disk = "/d.vmdk" }),
 			opts: XMLOptions{Acceleration: TCG, ConsoleLog: "/c.log", DiskFormat: "vmdk"}, want: "disk format"},
+		{name: "a prepared disk of an unknown format", vmi: vmi(nil),
+			opts: XMLOptions{Acceleration: TCG, ConsoleLog: "/c.log", Disks: []Disk{{Path: "/d", Format: "vmdk"}}}, want: `format "vmdk"`},
+		{name: "a prepared disk on an unknown bus", vmi: vmi(nil),
+			opts: XMLOptions{Acceleration: TCG, ConsoleLog: "/c.log", Disks: []Disk{{Path: "/d", Format: "raw", Bus: "scsi"}}}, want: `bus "scsi"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -23,6 +23,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/domain"
+	"github.com/lifeboat-vm/lifeboat/launcher/vmdisks"
 )
 
 // Config is the launcher's input, from its flags and its pod's environment.
@@ -37,9 +38,11 @@ type Config struct {
 	CapabilitiesCache string
 	// NodeDirectories are the allowed node directories the pod mounts; boot files must stay in them.
 	NodeDirectories []string
-	NotifySocket    string
-	Acceleration    domain.Acceleration
-	Log             *slog.Logger
+	// Disks are where the pod mounts the VM's images and its emptyDir.
+	Disks        vmdisks.Dirs
+	NotifySocket string
+	Acceleration domain.Acceleration
+	Log          *slog.Logger
 }
 
 // ConfigFromEnv reads the VMI and the pod grace period the launcher pod passes in its environment.
@@ -107,6 +110,10 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return contract.ExitFailed, err
 	}
+	prepared, err := vmdisks.Prepare(ctx, cfg.VMI.Spec, vmdisks.Identity{UID: cfg.VMI.UID, Name: cfg.VMI.Name}, cfg.Disks)
+	if err != nil {
+		return contract.ExitFailed, fmt.Errorf("preparing the VM's disks: %w", err)
+	}
 	daemon, err := domain.StartLibvirtd(ctx, domain.Config{Dir: filepath.Join(dir, "libvirt"), SocketDir: dir, CapabilitiesCache: cfg.CapabilitiesCache})
 	if err != nil {
 		return contract.ExitFailed, fmt.Errorf("starting the pod's libvirtd: %w", err)
@@ -143,7 +150,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 		if err := conn.ClearGracefulShutdown(name); err != nil {
 			return contract.ExitFailed, fmt.Errorf("clearing the source pod's shutdown record from the arrived guest: %w", err)
 		}
-	} else if err := startGuest(ctx, conn, cfg, dir); err != nil {
+	} else if err := startGuest(ctx, conn, cfg, dir, prepared); err != nil {
 		return contract.ExitFailed, err
 	}
 	notifier.Report(notify.KindDomainStarted, time.Now(), 0, "")
@@ -211,16 +218,23 @@ func recordGracefulShutdown(ctx context.Context, conn *domain.Conn, name string,
 }
 
 // startGuest defines and starts the VMI's domain.
-func startGuest(ctx context.Context, conn *domain.Conn, cfg Config, dir string) error {
+func startGuest(ctx context.Context, conn *domain.Conn, cfg Config, dir string, prepared vmdisks.Prepared) error {
 	vmi := &v1alpha1.VirtualMachineInstance{
 		ObjectMeta: metav1.ObjectMeta{Namespace: cfg.VMI.Namespace, Name: cfg.VMI.Name, UID: types.UID(cfg.VMI.UID)},
 		Spec:       cfg.VMI.Spec,
 	}
-	accel, err := domain.ResolveAcceleration(ctx, conn, cfg.Acceleration, vmi.Spec.Boot.Kernel, vmi.Spec.Boot.Initrd)
+	kernel, initrd := vmi.Spec.Boot.Kernel, vmi.Spec.Boot.Initrd
+	if prepared.Kernel != "" {
+		kernel, initrd = prepared.Kernel, prepared.Initrd
+	}
+	accel, err := domain.ResolveAcceleration(ctx, conn, cfg.Acceleration, kernel, initrd)
 	if err != nil {
 		return fmt.Errorf("choosing the acceleration: %w", err)
 	}
-	xml, err := domain.DomainXML(vmi, domain.XMLOptions{Acceleration: accel, ConsoleLog: filepath.Join(dir, contract.ConsoleLog)})
+	xml, err := domain.DomainXML(vmi, domain.XMLOptions{
+		Acceleration: accel, ConsoleLog: filepath.Join(dir, contract.ConsoleLog),
+		Kernel: prepared.Kernel, Initrd: prepared.Initrd, Disks: prepared.Disks,
+	})
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,16 @@ const (
 	LibvirtSocket = "libvirt-sock"
 	ConsoleLog    = "console.log"
 
+	// VMDir holds what the launcher container has of its own VM: the images its pod mounts as
+	// image volumes and the pod's emptyDir for the disks it writes. Nothing in it is the node's.
+	VMDir = "/var/run/lifeboat-vm"
+	// KernelBootDir is the image volume of spec.boot.container.
+	KernelBootDir = VMDir + "/kernel-boot"
+	// ContainerDisksDir holds one image volume per containerDisk volume, named as the volume.
+	ContainerDisksDir = VMDir + "/container-disks"
+	// StateDir is the pod's emptyDir: containerDisk overlays and the cloud-init seed.
+	StateDir = VMDir + "/state"
+
 	// EnvVMI holds a VMI (as VMI, JSON).
 	EnvVMI = "LIFEBOAT_VMI"
 	// EnvPodGracePeriod holds the pod's terminationGracePeriodSeconds, reported with SIGTERM.

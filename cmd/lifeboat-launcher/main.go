@@ -13,6 +13,7 @@ import (
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/domain"
 	"github.com/lifeboat-vm/lifeboat/launcher"
+	"github.com/lifeboat-vm/lifeboat/launcher/vmdisks"
 )
 
 func main() {
@@ -39,5 +40,6 @@ func main() {
 		os.Exit(contract.ExitFailed)
 	}
 	cfg.DomainsDir, cfg.CapabilitiesCache, cfg.NotifySocket, cfg.Log = *domainsDir, *capsDir, *notifySocket, log
+	cfg.Disks = vmdisks.Dirs{KernelBoot: contract.KernelBootDir, ContainerDisks: contract.ContainerDisksDir, State: contract.StateDir}
 	os.Exit(launcher.Run(context.Background(), cfg, sigterm))
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"path"
 	"sort"
 	"strings"
 
@@ -111,6 +112,8 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 		cpus = 1
 	}
 	volumes, mounts, dirs := launcherVolumes(vmi, allowed)
+	vmVols, vmMounts := vmVolumes(vmi)
+	volumes, mounts = append(volumes, vmVols...), append(mounts, vmMounts...)
 	allowedEnv, err := json.Marshal(dirs)
 	if err != nil {
 		return nil, err
@@ -289,3 +292,29 @@ func coveredBy(d string, dirs map[string]bool) bool {
 	}
 	return false
 }
+
+// vmVolumes are the VM's own volumes in its pod: the images of its kernel and containerDisks as
+// image volumes (the kubelet pulls them as it pulls container images, and mounts them read-only),
+// and an emptyDir for the disks the launcher writes. None of them is a node path.
+func vmVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []corev1.VolumeMount) {
+	volumes := []corev1.Volume{{Name: "vm-state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	mounts := []corev1.VolumeMount{{Name: "vm-state", MountPath: launcher.StateDir}}
+	image := func(name, reference string, policy corev1.PullPolicy, at string) {
+		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
+			Image: &corev1.ImageVolumeSource{Reference: reference, PullPolicy: policy},
+		}})
+		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: at, ReadOnly: true})
+	}
+	if c := vmi.Spec.Boot.Container; c != nil {
+		image("kernel-boot", c.Image, c.ImagePullPolicy, launcher.KernelBootDir)
+	}
+	for _, v := range vmi.Spec.Volumes {
+		if v.ContainerDisk != nil {
+			image(PodVolumePrefix+v.Name, v.ContainerDisk.Image, v.ContainerDisk.ImagePullPolicy, path.Join(launcher.ContainerDisksDir, v.Name))
+		}
+	}
+	return volumes, mounts
+}
+
+// PodVolumePrefix names a VMI volume's volume in the launcher pod, apart from lifeboat's own.
+const PodVolumePrefix = "vol-"

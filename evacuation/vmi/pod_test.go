@@ -91,8 +91,8 @@ func TestNewLauncherPod(t *testing.T) {
 	if ro, ok := mounts["/disks"]; !ok || ro {
 		t.Errorf("disk image directory must be mounted read-write: %v", mounts)
 	}
-	if _, ok := mounts["/unused"]; ok || len(mounts) != 3 {
-		t.Errorf("only the allowed directories the VMI uses and the run directory may be mounted: %v", mounts)
+	if _, ok := mounts["/unused"]; ok || len(mounts) != 4 {
+		t.Errorf("only the allowed directories the VMI uses, the run directory and the VM's own emptyDir may be mounted: %v", mounts)
 	}
 	if _, ok := mounts[launcher.RunDir]; !ok {
 		t.Errorf("run directory %s not mounted: %v", launcher.RunDir, mounts)
@@ -126,7 +126,7 @@ func TestNestedAllowedDirectoriesAreMountedOnce(t *testing.T) {
 	for _, m := range pod.Spec.Containers[0].VolumeMounts {
 		got[m.MountPath] = m.ReadOnly
 	}
-	want := map[string]bool{launcher.RunDir: false, "/guest": true, "/guest/linux/disks": false}
+	want := map[string]bool{launcher.RunDir: false, launcher.StateDir: false, "/guest": true, "/guest/linux/disks": false}
 	if !maps.Equal(got, want) {
 		t.Errorf("mounts (path: read-only) %v, want %v: a read-only directory inside a read-only one is not mounted again, a writable one is", got, want)
 	}
@@ -265,5 +265,58 @@ func TestAVMINodeSelectorCannotReplaceLifeboats(t *testing.T) {
 	}
 	if got := pod.Spec.NodeSelector; got[v1alpha1.LabelKVMNode] != "true" || got["zone"] != "a" {
 		t.Errorf("node selector %v: want lifeboat.dev/kvm=true and the VMI's zone=a", got)
+	}
+}
+
+// A VM of images mounts them as image volumes, read-only, and an emptyDir for what the launcher
+// writes; nothing of the node but lifeboat's run directory.
+func TestLauncherPodMountsImagesNotNodePaths(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Name: "vm1", Namespace: "ns", UID: "0a1b"},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{
+			Memory: resource.MustParse("1Gi"),
+			Boot:   v1alpha1.BootSource{Container: &v1alpha1.KernelBootContainer{Image: "example.org/kernel:1", ImagePullPolicy: corev1.PullIfNotPresent, KernelPath: "/vmlinuz"}},
+			Disks:  []v1alpha1.Disk{{Name: "root"}, {Name: "seed"}},
+			Volumes: []v1alpha1.Volume{
+				{Name: "root", ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example.org/disk:1"}},
+				{Name: "seed", CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{UserData: "#cloud-config"}},
+			},
+		},
+	}
+	pod, err := NewLauncherPod(vmi, PodOptions{Image: "lifeboat-launcher:dev", Acceleration: "tcg"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range pod.Spec.Volumes {
+		volumes[v.Name] = v
+		if v.HostPath != nil && v.HostPath.Path != launcher.RunDir {
+			t.Errorf("volume %s is node path %s", v.Name, v.HostPath.Path)
+		}
+	}
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		mounts[m.Name] = m
+	}
+	for name, want := range map[string]struct {
+		image, at string
+		policy    corev1.PullPolicy
+	}{
+		"kernel-boot": {"example.org/kernel:1", launcher.KernelBootDir, corev1.PullIfNotPresent},
+		"vol-root":    {"example.org/disk:1", launcher.ContainerDisksDir + "/root", ""},
+	} {
+		v, m := volumes[name], mounts[name]
+		if v.Image == nil || v.Image.Reference != want.image || v.Image.PullPolicy != want.policy {
+			t.Errorf("volume %s = %+v, want image volume %s (pull policy %q)", name, v, want.image, want.policy)
+		}
+		if m.MountPath != want.at || !m.ReadOnly {
+			t.Errorf("mount of %s = %+v, want it read-only at %s", name, m, want.at)
+		}
+	}
+	if v, m := volumes["vm-state"], mounts["vm-state"]; v.EmptyDir == nil || m.MountPath != launcher.StateDir || m.ReadOnly {
+		t.Errorf("vm-state = %+v mounted %+v, want a writable emptyDir at %s", v, m, launcher.StateDir)
+	}
+	if _, ok := volumes["vol-seed"]; ok {
+		t.Error("the cloud-init seed has a pod volume; the launcher writes it into vm-state")
 	}
 }

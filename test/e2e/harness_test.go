@@ -27,6 +27,7 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
+	"github.com/lifeboat-vm/lifeboat/test/images"
 	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
@@ -115,6 +116,7 @@ func startNodes(t testing.TB, n int, configure ...func(*node.Config)) []*testNod
 		c.Capacity = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")}
 		c.RootDir = shortTempDir(t)
 		c.EvictionMaxPodGracePeriod = evictionMaxPodGracePeriod
+		c.Images = imageStore
 	}
 	var out []*testNode
 	// The agent is told the same evictionMaxPodGracePeriod as its node's kubelet.
@@ -237,7 +239,7 @@ func newVMI(name string, mutate ...func(*v1alpha1.VirtualMachineInstance)) *v1al
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: v1alpha1.VirtualMachineInstanceSpec{
 			CPUs: 1, Memory: resource.MustParse("128Mi"),
-			Boot:                          v1alpha1.BootSource{Kernel: image.Kernel, Initrd: image.Initrd, Cmdline: guest.Cmdline},
+			Boot:                          guestBoot(),
 			TerminationGracePeriodSeconds: ptr.To[int64](20),
 			EvictionStrategy:              ptr.To(v1alpha1.EvictionStrategyNone),
 		},
@@ -246,6 +248,25 @@ func newVMI(name string, mutate ...func(*v1alpha1.VirtualMachineInstance)) *v1al
 		m(v)
 	}
 	return v
+}
+
+// guestBoot boots the test guest from its kernel image, as a user would: no node path.
+func guestBoot() v1alpha1.BootSource {
+	return v1alpha1.BootSource{
+		Container: &v1alpha1.KernelBootContainer{Image: images.GuestKernelImage, KernelPath: images.GuestKernelPath, InitrdPath: images.GuestInitrdPath},
+		Cmdline:   guest.Cmdline,
+	}
+}
+
+// withContainerDisk gives v the test guest's disk image as a containerDisk volume "data".
+func withContainerDisk(v *v1alpha1.VirtualMachineInstance) {
+	v.Spec.Disks = append(v.Spec.Disks, v1alpha1.Disk{Name: "data"})
+	v.Spec.Volumes = append(v.Spec.Volumes, v1alpha1.Volume{Name: "data", ContainerDisk: &v1alpha1.ContainerDiskSource{Image: images.GuestDiskImage}})
+}
+
+// nodeBoot boots the test guest from node files, which only a cluster admin's allow-list permits.
+func nodeBoot() v1alpha1.BootSource {
+	return v1alpha1.BootSource{Kernel: image.Kernel, Initrd: image.Initrd, Cmdline: guest.Cmdline}
 }
 
 // allowNodePaths adds the directories of v's node paths to the LifeboatConfig's allow-list.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
+	"github.com/lifeboat-vm/lifeboat/test/images"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
@@ -21,6 +22,8 @@ var (
 	image   guest.Image
 	// bins holds lifeboat-agent, lifeboat-controller and lifeboat-launcher, built for this run.
 	bins string
+	// imageStore is the emulated nodes' image store (in bins): the test guest's images.
+	imageStore string
 )
 
 func TestMain(m *testing.M) {
@@ -39,6 +42,14 @@ func prepare() error {
 		return fmt.Errorf("preparing the test guest: %w", err)
 	}
 	if bins, err = os.MkdirTemp("", "lifeboat-e2e-bin-*"); err != nil {
+		return err
+	}
+	imgs, err := images.GuestImages(image)
+	if err != nil {
+		return fmt.Errorf("the test guest's images: %w", err)
+	}
+	imageStore = filepath.Join(bins, "images")
+	if err := images.WriteStore(imageStore, imgs); err != nil {
 		return err
 	}
 	root, err := controlplane.RepoRoot()

@@ -26,7 +26,10 @@ func TestTheLauncherRefusesASymlinkOutOfAnAllowedDirectory(t *testing.T) {
 	startController(t)
 	n := startNodes(t, 1)[0]
 	ns := testNamespace(t)
-	vmi := createVMI(t, ns, newVMI("symlink", func(v *v1alpha1.VirtualMachineInstance) { v.Spec.Boot.Kernel = link }))
+	vmi := createVMI(t, ns, newVMI("symlink", func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.Boot = nodeBoot()
+		v.Spec.Boot.Kernel = link
+	}))
 	vmi = waitVMI(t, ns, vmi.Name, time.Minute, "phase Failed", func(v *v1alpha1.VirtualMachineInstance) bool { return v.Status.Phase == v1alpha1.VMIFailed })
 
 	pod := launcherPod(t, vmi)

@@ -222,6 +222,9 @@ func realVM(t *testing.T, gateOn bool) (*realnode.Node, *testNode, *v1alpha1.Vir
 	setConfig(t, gateOn)
 	ns := testNamespace(t)
 	vmi := createVMI(t, ns, newVMI("real", strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
+		// Node files, which the lab admin allows: Debian 12's containerd (1.6) cannot mount
+		// image volumes (containerd 2.1 can), so the real node cannot pull the guest's kernel image.
+		v.Spec.Boot = nodeBoot()
 		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](realMaxGrace - 15)
 	}))
 	t.Cleanup(func() { _ = os.RemoveAll(filepath.Dir(realConsolePath(vmi))) })

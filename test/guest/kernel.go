@@ -3,6 +3,7 @@ package guest
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -17,11 +18,12 @@ import (
 const metaPackage = "linux-image-cloud-amd64"
 
 // guestModules are the modules init needs that the cloud kernel does not build in: the
-// ACPI button driver turns the power button into an input device and evdev lets init read it.
-var guestModules = []string{"button", "evdev"}
+// ACPI button driver turns the power button into an input device and evdev lets init read it;
+// virtio_blk and isofs read the disks and the cloud-init seed. Built-in ones are skipped.
+var guestModules = []string{"button", "evdev", "virtio_blk", "isofs"}
 
-// kernel is one cached kernel: <cache>/<package>/vmlinuz and the modules the guest
-// loads, in <cache>/<package>/modules with their load order in the file "order".
+// kernel is one cached kernel: <cache>/<package>-modules-<hash>/vmlinuz and the modules the
+// guest loads, in its modules directory with their load order in the file "order".
 type kernel struct{ dir string }
 
 func (k kernel) vmlinuz() string    { return filepath.Join(k.dir, "vmlinuz") }
@@ -56,7 +58,9 @@ func ensureKernelFromLists(ctx context.Context, cache string, progress io.Writer
 	if err != nil {
 		return kernel{}, err
 	}
-	k := kernel{dir: filepath.Join(cache, pkg)}
+	// The modules kept are part of the cache's name: a changed list fetches again.
+	sum := sha256.Sum256([]byte(strings.Join(guestModules, "\n")))
+	k := kernel{dir: filepath.Join(cache, fmt.Sprintf("%s-modules-%x", pkg, sum[:4]))}
 	if exists(k.dir) {
 		return k, nil
 	}

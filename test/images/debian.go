@@ -25,8 +25,9 @@ const (
 
 // debianPackages are what the launcher needs for its private libvirtd and QEMU (libvirt-daemon
 // brings libvirt0, which the agent needs too). Not libvirt-daemon-system: its services, sockets
-// and users are for a host's libvirtd, not the launcher's private one.
-var debianPackages = []string{"libvirt-daemon", "libvirt-daemon-driver-qemu", "qemu-system-x86"}
+// and users are for a host's libvirtd, not the launcher's private one. qemu-utils (qemu-img)
+// writes containerDisk overlays (launcher/vmdisks).
+var debianPackages = []string{"libvirt-daemon", "libvirt-daemon-driver-qemu", "qemu-system-x86", "qemu-utils"}
 
 // mmdebstrapArgs builds the rootfs as a tarball at out. The hooks make what libvirtd refuses to
 // start without although the launcher runs QEMU as root (see domain/libvirtd_config.go): the

@@ -117,6 +117,7 @@ var checks = map[string][][]string{
 		{"lifeboat-launcher", "-h"},
 		{"libvirtd", "--version"},
 		{"qemu-system-x86_64", "--version"},
+		{"qemu-img", "--version"},
 		{"getent", "group", "kvm"},
 		{"getent", "passwd", "libvirt-qemu"},
 	},

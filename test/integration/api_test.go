@@ -340,6 +340,9 @@ spec: %s
 		args[i] = v
 		return fmt.Sprintf(vmi, args...)
 	}
+	withSpec := func(extra string) string {
+		return strings.Replace(vmiWith(3, "{kernel: /k}"), "spec:", "spec:\n  "+extra, 1)
+	}
 	const strategies = `supported values: "None", "LiveMigrate", "LiveMigrateIfPossible", "External"`
 	cases := []struct {
 		name string
@@ -352,7 +355,18 @@ spec: %s
 		{"memory that is not a quantity", vmiWith(1, "lots"), []string{"spec.memory"}},
 		{"zero CPUs", vmiWith(0, "0"), []string{"spec.cpus", "should be greater than or equal to 1"}},
 		{"negative CPUs", vmiWith(0, "-2"), []string{"spec.cpus", "should be greater than or equal to 1"}},
-		{"no boot source", vmiWith(3, "{cmdline: quiet}"), []string{"boot needs a kernel, a disk image, or both"}},
+		{"no boot source", vmiWith(3, "{cmdline: quiet}"), []string{"the VM boots nothing", "boot.cmdline needs boot.kernel or boot.container"}},
+		{"a kernel image and a node kernel", vmiWith(3, "{kernel: /k, container: {image: example.org/k, kernelPath: /vmlinuz}}"), []string{"boot.container holds the kernel and initrd"}},
+		{"a relative kernel path in the image", vmiWith(3, "{container: {image: example.org/k, kernelPath: vmlinuz}}"), []string{"kernelPath must be an absolute path inside the image"}},
+		{"a kernel path climbing out of the image", vmiWith(3, "{container: {image: example.org/k, kernelPath: /boot/../../etc/shadow}}"), []string{"kernelPath must be an absolute path inside the image, without .."}},
+		{"a disk without its volume", withSpec("disks: [{name: root}]"), []string{"every disk names a volume of spec.volumes"}},
+		{"a volume without its disk", withSpec("volumes: [{name: root, containerDisk: {image: example.org/d}}]"), []string{"every volume is attached by a disk"}},
+		{"a volume with two sources", withSpec("disks: [{name: v}]\n  volumes: [{name: v, containerDisk: {image: example.org/d}, cloudInitNoCloud: {userData: x}}]"), []string{"a volume needs exactly one source"}},
+		{"a volume with no source", withSpec("disks: [{name: v}]\n  volumes: [{name: v}]"), []string{"a volume needs exactly one source"}},
+		{"two cloud-init seeds", withSpec("disks: [{name: a}, {name: b}]\n  volumes: [{name: a, cloudInitNoCloud: {userData: x}}, {name: b, cloudInitNoCloud: {userData: y}}]"), []string{"at most one cloudInitNoCloud volume"}},
+		{"a volume name that is no DNS label", withSpec("disks: [{name: Root_Disk}]\n  volumes: [{name: Root_Disk, containerDisk: {image: example.org/d}}]"), []string{"spec.disks[0].name", "should match"}},
+		{"a containerDisk path climbing out", withSpec("disks: [{name: v}]\n  volumes: [{name: v, containerDisk: {image: example.org/d, path: /disk/../../etc/shadow}}]"), []string{"path must be an absolute path inside the image"}},
+		{"an unknown disk bus", withSpec("disks: [{name: v, bus: scsi}]\n  volumes: [{name: v, containerDisk: {image: example.org/d}}]"), []string{`Unsupported value: "scsi"`}},
 		{"initrd without kernel", vmiWith(3, "{disk: /d, initrd: /i}"), []string{"boot.initrd needs boot.kernel"}},
 		{"a node selector on lifeboat's own node label", strings.Replace(vmiWith(3, "{kernel: /k}"), "spec:", "spec:\n  nodeSelector: {lifeboat.dev/kvm: \"false\"}", 1),
 			[]string{"spec.nodeSelector", "nodeSelector cannot name lifeboat.dev/kvm: lifeboat sets it"}},
@@ -451,4 +465,29 @@ func splitColumns(line string) []string {
 		}
 	}
 	return cols
+}
+
+// TestAVMOfImagesAndCloudInitIsAccepted: the shape a user brings (KubeVirt's disks and volumes)
+// round-trips, with no boot section at all.
+func TestAVMOfImagesAndCloudInitIsAccepted(t *testing.T) {
+	vmis := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(testNamespace(t))
+	v := &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Name: "fedora"},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{
+			Memory: resource.MustParse("1Gi"),
+			Disks:  []v1alpha1.Disk{{Name: "root"}, {Name: "cloudinit", Bus: v1alpha1.DiskBusSATA}},
+			Volumes: []v1alpha1.Volume{
+				{Name: "root", ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "quay.io/containerdisks/fedora:42"}},
+				{Name: "cloudinit", CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{UserData: "#cloud-config\npassword: fedora\n"}},
+			},
+		},
+	}
+	created, err := vmis.Create(context.Background(), v, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a VMI of a containerDisk and a cloud-init seed: %v", err)
+	}
+	if created.Spec.CPUs != 1 || len(created.Spec.Volumes) != 2 || created.Spec.Volumes[0].ContainerDisk.Image != "quay.io/containerdisks/fedora:42" ||
+		created.Spec.Volumes[1].CloudInitNoCloud.UserData != v.Spec.Volumes[1].CloudInitNoCloud.UserData {
+		t.Errorf("the spec did not round-trip (with cpus defaulted to 1): %+v", created.Spec)
+	}
 }

@@ -214,29 +214,33 @@ func TestExamples(t *testing.T) {
 		}
 	})
 
-	t.Run("VMI", func(t *testing.T) {
-		install(t) // the CRDs
-		data, err := os.ReadFile(filepath.Join(examples, "vmi.yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		vmi := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(data, &vmi.Object); err != nil {
-			t.Fatal(err)
-		}
-		vmi.SetNamespace(testNamespace(t))
-		a, err := newApplier()
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := a.apply(context.Background(), vmi)
-		if err != nil {
-			t.Fatalf("the example VMI is refused: %v", err)
-		}
-		if s, _, _ := unstructured.NestedString(got.Object, "spec", "evictionStrategy"); s != "LiveMigrate" {
-			t.Errorf("stored evictionStrategy %q, want LiveMigrate", s)
-		}
-	})
+	// One VMI per way to give a VM its disks; each is accepted as written (the CRDs only: the
+	// node-path policy is tried in nodepaths_test.go).
+	for file, strategy := range map[string]string{"vmi.yaml": "LiveMigrate", "vmi-containerdisk.yaml": "LiveMigrateIfPossible", "vmi-node-paths.yaml": "LiveMigrate"} {
+		t.Run(file, func(t *testing.T) {
+			install(t) // the CRDs
+			data, err := os.ReadFile(filepath.Join(examples, file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			vmi := &unstructured.Unstructured{}
+			if err := yaml.Unmarshal(data, &vmi.Object); err != nil {
+				t.Fatal(err)
+			}
+			vmi.SetNamespace(testNamespace(t))
+			a, err := newApplier()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := a.apply(context.Background(), vmi)
+			if err != nil {
+				t.Fatalf("the example VMI is refused: %v", err)
+			}
+			if s, _, _ := unstructured.NestedString(got.Object, "spec", "evictionStrategy"); s != strategy {
+				t.Errorf("stored evictionStrategy %q, want %s", s, strategy)
+			}
+		})
+	}
 }
 
 func testNamespace(t *testing.T) string {

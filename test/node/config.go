@@ -45,6 +45,10 @@ type Config struct {
 	// PrivateHostPaths are the host path prefixes that map under RootDir; nil means
 	// DefaultPrivateHostPaths. Other host paths are the machine's own.
 	PrivateHostPaths []string
+	// Images is an OCI image layout holding the images the node can pull for image volumes, each
+	// named by its index entry's io.containerd.image.name annotation; empty means none. Container
+	// images are not pulled: containers run the machine's binaries (Binaries).
+	Images string
 	// Binaries maps a container's command[0] (e.g. "lifeboat-launcher") to the binary on this
 	// machine that runs it.
 	Binaries map[string]string

@@ -60,7 +60,7 @@ func newPodController(client kubernetes.Interface, cfg Config, recorder record.E
 	}
 	c.runtime = &podRuntime{
 		nodeName: cfg.Name,
-		layout:   layout{root: cfg.RootDir, private: cfg.PrivateHostPaths},
+		layout:   newLayout(cfg),
 		binaries: cfg.Binaries,
 		address:  cfg.Address,
 		recorder: recorder,

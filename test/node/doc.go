@@ -28,8 +28,11 @@
 //     v1.37.1 (status_manager.go mergePodStatus), the condition reaches the API together with
 //     the terminal phase, once the containers have stopped, not before the SIGTERM.
 //
-// What it does not do: images (a container's command[0] names a binary in Config.Binaries),
-// init containers (such pods are rejected), probes, resource limits, volume types other than
-// hostPath and emptyDir (others, the service-account token volume among them, are not
-// mounted), envFrom and env values from ConfigMaps or Secrets, and node pressure conditions.
+// Image volumes are pulled from the node's image store (Config.Images, an OCI image layout),
+// unpacked once and bind-mounted read-only.
+//
+// What it does not do: container images (a container's command[0] names a binary in
+// Config.Binaries), init containers (such pods are rejected), probes, resource limits, volume
+// types other than hostPath, emptyDir and image (others, the service-account token volume among
+// them, are not mounted), envFrom and env values from ConfigMaps or Secrets, and node pressure conditions.
 package node

@@ -14,6 +14,14 @@ import (
 type layout struct {
 	root    string
 	private []string
+	images  *imageStore
+}
+
+// newLayout is the layout of the node cfg describes, with its image store.
+func newLayout(cfg Config) layout {
+	return layout{root: cfg.RootDir, private: cfg.PrivateHostPaths, images: &imageStore{
+		layout: cfg.Images, unpackDir: filepath.Join(cfg.RootDir, "var/lib/lifeboat-node/images"),
+	}}
 }
 
 // hostPath is where a host path of the node lives on this machine: under the root for the

@@ -40,7 +40,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("creating the root directory of node %s: %w", cfg.Name, err)
 	}
 	ctx = klog.NewContext(ctx, cfg.Logger)
-	n := &Node{cfg: cfg, layout: layout{root: cfg.RootDir, private: cfg.PrivateHostPaths}}
+	n := &Node{cfg: cfg, layout: newLayout(cfg)}
 	if err := n.register(ctx); err != nil {
 		return nil, err
 	}
@@ -95,3 +95,7 @@ func (n *Node) RootDir() string { return n.cfg.RootDir }
 // HostPath is where path, a host path on this node (that of a hostPath volume, say), is on
 // this machine: under RootDir for the node's private host paths, path itself otherwise.
 func (n *Node) HostPath(path string) string { return n.layout.hostPath(path) }
+
+// ImageRoot is where the node unpacked the image named ref for image volumes, or "" if no pod
+// of it has used that image yet.
+func (n *Node) ImageRoot(ref string) string { return n.layout.images.known(ref) }

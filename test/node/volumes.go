@@ -22,7 +22,7 @@ type bindMount struct {
 
 // containerMounts resolves the volumeMounts of c to bind mounts, shallowest target first so
 // that nested mounts land on top of their parents, as container runtimes order them. Mounts of
-// volumes other than hostPath and emptyDir are skipped and named in skipped.
+// volumes other than hostPath, emptyDir and image are skipped and named in skipped.
 func containerMounts(l layout, pod *corev1.Pod, c *corev1.Container) (mounts []bindMount, skipped []string) {
 	for _, m := range c.VolumeMounts {
 		i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
@@ -36,9 +36,10 @@ func containerMounts(l layout, pod *corev1.Pod, c *corev1.Container) (mounts []b
 			continue
 		}
 		mounts = append(mounts, bindMount{
-			Source:   filepath.Join(source, m.SubPath),
-			Target:   filepath.Clean(m.MountPath),
-			ReadOnly: m.ReadOnly,
+			Source: filepath.Join(source, m.SubPath),
+			Target: filepath.Clean(m.MountPath),
+			// An image volume is read-only whatever the mount says, as the kubelet mounts it.
+			ReadOnly: m.ReadOnly || pod.Spec.Volumes[i].Image != nil,
 		})
 	}
 	slices.SortStableFunc(mounts, func(a, b bindMount) int {
@@ -54,6 +55,8 @@ func volumeSource(l layout, pod *corev1.Pod, v *corev1.Volume) string {
 		return l.hostPath(v.HostPath.Path)
 	case v.EmptyDir != nil:
 		return l.emptyDir(pod.UID, v.Name)
+	case v.Image != nil:
+		return l.images.known(v.Image.Reference)
 	default:
 		return ""
 	}
@@ -61,7 +64,7 @@ func volumeSource(l layout, pod *corev1.Pod, v *corev1.Volume) string {
 
 // prepareVolumes makes the volumes c mounts ready, as the kubelet's volume manager does before
 // a container starts: hostPath type checks (creating what the type asks to create), emptyDir
-// and subPath directories.
+// and subPath directories, and the images of image volumes, pulled from the node's image store.
 func prepareVolumes(l layout, pod *corev1.Pod, c *corev1.Container) error {
 	for _, m := range c.VolumeMounts {
 		i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
@@ -75,6 +78,11 @@ func prepareVolumes(l layout, pod *corev1.Pod, c *corev1.Container) error {
 			err = prepareHostPath(l.hostPath(v.HostPath.Path), ptr.Deref(v.HostPath.Type, corev1.HostPathUnset))
 		case v.EmptyDir != nil:
 			err = prepareEmptyDir(l.emptyDir(pod.UID, v.Name))
+		case v.Image != nil:
+			if m.SubPath != "" {
+				return fmt.Errorf("volume %q: an image volume cannot be mounted with a subPath", v.Name)
+			}
+			_, err = l.images.root(v.Image.Reference)
 		default:
 			continue
 		}

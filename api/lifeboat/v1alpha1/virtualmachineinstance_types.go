@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -27,6 +28,11 @@ type VirtualMachineInstance struct {
 }
 
 // VirtualMachineInstanceSpec is what the VM's owner asks for.
+// +kubebuilder:validation:XValidation:rule="(has(self.boot) && (has(self.boot.container) || has(self.boot.kernel) || has(self.boot.disk))) || (has(self.disks) && has(self.volumes) && self.disks.exists(d, self.volumes.exists(v, v.name == d.name && has(v.containerDisk))))",message="the VM boots nothing: it needs boot.container (a kernel in a container image), a disk on a containerDisk volume, or boot.kernel or boot.disk in a node directory the cluster admin allows"
+// +kubebuilder:validation:XValidation:rule="!has(self.disks) || self.disks.all(d, has(self.volumes) && self.volumes.exists(v, v.name == d.name))",message="every disk names a volume of spec.volumes"
+// +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.all(v, has(self.disks) && self.disks.exists(d, d.name == v.name))",message="every volume is attached by a disk of the same name in spec.disks"
+// +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.filter(v, has(v.cloudInitNoCloud)).size() <= 1",message="a VM has at most one cloudInitNoCloud volume"
+// +kubebuilder:validation:XValidation:rule="!(has(self.boot) && has(self.boot.disk) && has(self.disks))",message="boot.disk (a node file) and spec.disks cannot both be set"
 type VirtualMachineInstanceSpec struct {
 	// CPUs is the number of virtual CPUs the guest sees.
 	// +kubebuilder:validation:Minimum=1
@@ -39,8 +45,25 @@ type VirtualMachineInstanceSpec struct {
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="memory must be greater than zero, for example 256Mi"
 	Memory resource.Quantity `json:"memory"`
 
-	// Boot says what the guest boots: a kernel with an optional initrd and command line, a disk image, or both.
-	Boot BootSource `json:"boot"`
+	// Boot says how the guest boots when it does not boot from its first disk: a kernel (from a
+	// container image, or an admin-allowed node file) with an optional initrd and command line.
+	// +optional
+	Boot BootSource `json:"boot,omitempty"`
+
+	// Disks are the guest's disks, in order: the first is the boot disk unless boot names a
+	// kernel. Each names a volume of spec.volumes (KubeVirt's spec.domain.devices.disks).
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=16
+	// +optional
+	Disks []Disk `json:"disks,omitempty"`
+
+	// Volumes are where the disks' data comes from (KubeVirt's spec.volumes).
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=16
+	// +optional
+	Volumes []Volume `json:"volumes,omitempty"`
 
 	// EvictionStrategy says what happens when the VM's pod is asked to leave its node.
 	// Unset means the LifeboatConfig's evictionStrategy, and None if that is unset too.
@@ -60,11 +83,17 @@ type VirtualMachineInstanceSpec struct {
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 }
 
-// BootSource is what the guest boots from. Paths are on the node, as the launcher sees them.
-// +kubebuilder:validation:XValidation:rule="has(self.kernel) || has(self.disk)",message="boot needs a kernel, a disk image, or both"
+// BootSource is what the guest boots from: a kernel and initrd from a container image
+// (container), or node files the cluster admin allows (kernel, initrd, disk).
 // +kubebuilder:validation:XValidation:rule="!has(self.initrd) || has(self.kernel)",message="boot.initrd needs boot.kernel"
-// +kubebuilder:validation:XValidation:rule="!has(self.cmdline) || has(self.kernel)",message="boot.cmdline needs boot.kernel"
+// +kubebuilder:validation:XValidation:rule="!has(self.cmdline) || has(self.kernel) || has(self.container)",message="boot.cmdline needs boot.kernel or boot.container"
+// +kubebuilder:validation:XValidation:rule="!has(self.container) || !(has(self.kernel) || has(self.initrd))",message="boot.container holds the kernel and initrd: boot.kernel and boot.initrd cannot be set with it"
 type BootSource struct {
+	// Container is a container image holding the kernel and initrd for direct kernel boot
+	// (KubeVirt's kernelBoot.container). The kubelet pulls it like any image; nothing of the node
+	// is named.
+	// +optional
+	Container *KernelBootContainer `json:"container,omitempty"`
 	// Kernel is the path of a kernel image for direct kernel boot.
 	// +kubebuilder:validation:MinLength=1
 	// +optional
@@ -80,6 +109,94 @@ type BootSource struct {
 	// +kubebuilder:validation:MinLength=1
 	// +optional
 	Disk string `json:"disk,omitempty"`
+}
+
+// KernelBootContainer is a container image that holds a kernel and an initrd.
+type KernelBootContainer struct {
+	// Image is the image's reference, as a pod's container image is written.
+	// +kubebuilder:validation:MinLength=1
+	Image string `json:"image"`
+	// ImagePullPolicy is the image's pull policy, as for a container.
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+	// KernelPath is the kernel's absolute path inside the image.
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')",message="kernelPath must be an absolute path inside the image, without .."
+	KernelPath string `json:"kernelPath"`
+	// InitrdPath is the initrd's absolute path inside the image.
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')",message="initrdPath must be an absolute path inside the image, without .."
+	// +optional
+	InitrdPath string `json:"initrdPath,omitempty"`
+}
+
+// DiskBus is the bus a disk is attached to.
+// +kubebuilder:validation:Enum=virtio;sata
+type DiskBus string
+
+const (
+	// DiskBusVirtio is the default: paravirtual and fast.
+	DiskBusVirtio DiskBus = "virtio"
+	// DiskBusSATA is for guests without virtio drivers.
+	DiskBusSATA DiskBus = "sata"
+)
+
+// Disk is one of the guest's disks.
+type Disk struct {
+	// Name is the volume (spec.volumes) the disk's data comes from.
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:MaxLength=58
+	Name string `json:"name"`
+	// Bus is virtio (the default) or sata.
+	// +optional
+	Bus DiskBus `json:"bus,omitempty"`
+}
+
+// Volume is where a disk's data comes from. Exactly one source is set.
+// +kubebuilder:validation:XValidation:rule="[has(self.containerDisk), has(self.cloudInitNoCloud)].filter(x, x).size() == 1",message="a volume needs exactly one source: containerDisk or cloudInitNoCloud"
+type Volume struct {
+	// Name is what a disk names it by. It names the volume in the launcher pod too, after a
+	// prefix of lifeboat's: hence 58 characters, not a pod volume's 63.
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:MaxLength=58
+	Name string `json:"name"`
+	// ContainerDisk is a disk image inside a container image. The guest writes to a copy-on-write
+	// overlay in its pod; the image is never written.
+	// +optional
+	ContainerDisk *ContainerDiskSource `json:"containerDisk,omitempty"`
+	// CloudInitNoCloud is cloud-init's NoCloud data source: a small disk labelled cidata that a
+	// cloud image reads its configuration from at first boot.
+	// +optional
+	CloudInitNoCloud *CloudInitNoCloudSource `json:"cloudInitNoCloud,omitempty"`
+}
+
+// ContainerDiskSource is a qcow2 or raw disk image inside a container image, as KubeVirt's
+// containerDisk images are built: the image file under /disk/.
+type ContainerDiskSource struct {
+	// Image is the image's reference, as a pod's container image is written.
+	// +kubebuilder:validation:MinLength=1
+	Image string `json:"image"`
+	// ImagePullPolicy is the image's pull policy, as for a container.
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+	// Path is the disk image's absolute path inside the container image; unset means the one
+	// file under /disk.
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')",message="path must be an absolute path inside the image, without .."
+	// +optional
+	Path string `json:"path,omitempty"`
+}
+
+// CloudInitNoCloudSource is the data of a NoCloud seed.
+// +kubebuilder:validation:XValidation:rule="has(self.userData) || has(self.networkData)",message="cloudInitNoCloud needs userData, networkData or both"
+type CloudInitNoCloudSource struct {
+	// UserData is cloud-init's user data (a #cloud-config document or a script).
+	// +kubebuilder:validation:MaxLength=65536
+	// +optional
+	UserData string `json:"userData,omitempty"`
+	// NetworkData is cloud-init's network configuration (version 1 or 2).
+	// +kubebuilder:validation:MaxLength=65536
+	// +optional
+	NetworkData string `json:"networkData,omitempty"`
 }
 
 // VirtualMachineInstancePhase is where a VMI is in its life.

@@ -18,6 +18,8 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+	"github.com/lifeboat-vm/lifeboat/test/guest"
+	"github.com/lifeboat-vm/lifeboat/test/images"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
@@ -77,6 +79,11 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 	if err := os.WriteFile(filepath.Join(cp.Dir, nodesRootFile), []byte(o.nodesRoot), 0o644); err != nil {
 		return nil, stop, err
 	}
+	// The nodes pull the test guest's images (its kernel, a containerDisk) from a store of their own.
+	store := filepath.Join(o.nodesRoot, "images")
+	if err := writeGuestImages(ctx, store); err != nil {
+		return nil, stop, err
+	}
 	// The controller runs as a cluster admin deploys it: with the eviction webhook (so drains and the
 	// descheduler meet lifeboat), the disruption budgets and the EvictionRequest responder.
 	hook, err := freeAddress("127.0.0.1")
@@ -100,6 +107,7 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 			Client: cp.Kube, Name: name, Address: addr, RootDir: filepath.Join(o.nodesRoot, name),
 			Capacity:                  corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")},
 			Binaries:                  map[string]string{"lifeboat-launcher": filepath.Join(o.bin, "lifeboat-launcher")},
+			Images:                    store,
 			EvictionMaxPodGracePeriod: maxPodGracePeriod,
 			Logger:                    klog.Background().WithValues("node", name),
 		})
@@ -160,4 +168,17 @@ func startChild(dir, path string, args ...string) (func(), error) {
 		_ = cmd.Wait()
 		log.Close()
 	}, nil
+}
+
+// writeGuestImages writes the test guest's images into the OCI image layout at store.
+func writeGuestImages(ctx context.Context, store string) error {
+	g, err := guest.Ensure(ctx, os.Stderr)
+	if err != nil {
+		return err
+	}
+	imgs, err := images.GuestImages(g)
+	if err != nil {
+		return err
+	}
+	return images.WriteStore(store, imgs)
 }

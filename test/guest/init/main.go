@@ -37,6 +37,7 @@ func main() {
 	if err := watchPowerButton(con); err != nil {
 		con.errorf("%v", err)
 	}
+	reportDisks(con)
 	params, errs := parseCmdline(readCmdline())
 	for _, err := range errs {
 		con.errorf("%v", err)

@@ -83,3 +83,24 @@ func ParseSize(s string) (int64, error) {
 	}
 	return v * multiplier, nil
 }
+
+// Disk lines: what init found on the guest's disks at boot.
+const (
+	// UserDataPrefix starts the line with the first line of the cloud-init seed's user-data.
+	UserDataPrefix = "lifeboat-guest user-data: "
+	// DiskPrefix starts the line naming a writable disk, its label and what init wrote to it.
+	DiskPrefix = "lifeboat-guest disk "
+	// DiskLabelSize is how much of a disk's start is its label, up to the first NUL; init
+	// writes DiskWritten just after it.
+	DiskLabelSize = 512
+	// DiskWritten is what init writes to every writable disk, after the label.
+	DiskWritten = "written by the guest"
+)
+
+// UserData is the line for a seed whose user-data starts with first.
+func UserData(first string) string { return UserDataPrefix + first }
+
+// Disk is the line for writable disk dev, labelled label, after init wrote DiskWritten to it.
+func Disk(dev, label string) string {
+	return fmt.Sprintf("%s%s: label %q, wrote %q", DiskPrefix, dev, label, DiskWritten)
+}

@@ -1,0 +1,187 @@
+// Package vmdisks makes a VMI's disks and boot files ready for QEMU inside its launcher pod:
+// it finds the kernel and disk images in the image volumes the pod mounts, writes a
+// copy-on-write overlay for each containerDisk and the cloud-init seed into the pod's emptyDir.
+// Everything it opens is the VM's own: a path in an image is resolved as if the image were the
+// root, so a symlink in a user's image cannot lead out of it.
+package vmdisks
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	securejoin "github.com/cyphar/filepath-securejoin"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/domain"
+)
+
+// Dirs are where the pod mounts the VM's volumes (api/launcher's KernelBootDir,
+// ContainerDisksDir and StateDir in a launcher pod).
+type Dirs struct {
+	KernelBoot     string
+	ContainerDisks string
+	State          string
+}
+
+// Prepared is what the domain is built from besides the VMI's spec.
+type Prepared struct {
+	Kernel, Initrd string
+	Disks          []domain.Disk
+}
+
+// Identity is what the cloud-init seed says of the VM: its instance ID (the VMI's UID, so
+// that cloud-init runs its once-per-instance modules once per VMI) and its host name.
+type Identity struct {
+	UID, Name string
+}
+
+// Prepare finds and writes the VMI's boot files and disks. A migration target prepares the same
+// files at the same paths, so that the arriving guest finds its read-only disks where it left them.
+func Prepare(ctx context.Context, spec v1alpha1.VirtualMachineInstanceSpec, id Identity, dirs Dirs) (Prepared, error) {
+	var p Prepared
+	if c := spec.Boot.Container; c != nil {
+		var err error
+		if p.Kernel, err = InImage(dirs.KernelBoot, c.KernelPath); err != nil {
+			return p, fmt.Errorf("boot.container kernelPath: %w", err)
+		}
+		if c.InitrdPath != "" {
+			if p.Initrd, err = InImage(dirs.KernelBoot, c.InitrdPath); err != nil {
+				return p, fmt.Errorf("boot.container initrdPath: %w", err)
+			}
+		}
+	}
+	volumes := map[string]v1alpha1.Volume{}
+	for _, v := range spec.Volumes {
+		volumes[v.Name] = v
+	}
+	for _, d := range spec.Disks {
+		v, ok := volumes[d.Name]
+		if !ok {
+			return p, fmt.Errorf("disk %q names no volume of spec.volumes", d.Name)
+		}
+		disk, err := prepareVolume(ctx, v, id, dirs)
+		if err != nil {
+			return p, fmt.Errorf("volume %q: %w", v.Name, err)
+		}
+		disk.Bus = d.Bus
+		p.Disks = append(p.Disks, disk)
+	}
+	return p, nil
+}
+
+func prepareVolume(ctx context.Context, v v1alpha1.Volume, id Identity, dirs Dirs) (domain.Disk, error) {
+	switch {
+	case v.ContainerDisk != nil:
+		image, err := containerDiskImage(filepath.Join(dirs.ContainerDisks, v.Name), v.ContainerDisk.Path)
+		if err != nil {
+			return domain.Disk{}, err
+		}
+		overlay := filepath.Join(dirs.State, v.Name+".qcow2")
+		if err := writeOverlay(ctx, image, overlay); err != nil {
+			return domain.Disk{}, err
+		}
+		return domain.Disk{Path: overlay, Format: "qcow2"}, nil
+	case v.CloudInitNoCloud != nil:
+		seed := filepath.Join(dirs.State, v.Name+".iso")
+		if err := WriteNoCloudSeed(seed, *v.CloudInitNoCloud, id); err != nil {
+			return domain.Disk{}, err
+		}
+		return domain.Disk{Path: seed, Format: "raw", ReadOnly: true}, nil
+	}
+	return domain.Disk{}, errors.New("no source this launcher knows")
+}
+
+// InImage is the file at path inside the image mounted at root, with every symlink resolved
+// inside the image. The file must exist and be a regular file.
+func InImage(root, path string) (string, error) {
+	full, err := securejoin.SecureJoin(root, path)
+	if err != nil {
+		return "", fmt.Errorf("%s in the image: %w", path, err)
+	}
+	info, err := os.Stat(full)
+	if err != nil {
+		return "", fmt.Errorf("%s in the image: %w", path, errors.Unwrap(err))
+	}
+	if !info.Mode().IsRegular() {
+		return "", fmt.Errorf("%s in the image is not a regular file", path)
+	}
+	return full, nil
+}
+
+// defaultDiskDir is where a containerDisk image keeps its disk image (KubeVirt's convention).
+const defaultDiskDir = "/disk"
+
+// containerDiskImage is the disk image of a containerDisk: path, or else the one file in /disk.
+func containerDiskImage(root, path string) (string, error) {
+	if path != "" {
+		return InImage(root, path)
+	}
+	dir, err := securejoin.SecureJoin(root, defaultDiskDir)
+	if err != nil {
+		return "", err
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("the image has no %s directory with the disk image (set containerDisk.path): %w", defaultDiskDir, errors.Unwrap(err))
+	}
+	var files []string
+	for _, e := range entries {
+		if e.Type()&fs.ModeType == 0 || e.Type()&fs.ModeSymlink != 0 {
+			files = append(files, e.Name())
+		}
+	}
+	if len(files) != 1 {
+		return "", fmt.Errorf("the image's %s holds %d files %q, want one disk image (or set containerDisk.path)", defaultDiskDir, len(files), files)
+	}
+	return InImage(root, filepath.Join(defaultDiskDir, files[0]))
+}
+
+// imageInfo is what qemu-img info says of an image that matters here.
+type imageInfo struct {
+	Format          string `json:"format"`
+	BackingFilename string `json:"backing-filename"`
+}
+
+// writeOverlay writes a qcow2 overlay on image, which the guest writes instead of the image.
+// The image's format is probed, which is safe only because the image is read-only to the guest
+// and may name no backing file of its own: a qcow2 image naming one would make QEMU open a file of
+// its author's choosing in the launcher's file system.
+func writeOverlay(ctx context.Context, image, overlay string) error {
+	out, err := qemuImg(ctx, "info", "--output=json", image)
+	if err != nil {
+		return err
+	}
+	var info imageInfo
+	if err := json.Unmarshal(out, &info); err != nil {
+		return fmt.Errorf("reading qemu-img info of the disk image: %w", err)
+	}
+	switch {
+	case info.Format != "qcow2" && info.Format != "raw":
+		return fmt.Errorf("the disk image is %s, want qcow2 or raw", info.Format)
+	case info.BackingFilename != "":
+		return fmt.Errorf("the disk image names a backing file (%q): a containerDisk must be one self-contained image", info.BackingFilename)
+	}
+	if err := os.Remove(overlay); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	_, err = qemuImg(ctx, "create", "-q", "-f", "qcow2", "-b", image, "-F", info.Format, overlay)
+	return err
+}
+
+func qemuImg(ctx context.Context, args ...string) ([]byte, error) {
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "qemu-img", args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("qemu-img %s: %w: %s", args[0], err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	return out, nil
+}

@@ -1,0 +1,174 @@
+package vmdisks
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	diskfs "github.com/diskfs/go-diskfs"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+func write(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestInImageResolvesSymlinksInsideTheImage(t *testing.T) {
+	outside := t.TempDir()
+	write(t, filepath.Join(outside, "secret"), "the node's")
+	root := t.TempDir()
+	write(t, filepath.Join(root, "boot/vmlinuz-6.1"), "kernel")
+	write(t, filepath.Join(root, "secret"), "the image's")
+	for _, l := range []struct{ name, target string }{
+		{"boot/vmlinuz", "vmlinuz-6.1"},
+		{"vmlinuz", "/boot/vmlinuz-6.1"},
+		{"absolute-out", filepath.Join(outside, "secret")},
+		{"relative-out", "../../../../../../.." + filepath.Join(outside, "secret")},
+	} {
+		if err := os.Symlink(l.target, filepath.Join(root, l.name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct{ path, want, err string }{
+		{path: "/boot/vmlinuz", want: "kernel"},
+		{path: "/vmlinuz", want: "kernel"},
+		{path: "/../../boot/vmlinuz-6.1", want: "kernel"},
+		{path: "/absolute-out", err: "no such file"},
+		{path: "/relative-out", err: "no such file"},
+		{path: "/boot", err: "not a regular file"},
+		{path: "/missing", err: "no such file"},
+	} {
+		got, err := InImage(root, tc.path)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("InImage(%q) = %q, %v; want an error with %q", tc.path, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("InImage(%q): %v", tc.path, err)
+			continue
+		}
+		data, _ := os.ReadFile(got)
+		if !strings.HasPrefix(got, root+"/") || string(data) != tc.want {
+			t.Errorf("InImage(%q) = %q holding %q; want a file under the image holding %q", tc.path, got, data, tc.want)
+		}
+	}
+}
+
+func TestContainerDiskImageIsTheOneFileInDisk(t *testing.T) {
+	one := t.TempDir()
+	write(t, filepath.Join(one, "disk/fedora.qcow2"), "image")
+	two := t.TempDir()
+	write(t, filepath.Join(two, "disk/a.img"), "a")
+	write(t, filepath.Join(two, "disk/b.img"), "b")
+	none := t.TempDir()
+
+	if got, err := containerDiskImage(one, ""); err != nil || got != filepath.Join(one, "disk/fedora.qcow2") {
+		t.Errorf("one file in /disk: %q, %v; want it", got, err)
+	}
+	if got, err := containerDiskImage(two, "/disk/b.img"); err != nil || got != filepath.Join(two, "disk/b.img") {
+		t.Errorf("an explicit path: %q, %v; want it", got, err)
+	}
+	if _, err := containerDiskImage(two, ""); err == nil || !strings.Contains(err.Error(), "holds 2 files") {
+		t.Errorf("two files in /disk and no path: %v; want an error naming both", err)
+	}
+	if _, err := containerDiskImage(none, ""); err == nil || !strings.Contains(err.Error(), "no /disk directory") {
+		t.Errorf("no /disk: %v; want an error saying so", err)
+	}
+}
+
+func requireQemuImg(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Fatalf("qemu-img is missing (make deps installs qemu-utils): %v", err)
+	}
+}
+
+func TestOverlayLeavesTheImageUntouchedAndRefusesBackingFiles(t *testing.T) {
+	requireQemuImg(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.qcow2")
+	if _, err := qemuImg(ctx, "create", "-q", "-f", "qcow2", base, "16M"); err != nil {
+		t.Fatal(err)
+	}
+	overlay := filepath.Join(dir, "state", "root.qcow2")
+	if err := os.MkdirAll(filepath.Dir(overlay), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeOverlay(ctx, base, overlay); err != nil {
+		t.Fatalf("an overlay on a self-contained qcow2 image: %v", err)
+	}
+	out, err := qemuImg(ctx, "info", "--output=json", overlay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), `"backing-filename": "`+base+`"`) || !strings.Contains(string(out), `"backing-filename-format": "qcow2"`) {
+		t.Errorf("the overlay's info: %s; want the image as its qcow2 backing file", out)
+	}
+
+	chained := filepath.Join(dir, "chained.qcow2")
+	if _, err := qemuImg(ctx, "create", "-q", "-f", "qcow2", "-b", "/etc/shadow", "-F", "raw", chained, "16M"); err != nil {
+		t.Fatal(err)
+	}
+	err = writeOverlay(ctx, chained, filepath.Join(dir, "state", "evil.qcow2"))
+	if err == nil || !strings.Contains(err.Error(), `names a backing file ("/etc/shadow")`) {
+		t.Errorf("an image naming a backing file: %v; want it refused, naming the file", err)
+	}
+	if _, statErr := os.Stat(filepath.Join(dir, "state", "evil.qcow2")); statErr == nil {
+		t.Error("an overlay was written on the refused image")
+	}
+}
+
+func TestNoCloudSeedHoldsTheDataUnderCloudInitsNames(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cloudinit.iso")
+	src := v1alpha1.CloudInitNoCloudSource{UserData: "#cloud-config\npassword: x\n", NetworkData: "version: 2\n"}
+	if err := WriteNoCloudSeed(path, src, Identity{UID: "1234", Name: "demo"}); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The primary volume descriptor is at sector 16; its volume identifier at byte 40, padded
+	// (with NULs here, which blkid ends the label at as it does at spaces).
+	if label := strings.TrimRight(string(raw[16*2048+40:16*2048+72]), " \x00"); !strings.EqualFold(label, NoCloudLabel) {
+		t.Errorf("volume label %q, want %q (cloud-init finds its seed by it)", label, NoCloudLabel)
+	}
+	d, err := diskfs.Open(path, diskfs.WithOpenMode(diskfs.ReadOnly))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	fsys, err := d.GetFilesystem(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{
+		"meta-data":      "instance-id: 1234\nlocal-hostname: demo\n",
+		"user-data":      src.UserData,
+		"network-config": src.NetworkData,
+	} {
+		f, err := fsys.OpenFile("/"+name, os.O_RDONLY)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		got, err := io.ReadAll(f)
+		if err != nil || string(got) != want {
+			t.Errorf("%s holds %q (%v), want %q", name, got, err, want)
+		}
+	}
+}
