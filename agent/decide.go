@@ -129,24 +129,27 @@ const (
 const (
 	// ReasonLocalDisk: boot.disk is a file on the node.
 	ReasonLocalDisk = "LocalDisk"
-	// ReasonDisksNotLiveMigratable: a disk is written in its pod and not copied (KubeVirt's reason).
-	ReasonDisksNotLiveMigratable = "DisksNotLiveMigratable"
 )
 
-// NotMigratable says why a VMI cannot be live-migrated, and what stops it, or "" if it can.
-// lifeboat does not copy storage yet: a writable disk that is not shared keeps the guest where it
-// is. Read-only disks made from the spec (the cloud-init seed) and kernels from images are made
-// again, the same, by the target.
+// NotMigratable says why a VMI cannot be live-migrated, and what stops it, or "" if it can. A
+// node file as disk (boot.disk) stays behind. What the target can make itself moves: kernels and
+// containerDisk images from the same images, the cloud-init seed from the spec; what the guest
+// wrote to its containerDisk overlays is copied during the migration (CopiesDisks).
 func NotMigratable(vmi *v1alpha1.VirtualMachineInstance) (reason, message string) {
 	if vmi.Spec.Boot.Disk != "" {
 		return ReasonLocalDisk, fmt.Sprintf("boot.disk %q is a file on the node, which a migration does not copy", vmi.Spec.Boot.Disk)
 	}
+	return "", ""
+}
+
+// CopiesDisks reports whether migrating the VMI copies disks: the overlays of its containerDisks.
+func CopiesDisks(vmi *v1alpha1.VirtualMachineInstance) bool {
 	for _, v := range vmi.Spec.Volumes {
 		if v.ContainerDisk != nil {
-			return ReasonDisksNotLiveMigratable, fmt.Sprintf("containerDisk volume %q: the guest writes to an overlay in its pod, which a migration does not copy yet (issue 14)", v.Name)
+			return true
 		}
 	}
-	return "", ""
+	return false
 }
 
 // lostCheckSlack is how long after an evacuation deadline the agent checks whether the VM was

@@ -103,24 +103,28 @@ func TestDecide(t *testing.T) {
 	}
 }
 
-func TestNotMigratableNamesWhatStaysBehind(t *testing.T) {
+func TestWhatAMigrationLeavesAndCopies(t *testing.T) {
 	cloudInit := v1alpha1.Volume{Name: "cloudinit", CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{UserData: "#cloud-config"}}
 	rootDisk := v1alpha1.Volume{Name: "root", ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example.org/fedora:42"}}
 	for _, tc := range []struct {
 		name          string
 		spec          v1alpha1.VirtualMachineInstanceSpec
 		reason, names string
+		copies        bool
 	}{
 		{name: "kernel from an image and a cloud-init seed: migratable",
 			spec: v1alpha1.VirtualMachineInstanceSpec{Boot: v1alpha1.BootSource{Container: &v1alpha1.KernelBootContainer{Image: "k", KernelPath: "/vmlinuz"}}, Volumes: []v1alpha1.Volume{cloudInit}}},
 		{name: "a node file as disk", spec: v1alpha1.VirtualMachineInstanceSpec{Boot: v1alpha1.BootSource{Disk: "/images/root.img"}},
 			reason: ReasonLocalDisk, names: `"/images/root.img"`},
-		{name: "a containerDisk's overlay", spec: v1alpha1.VirtualMachineInstanceSpec{Volumes: []v1alpha1.Volume{cloudInit, rootDisk}},
-			reason: ReasonDisksNotLiveMigratable, names: `containerDisk volume "root"`},
+		{name: "a containerDisk, whose overlay is copied", spec: v1alpha1.VirtualMachineInstanceSpec{Volumes: []v1alpha1.Volume{cloudInit, rootDisk}}, copies: true},
 	} {
-		reason, message := NotMigratable(&v1alpha1.VirtualMachineInstance{Spec: tc.spec})
+		vmi := &v1alpha1.VirtualMachineInstance{Spec: tc.spec}
+		reason, message := NotMigratable(vmi)
 		if reason != tc.reason || !strings.Contains(message, tc.names) {
 			t.Errorf("%s: NotMigratable = %q, %q; want reason %q and a message naming %s", tc.name, reason, message, tc.reason, tc.names)
+		}
+		if got := CopiesDisks(vmi); got != tc.copies {
+			t.Errorf("%s: CopiesDisks = %v, want %v", tc.name, got, tc.copies)
 		}
 	}
 }

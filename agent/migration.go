@@ -228,12 +228,18 @@ func (m *migrations) prepareTarget(ctx context.Context, mig *v1alpha1.VirtualMac
 		_ = libvirt.Close()
 		return fmt.Errorf("listening for the migration's memory stream: %w", err)
 	}
-	am.proxies = []*migrationproxy.Proxy{libvirt, memory}
+	disks, err := migrationproxy.ListenTCP(pctx, net.JoinHostPort(m.address, "0"), filepath.Join(dir, domain.MigrationNBDSocket))
+	if err != nil {
+		cancel()
+		_, _ = libvirt.Close(), memory.Close()
+		return fmt.Errorf("listening for the migration's disk copy: %w", err)
+	}
+	am.proxies = []*migrationproxy.Proxy{libvirt, memory, disks}
 	m.mu.Lock()
 	m.active[string(mig.UID)] = am
 	m.mu.Unlock()
 
-	mig.Status.TargetProxy = &v1alpha1.MigrationProxy{Libvirt: libvirt.Addr().String(), Memory: memory.Addr().String()}
+	mig.Status.TargetProxy = &v1alpha1.MigrationProxy{Libvirt: libvirt.Addr().String(), Memory: memory.Addr().String(), Disks: disks.Addr().String()}
 	setMigrationPhase(mig, v1alpha1.MigrationTargetReady)
 	if _, err := m.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(mig.Namespace).UpdateStatus(ctx, mig, metav1.UpdateOptions{}); err != nil {
 		m.finish(string(mig.UID))

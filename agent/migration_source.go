@@ -53,10 +53,17 @@ func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachi
 	dir := filepath.Join(m.a.cfg.DomainsDir, uid)
 	pctx, cancel := context.WithCancel(context.Background())
 	am := &activeMigration{cancel: cancel, keyName: mig.Namespace + "/" + mig.Name}
-	for _, p := range []struct{ socket, target string }{
+	streams := []struct{ socket, target string }{
 		{domain.MigrationLibvirtSocket, mig.Status.TargetProxy.Libvirt},
 		{domain.MigrationQEMUSocket, mig.Status.TargetProxy.Memory},
-	} {
+	}
+	if CopiesDisks(vmi) {
+		if mig.Status.TargetProxy.Disks == "" {
+			return fmt.Errorf("VMI %s has disks to copy and the target agent serves no disk proxy", vmi.Name)
+		}
+		streams = append(streams, struct{ socket, target string }{domain.MigrationNBDSocket, mig.Status.TargetProxy.Disks})
+	}
+	for _, p := range streams {
 		proxy, err := migrationproxy.ListenUnix(pctx, filepath.Join(dir, p.socket), dialer(p.target))
 		if err != nil {
 			am.stop()
@@ -96,8 +103,12 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	name := domain.DomainName(vmi.Namespace, vmi.Name)
 	allowed, bandwidth := MigrationSettings(m.a.eviction().Config)
 	// The launcher's libvirt sees its directory at the path in the pod, not at the agent's.
-	destURI, migrateURI := domain.ProxiedURIs(filepath.Join(contract.DomainsDir, string(vmi.UID)))
+	podDir := filepath.Join(contract.DomainsDir, string(vmi.UID))
+	destURI, migrateURI := domain.ProxiedURIs(podDir)
 	opts := domain.MigrateOptions{DestURI: destURI, MigrateURI: migrateURI, Bandwidth: bandwidth, AutoConverge: allowed.AutoConverge, AllowPostCopy: allowed.PostCopy}
+	if CopiesDisks(vmi) {
+		opts.DisksURI = domain.ProxiedDisksURI(podDir)
+	}
 	log := m.a.cfg.Log.With("migration", mig.Namespace+"/"+mig.Name, "vmi", vmi.Name)
 	start := time.Now()
 	var published time.Time

@@ -16,6 +16,8 @@ import (
 const (
 	MigrationLibvirtSocket = "migration-libvirt.sock"
 	MigrationQEMUSocket    = "migration-qemu.sock"
+	// MigrationNBDSocket is where the destination QEMU's NBD server takes the disks' copy.
+	MigrationNBDSocket = "migration-nbd.sock"
 )
 
 // ProxiedURIs are the DestURI and MigrateURI of a migration through the agents' proxies
@@ -23,6 +25,9 @@ const (
 func ProxiedURIs(vmiDir string) (destURI, migrateURI string) {
 	return SocketURI(filepath.Join(vmiDir, MigrationLibvirtSocket)), "unix://" + filepath.Join(vmiDir, MigrationQEMUSocket)
 }
+
+// ProxiedDisksURI is the DisksURI of a migration through the agents' proxies from and to vmiDir.
+func ProxiedDisksURI(vmiDir string) string { return "unix://" + filepath.Join(vmiDir, MigrationNBDSocket) }
 
 // MigrateOptions say where and how Migrate moves a domain.
 type MigrateOptions struct {
@@ -45,6 +50,10 @@ type MigrateOptions struct {
 	// AllowPostCopy prepares the migration so that StartPostCopy can switch it to post-copy
 	// later; the migration starts as pre-copy either way.
 	AllowPostCopy bool
+	// DisksURI, when set (unix:///path, the proxied NBD socket), copies the top image of every
+	// writable disk that is not shared (containerDisk overlays) to the destination, whose own
+	// overlay on the same backing image receives it; the images below are on both nodes already.
+	DisksURI string
 }
 
 // migrateFlags are the libvirt flags for opts. A lifeboat migration is always live (the
@@ -60,6 +69,9 @@ func migrateFlags(opts MigrateOptions) libvirt.DomainMigrateFlags {
 	}
 	if opts.AllowPostCopy {
 		flags |= libvirt.MIGRATE_POSTCOPY
+	}
+	if opts.DisksURI != "" {
+		flags |= libvirt.MIGRATE_NON_SHARED_INC
 	}
 	return flags
 }
@@ -81,6 +93,9 @@ func migrateParams(opts MigrateOptions) *libvirt.DomainMigrateParameters {
 	}
 	if opts.Bandwidth > 0 {
 		p.BandwidthSet, p.Bandwidth = true, bandwidthMiB(opts.Bandwidth)
+	}
+	if opts.DisksURI != "" {
+		p.DisksURISet, p.DisksURI = true, opts.DisksURI
 	}
 	return p
 }

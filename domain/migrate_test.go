@@ -17,6 +17,8 @@ func TestMigrateFlags(t *testing.T) {
 		{name: "auto-converge", opts: MigrateOptions{AutoConverge: true}, want: always | libvirt.MIGRATE_AUTO_CONVERGE},
 		{name: "post-copy allowed", opts: MigrateOptions{AllowPostCopy: true}, want: always | libvirt.MIGRATE_POSTCOPY},
 		{name: "both", opts: MigrateOptions{AutoConverge: true, AllowPostCopy: true}, want: always | libvirt.MIGRATE_AUTO_CONVERGE | libvirt.MIGRATE_POSTCOPY},
+		// Only the top image (the overlay): the backing containerDisk image is on the target too.
+		{name: "disks to copy", opts: MigrateOptions{DisksURI: "unix:///d/migration-nbd.sock"}, want: always | libvirt.MIGRATE_NON_SHARED_INC},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,13 +73,19 @@ func TestMigrateParams(t *testing.T) {
 				BandwidthSet: true, Bandwidth: 16,
 			},
 		},
+		{
+			name: "disks copied through a unix socket",
+			opts: MigrateOptions{MigrateURI: "unix:///d/migration-qemu.sock", DisksURI: "unix:///d/migration-nbd.sock"},
+			want: libvirt.DomainMigrateParameters{URISet: true, URI: "unix:///d/migration-qemu.sock", DisksURISet: true, DisksURI: "unix:///d/migration-nbd.sock"},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := migrateParams(tt.opts)
 			if got.URISet != tt.want.URISet || got.URI != tt.want.URI ||
 				got.ListenAddressSet != tt.want.ListenAddressSet || got.ListenAddress != tt.want.ListenAddress ||
-				got.BandwidthSet != tt.want.BandwidthSet || got.Bandwidth != tt.want.Bandwidth {
+				got.BandwidthSet != tt.want.BandwidthSet || got.Bandwidth != tt.want.Bandwidth ||
+				got.DisksURISet != tt.want.DisksURISet || got.DisksURI != tt.want.DisksURI {
 				t.Errorf("migrateParams(%+v) = %+v, want %+v", tt.opts, *got, tt.want)
 			}
 		})
@@ -91,5 +99,8 @@ func TestProxiedURIs(t *testing.T) {
 	}
 	if want := "unix:///var/run/lifeboat/domains/u1/migration-qemu.sock"; mig != want {
 		t.Errorf("migration URI = %s, want %s", mig, want)
+	}
+	if got, want := ProxiedDisksURI("/var/run/lifeboat/domains/u1"), "unix:///var/run/lifeboat/domains/u1/migration-nbd.sock"; got != want {
+		t.Errorf("disks URI = %s, want %s", got, want)
 	}
 }

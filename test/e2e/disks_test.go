@@ -6,43 +6,58 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 	"github.com/lifeboat-vm/lifeboat/test/images"
+	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
-// TestAVMMadeOfImagesAndCloudInitNamesNoNodePath: a VMI as a user writes it, with no
-// LifeboatConfig at all (so no node directory is allowed): its kernel from a container image, a
-// containerDisk and a cloud-init seed. The guest boots, reads its user-data, reads the disk image's
-// label and writes to the disk; the write lands in the pod's overlay, never in the image; the pod
-// mounts nothing of the node but lifeboat's run directory; and the containerDisk keeps it from
-// being live-migrated, with KubeVirt's reason naming the volume.
-func TestAVMMadeOfImagesAndCloudInitNamesNoNodePath(t *testing.T) {
+// TestAVMOfImagesMovesWithWhatItWroteToItsDisk: a VMI as a user writes it, in a cluster that
+// allows no node directory: its kernel from a container image, a containerDisk and a cloud-init
+// seed. The guest boots, reads its user-data and the disk image's label, and keeps a journal on the
+// disk (a counter appended every second, the whole journal read back from the disk each time). The
+// pod mounts nothing of the node but lifeboat's run directory, and the guest's writes land in the
+// pod's overlay, never in the image. Then its node evicts it for memory pressure: the VM is
+// live-migrated with its overlay, and on the target the guest reads back every journal entry it
+// wrote on the source.
+func TestAVMOfImagesMovesWithWhatItWroteToItsDisk(t *testing.T) {
+	const grace = 60
+	setConfig(t, true, func(c *v1alpha1.LifeboatConfig) { c.Spec.AllowedNodeDirectories = nil })
 	startController(t)
-	n := startNodes(t, 1)[0]
+	nodes := startNodes(t, 2, func(c *node.Config) { c.EvictionMaxPodGracePeriod = grace })
 	ns := testNamespace(t)
 	userData := "#cloud-config from the VMI"
-	v := newVMI("images", withContainerDisk, func(v *v1alpha1.VirtualMachineInstance) {
+	v := newVMI("images", withContainerDisk, strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](grace)
 		v.Spec.Disks = append(v.Spec.Disks, v1alpha1.Disk{Name: "cloudinit"})
 		v.Spec.Volumes = append(v.Spec.Volumes, v1alpha1.Volume{Name: "cloudinit", CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{UserData: userData + "\nhostname: images\n"}})
 	})
 	if paths := v1alpha1.NodePaths(v.Spec.Boot); len(paths) != 0 {
 		t.Fatalf("the VMI names node paths %v", paths)
 	}
-	// Created directly: createVMI would first allow node directories as a lab admin does.
+	// Created directly: createVMI would allow node directories first, as a lab admin does.
 	v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Create(context.Background(), v, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	v = waitVMI(t, ns, v.Name, bootTimeout, "phase Running", running)
+	v = waitVMI(t, ns, v.Name, bootTimeout, "phase Running and LiveMigratable", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return running(v) && meta.IsStatusConditionTrue(v.Status.Conditions, v1alpha1.VMIConditionLiveMigratable)
+	})
+	source := nodeOf(t, nodes, v)
 	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
 	defer cancel()
-	console, err := guest.WaitForLine(ctx, n.consolePath(v), protocol.Ready)
+	console, err := guest.WaitForConsole(ctx, source.consolePath(v), "a journal line", func(c string) bool {
+		_, ok := protocol.LastJournal(c, "vda")
+		return ok
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,41 +66,50 @@ func TestAVMMadeOfImagesAndCloudInitNamesNoNodePath(t *testing.T) {
 			t.Errorf("the guest's console lacks the line %q:\n%s", want, console)
 		}
 	}
-	if strings.Contains(console, protocol.ErrorPrefix) {
-		t.Errorf("the guest reported errors:\n%s", console)
-	}
 
-	root := n.ImageRoot(images.GuestDiskImage)
+	root := source.ImageRoot(images.GuestDiskImage)
 	if root == "" {
-		t.Fatalf("node %s never pulled %s", n.Name(), images.GuestDiskImage)
+		t.Fatalf("node %s never pulled %s", source.Name(), images.GuestDiskImage)
 	}
 	disk, err := os.ReadFile(filepath.Join(root, images.GuestDiskPath))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(string(disk), images.GuestDiskLabel) || strings.Contains(string(disk), protocol.DiskWritten) {
-		t.Errorf("the containerDisk image on the node changed: the guest's write must land in its overlay")
+		t.Errorf("the containerDisk image on the node changed: the guest's writes must land in its overlay")
 	}
-
 	pod := launcherPod(t, v)
+	imageVolumes := map[string]bool{}
 	for _, vol := range pod.Spec.Volumes {
 		if vol.HostPath != nil && vol.HostPath.Path != "/var/run/lifeboat" {
 			t.Errorf("the launcher pod mounts node path %s (volume %s)", vol.HostPath.Path, vol.Name)
 		}
-	}
-	wantImages := map[string]bool{images.GuestKernelImage: false, images.GuestDiskImage: false}
-	for _, vol := range pod.Spec.Volumes {
 		if vol.Image != nil {
-			wantImages[vol.Image.Reference] = true
+			imageVolumes[vol.Image.Reference] = true
 		}
 	}
-	for ref, found := range wantImages {
-		if !found {
-			t.Errorf("the launcher pod has no image volume of %s: %+v", ref, pod.Spec.Volumes)
-		}
+	if !imageVolumes[images.GuestKernelImage] || !imageVolumes[images.GuestDiskImage] {
+		t.Errorf("the launcher pod's image volumes are %v, want the kernel's and the containerDisk's", imageVolumes)
 	}
-	c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VMIConditionLiveMigratable)
-	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != "DisksNotLiveMigratable" || !strings.Contains(c.Message, `containerDisk volume "data"`) {
-		t.Errorf("LiveMigratable: %+v; want False, reason DisksNotLiveMigratable, naming the volume", c)
+
+	before := waitCounterPast(t, source.consolePath(v), 0, bootTimeout)
+	evict(t, source, v)
+	moved := waitVMI(t, ns, v.Name, grace*time.Second, "the VM on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.NodeName != "" && v.Status.NodeName != source.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
+	})
+	target := nodeOf(t, nodes, moved)
+	// On the target, the journal read back from the disk holds what was written on the source.
+	var last string
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		b, _ := os.ReadFile(target.consolePath(moved))
+		last = string(b)
+		n, ok := protocol.LastJournal(last, "vda")
+		return ok && n > before, nil
+	})
+	if err != nil {
+		t.Fatalf("no journal line past %d (the counter before the eviction) on the target's console:\n%s", before, last)
+	}
+	if strings.Contains(last, protocol.ErrorPrefix) {
+		t.Errorf("the guest found its disk changed after the migration:\n%s", last)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -188,9 +189,14 @@ func TestNodePressureWithStrategyNoneShutsDown(t *testing.T) {
 
 func TestNodePressureOnANonMigratableLiveMigrateIfPossibleVMShutsDown(t *testing.T) {
 	setConfig(t, true)
-	n, vmi := runningVM(t, "pressure-ifpossible", strategy(v1alpha1.EvictionStrategyLiveMigrateIfPossible), withContainerDisk)
-	if c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionLiveMigratable); c == nil || c.Status != metav1.ConditionFalse || c.Reason != "DisksNotLiveMigratable" {
-		t.Fatalf("a VM with a containerDisk must be LiveMigratable=False, reason DisksNotLiveMigratable: %+v", c)
+	disk := filepath.Join(shortTempDir(t), "disk.raw")
+	if err := os.WriteFile(disk, make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n, vmi := runningVM(t, "pressure-ifpossible", strategy(v1alpha1.EvictionStrategyLiveMigrateIfPossible),
+		func(v *v1alpha1.VirtualMachineInstance) { v.Spec.Boot.Disk = disk })
+	if c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionLiveMigratable); c == nil || c.Status != metav1.ConditionFalse || c.Reason != "LocalDisk" {
+		t.Fatalf("a VM with a local disk must be LiveMigratable=False, reason LocalDisk: %+v", c)
 	}
 	evict(t, n, vmi)
 	expectShutdown(t, n, vmi)

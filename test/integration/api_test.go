@@ -363,7 +363,7 @@ spec: %s
 		{"a volume without its disk", withSpec("volumes: [{name: root, containerDisk: {image: example.org/d}}]"), []string{"every volume is attached by a disk"}},
 		{"a volume with two sources", withSpec("disks: [{name: v}]\n  volumes: [{name: v, containerDisk: {image: example.org/d}, cloudInitNoCloud: {userData: x}}]"), []string{"a volume needs exactly one source"}},
 		{"a volume with no source", withSpec("disks: [{name: v}]\n  volumes: [{name: v}]"), []string{"a volume needs exactly one source"}},
-		{"two cloud-init seeds", withSpec("disks: [{name: a}, {name: b}]\n  volumes: [{name: a, cloudInitNoCloud: {userData: x}}, {name: b, cloudInitNoCloud: {userData: y}}]"), []string{"at most one cloudInitNoCloud volume"}},
+		{"two cloud-init seeds", withSpec("disks: [{name: a}, {name: b}]\n  volumes: [{name: a, cloudInitNoCloud: {userData: one}}, {name: b, cloudInitNoCloud: {userData: two}}]"), []string{"at most one cloudInitNoCloud volume"}},
 		{"a volume name that is no DNS label", withSpec("disks: [{name: Root_Disk}]\n  volumes: [{name: Root_Disk, containerDisk: {image: example.org/d}}]"), []string{"spec.disks[0].name", "should match"}},
 		{"a containerDisk path climbing out", withSpec("disks: [{name: v}]\n  volumes: [{name: v, containerDisk: {image: example.org/d, path: /disk/../../etc/shadow}}]"), []string{"path must be an absolute path inside the image"}},
 		{"an unknown disk bus", withSpec("disks: [{name: v, bus: scsi}]\n  volumes: [{name: v, containerDisk: {image: example.org/d}}]"), []string{`Unsupported value: "scsi"`}},

@@ -39,7 +39,7 @@ type podController struct {
 	workers    sync.WaitGroup
 }
 
-func newPodController(client kubernetes.Interface, cfg Config, recorder record.EventRecorder) (*podController, error) {
+func newPodController(client kubernetes.Interface, cfg Config, l layout, recorder record.EventRecorder) (*podController, error) {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.Name).String()
@@ -60,7 +60,7 @@ func newPodController(client kubernetes.Interface, cfg Config, recorder record.E
 	}
 	c.runtime = &podRuntime{
 		nodeName: cfg.Name,
-		layout:   newLayout(cfg),
+		layout:   l,
 		binaries: cfg.Binaries,
 		address:  cfg.Address,
 		recorder: recorder,

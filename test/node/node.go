@@ -50,7 +50,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.broadcaster = record.NewBroadcaster(record.WithContext(runCtx))
 	n.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Client.CoreV1().Events("")})
 	n.recorder = n.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: cfg.Name})
-	if n.pods, err = newPodController(cfg.Client, cfg, n.recorder); err != nil {
+	if n.pods, err = newPodController(cfg.Client, cfg, n.layout, n.recorder); err != nil {
 		cancel()
 		n.broadcaster.Shutdown()
 		return nil, err

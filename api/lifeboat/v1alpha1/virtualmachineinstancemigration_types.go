@@ -124,12 +124,16 @@ type MigrationProgress struct {
 	UpdateTime metav1.Time `json:"updateTime"`
 }
 
-// MigrationProxy is the pair of TCP endpoints (host:port) a target agent serves for one migration.
+// MigrationProxy is the TCP endpoints (host:port) a target agent serves for one migration.
 type MigrationProxy struct {
 	// Libvirt reaches the target launcher's libvirt daemon.
 	Libvirt string `json:"libvirt"`
 	// Memory reaches the target QEMU's incoming migration stream.
 	Memory string `json:"memory"`
+	// Disks reaches the target QEMU's NBD server, which receives the copy of the disks the
+	// guest writes in its pod (containerDisk overlays).
+	// +optional
+	Disks string `json:"disks,omitempty"`
 }
 
 // MigrationPhaseTransition is when a migration entered a phase.

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,8 +17,9 @@ import (
 // reportDisks says what the guest's virtio disks hold: the first line of the cloud-init seed's
 // user-data (a read-only disk with an ISO 9660 file system), and for each writable disk its
 // label, after writing protocol.DiskWritten behind it, so a test can see what reached the guest
-// and that its writes land in the overlay, not the image.
-func reportDisks(con *console) {
+// and that its writes land in the overlay, not the image. It returns the first writable disk,
+// for the journal, or "".
+func reportDisks(con *console) (journal string) {
 	devs, _ := filepath.Glob("/sys/block/vd*")
 	for _, sys := range devs {
 		dev := filepath.Base(sys)
@@ -28,13 +30,43 @@ func reportDisks(con *console) {
 		}
 		if strings.TrimSpace(string(ro)) == "1" {
 			err = reportSeed(con, dev)
-		} else {
-			err = labelAndWrite(con, dev)
+		} else if err = labelAndWrite(con, dev); err == nil && journal == "" {
+			journal = dev
 		}
 		if err != nil {
 			con.errorf("disk %s: %v", dev, err)
 		}
 	}
+	return journal
+}
+
+// appendJournal writes entry n of the journal on dev and checks the whole journal, read from
+// the disk: the block device's buffers are dropped first, so that what the guest wrote before a
+// migration is read from the disk the guest has now, not from its memory.
+func appendJournal(dev string, n int) error {
+	f, err := os.OpenFile("/dev/"+dev, os.O_RDWR|os.O_SYNC, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var entry [8]byte
+	binary.LittleEndian.PutUint64(entry[:], uint64(n))
+	if _, err := f.WriteAt(entry[:], protocol.JournalOffset+8*int64(n-1)); err != nil {
+		return err
+	}
+	if err := unix.IoctlSetInt(int(f.Fd()), unix.BLKFLSBUF, 0); err != nil {
+		return fmt.Errorf("dropping the disk's buffers: %w", err)
+	}
+	journal := make([]byte, 8*n)
+	if _, err := f.ReadAt(journal, protocol.JournalOffset); err != nil {
+		return err
+	}
+	for i := range n {
+		if got := binary.LittleEndian.Uint64(journal[8*i:]); got != uint64(i+1) {
+			return fmt.Errorf("journal entry %d holds %d, want %d", i+1, got, i+1)
+		}
+	}
+	return nil
 }
 
 func reportSeed(con *console, dev string) error {

@@ -24,7 +24,7 @@ func main() {
 		// A panic in main would end PID 1; report it and count instead.
 		if r := recover(); r != nil {
 			con.errorf("init: %v", r)
-			count(con)
+			count(con, "")
 		}
 	}()
 
@@ -37,7 +37,7 @@ func main() {
 	if err := watchPowerButton(con); err != nil {
 		con.errorf("%v", err)
 	}
-	reportDisks(con)
+	journal := reportDisks(con)
 	params, errs := parseCmdline(readCmdline())
 	for _, err := range errs {
 		con.errorf("%v", err)
@@ -50,15 +50,25 @@ func main() {
 		}
 	}
 	con.println(protocol.Ready)
-	count(con)
+	count(con, journal)
 }
 
-// count prints the counter once a second, forever.
-func count(con *console) {
+// count prints the counter once a second, forever, and keeps the journal on disk journal if
+// there is one (see protocol.JournalOffset).
+func count(con *console, journal string) {
 	ticker := time.NewTicker(time.Second)
 	for n := 1; ; n++ {
 		<-ticker.C
 		con.println(protocol.Counter(n))
+		if journal == "" {
+			continue
+		}
+		if err := appendJournal(journal, n); err != nil {
+			con.errorf("disk %s: %v", journal, err)
+			journal = ""
+		} else if n%protocol.JournalEvery == 0 {
+			con.println(protocol.Journal(journal, n))
+		}
 	}
 }
 

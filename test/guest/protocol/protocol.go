@@ -104,3 +104,33 @@ func UserData(first string) string { return UserDataPrefix + first }
 func Disk(dev, label string) string {
 	return fmt.Sprintf("%s%s: label %q, wrote %q", DiskPrefix, dev, label, DiskWritten)
 }
+
+// The journal: once a second, init appends the counter to its first writable disk, as an 8-byte
+// little-endian number at JournalOffset + 8*(n-1), then reads the whole journal back from the
+// disk (not its page cache) and checks that it holds 1, 2, …, n. Every JournalEvery entries it
+// prints Journal(dev, n); a gap or a wrong value is printed as an error line instead.
+const (
+	JournalOffset = 4096
+	JournalEvery  = 5
+)
+
+// Journal is the line saying the journal on dev holds 1..n intact, read from the disk.
+func Journal(dev string, n int) string {
+	return fmt.Sprintf("%s%s: journal 1..%d intact", DiskPrefix, dev, n)
+}
+
+// LastJournal returns the highest n of the Journal lines for dev in console, and false if none.
+func LastJournal(console, dev string) (int, bool) {
+	prefix := DiskPrefix + dev + ": journal 1.."
+	last, found := 0, false
+	for _, line := range strings.Split(console, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimRight(line, "\r"), prefix)
+		if !ok {
+			continue
+		}
+		if n, err := strconv.Atoi(strings.TrimSuffix(rest, " intact")); err == nil && n >= last {
+			last, found = n, true
+		}
+	}
+	return last, found
+}

@@ -52,3 +52,13 @@ func TestLastCounter(t *testing.T) {
 		})
 	}
 }
+
+func TestLastJournal(t *testing.T) {
+	console := Journal("vda", 5) + "\n" + Counter(6) + "\r\n" + Journal("vdb", 20) + "\n" + Journal("vda", 10) + "\r\n"
+	if n, ok := LastJournal(console, "vda"); !ok || n != 10 {
+		t.Errorf("LastJournal(vda) = %d, %v; want 10", n, ok)
+	}
+	if _, ok := LastJournal(Counter(3), "vda"); ok {
+		t.Error("a console without journal lines has none")
+	}
+}
