@@ -27,7 +27,9 @@ func ProxiedURIs(vmiDir string) (destURI, migrateURI string) {
 }
 
 // ProxiedDisksURI is the DisksURI of a migration through the agents' proxies from and to vmiDir.
-func ProxiedDisksURI(vmiDir string) string { return "unix://" + filepath.Join(vmiDir, MigrationNBDSocket) }
+func ProxiedDisksURI(vmiDir string) string {
+	return "unix://" + filepath.Join(vmiDir, MigrationNBDSocket)
+}
 
 // MigrateOptions say where and how Migrate moves a domain.
 type MigrateOptions struct {
