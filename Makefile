@@ -133,12 +133,12 @@ demo: deps $(CLUSTER) lifeboat-bins
 	$(KUBECTL) apply --server-side -f manifests/lifeboatconfig.yaml -f manifests/vmi-node-paths.yaml; \
 	: "A bandwidth cap, so that the transfer is slow enough to watch"; \
 	$(KUBECTL) patch lifeboatconfig cluster --type merge -p '{"spec":{"migrations":{"bandwidthPerMigration":"32Mi"}}}'; \
-	: "The VM names no node path: its kernel comes from an image the nodes pull, its configuration from cloud-init"; \
+	: "The VM names no node path: its kernel and its disk come from images the nodes pull, its configuration from cloud-init"; \
 	$(KUBECTL) apply --server-side -f manifests/examples/vmi.yaml; \
 	$(KUBECTL) get nodes -L lifeboat.dev/kvm; \
 	$(KUBECTL) wait vmi/demo --for=jsonpath='{.status.phase}'=Running --timeout=5m; \
 	$(KUBECTL) get vmi,pods -o wide; \
-	$(CLUSTER) console default/demo --dir $(DEMO_DIR) --wait-for "lifeboat-guest counter 3" --timeout 3m | grep -E "lifeboat-guest (user-data|counter)"; \
+	$(CLUSTER) console default/demo --dir $(DEMO_DIR) --wait-for "lifeboat-guest disk vda: journal 1..5 intact" --timeout 3m | grep -E "lifeboat-guest (user-data|disk|counter [1-5]$$)"; \
 	: "The VM's node runs short of memory: its kubelet evicts the VM's pod (SIGTERM, 45 s grace)"; \
 	$(CLUSTER) evict default/demo --dir $(DEMO_DIR); \
 	$(CLUSTER) follow default/demo --dir $(DEMO_DIR) --timeout 2m; \

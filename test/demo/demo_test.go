@@ -46,7 +46,7 @@ func TestDemoClusterMovesTheVMOnADrain(t *testing.T) {
 	if err != nil {
 		t.Fatalf("make demo: %v\n%s", err, out)
 	}
-	for _, want := range []string{"the VM never stopped", "evicting pod default/", "drained"} {
+	for _, want := range []string{"lifeboat-guest user-data: #cloud-config", "lifeboat-guest disk vda: journal 1..5 intact", "the VM never stopped", "evicting pod default/", "drained"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("make demo's story lacks %q; it printed:\n%s", want, out)
 		}
