@@ -145,7 +145,7 @@ demo: deps $(CLUSTER) lifeboat-bins
 	$(KUBECTL) get vmi,vmim,pods -o wide; \
 	: "An admin drains the node the VM runs on now: the eviction webhook answers 429 and lifeboat moves the VM"; \
 	node=$$($(KUBECTL) get vmi demo -o jsonpath='{.status.nodeName}'); \
-	$(KUBECTL) drain "$$node" --ignore-daemonsets --timeout=3m; \
+	$(KUBECTL) drain "$$node" --ignore-daemonsets --delete-emptydir-data --timeout=3m; \
 	$(KUBECTL) uncordon "$$node"; \
 	$(KUBECTL) get vmi,vmim,pods -o wide; \
 	$(KUBECTL) get events --sort-by=.lastTimestamp | tail -n 25
@@ -155,7 +155,7 @@ demo: deps $(CLUSTER) lifeboat-bins
 	@echo "  $(CLUSTER) evict default/demo --dir $(DEMO_DIR) && $(CLUSTER) follow default/demo --dir $(DEMO_DIR)   # again"
 	@echo "  export KUBECONFIG=$(DEMO_DIR)/admin.kubeconfig PATH=$$($(CLUSTER) bin-dir):\$$PATH"
 	@echo "  kubectl get vmi,pods -o wide"
-	@echo "  kubectl drain NODE --ignore-daemonsets && kubectl uncordon NODE   # a drain live-migrates the VM too"
+	@echo "  kubectl drain NODE --ignore-daemonsets --delete-emptydir-data && kubectl uncordon NODE   # a drain live-migrates the VM too"
 	@echo "  $(CLUSTER) console default/demo --dir $(DEMO_DIR)     # the guest's serial console"
 	@echo "  kubectl delete vmi demo                              # shuts the guest down through ACPI"
 	@echo "Logs: $(DEMO_DIR)/*.log.   Stop everything: make demo-down"

@@ -129,15 +129,29 @@ const (
 const (
 	// ReasonLocalDisk: boot.disk is a file on the node.
 	ReasonLocalDisk = "LocalDisk"
+	// ReasonDisksNotLiveMigratable: a claim only one node can mount (KubeVirt's reason).
+	ReasonDisksNotLiveMigratable = "DisksNotLiveMigratable"
 )
 
 // NotMigratable says why a VMI cannot be live-migrated, and what stops it, or "" if it can. A
-// node file as disk (boot.disk) stays behind. What the target can make itself moves: kernels and
+// node file as disk (boot.disk) stays behind, and so does a claim only one node can mount;
+// ReadWriteMany claims stay where they are, shared. What the target can make itself moves: kernels and
 // containerDisk images from the same images, the cloud-init seed from the spec; what the guest
 // wrote to its containerDisk overlays is copied during the migration (CopiesDisks).
 func NotMigratable(vmi *v1alpha1.VirtualMachineInstance) (reason, message string) {
 	if vmi.Spec.Boot.Disk != "" {
 		return ReasonLocalDisk, fmt.Sprintf("boot.disk %q is a file on the node, which a migration does not copy", vmi.Spec.Boot.Disk)
+	}
+	for _, v := range vmi.Spec.Volumes {
+		if v.PersistentVolumeClaim == nil {
+			continue
+		}
+		switch recorded, rwx := v1alpha1.ReadWriteMany(vmi.Status.VolumeStatus, v.Name); {
+		case !recorded:
+			return ReasonDisksNotLiveMigratable, fmt.Sprintf("persistentVolumeClaim %q (volume %q): its access modes are not recorded yet", v.PersistentVolumeClaim.ClaimName, v.Name)
+		case !rwx:
+			return ReasonDisksNotLiveMigratable, fmt.Sprintf("persistentVolumeClaim %q (volume %q) is not ReadWriteMany: the target node cannot mount it while the source does", v.PersistentVolumeClaim.ClaimName, v.Name)
+		}
 	}
 	return "", ""
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -106,19 +107,29 @@ func TestDecide(t *testing.T) {
 func TestWhatAMigrationLeavesAndCopies(t *testing.T) {
 	cloudInit := v1alpha1.Volume{Name: "cloudinit", CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{UserData: "#cloud-config"}}
 	rootDisk := v1alpha1.Volume{Name: "root", ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example.org/fedora:42"}}
+	claim := v1alpha1.Volume{Name: "data", PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimSource{ClaimName: "db-disk"}}
+	claimModes := func(m corev1.PersistentVolumeAccessMode) []v1alpha1.VolumeStatus {
+		return []v1alpha1.VolumeStatus{{Name: "data", PersistentVolumeClaimInfo: &v1alpha1.PersistentVolumeClaimInfo{ClaimName: "db-disk", AccessModes: []corev1.PersistentVolumeAccessMode{m}}}}
+	}
 	for _, tc := range []struct {
 		name          string
 		spec          v1alpha1.VirtualMachineInstanceSpec
 		reason, names string
 		copies        bool
+		claims        []v1alpha1.VolumeStatus
 	}{
 		{name: "kernel from an image and a cloud-init seed: migratable",
 			spec: v1alpha1.VirtualMachineInstanceSpec{Boot: v1alpha1.BootSource{Container: &v1alpha1.KernelBootContainer{Image: "k", KernelPath: "/vmlinuz"}}, Volumes: []v1alpha1.Volume{cloudInit}}},
 		{name: "a node file as disk", spec: v1alpha1.VirtualMachineInstanceSpec{Boot: v1alpha1.BootSource{Disk: "/images/root.img"}},
 			reason: ReasonLocalDisk, names: `"/images/root.img"`},
 		{name: "a containerDisk, whose overlay is copied", spec: v1alpha1.VirtualMachineInstanceSpec{Volumes: []v1alpha1.Volume{cloudInit, rootDisk}}, copies: true},
+		{name: "a ReadWriteMany claim stays, shared", spec: v1alpha1.VirtualMachineInstanceSpec{Volumes: []v1alpha1.Volume{claim}}, claims: claimModes(corev1.ReadWriteMany)},
+		{name: "a ReadWriteOnce claim keeps the VM", spec: v1alpha1.VirtualMachineInstanceSpec{Volumes: []v1alpha1.Volume{claim}}, claims: claimModes(corev1.ReadWriteOnce),
+			reason: ReasonDisksNotLiveMigratable, names: `persistentVolumeClaim "db-disk" (volume "data") is not ReadWriteMany`},
+		{name: "a claim not recorded yet keeps the VM", spec: v1alpha1.VirtualMachineInstanceSpec{Volumes: []v1alpha1.Volume{claim}},
+			reason: ReasonDisksNotLiveMigratable, names: `persistentVolumeClaim "db-disk" (volume "data"): its access modes are not recorded yet`},
 	} {
-		vmi := &v1alpha1.VirtualMachineInstance{Spec: tc.spec}
+		vmi := &v1alpha1.VirtualMachineInstance{Spec: tc.spec, Status: v1alpha1.VirtualMachineInstanceStatus{VolumeStatus: tc.claims}}
 		reason, message := NotMigratable(vmi)
 		if reason != tc.reason || !strings.Contains(message, tc.names) {
 			t.Errorf("%s: NotMigratable = %q, %q; want reason %q and a message naming %s", tc.name, reason, message, tc.reason, tc.names)

@@ -38,6 +38,10 @@ type Disk struct {
 	Bus v1alpha1.DiskBus
 	// ReadOnly disks are attached read-only: the guest cannot change them.
 	ReadOnly bool
+	// Shared disks are on storage both nodes of a migration reach (a ReadWriteMany claim): they
+	// are attached shareable and uncached, so a migration leaves them in place and neither QEMU
+	// holds writes the other cannot see.
+	Shared bool
 }
 
 // DomainName is the libvirt name of a VMI's domain. Kubernetes names cannot contain "_",
@@ -194,6 +198,10 @@ func addDisks(dom *libvirtxml.Domain, disks []Disk, bootFirst bool) error {
 		next[bus]++
 		if d.ReadOnly {
 			disk.ReadOnly = &libvirtxml.DomainDiskReadOnly{}
+		}
+		if d.Shared {
+			disk.Shareable = &libvirtxml.DomainDiskShareable{}
+			disk.Driver.Cache = "none"
 		}
 		if bootFirst && i == 0 {
 			disk.Boot = &libvirtxml.DomainDeviceBoot{Order: 1}

@@ -60,13 +60,15 @@ func TestDomainXMLGolden(t *testing.T) {
 			opts: XMLOptions{Acceleration: KVM, ConsoleLog: "/var/log/lifeboat/web.console", DiskFormat: "raw"},
 		},
 		{
-			// A containerDisk's overlay boots (no kernel), a SATA data disk, a read-only seed.
+			// A containerDisk's overlay boots (no kernel), a SATA data disk, a read-only seed, a
+			// ReadWriteMany claim's disk (shareable, uncached).
 			golden: "disks-tcg.xml",
 			vmi:    vmi(func(v *v1alpha1.VirtualMachineInstance) { v.Spec.Boot = v1alpha1.BootSource{} }),
 			opts: XMLOptions{Acceleration: TCG, ConsoleLog: "/var/log/lifeboat/web.console", Disks: []Disk{
 				{Path: "/var/run/lifeboat-vm/state/root.qcow2", Format: "qcow2"},
 				{Path: "/var/run/lifeboat-vm/state/data.qcow2", Format: "qcow2", Bus: v1alpha1.DiskBusSATA},
 				{Path: "/var/run/lifeboat-vm/state/cloudinit.iso", Format: "raw", Bus: v1alpha1.DiskBusVirtio, ReadOnly: true},
+				{Path: "/var/run/lifeboat-vm/claims/shared/disk.img", Format: "raw", Shared: true},
 			}},
 		},
 		{

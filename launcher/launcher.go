@@ -110,7 +110,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return contract.ExitFailed, err
 	}
-	prepared, err := vmdisks.Prepare(ctx, cfg.VMI.Spec, vmdisks.Identity{UID: cfg.VMI.UID, Name: cfg.VMI.Name}, cfg.Disks)
+	prepared, err := vmdisks.Prepare(ctx, cfg.VMI.Spec, cfg.VMI.VolumeStatus, vmdisks.Identity{UID: cfg.VMI.UID, Name: cfg.VMI.Name}, cfg.Disks)
 	if err != nil {
 		return contract.ExitFailed, fmt.Errorf("preparing the VM's disks: %w", err)
 	}

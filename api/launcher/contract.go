@@ -32,6 +32,10 @@ const (
 	ContainerDisksDir = VMDir + "/container-disks"
 	// StateDir is the pod's emptyDir: containerDisk overlays and the cloud-init seed.
 	StateDir = VMDir + "/state"
+	// ClaimsDir holds one mount per persistentVolumeClaim volume, named as the volume; the disk
+	// is its ClaimDiskFile.
+	ClaimsDir     = VMDir + "/claims"
+	ClaimDiskFile = "disk.img"
 
 	// EnvVMI holds a VMI (as VMI, JSON).
 	EnvVMI = "LIFEBOAT_VMI"
@@ -53,6 +57,9 @@ type VMI struct {
 	Name      string                              `json:"name"`
 	UID       string                              `json:"uid"`
 	Spec      v1alpha1.VirtualMachineInstanceSpec `json:"spec"`
+	// VolumeStatus is the VMI's record of its claims (access modes): a ReadWriteMany claim's disk
+	// is attached as shared.
+	VolumeStatus []v1alpha1.VolumeStatus `json:"volumeStatus,omitempty"`
 }
 
 // Exit codes of the launcher: how its VM ended. The pod's container status carries them.

@@ -97,7 +97,9 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	lbInformers := lifeboatinformers.NewSharedInformerFactory(lb, 0)
 	lbv1 := lbInformers.Lifeboat().V1alpha1()
 	pods := kubeInformers.Core().V1().Pods()
-	vmiController := vmi.New(kubeClient, lb, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, recorder, podOpts, log)
+	claimInformers := informers.NewSharedInformerFactory(kubeClient, 0)
+	vmiController := vmi.New(kubeClient, lb, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods,
+		claimInformers.Core().V1().PersistentVolumeClaims(), recorder, podOpts, log)
 	nodes, boundPods := evacuate.NewCapacityInformers(kubeClient)
 	evacuationController := evacuate.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), nodes, boundPods, recorder, log)
 	budgets := disruption.NewBudgetInformer(kubeClient)
@@ -139,6 +141,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 		always = append(always, func(ctx context.Context) error { return serveMetrics(ctx, o.metricsListen, reg) })
 	}
 	kubeInformers.Start(ctx.Done())
+	claimInformers.Start(ctx.Done())
 	lbInformers.Start(ctx.Done())
 	go budgets.RunWithContext(ctx)
 	go nodes.RunWithContext(ctx)

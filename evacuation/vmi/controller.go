@@ -37,6 +37,7 @@ type Controller struct {
 	vmis     lifeboatlisters.VirtualMachineInstanceLister
 	configs  lifeboatlisters.LifeboatConfigLister
 	pods     corelisters.PodLister
+	claims   corelisters.PersistentVolumeClaimLister
 	synced   []cache.InformerSynced
 	queue    workqueue.TypedRateLimitingInterface[string]
 	recorder record.EventRecorder
@@ -48,12 +49,13 @@ type Controller struct {
 // New wires the controller to its informers. The pod informer should be filtered to launcher pods.
 func New(kube kubernetes.Interface, lb lifeboatclient.Interface, vmiInformer lifeboatinformers.VirtualMachineInstanceInformer,
 	configInformer lifeboatinformers.LifeboatConfigInformer, podInformer coreinformers.PodInformer,
+	claimInformer coreinformers.PersistentVolumeClaimInformer,
 	recorder record.EventRecorder, opts PodOptions, log *slog.Logger) *Controller {
 	c := &Controller{
 		kube: kube, lifeboat: lb,
-		vmis: vmiInformer.Lister(), configs: configInformer.Lister(), pods: podInformer.Lister(),
+		vmis: vmiInformer.Lister(), configs: configInformer.Lister(), pods: podInformer.Lister(), claims: claimInformer.Lister(),
 		synced: []cache.InformerSynced{vmiInformer.Informer().HasSynced, configInformer.Informer().HasSynced,
-			podInformer.Informer().HasSynced},
+			podInformer.Informer().HasSynced, claimInformer.Informer().HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "vmi"}),
 		recorder: recorder,
 		opts:     opts,
@@ -63,6 +65,8 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, vmiInformer lif
 	_, _ = vmiInformer.Informer().AddEventHandler(worker.Handler(c.enqueue))
 	// A VMI refused for its node paths may start once the admin allows them.
 	_, _ = configInformer.Informer().AddEventHandler(worker.Handler(func(any) { c.enqueuePending() }))
+	// A VMI waiting for its claim starts once the claim is there.
+	_, _ = claimInformer.Informer().AddEventHandler(worker.Handler(func(any) { c.enqueuePending() }))
 	_, _ = podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueueOwner,
 		UpdateFunc: func(_, obj any) { c.enqueueOwner(obj) },
@@ -156,6 +160,11 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		if pod, err = c.createLauncherPod(ctx, vmi); err != nil {
 			return err
 		}
+	} else if pod != nil && vmi.Status.VolumeStatus == nil {
+		// The status write after the pod's creation was lost: record the claims now.
+		if volumes, err := ClaimStatuses(vmi, c.claims.PersistentVolumeClaims(vmi.Namespace).Get); err == nil {
+			vmi.Status.VolumeStatus = volumes
+		}
 	}
 	return c.updateStatus(ctx, vmi, pod)
 }
@@ -176,6 +185,19 @@ func (c *Controller) launcherPod(vmi *v1alpha1.VirtualMachineInstance) (*corev1.
 }
 
 func (c *Controller) createLauncherPod(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) (*corev1.Pod, error) {
+	volumes, err := ClaimStatuses(vmi, c.claims.PersistentVolumeClaims(vmi.Namespace).Get)
+	var claimErr *ClaimError
+	if errors.As(err, &claimErr) {
+		// Permanent until the claim changes, which requeues the VMI.
+		c.recorder.Event(vmi, corev1.EventTypeWarning, claimErr.Reason, claimErr.Message)
+		c.log.Info("no launcher pod yet", "vmi", vmi.Namespace+"/"+vmi.Name, "reason", claimErr.Message)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	// Recorded with the status (updateStatus), and read by the launcher and the agent from there.
+	vmi.Status.VolumeStatus = volumes
 	pod, err := NewLauncherPod(vmi, c.opts, AllowedNodeDirectories(c.configs))
 	var refused *RefusedError
 	if errors.As(err, &refused) {

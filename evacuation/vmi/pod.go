@@ -94,7 +94,7 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 	if reason := v1alpha1.RefusedNodePath(vmi.Spec.Boot, allowed); reason != "" {
 		return nil, &RefusedError{Reason: reason}
 	}
-	payload, err := json.Marshal(launcher.VMI{Namespace: vmi.Namespace, Name: vmi.Name, UID: string(vmi.UID), Spec: vmi.Spec})
+	payload, err := json.Marshal(launcher.VMI{Namespace: vmi.Namespace, Name: vmi.Name, UID: string(vmi.UID), Spec: vmi.Spec, VolumeStatus: vmi.Status.VolumeStatus})
 	if err != nil {
 		return nil, fmt.Errorf("encoding the VMI for its launcher: %w", err)
 	}
@@ -295,7 +295,7 @@ func coveredBy(d string, dirs map[string]bool) bool {
 
 // vmVolumes are the VM's own volumes in its pod: the images of its kernel and containerDisks as
 // image volumes (the kubelet pulls them as it pulls container images, and mounts them read-only),
-// and an emptyDir for the disks the launcher writes. None of them is a node path.
+// its claims, and an emptyDir for the disks the launcher writes. None of them is a node path.
 func vmVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []corev1.VolumeMount) {
 	volumes := []corev1.Volume{{Name: "vm-state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	mounts := []corev1.VolumeMount{{Name: "vm-state", MountPath: launcher.StateDir}}
@@ -309,8 +309,14 @@ func vmVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []corev1.
 		image("kernel-boot", c.Image, c.ImagePullPolicy, launcher.KernelBootDir)
 	}
 	for _, v := range vmi.Spec.Volumes {
-		if v.ContainerDisk != nil {
+		switch {
+		case v.ContainerDisk != nil:
 			image(PodVolumePrefix+v.Name, v.ContainerDisk.Image, v.ContainerDisk.ImagePullPolicy, path.Join(launcher.ContainerDisksDir, v.Name))
+		case v.PersistentVolumeClaim != nil:
+			volumes = append(volumes, corev1.Volume{Name: PodVolumePrefix + v.Name, VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: v.PersistentVolumeClaim.ClaimName},
+			}})
+			mounts = append(mounts, corev1.VolumeMount{Name: PodVolumePrefix + v.Name, MountPath: path.Join(launcher.ClaimsDir, v.Name)})
 		}
 	}
 	return volumes, mounts

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -318,5 +319,49 @@ func TestLauncherPodMountsImagesNotNodePaths(t *testing.T) {
 	}
 	if _, ok := volumes["vol-seed"]; ok {
 		t.Error("the cloud-init seed has a pod volume; the launcher writes it into vm-state")
+	}
+}
+
+func TestClaimStatuses(t *testing.T) {
+	block := corev1.PersistentVolumeBlock
+	claims := map[string]*corev1.PersistentVolumeClaim{
+		"shared": {Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}}},
+		"bound": {Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany, corev1.ReadWriteOnce}},
+			Status: corev1.PersistentVolumeClaimStatus{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Capacity: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}},
+		"raw": {Spec: corev1.PersistentVolumeClaimSpec{VolumeMode: &block}},
+	}
+	get := func(name string) (*corev1.PersistentVolumeClaim, error) {
+		if c, ok := claims[name]; ok {
+			return c, nil
+		}
+		return nil, apierrors.NewNotFound(corev1.Resource("persistentvolumeclaims"), name)
+	}
+	withClaims := func(names ...string) *v1alpha1.VirtualMachineInstance {
+		v := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns"}}
+		v.Spec.Volumes = append(v.Spec.Volumes, v1alpha1.Volume{Name: "seed", CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{UserData: "x"}})
+		for _, n := range names {
+			v.Spec.Volumes = append(v.Spec.Volumes, v1alpha1.Volume{Name: "v-" + n, PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimSource{ClaimName: n}})
+		}
+		return v
+	}
+
+	got, err := ClaimStatuses(withClaims("shared", "bound"), get)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("ClaimStatuses = %+v, %v; want the two claims' records", got, err)
+	}
+	if _, rwx := v1alpha1.ReadWriteMany(got, "v-shared"); !rwx {
+		t.Errorf("an unbound claim asking for ReadWriteMany: %+v, want it recorded as such", got[0])
+	}
+	if _, rwx := v1alpha1.ReadWriteMany(got, "v-bound"); rwx || got[1].PersistentVolumeClaimInfo.Capacity.Storage().String() != "1Gi" {
+		t.Errorf("a bound claim: %+v, want the bound access modes (ReadWriteOnce) and capacity", got[1])
+	}
+	var claimErr *ClaimError
+	if _, err := ClaimStatuses(withClaims("missing"), get); !errors.As(err, &claimErr) || claimErr.Reason != ReasonClaimNotFound ||
+		!strings.Contains(err.Error(), `persistentVolumeClaim "missing" does not exist in namespace ns`) {
+		t.Errorf("a missing claim: %v, want %s naming it", err, ReasonClaimNotFound)
+	}
+	if _, err := ClaimStatuses(withClaims("raw"), get); !errors.As(err, &claimErr) || claimErr.Reason != ReasonClaimNotSupported {
+		t.Errorf("a Block claim: %v, want %s", err, ReasonClaimNotSupported)
 	}
 }

@@ -17,7 +17,9 @@ import (
 	"path/filepath"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
+	"golang.org/x/sys/unix"
 
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
@@ -28,6 +30,7 @@ type Dirs struct {
 	KernelBoot     string
 	ContainerDisks string
 	State          string
+	Claims         string
 }
 
 // Prepared is what the domain is built from besides the VMI's spec.
@@ -44,7 +47,9 @@ type Identity struct {
 
 // Prepare finds and writes the VMI's boot files and disks. A migration target prepares the same
 // files at the same paths, so that the arriving guest finds its read-only disks where it left them.
-func Prepare(ctx context.Context, spec v1alpha1.VirtualMachineInstanceSpec, id Identity, dirs Dirs) (Prepared, error) {
+// claims are the VMI's record of its claims (status.volumeStatus): a ReadWriteMany claim's disk
+// is attached as shared, which a migration leaves where it is.
+func Prepare(ctx context.Context, spec v1alpha1.VirtualMachineInstanceSpec, claims []v1alpha1.VolumeStatus, id Identity, dirs Dirs) (Prepared, error) {
 	var p Prepared
 	if c := spec.Boot.Container; c != nil {
 		var err error
@@ -66,7 +71,7 @@ func Prepare(ctx context.Context, spec v1alpha1.VirtualMachineInstanceSpec, id I
 		if !ok {
 			return p, fmt.Errorf("disk %q names no volume of spec.volumes", d.Name)
 		}
-		disk, err := prepareVolume(ctx, v, id, dirs)
+		disk, err := prepareVolume(ctx, v, claims, id, dirs)
 		if err != nil {
 			return p, fmt.Errorf("volume %q: %w", v.Name, err)
 		}
@@ -76,8 +81,15 @@ func Prepare(ctx context.Context, spec v1alpha1.VirtualMachineInstanceSpec, id I
 	return p, nil
 }
 
-func prepareVolume(ctx context.Context, v v1alpha1.Volume, id Identity, dirs Dirs) (domain.Disk, error) {
+func prepareVolume(ctx context.Context, v v1alpha1.Volume, claims []v1alpha1.VolumeStatus, id Identity, dirs Dirs) (domain.Disk, error) {
 	switch {
+	case v.PersistentVolumeClaim != nil:
+		_, shared := v1alpha1.ReadWriteMany(claims, v.Name)
+		image := filepath.Join(dirs.Claims, v.Name, contract.ClaimDiskFile)
+		if err := ensureClaimDisk(image); err != nil {
+			return domain.Disk{}, fmt.Errorf("persistentVolumeClaim %q: %w", v.PersistentVolumeClaim.ClaimName, err)
+		}
+		return domain.Disk{Path: image, Format: "raw", Shared: shared}, nil
 	case v.ContainerDisk != nil:
 		image, err := containerDiskImage(filepath.Join(dirs.ContainerDisks, v.Name), v.ContainerDisk.Path)
 		if err != nil {
@@ -184,4 +196,35 @@ func qemuImg(ctx context.Context, args ...string) ([]byte, error) {
 		return nil, fmt.Errorf("qemu-img %s: %w: %s", args[0], err, bytes.TrimSpace(stderr.Bytes()))
 	}
 	return out, nil
+}
+
+// fileSystemOverhead is the part of a claim's file system left free when disk.img is made to
+// fill it (KubeVirt's default, 5.5%): the file system's own structures need room.
+const fileSystemOverhead = 0.055
+
+// ensureClaimDisk makes disk.img on a claim that has none: a sparse raw image filling the file
+// system, less its overhead, in whole MiB. An existing one is the user's data and is kept as it is.
+func ensureClaimDisk(path string) error {
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(path), &st); err != nil {
+		return fmt.Errorf("measuring the claim's file system: %w", err)
+	}
+	size := int64(float64(st.Blocks*uint64(st.Bsize))*(1-fileSystemOverhead)) &^ (1<<20 - 1)
+	if size <= 0 {
+		return fmt.Errorf("the claim's file system (%d bytes) has no room for a disk", st.Blocks*uint64(st.Bsize))
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o660)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -71,7 +71,7 @@ func TestDemoClusterMovesTheVMOnADrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	drain := exec.Command(filepath.Join(bins.Dir(), "kubectl"), "--kubeconfig", filepath.Join(dir, "admin.kubeconfig"),
-		"drain", from, "--ignore-daemonsets", "--timeout=3m")
+		"drain", from, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=3m")
 	drained, err := drain.CombinedOutput()
 	if err != nil {
 		t.Fatalf("kubectl drain %s: %v\n%s", from, err, drained)

@@ -1,5 +1,11 @@
 package v1alpha1
 
+import (
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
 // EffectiveEvictionStrategy is the VMI's own strategy, else the cluster's, else None.
 // config may be nil (no LifeboatConfig exists).
 func EffectiveEvictionStrategy(vmi *VirtualMachineInstance, config *LifeboatConfig) EvictionStrategy {
@@ -31,4 +37,15 @@ func (p VirtualMachineInstancePhase) Terminal() bool { return p == VMISucceeded 
 // Terminal reports whether a migration in this phase has ended.
 func (p VirtualMachineInstanceMigrationPhase) Terminal() bool {
 	return p == MigrationSucceeded || p == MigrationFailed
+}
+
+// ReadWriteMany reports whether statuses record volume's claim, and whether its access modes
+// let many nodes mount it (ReadWriteMany), as a migration needs.
+func ReadWriteMany(statuses []VolumeStatus, volume string) (recorded, rwx bool) {
+	for _, s := range statuses {
+		if s.Name == volume && s.PersistentVolumeClaimInfo != nil {
+			return true, slices.Contains(s.PersistentVolumeClaimInfo.AccessModes, corev1.ReadWriteMany)
+		}
+	}
+	return false, false
 }

@@ -152,7 +152,7 @@ type Disk struct {
 }
 
 // Volume is where a disk's data comes from. Exactly one source is set.
-// +kubebuilder:validation:XValidation:rule="[has(self.containerDisk), has(self.cloudInitNoCloud)].filter(x, x).size() == 1",message="a volume needs exactly one source: containerDisk or cloudInitNoCloud"
+// +kubebuilder:validation:XValidation:rule="[has(self.containerDisk), has(self.persistentVolumeClaim), has(self.cloudInitNoCloud)].filter(x, x).size() == 1",message="a volume needs exactly one source: containerDisk, persistentVolumeClaim or cloudInitNoCloud"
 type Volume struct {
 	// Name is what a disk names it by. It names the volume in the launcher pod too, after a
 	// prefix of lifeboat's: hence 58 characters, not a pod volume's 63.
@@ -163,10 +163,44 @@ type Volume struct {
 	// overlay in its pod; the image is never written.
 	// +optional
 	ContainerDisk *ContainerDiskSource `json:"containerDisk,omitempty"`
+	// PersistentVolumeClaim is a claim in the VMI's namespace that holds the disk as the file
+	// disk.img on its file system (written, sparse and filling the claim, when missing).
+	// ReadWriteMany claims stay where they are in a migration (both nodes reach them); any other
+	// keeps the VM from live-migrating (LiveMigratable False, DisksNotLiveMigratable).
+	// +optional
+	PersistentVolumeClaim *PersistentVolumeClaimSource `json:"persistentVolumeClaim,omitempty"`
 	// CloudInitNoCloud is cloud-init's NoCloud data source: a small disk labelled cidata that a
 	// cloud image reads its configuration from at first boot.
 	// +optional
 	CloudInitNoCloud *CloudInitNoCloudSource `json:"cloudInitNoCloud,omitempty"`
+}
+
+// PersistentVolumeClaimSource names a claim in the VMI's namespace.
+type PersistentVolumeClaimSource struct {
+	// ClaimName is the claim's name.
+	// +kubebuilder:validation:MinLength=1
+	ClaimName string `json:"claimName"`
+}
+
+// VolumeStatus is what the VMI controller found of a volume's claim when it made the VM's pod
+// (KubeVirt's status.volumeStatus).
+type VolumeStatus struct {
+	// Name is the volume's.
+	Name string `json:"name"`
+	// PersistentVolumeClaimInfo is the claim's, for a persistentVolumeClaim volume.
+	// +optional
+	PersistentVolumeClaimInfo *PersistentVolumeClaimInfo `json:"persistentVolumeClaimInfo,omitempty"`
+}
+
+// PersistentVolumeClaimInfo is a bound claim's access modes, volume mode and capacity.
+type PersistentVolumeClaimInfo struct {
+	ClaimName string `json:"claimName"`
+	// +optional
+	AccessModes []corev1.PersistentVolumeAccessMode `json:"accessModes,omitempty"`
+	// +optional
+	VolumeMode *corev1.PersistentVolumeMode `json:"volumeMode,omitempty"`
+	// +optional
+	Capacity corev1.ResourceList `json:"capacity,omitempty"`
 }
 
 // ContainerDiskSource is a qcow2 or raw disk image inside a container image, as KubeVirt's
@@ -254,6 +288,12 @@ type VirtualMachineInstanceStatus struct {
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// VolumeStatus records the claims of persistentVolumeClaim volumes, as found when the VM's
+	// pod was made.
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	VolumeStatus []VolumeStatus `json:"volumeStatus,omitempty"`
 	// MigrationState describes the latest migration of this VMI.
 	// +optional
 	MigrationState *VirtualMachineInstanceMigrationState `json:"migrationState,omitempty"`
