@@ -86,7 +86,7 @@ func prepareVolume(ctx context.Context, v v1alpha1.Volume, claims []v1alpha1.Vol
 	case v.PersistentVolumeClaim != nil:
 		_, shared := v1alpha1.ReadWriteMany(claims, v.Name)
 		image := filepath.Join(dirs.Claims, v.Name, contract.ClaimDiskFile)
-		if err := ensureClaimDisk(image); err != nil {
+		if err := ensureClaimDisk(image, claimCapacity(claims, v.Name)); err != nil {
 			return domain.Disk{}, fmt.Errorf("persistentVolumeClaim %q: %w", v.PersistentVolumeClaim.ClaimName, err)
 		}
 		return domain.Disk{Path: image, Format: "raw", Shared: shared}, nil
@@ -202,9 +202,20 @@ func qemuImg(ctx context.Context, args ...string) ([]byte, error) {
 // fill it (KubeVirt's default, 5.5%): the file system's own structures need room.
 const fileSystemOverhead = 0.055
 
-// ensureClaimDisk makes disk.img on a claim that has none: a sparse raw image filling the file
-// system, less its overhead, in whole MiB. An existing one is the user's data and is kept as it is.
-func ensureClaimDisk(path string) error {
+// claimCapacity is the capacity the VMI's record gives volume's claim, or 0 if none.
+func claimCapacity(claims []v1alpha1.VolumeStatus, volume string) int64 {
+	for _, c := range claims {
+		if c.Name == volume && c.PersistentVolumeClaimInfo != nil {
+			return c.PersistentVolumeClaimInfo.Capacity.Storage().Value()
+		}
+	}
+	return 0
+}
+
+// ensureClaimDisk makes disk.img on a claim that has none: a sparse raw image filling the claim
+// (its capacity, or its file system where that is smaller or the capacity unknown), less the
+// file system's overhead, in whole MiB. An existing one is the user's data and is kept as it is.
+func ensureClaimDisk(path string, capacity int64) error {
 	if _, err := os.Stat(path); err == nil {
 		return nil
 	} else if !errors.Is(err, fs.ErrNotExist) {
@@ -214,9 +225,13 @@ func ensureClaimDisk(path string) error {
 	if err := unix.Statfs(filepath.Dir(path), &st); err != nil {
 		return fmt.Errorf("measuring the claim's file system: %w", err)
 	}
-	size := int64(float64(st.Blocks*uint64(st.Bsize))*(1-fileSystemOverhead)) &^ (1<<20 - 1)
+	room := int64(st.Blocks * uint64(st.Bsize))
+	if capacity > 0 && capacity < room {
+		room = capacity
+	}
+	size := int64(float64(room)*(1-fileSystemOverhead)) &^ (1<<20 - 1)
 	if size <= 0 {
-		return fmt.Errorf("the claim's file system (%d bytes) has no room for a disk", st.Blocks*uint64(st.Bsize))
+		return fmt.Errorf("the claim (%d bytes) has no room for a disk", room)
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o660)
 	if err != nil {

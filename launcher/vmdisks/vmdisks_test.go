@@ -172,3 +172,25 @@ func TestNoCloudSeedHoldsTheDataUnderCloudInitsNames(t *testing.T) {
 		}
 	}
 }
+
+func TestClaimDiskFillsTheClaimAndKeepsAnExistingOne(t *testing.T) {
+	dir := t.TempDir()
+	disk := filepath.Join(dir, "disk.img")
+	if err := ensureClaimDisk(disk, 100<<20); err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Stat(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(94 << 20); info.Size() != want {
+		t.Errorf("disk.img on a 100 MiB claim is %d bytes, want %d (less 5.5%%, whole MiB)", info.Size(), want)
+	}
+	write(t, disk, "the user's data")
+	if err := ensureClaimDisk(disk, 100<<20); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := os.ReadFile(disk); string(data) != "the user's data" {
+		t.Errorf("an existing disk.img was changed: %q", data)
+	}
+}

@@ -29,10 +29,11 @@
 //     the terminal phase, once the containers have stopped, not before the SIGTERM.
 //
 // Image volumes are pulled from the node's image store (Config.Images, an OCI image layout),
-// unpacked once and bind-mounted read-only.
+// unpacked once and bind-mounted read-only. A persistentVolumeClaim volume is its bound
+// PersistentVolume's directory (hostPath or local volumes only).
 //
 // What it does not do: container images (a container's command[0] names a binary in
 // Config.Binaries), init containers (such pods are rejected), probes, resource limits, volume
-// types other than hostPath, emptyDir and image (others, the service-account token volume among
+// types other than hostPath, emptyDir, image and persistentVolumeClaim (others, the service-account token volume among
 // them, are not mounted), envFrom and env values from ConfigMaps or Secrets, and node pressure conditions.
 package node

@@ -15,13 +15,16 @@ type layout struct {
 	root    string
 	private []string
 	images  *imageStore
+	claims  *claimMounts
 }
 
-// newLayout is the layout of the node cfg describes, with its image store.
+// newLayout is the layout of the node cfg describes, with its image store and claim mounts.
 func newLayout(cfg Config) layout {
-	return layout{root: cfg.RootDir, private: cfg.PrivateHostPaths, images: &imageStore{
+	l := layout{root: cfg.RootDir, private: cfg.PrivateHostPaths, images: &imageStore{
 		layout: cfg.Images, unpackDir: filepath.Join(cfg.RootDir, "var/lib/lifeboat-node/images"),
 	}}
+	l.claims = &claimMounts{client: cfg.Client, l: &layout{root: l.root, private: l.private}}
+	return l
 }
 
 // hostPath is where a host path of the node lives on this machine: under the root for the

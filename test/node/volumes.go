@@ -22,7 +22,7 @@ type bindMount struct {
 
 // containerMounts resolves the volumeMounts of c to bind mounts, shallowest target first so
 // that nested mounts land on top of their parents, as container runtimes order them. Mounts of
-// volumes other than hostPath, emptyDir and image are skipped and named in skipped.
+// volumes other than hostPath, emptyDir, image and persistentVolumeClaim are skipped and named in skipped.
 func containerMounts(l layout, pod *corev1.Pod, c *corev1.Container) (mounts []bindMount, skipped []string) {
 	for _, m := range c.VolumeMounts {
 		i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
@@ -57,6 +57,8 @@ func volumeSource(l layout, pod *corev1.Pod, v *corev1.Volume) string {
 		return l.emptyDir(pod.UID, v.Name)
 	case v.Image != nil:
 		return l.images.known(v.Image.Reference)
+	case v.PersistentVolumeClaim != nil:
+		return l.claims.known(pod, v.Name)
 	default:
 		return ""
 	}
@@ -64,7 +66,8 @@ func volumeSource(l layout, pod *corev1.Pod, v *corev1.Volume) string {
 
 // prepareVolumes makes the volumes c mounts ready, as the kubelet's volume manager does before
 // a container starts: hostPath type checks (creating what the type asks to create), emptyDir
-// and subPath directories, and the images of image volumes, pulled from the node's image store.
+// and subPath directories, the images of image volumes, pulled from the node's image store, and
+// the PersistentVolumes of claims.
 func prepareVolumes(l layout, pod *corev1.Pod, c *corev1.Container) error {
 	for _, m := range c.VolumeMounts {
 		i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
@@ -83,6 +86,8 @@ func prepareVolumes(l layout, pod *corev1.Pod, c *corev1.Container) error {
 				return fmt.Errorf("volume %q: an image volume cannot be mounted with a subPath", v.Name)
 			}
 			_, err = l.images.root(v.Image.Reference)
+		case v.PersistentVolumeClaim != nil:
+			err = l.claims.resolve(pod, v)
 		default:
 			continue
 		}

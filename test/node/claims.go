@@ -1,0 +1,77 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// claimMounts resolves a pod's persistentVolumeClaim volumes to the directories of their bound
+// PersistentVolumes, as the kubelet's volume manager mounts them: a hostPath or local
+// PersistentVolume is a directory of this machine (a hostPath under a node's private prefixes
+// is that node's own). Other PersistentVolume sources are not supported.
+type claimMounts struct {
+	client kubernetes.Interface
+	l      *layout
+
+	mu    sync.Mutex
+	paths map[string]string // pod UID/volume → directory
+}
+
+func claimKey(uid types.UID, volume string) string { return string(uid) + "/" + volume }
+
+// claimTimeout bounds the API calls of one resolution.
+const claimTimeout = 10 * time.Second
+
+// resolve finds the directory of the claim of pod's volume v and remembers it for known.
+func (c *claimMounts) resolve(pod *corev1.Pod, v *corev1.Volume) error {
+	if c == nil || c.client == nil {
+		return fmt.Errorf("persistentVolumeClaim %q: this node has no API client to find it", v.PersistentVolumeClaim.ClaimName)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+	defer cancel()
+	name := v.PersistentVolumeClaim.ClaimName
+	claim, err := c.client.CoreV1().PersistentVolumeClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("persistentVolumeClaim %q: %w", name, err)
+	}
+	if claim.Spec.VolumeName == "" {
+		return fmt.Errorf("persistentVolumeClaim %q is not bound to a volume yet", name)
+	}
+	pv, err := c.client.CoreV1().PersistentVolumes().Get(ctx, claim.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("persistentVolume %q of claim %q: %w", claim.Spec.VolumeName, name, err)
+	}
+	var dir string
+	switch {
+	case pv.Spec.HostPath != nil:
+		dir = c.l.hostPath(pv.Spec.HostPath.Path)
+	case pv.Spec.Local != nil:
+		dir = pv.Spec.Local.Path
+	default:
+		return fmt.Errorf("persistentVolume %q: only hostPath and local volumes can be mounted on this node", pv.Name)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.paths == nil {
+		c.paths = map[string]string{}
+	}
+	c.paths[claimKey(pod.UID, v.Name)] = dir
+	return nil
+}
+
+// known is the directory resolve found for pod's volume, or "".
+func (c *claimMounts) known(pod *corev1.Pod, volume string) string {
+	if c == nil {
+		return ""
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.paths[claimKey(pod.UID, volume)]
+}
