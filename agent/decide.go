@@ -4,6 +4,7 @@ package agent
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -156,14 +157,14 @@ func NotMigratable(vmi *v1alpha1.VirtualMachineInstance) (reason, message string
 	return "", ""
 }
 
+// HasClaims reports whether the VMI has persistentVolumeClaim volumes.
+func HasClaims(vmi *v1alpha1.VirtualMachineInstance) bool {
+	return slices.ContainsFunc(vmi.Spec.Volumes, func(v v1alpha1.Volume) bool { return v.PersistentVolumeClaim != nil })
+}
+
 // CopiesDisks reports whether migrating the VMI copies disks: the overlays of its containerDisks.
 func CopiesDisks(vmi *v1alpha1.VirtualMachineInstance) bool {
-	for _, v := range vmi.Spec.Volumes {
-		if v.ContainerDisk != nil {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(vmi.Spec.Volumes, func(v v1alpha1.Volume) bool { return v.ContainerDisk != nil })
 }
 
 // lostCheckSlack is how long after an evacuation deadline the agent checks whether the VM was

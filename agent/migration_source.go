@@ -109,6 +109,8 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	if CopiesDisks(vmi) {
 		opts.DisksURI = domain.ProxiedDisksURI(podDir)
 	}
+	// NotMigratable let only ReadWriteMany claims through as disks that stay in place.
+	opts.SharedDisks = HasClaims(vmi)
 	log := m.a.cfg.Log.With("migration", mig.Namespace+"/"+mig.Name, "vmi", vmi.Name)
 	start := time.Now()
 	var published time.Time

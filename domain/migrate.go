@@ -56,6 +56,10 @@ type MigrateOptions struct {
 	// writable disk that is not shared (containerDisk overlays) to the destination, whose own
 	// overlay on the same backing image receives it; the images below are on both nodes already.
 	DisksURI string
+	// SharedDisks says the writable disks that are not copied are on storage both nodes share,
+	// attached shareable and uncached (ReadWriteMany claims): Kubernetes vouches for the sharing,
+	// and libvirt, which recognises only some shared file systems, is told not to check it again.
+	SharedDisks bool
 }
 
 // migrateFlags are the libvirt flags for opts. A lifeboat migration is always live (the
@@ -74,6 +78,9 @@ func migrateFlags(opts MigrateOptions) libvirt.DomainMigrateFlags {
 	}
 	if opts.DisksURI != "" {
 		flags |= libvirt.MIGRATE_NON_SHARED_INC
+	}
+	if opts.SharedDisks {
+		flags |= libvirt.MIGRATE_UNSAFE
 	}
 	return flags
 }

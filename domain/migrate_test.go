@@ -19,6 +19,8 @@ func TestMigrateFlags(t *testing.T) {
 		{name: "both", opts: MigrateOptions{AutoConverge: true, AllowPostCopy: true}, want: always | libvirt.MIGRATE_AUTO_CONVERGE | libvirt.MIGRATE_POSTCOPY},
 		// Only the top image (the overlay): the backing containerDisk image is on the target too.
 		{name: "disks to copy", opts: MigrateOptions{DisksURI: "unix:///d/migration-nbd.sock"}, want: always | libvirt.MIGRATE_NON_SHARED_INC},
+		// libvirt takes a local file system for unshared; a ReadWriteMany claim is shared by contract.
+		{name: "disks on shared claims", opts: MigrateOptions{SharedDisks: true}, want: always | libvirt.MIGRATE_UNSAFE},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

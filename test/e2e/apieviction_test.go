@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -113,13 +111,6 @@ func waitBudget(t *testing.T, v *v1alpha1.VirtualMachineInstance, want int32) {
 	}
 }
 
-func localDisk(t *testing.T) func(*v1alpha1.VirtualMachineInstance) {
-	disk := filepath.Join(shortTempDir(t), "disk.raw")
-	if err := os.WriteFile(disk, make([]byte, 1<<20), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return func(v *v1alpha1.VirtualMachineInstance) { v.Spec.Boot.Disk = disk }
-}
 
 // TestAPIEvictionFinalAnswers walks seed 000's last table through the real API server, with the
 // disruption controller of kube-controller-manager counting the budgets: first with the webhook
@@ -148,7 +139,9 @@ func TestAPIEvictionFinalAnswers(t *testing.T) {
 	for _, r := range rows {
 		mutate := []func(*v1alpha1.VirtualMachineInstance){strategy(r.strategy)}
 		if r.disk {
-			mutate = append(mutate, localDisk(t)) // its own: QEMU locks a disk image for writing
+			// A ReadWriteOnce claim: its own, which only one node can mount.
+			createClaim(t, ns, r.name, corev1.ReadWriteOnce)
+			mutate = append(mutate, withClaimDisk(r.name))
 		}
 		vmis[r.name] = createVMI(t, ns, newVMI(r.name, mutate...))
 	}

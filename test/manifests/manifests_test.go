@@ -216,7 +216,7 @@ func TestExamples(t *testing.T) {
 
 	// One VMI per way to give a VM its disks; each is accepted as written (the CRDs only: the
 	// node-path policy is tried in nodepaths_test.go).
-	for file, strategy := range map[string]string{"vmi.yaml": "LiveMigrate", "vmi-containerdisk.yaml": "LiveMigrateIfPossible", "vmi-node-paths.yaml": "LiveMigrate"} {
+	for file, strategy := range map[string]string{"vmi.yaml": "LiveMigrate", "vmi-containerdisk.yaml": "LiveMigrateIfPossible", "vmi-claim.yaml": "LiveMigrate", "vmi-node-paths.yaml": "LiveMigrate"} {
 		t.Run(file, func(t *testing.T) {
 			install(t) // the CRDs
 			data, err := os.ReadFile(filepath.Join(examples, file))
