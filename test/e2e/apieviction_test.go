@@ -111,7 +111,6 @@ func waitBudget(t *testing.T, v *v1alpha1.VirtualMachineInstance, want int32) {
 	}
 }
 
-
 // TestAPIEvictionFinalAnswers walks seed 000's last table through the real API server, with the
 // disruption controller of kube-controller-manager counting the budgets: first with the webhook
 // down (the budgets alone answer), then with it up.
