@@ -36,6 +36,9 @@ const (
 	// is its ClaimDiskFile.
 	ClaimsDir     = VMDir + "/claims"
 	ClaimDiskFile = "disk.img"
+	// SecretsDir holds one Secret volume per cloudInitNoCloud volume with a userDataSecretRef,
+	// named as the volume.
+	SecretsDir = VMDir + "/secrets"
 
 	// EnvVMI holds a VMI (as VMI, JSON).
 	EnvVMI = "LIFEBOAT_VMI"

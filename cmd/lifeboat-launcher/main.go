@@ -40,6 +40,6 @@ func main() {
 		os.Exit(contract.ExitFailed)
 	}
 	cfg.DomainsDir, cfg.CapabilitiesCache, cfg.NotifySocket, cfg.Log = *domainsDir, *capsDir, *notifySocket, log
-	cfg.Disks = vmdisks.Dirs{KernelBoot: contract.KernelBootDir, ContainerDisks: contract.ContainerDisksDir, State: contract.StateDir, Claims: contract.ClaimsDir}
+	cfg.Disks = vmdisks.Dirs{KernelBoot: contract.KernelBootDir, ContainerDisks: contract.ContainerDisksDir, State: contract.StateDir, Claims: contract.ClaimsDir, Secrets: contract.SecretsDir}
 	os.Exit(launcher.Run(context.Background(), cfg, sigterm))
 }

@@ -295,7 +295,8 @@ func coveredBy(d string, dirs map[string]bool) bool {
 
 // vmVolumes are the VM's own volumes in its pod: the images of its kernel and containerDisks as
 // image volumes (the kubelet pulls them as it pulls container images, and mounts them read-only),
-// its claims, and an emptyDir for the disks the launcher writes. None of them is a node path.
+// its claims, the Secrets of its cloud-init user data, and an emptyDir for the disks the launcher
+// writes. None of them is a node path.
 func vmVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []corev1.VolumeMount) {
 	volumes := []corev1.Volume{{Name: "vm-state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	mounts := []corev1.VolumeMount{{Name: "vm-state", MountPath: launcher.StateDir}}
@@ -317,6 +318,11 @@ func vmVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []corev1.
 				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: v.PersistentVolumeClaim.ClaimName},
 			}})
 			mounts = append(mounts, corev1.VolumeMount{Name: PodVolumePrefix + v.Name, MountPath: path.Join(launcher.ClaimsDir, v.Name)})
+		case v.CloudInitNoCloud != nil && v.CloudInitNoCloud.UserDataSecretRef != nil:
+			volumes = append(volumes, corev1.Volume{Name: PodVolumePrefix + v.Name, VolumeSource: corev1.VolumeSource{
+				Secret: &corev1.SecretVolumeSource{SecretName: v.CloudInitNoCloud.UserDataSecretRef.Name},
+			}})
+			mounts = append(mounts, corev1.VolumeMount{Name: PodVolumePrefix + v.Name, MountPath: path.Join(launcher.SecretsDir, v.Name), ReadOnly: true})
 		}
 	}
 	return volumes, mounts

@@ -320,6 +320,18 @@ func TestLauncherPodMountsImagesNotNodePaths(t *testing.T) {
 	if _, ok := volumes["vol-seed"]; ok {
 		t.Error("the cloud-init seed has a pod volume; the launcher writes it into vm-state")
 	}
+
+	vmi.Spec.Volumes[1].CloudInitNoCloud = &v1alpha1.CloudInitNoCloudSource{UserDataSecretRef: &corev1.LocalObjectReference{Name: "seed-secret"}}
+	pod, err = NewLauncherPod(vmi, PodOptions{Image: "lifeboat-launcher:dev", Acceleration: "tcg"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == "vol-seed" })
+	j := slices.IndexFunc(pod.Spec.Containers[0].VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "vol-seed" })
+	if i < 0 || j < 0 || pod.Spec.Volumes[i].Secret == nil || pod.Spec.Volumes[i].Secret.SecretName != "seed-secret" ||
+		!pod.Spec.Containers[0].VolumeMounts[j].ReadOnly || pod.Spec.Containers[0].VolumeMounts[j].MountPath != launcher.SecretsDir+"/seed" {
+		t.Errorf("user data from a Secret: want the Secret mounted read-only at %s/seed; volumes %+v", launcher.SecretsDir, pod.Spec.Volumes)
+	}
 }
 
 func TestClaimStatuses(t *testing.T) {

@@ -31,6 +31,7 @@ type Dirs struct {
 	ContainerDisks string
 	State          string
 	Claims         string
+	Secrets        string
 }
 
 // Prepared is what the domain is built from besides the VMI's spec.
@@ -101,8 +102,16 @@ func prepareVolume(ctx context.Context, v v1alpha1.Volume, claims []v1alpha1.Vol
 		}
 		return domain.Disk{Path: overlay, Format: "qcow2"}, nil
 	case v.CloudInitNoCloud != nil:
+		src := *v.CloudInitNoCloud
+		if src.UserDataSecretRef != nil {
+			data, err := secretUserData(filepath.Join(dirs.Secrets, v.Name))
+			if err != nil {
+				return domain.Disk{}, fmt.Errorf("the user data of Secret %q: %w", src.UserDataSecretRef.Name, err)
+			}
+			src.UserData = data
+		}
 		seed := filepath.Join(dirs.State, v.Name+".iso")
-		if err := WriteNoCloudSeed(seed, *v.CloudInitNoCloud, id); err != nil {
+		if err := WriteNoCloudSeed(seed, src, id); err != nil {
 			return domain.Disk{}, err
 		}
 		return domain.Disk{Path: seed, Format: "raw", ReadOnly: true}, nil
@@ -242,4 +251,21 @@ func ensureClaimDisk(path string, capacity int64) error {
 		return err
 	}
 	return f.Close()
+}
+
+// secretKeys are the keys of a user-data Secret, in the order they are looked for (KubeVirt's).
+var secretKeys = []string{"userdata", "userData"}
+
+// secretUserData reads the user data from a Secret volume mounted at dir.
+func secretUserData(dir string) (string, error) {
+	for _, key := range secretKeys {
+		data, err := os.ReadFile(filepath.Join(dir, key))
+		if err == nil {
+			return string(data), nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+	}
+	return "", fmt.Errorf("the Secret has none of the keys %q", secretKeys)
 }

@@ -194,3 +194,18 @@ func TestClaimDiskFillsTheClaimAndKeepsAnExistingOne(t *testing.T) {
 		t.Errorf("an existing disk.img was changed: %q", data)
 	}
 }
+
+func TestSecretUserDataTakesKubeVirtsKeys(t *testing.T) {
+	lower, camel, none := t.TempDir(), t.TempDir(), t.TempDir()
+	write(t, filepath.Join(lower, "userdata"), "#cloud-config lower")
+	write(t, filepath.Join(camel, "userData"), "#cloud-config camel")
+	write(t, filepath.Join(none, "password"), "x")
+	for dir, want := range map[string]string{lower: "#cloud-config lower", camel: "#cloud-config camel"} {
+		if got, err := secretUserData(dir); err != nil || got != want {
+			t.Errorf("secretUserData = %q, %v; want %q", got, err, want)
+		}
+	}
+	if _, err := secretUserData(none); err == nil || !strings.Contains(err.Error(), `none of the keys ["userdata" "userData"]`) {
+		t.Errorf("a Secret without the key: %v, want an error naming the keys", err)
+	}
+}

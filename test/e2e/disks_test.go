@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -111,5 +112,39 @@ func TestAVMOfImagesMovesWithWhatItWroteToItsDisk(t *testing.T) {
 	}
 	if strings.Contains(last, protocol.ErrorPrefix) {
 		t.Errorf("the guest found its disk changed after the migration:\n%s", last)
+	}
+}
+
+// TestCloudInitUserDataFromASecret: user data that holds secrets comes from a Secret, which the
+// node mounts into the VM's pod; lifeboat's controller never reads it. While the Secret is missing
+// the pod waits with the node's FailedMount Event naming it; once it exists the guest reads the
+// Secret's user data.
+func TestCloudInitUserDataFromASecret(t *testing.T) {
+	startController(t)
+	n := startNodes(t, 1)[0]
+	ns := testNamespace(t)
+	v := createVMI(t, ns, newVMI("secret-seed", func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.Disks = append(v.Spec.Disks, v1alpha1.Disk{Name: "cloudinit"})
+		v.Spec.Volumes = append(v.Spec.Volumes, v1alpha1.Volume{Name: "cloudinit", CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{
+			UserDataSecretRef: &corev1.LocalObjectReference{Name: "seed"},
+		}})
+	}))
+	waitEvent(t, ns, v.Name, "SuccessfulCreate", 30*time.Second)
+	pod := launcherPod(t, v)
+	e := waitEvent(t, ns, pod.Name, "FailedMount", 30*time.Second)
+	if !strings.Contains(e.Message, `secret "seed"`) {
+		t.Errorf("FailedMount %q does not name the missing Secret", e.Message)
+	}
+
+	const first = "#cloud-config with a password"
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "seed"}, Data: map[string][]byte{"userdata": []byte(first + "\npassword: hunter2\n")}}
+	if _, err := cluster.Kube.CoreV1().Secrets(ns).Create(context.Background(), secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v = waitVMI(t, ns, v.Name, bootTimeout, "phase Running", running)
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	if _, err := guest.WaitForLine(ctx, n.consolePath(v), protocol.UserData(first)); err != nil {
+		t.Fatal(err)
 	}
 }

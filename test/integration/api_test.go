@@ -366,6 +366,7 @@ spec: %s
 		{"two cloud-init seeds", withSpec("disks: [{name: a}, {name: b}]\n  volumes: [{name: a, cloudInitNoCloud: {userData: one}}, {name: b, cloudInitNoCloud: {userData: two}}]"), []string{"at most one cloudInitNoCloud volume"}},
 		{"a volume name that is no DNS label", withSpec("disks: [{name: Root_Disk}]\n  volumes: [{name: Root_Disk, containerDisk: {image: example.org/d}}]"), []string{"spec.disks[0].name", "should match"}},
 		{"a containerDisk path climbing out", withSpec("disks: [{name: v}]\n  volumes: [{name: v, containerDisk: {image: example.org/d, path: /disk/../../etc/shadow}}]"), []string{"path must be an absolute path inside the image"}},
+		{"inline user data and a Secret's", withSpec("disks: [{name: v}]\n  volumes: [{name: v, cloudInitNoCloud: {userData: one, userDataSecretRef: {name: s}}}]"), []string{"cloudInitNoCloud takes userData or userDataSecretRef, not both"}},
 		{"an unknown disk bus", withSpec("disks: [{name: v, bus: scsi}]\n  volumes: [{name: v, containerDisk: {image: example.org/d}}]"), []string{`Unsupported value: "scsi"`}},
 		{"initrd without kernel", vmiWith(3, "{disk: /d, initrd: /i}"), []string{"boot.initrd needs boot.kernel"}},
 		{"a node selector on lifeboat's own node label", strings.Replace(vmiWith(3, "{kernel: /k}"), "spec:", "spec:\n  nodeSelector: {lifeboat.dev/kvm: \"false\"}", 1),

@@ -30,10 +30,11 @@
 //
 // Image volumes are pulled from the node's image store (Config.Images, an OCI image layout),
 // unpacked once and bind-mounted read-only. A persistentVolumeClaim volume is its bound
-// PersistentVolume's directory (hostPath or local volumes only).
+// PersistentVolume's directory (hostPath or local volumes only); a secret volume, the Secret's
+// keys as files.
 //
 // What it does not do: container images (a container's command[0] names a binary in
 // Config.Binaries), init containers (such pods are rejected), probes, resource limits, volume
-// types other than hostPath, emptyDir, image and persistentVolumeClaim (others, the service-account token volume among
+// types other than hostPath, emptyDir, image, persistentVolumeClaim and secret (others, the service-account token volume among
 // them, are not mounted), envFrom and env values from ConfigMaps or Secrets, and node pressure conditions.
 package node

@@ -15,15 +15,16 @@ type layout struct {
 	root    string
 	private []string
 	images  *imageStore
-	claims  *claimMounts
+	api     *apiVolumes
 }
 
-// newLayout is the layout of the node cfg describes, with its image store and claim mounts.
+// newLayout is the layout of the node cfg describes, with its image store and the volumes it
+// reads from the API server.
 func newLayout(cfg Config) layout {
 	l := layout{root: cfg.RootDir, private: cfg.PrivateHostPaths, images: &imageStore{
 		layout: cfg.Images, unpackDir: filepath.Join(cfg.RootDir, "var/lib/lifeboat-node/images"),
 	}}
-	l.claims = &claimMounts{client: cfg.Client, l: &layout{root: l.root, private: l.private}}
+	l.api = &apiVolumes{client: cfg.Client, l: &layout{root: l.root, private: l.private}}
 	return l
 }
 
@@ -63,4 +64,8 @@ func (l layout) logDir(namespace, name string, uid types.UID, container string) 
 
 func (l layout) logPath(namespace, name string, uid types.UID, container string, restartCount int32) string {
 	return filepath.Join(l.logDir(namespace, name, uid, container), fmt.Sprintf("%d.log", restartCount))
+}
+
+func (l layout) secretDir(uid types.UID, volume string) string {
+	return filepath.Join(l.podDir(uid), "volumes/kubernetes.io~secret", volume)
 }

@@ -22,7 +22,8 @@ type bindMount struct {
 
 // containerMounts resolves the volumeMounts of c to bind mounts, shallowest target first so
 // that nested mounts land on top of their parents, as container runtimes order them. Mounts of
-// volumes other than hostPath, emptyDir, image and persistentVolumeClaim are skipped and named in skipped.
+// volumes other than hostPath, emptyDir, image, persistentVolumeClaim and secret are skipped and
+// named in skipped.
 func containerMounts(l layout, pod *corev1.Pod, c *corev1.Container) (mounts []bindMount, skipped []string) {
 	for _, m := range c.VolumeMounts {
 		i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
@@ -58,7 +59,9 @@ func volumeSource(l layout, pod *corev1.Pod, v *corev1.Volume) string {
 	case v.Image != nil:
 		return l.images.known(v.Image.Reference)
 	case v.PersistentVolumeClaim != nil:
-		return l.claims.known(pod, v.Name)
+		return l.api.known(pod, v.Name)
+	case v.Secret != nil:
+		return l.secretDir(pod.UID, v.Name)
 	default:
 		return ""
 	}
@@ -67,7 +70,7 @@ func volumeSource(l layout, pod *corev1.Pod, v *corev1.Volume) string {
 // prepareVolumes makes the volumes c mounts ready, as the kubelet's volume manager does before
 // a container starts: hostPath type checks (creating what the type asks to create), emptyDir
 // and subPath directories, the images of image volumes, pulled from the node's image store, and
-// the PersistentVolumes of claims.
+// the PersistentVolumes of claims and the keys of Secrets.
 func prepareVolumes(l layout, pod *corev1.Pod, c *corev1.Container) error {
 	for _, m := range c.VolumeMounts {
 		i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
@@ -87,7 +90,9 @@ func prepareVolumes(l layout, pod *corev1.Pod, c *corev1.Container) error {
 			}
 			_, err = l.images.root(v.Image.Reference)
 		case v.PersistentVolumeClaim != nil:
-			err = l.claims.resolve(pod, v)
+			err = l.api.resolve(pod, v)
+		case v.Secret != nil:
+			err = l.api.writeSecret(pod, v, l.secretDir(pod.UID, v.Name))
 		default:
 			continue
 		}

@@ -221,12 +221,18 @@ type ContainerDiskSource struct {
 }
 
 // CloudInitNoCloudSource is the data of a NoCloud seed.
-// +kubebuilder:validation:XValidation:rule="has(self.userData) || has(self.networkData)",message="cloudInitNoCloud needs userData, networkData or both"
+// +kubebuilder:validation:XValidation:rule="has(self.userData) || has(self.userDataSecretRef) || has(self.networkData)",message="cloudInitNoCloud needs userData, userDataSecretRef or networkData"
+// +kubebuilder:validation:XValidation:rule="!(has(self.userData) && has(self.userDataSecretRef))",message="cloudInitNoCloud takes userData or userDataSecretRef, not both"
 type CloudInitNoCloudSource struct {
 	// UserData is cloud-init's user data (a #cloud-config document or a script).
 	// +kubebuilder:validation:MaxLength=65536
 	// +optional
 	UserData string `json:"userData,omitempty"`
+	// UserDataSecretRef names a Secret in the VMI's namespace whose key userdata (or userData)
+	// is the user data, for user data that holds secrets (passwords, keys). The kubelet mounts
+	// it into the VM's pod like any Secret volume; lifeboat's controller never reads it.
+	// +optional
+	UserDataSecretRef *corev1.LocalObjectReference `json:"userDataSecretRef,omitempty"`
 	// NetworkData is cloud-init's network configuration (version 1 or 2).
 	// +kubebuilder:validation:MaxLength=65536
 	// +optional

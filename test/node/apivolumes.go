@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -12,11 +14,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// claimMounts resolves a pod's persistentVolumeClaim volumes to the directories of their bound
-// PersistentVolumes, as the kubelet's volume manager mounts them: a hostPath or local
-// PersistentVolume is a directory of this machine (a hostPath under a node's private prefixes
-// is that node's own). Other PersistentVolume sources are not supported.
-type claimMounts struct {
+// apiVolumes prepares the volumes whose source the node reads from the API server, as the
+// kubelet's volume manager does. A persistentVolumeClaim volume is the directory of its bound
+// PersistentVolume: a hostPath or local PersistentVolume is a directory of this machine (a
+// hostPath under a node's private prefixes is that node's own); other sources are not supported.
+// A Secret volume is the Secret's keys written as files in the pod's directory.
+type apiVolumes struct {
 	client kubernetes.Interface
 	l      *layout
 
@@ -30,7 +33,7 @@ func claimKey(uid types.UID, volume string) string { return string(uid) + "/" + 
 const claimTimeout = 10 * time.Second
 
 // resolve finds the directory of the claim of pod's volume v and remembers it for known.
-func (c *claimMounts) resolve(pod *corev1.Pod, v *corev1.Volume) error {
+func (c *apiVolumes) resolve(pod *corev1.Pod, v *corev1.Volume) error {
 	if c == nil || c.client == nil {
 		return fmt.Errorf("persistentVolumeClaim %q: this node has no API client to find it", v.PersistentVolumeClaim.ClaimName)
 	}
@@ -67,11 +70,33 @@ func (c *claimMounts) resolve(pod *corev1.Pod, v *corev1.Volume) error {
 }
 
 // known is the directory resolve found for pod's volume, or "".
-func (c *claimMounts) known(pod *corev1.Pod, volume string) string {
+func (c *apiVolumes) known(pod *corev1.Pod, volume string) string {
 	if c == nil {
 		return ""
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.paths[claimKey(pod.UID, volume)]
+}
+
+// writeSecret writes the keys of the Secret of pod's volume v as files into dir.
+func (c *apiVolumes) writeSecret(pod *corev1.Pod, v *corev1.Volume, dir string) error {
+	if c == nil || c.client == nil {
+		return fmt.Errorf("secret %q: this node has no API client to read it", v.Secret.SecretName)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+	defer cancel()
+	secret, err := c.client.CoreV1().Secrets(pod.Namespace).Get(ctx, v.Secret.SecretName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("secret %q: %w", v.Secret.SecretName, err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for key, data := range secret.Data {
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(key)), data, 0o400); err != nil {
+			return err
+		}
+	}
+	return nil
 }
