@@ -76,9 +76,9 @@ type VirtualMachineInstanceSpec struct {
 	// +optional
 	TerminationGracePeriodSeconds *int64 `json:"terminationGracePeriodSeconds,omitempty"`
 
-	// NodeSelector restricts the nodes the VM may run on, in addition to lifeboat.dev/kvm=true,
-	// which is lifeboat's to set.
-	// +kubebuilder:validation:XValidation:rule="!('lifeboat.dev/kvm' in self)",message="nodeSelector cannot name lifeboat.dev/kvm: lifeboat sets it on every VM's pod (lifeboat.dev/kvm=true, the nodes lifeboat runs VMs on)"
+	// NodeSelector restricts the nodes the VM may run on, in addition to lifeboat.dev/kvm=true;
+	// lifeboat.dev/ keys are lifeboat's to set.
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('lifeboat.dev/'))",message="nodeSelector cannot name lifeboat.dev/ keys: they are lifeboat's (it sets lifeboat.dev/kvm=true, the nodes lifeboat runs VMs on, on every VM's pod)"
 	// +optional
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 }
