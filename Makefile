@@ -130,7 +130,7 @@ demo: deps $(CLUSTER) lifeboat-bins
 	@$(CLUSTER) down --dir $(DEMO_DIR) >/dev/null
 	$(CLUSTER) up --dir $(DEMO_DIR) --nodes 2 --nodes-root $(DEMO_NODES) --lifeboat-bin bin --acceleration $(ACCELERATION)
 	@set -ex; \
-	$(KUBECTL) apply --server-side -f manifests/lifeboatconfig.yaml -f manifests/vmi-node-paths.yaml; \
+	$(KUBECTL) apply --server-side -f manifests/lifeboatconfig.yaml -f manifests/vmi-node-paths.yaml -f manifests/evacuation-annotations.yaml; \
 	: "A bandwidth cap, so that the transfer is slow enough to watch"; \
 	$(KUBECTL) patch lifeboatconfig cluster --type merge -p '{"spec":{"migrations":{"bandwidthPerMigration":"32Mi"}}}'; \
 	: "The VM names no node path: its kernel and its disk come from images the nodes pull, its configuration from cloud-init"; \

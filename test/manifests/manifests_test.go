@@ -40,6 +40,11 @@ var wantObjects = []string{
 	"ValidatingWebhookConfiguration lifeboat-eviction",
 	"ValidatingAdmissionPolicy lifeboat-vmi-node-paths",
 	"ValidatingAdmissionPolicyBinding lifeboat-vmi-node-paths",
+	"ValidatingAdmissionPolicy lifeboat-migration-cause",
+	"ValidatingAdmissionPolicyBinding lifeboat-migration-cause",
+	"ValidatingAdmissionPolicy lifeboat-cancel-evacuation",
+	"ValidatingAdmissionPolicyBinding lifeboat-cancel-evacuation",
+	"ClusterRole lifeboat-evacuation-canceller",
 }
 
 func key(o *unstructured.Unstructured) string {
@@ -214,11 +219,13 @@ func TestExamples(t *testing.T) {
 		}
 	})
 
-	// One VMI per way to give a VM its disks; each is accepted as written (the CRDs only: the
-	// node-path policy is tried in nodepaths_test.go).
+	// One VMI per way to give a VM its disks; each is accepted as written.
 	for file, strategy := range map[string]string{"vmi.yaml": "LiveMigrate", "vmi-containerdisk.yaml": "LiveMigrateIfPossible", "vmi-claim.yaml": "LiveMigrate", "vmi-node-paths.yaml": "LiveMigrate"} {
 		t.Run(file, func(t *testing.T) {
 			install(t) // the CRDs
+			if file == "vmi-node-paths.yaml" {
+				allowNodeDirectories(t, guestDir) // a lab admin's opt-in, which the example says it needs
+			}
 			data, err := os.ReadFile(filepath.Join(examples, file))
 			if err != nil {
 				t.Fatal(err)

@@ -28,7 +28,7 @@ type VirtualMachineInstance struct {
 }
 
 // VirtualMachineInstanceSpec is what the VM's owner asks for.
-// +kubebuilder:validation:XValidation:rule="(has(self.boot) && (has(self.boot.container) || has(self.boot.kernel) || has(self.boot.disk))) || (has(self.disks) && has(self.volumes) && self.disks.exists(d, self.volumes.exists(v, v.name == d.name && has(v.containerDisk))))",message="the VM boots nothing: it needs boot.container (a kernel in a container image), a disk on a containerDisk volume, or boot.kernel or boot.disk in a node directory the cluster admin allows"
+// +kubebuilder:validation:XValidation:rule="(has(self.boot) && (has(self.boot.container) || has(self.boot.kernel) || has(self.boot.disk))) || (has(self.disks) && has(self.volumes) && self.disks.exists(d, self.volumes.exists(v, v.name == d.name && (has(v.containerDisk) || has(v.persistentVolumeClaim)))))",message="the VM boots nothing: it needs boot.container (a kernel in a container image), a disk on a containerDisk or persistentVolumeClaim volume, or boot.kernel or boot.disk in a node directory the cluster admin allows"
 // +kubebuilder:validation:XValidation:rule="!has(self.disks) || self.disks.all(d, has(self.volumes) && self.volumes.exists(v, v.name == d.name))",message="every disk names a volume of spec.volumes"
 // +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.all(v, has(self.disks) && self.disks.exists(d, d.name == v.name))",message="every volume is attached by a disk of the same name in spec.disks"
 // +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.filter(v, has(v.cloudInitNoCloud)).size() <= 1",message="a VM has at most one cloudInitNoCloud volume"

@@ -1,0 +1,112 @@
+package manifests
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+
+	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// editor is a namespace user with every ordinary verb on VMIs and migrations in ns, as the
+// aggregated edit role would give, and, if canceller, lifeboat-evacuation-canceller there too.
+func editor(t *testing.T, ns, user string, canceller bool) lifeboatclient.Interface {
+	t.Helper()
+	ctx := context.Background()
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: []rbacv1.PolicyRule{{
+		APIGroups: []string{v1alpha1.GroupName}, Resources: []string{"virtualmachineinstances", "virtualmachineinstancemigrations"},
+		Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"},
+	}}}
+	if _, err := cluster.Kube.RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bind := func(name string, ref rbacv1.RoleRef) {
+		b := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name}, RoleRef: ref,
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}
+		if _, err := cluster.Kube.RbacV1().RoleBindings(ns).Create(ctx, b, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bind(user, rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name})
+	if canceller {
+		bind(user+"-canceller", rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "lifeboat-evacuation-canceller"})
+	}
+	cfg := rest.CopyConfig(cluster.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
+	return lifeboatclient.NewForConfigOrDie(cfg)
+}
+
+func migration(name string, annotations map[string]string) *v1alpha1.VirtualMachineInstanceMigration {
+	return &v1alpha1.VirtualMachineInstanceMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations},
+		Spec:       v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"},
+	}
+}
+
+func wantForbidden(t *testing.T, what string, err error, says string) {
+	t.Helper()
+	if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || err == nil || !strings.Contains(err.Error(), says) {
+		t.Errorf("%s: %v; want it refused, saying %q", what, err, says)
+	}
+}
+
+// A namespace user who may edit VMIs and migrations cannot steer an evacuation: not the cause or
+// deadline of a migration (which would make lifeboat pause or post-copy a guest as if a kubelet
+// were killing it), and not its cancellation (which would hold a drain hostage), unless a
+// cluster admin grants lifeboat-evacuation-canceller. lifeboat's controller sets the cause.
+func TestOnlyTheirOwnersSteerAnEvacuation(t *testing.T) {
+	install(t)
+	ctx := context.Background()
+	ns := testNamespace(t)
+	user := editor(t, ns, "vm-editor", false).LifeboatV1alpha1()
+	const causeMsg = "lifeboat.dev/cause and lifeboat.dev/deadline are lifeboat's to set"
+
+	_, err := user.VirtualMachineInstanceMigrations(ns).Create(ctx, migration("forged-cause", map[string]string{v1alpha1.AnnotationCause: "NodePressure"}), metav1.CreateOptions{})
+	wantForbidden(t, "a user's migration with a cause", err, causeMsg)
+	_, err = user.VirtualMachineInstanceMigrations(ns).Create(ctx, migration("forged-deadline", map[string]string{v1alpha1.AnnotationDeadline: "2026-01-01T00:00:00Z"}), metav1.CreateOptions{})
+	wantForbidden(t, "a user's migration with a deadline", err, causeMsg)
+	m, err := user.VirtualMachineInstanceMigrations(ns).Create(ctx, migration("manual", nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a user's plain (Manual) migration: %v", err)
+	}
+	_, err = user.VirtualMachineInstanceMigrations(ns).Patch(ctx, m.Name, types.MergePatchType,
+		[]byte(`{"metadata":{"annotations":{"lifeboat.dev/cause":"NodePressure"}}}`), metav1.PatchOptions{})
+	wantForbidden(t, "a cause added to a user's migration", err, causeMsg)
+
+	saUser, groups := serviceAccountUser(controllerSA)
+	cfg := rest.CopyConfig(cluster.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: saUser, Groups: groups}
+	controller := lifeboatclient.NewForConfigOrDie(cfg).LifeboatV1alpha1()
+	if _, err := controller.VirtualMachineInstanceMigrations(ns).Create(ctx, migration("evacuation", map[string]string{
+		v1alpha1.AnnotationCause: "NodePressure", v1alpha1.AnnotationDeadline: "2026-01-01T00:00:00Z"}), metav1.CreateOptions{}); err != nil {
+		t.Errorf("lifeboat's controller recording an evacuation's cause and deadline: %v", err)
+	}
+
+	vm := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm"}, Spec: v1alpha1.VirtualMachineInstanceSpec{
+		Memory: resource.MustParse("128Mi"),
+		Boot:   v1alpha1.BootSource{Container: &v1alpha1.KernelBootContainer{Image: "example.org/kernel", KernelPath: "/vmlinuz"}},
+	}}
+	if _, err := user.VirtualMachineInstances(ns).Create(ctx, vm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cancel := []byte(`{"metadata":{"annotations":{"lifeboat.dev/cancel-evacuation":"drain abandoned"}}}`)
+	_, err = user.VirtualMachineInstances(ns).Patch(ctx, vm.Name, types.MergePatchType, cancel, metav1.PatchOptions{})
+	wantForbidden(t, "an editor cancelling an evacuation", err, "needs the verb cancel-evacuation")
+	canceller := editor(t, ns, "drain-owner", true).LifeboatV1alpha1()
+	if _, err := canceller.VirtualMachineInstances(ns).Patch(ctx, vm.Name, types.MergePatchType, cancel, metav1.PatchOptions{}); err != nil {
+		t.Errorf("a holder of lifeboat-evacuation-canceller cancelling: %v", err)
+	}
+	// Removing the request (as lifeboat does once it is handled) needs no such verb.
+	if _, err := user.VirtualMachineInstances(ns).Patch(ctx, vm.Name, types.MergePatchType,
+		[]byte(`{"metadata":{"annotations":{"lifeboat.dev/cancel-evacuation":null}}}`), metav1.PatchOptions{}); err != nil {
+		t.Errorf("removing a cancel request: %v", err)
+	}
+}
