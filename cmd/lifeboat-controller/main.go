@@ -105,8 +105,8 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	budgets := disruption.NewBudgetInformer(kubeClient)
 	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, budgets, recorder, podOpts, log)
 	disruptionController := disruption.New(kubeClient, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), pods, budgets, recorder, log)
-	cancelController := cancellation.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), recorder, log)
 	reg := prometheus.NewRegistry()
+	cancelController := cancellation.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), recorder, cancellation.NewMetrics(reg), log)
 	// The controllers run in the leader only; every replica serves the webhook and metrics.
 	controllers := []func(context.Context) error{
 		func(ctx context.Context) error { return vmiController.Run(ctx, workers) },

@@ -29,9 +29,11 @@ import (
 	"github.com/lifeboat-vm/lifeboat/evacuation/internal/worker"
 )
 
-// Reasons: the Event on the VMI, and the EvictionRequested condition's reason once cancelled.
+// Reasons: the Events on the VMI, and the EvictionRequested condition's reason once cancelled.
 const (
 	ReasonEvacuationCancelled = "EvacuationCancelled"
+	// ReasonEvacuationNotCancelled: the request came when the pod was already being stopped.
+	ReasonEvacuationNotCancelled = "EvacuationNotCancelled"
 )
 
 // Controller carries out cancel requests.
@@ -42,17 +44,18 @@ type Controller struct {
 	synced     []cache.InformerSynced
 	queue      workqueue.TypedRateLimitingInterface[string]
 	recorder   record.EventRecorder
+	metrics    *Metrics
 	log        *slog.Logger
 }
 
 // New wires the controller to its informers.
 func New(lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInstanceInformer, migrations lifeboatinformers.VirtualMachineInstanceMigrationInformer,
-	recorder record.EventRecorder, log *slog.Logger) *Controller {
+	recorder record.EventRecorder, metrics *Metrics, log *slog.Logger) *Controller {
 	c := &Controller{
 		lifeboat: lb, vmis: vmis.Lister(), migrations: migrations.Lister(),
 		synced:   []cache.InformerSynced{vmis.Informer().HasSynced, migrations.Informer().HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "cancel"}),
-		recorder: recorder, log: log.With("controller", "cancel"),
+		recorder: recorder, metrics: metrics, log: log.With("controller", "cancel"),
 	}
 	enqueue := func(obj any) {
 		if v, ok := obj.(*v1alpha1.VirtualMachineInstance); ok && Requested(v) {
@@ -129,6 +132,15 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		return nil
 	}
 	vmis := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns)
+	if ok, why := Decide(cached); !ok {
+		if err := c.removeRequest(ctx, ns, name); err != nil {
+			return err
+		}
+		c.metrics.Requests.WithLabelValues(OutcomeRefused).Inc()
+		c.recorder.Event(cached, corev1.EventTypeWarning, ReasonEvacuationNotCancelled, "evacuation not cancelled: "+why)
+		c.log.Info("evacuation not cancelled", "vmi", key, "why", why)
+		return nil
+	}
 	var from string
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		vmi, err := vmis.Get(ctx, name, metav1.GetOptions{})
@@ -149,10 +161,10 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:null}}}`, v1alpha1.AnnotationCancelEvacuation)
-	if _, err := vmis.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("removing the cancel request: %w", err)
+	if err := c.removeRequest(ctx, ns, name); err != nil {
+		return err
 	}
+	c.metrics.Requests.WithLabelValues(OutcomeCancelled).Inc()
 	msg := "evacuation cancelled on request"
 	if from != "" {
 		msg += ": the VM stays on node " + from
@@ -164,5 +176,15 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	}
 	c.recorder.Event(cached, corev1.EventTypeNormal, ReasonEvacuationCancelled, msg)
 	c.log.Info(msg, "vmi", key)
+	return nil
+}
+
+// removeRequest removes the cancel annotation, handled either way.
+func (c *Controller) removeRequest(ctx context.Context, ns, name string) error {
+	patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:null}}}`, v1alpha1.AnnotationCancelEvacuation)
+	_, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("removing the cancel request: %w", err)
+	}
 	return nil
 }

@@ -2,7 +2,9 @@ package cancellation
 
 import (
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -42,6 +44,37 @@ func TestCancellable(t *testing.T) {
 			got := Cancellable(vmi, []*v1alpha1.VirtualMachineInstanceMigration{tc.m})
 			if (len(got) == 1) != tc.want {
 				t.Errorf("cancellable = %v, want %v", fmt.Sprint(len(got) == 1), tc.want)
+			}
+		})
+	}
+}
+
+func TestDecide(t *testing.T) {
+	deadline := metav1.NewTime(time.Date(2026, 11, 25, 12, 0, 45, 0, time.UTC))
+	marked := func(cause v1alpha1.MigrationCause, deadline *metav1.Time) *v1alpha1.VirtualMachineInstance {
+		v := &v1alpha1.VirtualMachineInstance{}
+		v.Status.NodeName, v.Status.EvacuationNodeName, v.Status.EvacuationDeadline = "node-1", "node-1", deadline
+		v.Status.Conditions = []metav1.Condition{{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionTrue, Reason: string(cause)}}
+		return v
+	}
+	cases := []struct {
+		name   string
+		vmi    *v1alpha1.VirtualMachineInstance
+		cancel bool
+		says   string
+	}{
+		{"a drain's mark (no deadline): cancelled", marked(v1alpha1.MigrationCauseAPIEviction, nil), true, ""},
+		{"an EvictionRequest's mark: cancelled", marked(v1alpha1.MigrationCauseEvictionRequest, nil), true, ""},
+		{"not marked: nothing to refuse", &v1alpha1.VirtualMachineInstance{}, true, ""},
+		{"the kubelet is killing the pod: refused, the node's deadline wins", marked(v1alpha1.MigrationCauseNodePressure, &deadline), false,
+			"already being stopped (NodePressure): it goes at 2026-11-25T12:00:45Z whatever is cancelled"},
+		{"the pod was deleted: refused", marked(v1alpha1.MigrationCausePodDeleted, &deadline), false, "(PodDeleted)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cancel, why := Decide(tc.vmi)
+			if cancel != tc.cancel || !strings.Contains(why, tc.says) {
+				t.Errorf("Decide = %v, %q; want %v, saying %q", cancel, why, tc.cancel, tc.says)
 			}
 		})
 	}

@@ -373,3 +373,32 @@ func TestCancelAnEvacuation(t *testing.T) {
 	waitEvent(t, ns, vmi.Name, "EvacuationCancelled", 10*time.Second)
 	waitCounterPast(t, n.consolePath(vmi), before+2, 30*time.Second)
 }
+
+// TestACancelDoesNotOutliveTheNodesDeadline: when the kubelet is already stopping the VM's pod
+// (node pressure), a cancel cannot keep the pod and would only lose the VM: it is refused, with a
+// Warning Event saying why, the request is removed, and the mark stays.
+func TestACancelDoesNotOutliveTheNodesDeadline(t *testing.T) {
+	setConfig(t, true)
+	n, vmi := runningVM(t, "cancel-too-late", strategy(v1alpha1.EvictionStrategyLiveMigrate))
+	evict(t, n, vmi)
+	ns := vmi.Namespace
+	waitVMI(t, ns, vmi.Name, 30*time.Second, "marked with the kubelet's deadline", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.MarkedForEvacuation() && v.Status.EvacuationDeadline != nil
+	})
+	out, err := exec.Command(cluster.Binaries.Kubectl, "--kubeconfig", cluster.Kubeconfig, "-n", ns,
+		"annotate", "vmi", vmi.Name, v1alpha1.AnnotationCancelEvacuation+"=").CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl annotate: %v\n%s", err, out)
+	}
+	e := waitEvent(t, ns, vmi.Name, "EvacuationNotCancelled", 30*time.Second)
+	if e.Type != corev1.EventTypeWarning || !strings.Contains(e.Message, "already being stopped (NodePressure)") {
+		t.Errorf("Event %s %q: want a Warning saying the pod is already being stopped", e.Type, e.Message)
+	}
+	v := waitVMI(t, ns, vmi.Name, 30*time.Second, "the request removed", func(v *v1alpha1.VirtualMachineInstance) bool {
+		_, requested := v.Annotations[v1alpha1.AnnotationCancelEvacuation]
+		return !requested
+	})
+	if !v.MarkedForEvacuation() {
+		t.Errorf("the refused cancel cleared the mark: %s", describe(v))
+	}
+}
