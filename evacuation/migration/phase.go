@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -66,6 +67,11 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachin
 
 	switch status.Phase {
 	case "", v1alpha1.MigrationPending:
+		// Whoever made it (a person's Manual migration included), a VM its agent found not
+		// live-migratable is not moved: its disks would stay behind or be shared unsafely.
+		if c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VMIConditionLiveMigratable); c != nil && c.Status == metav1.ConditionFalse {
+			return fail(fmt.Sprintf("VMI %s cannot be live-migrated (%s): %s", v.Name, c.Reason, c.Message))
+		}
 		if status.SourceNode == "" {
 			status.SourceNode = v.Status.NodeName
 		}

@@ -17,6 +17,9 @@ func TestNext(t *testing.T) {
 	running.Status.Phase, running.Status.NodeName = v1alpha1.VMIRunning, "a"
 	stopped := running.DeepCopy()
 	stopped.Status.Phase = v1alpha1.VMISucceeded
+	unmovable := running.DeepCopy()
+	unmovable.Status.Conditions = []metav1.Condition{{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionFalse,
+		Reason: "DisksNotLiveMigratable", Message: `persistentVolumeClaim "db" (volume "data") is not ReadWriteMany`}}
 	mig := func(phase v1alpha1.VirtualMachineInstanceMigrationPhase) *v1alpha1.VirtualMachineInstanceMigration {
 		m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: now}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
 		m.Status.Phase, m.Status.SourceNode = phase, "a"
@@ -44,6 +47,8 @@ func TestNext(t *testing.T) {
 		wantReason string // part of the failure reason
 	}{
 		{"new: create the target pod", mig(""), running, nil, v1alpha1.MigrationPending, CreateTargetPod, ""},
+		{"a VM its agent found not live-migratable: Failed before any target pod, with the reason", mig(""), unmovable, nil, v1alpha1.MigrationFailed, NoAction,
+			`cannot be live-migrated (DisksNotLiveMigratable): persistentVolumeClaim "db"`},
 		{"target pod exists: Scheduling", mig(v1alpha1.MigrationPending), running, pod("", corev1.PodPending), v1alpha1.MigrationScheduling, NoAction, ""},
 		{"target pod on a node: Scheduled", mig(v1alpha1.MigrationScheduling), running, pod("b", corev1.PodPending), v1alpha1.MigrationScheduled, NoAction, ""},
 		{"target launcher runs: the target agent prepares", mig(v1alpha1.MigrationScheduled), running, pod("b", corev1.PodRunning), v1alpha1.MigrationPreparingTarget, NoAction, ""},

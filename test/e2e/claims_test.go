@@ -143,4 +143,22 @@ func TestAReadWriteOnceClaimKeepsTheVMWhereItIs(t *testing.T) {
 	if c.Status != metav1.ConditionFalse || c.Reason != "DisksNotLiveMigratable" || !strings.Contains(c.Message, `persistentVolumeClaim "own-disk" (volume "data") is not ReadWriteMany`) {
 		t.Errorf("LiveMigratable %+v: want False, DisksNotLiveMigratable, naming the claim", c)
 	}
+
+	// A person's migration of it fails at once, with the reason, and makes no target pod.
+	migrations := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns)
+	m, err := migrations.Create(context.Background(), &v1alpha1.VirtualMachineInstanceMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: "by-hand"}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: v.Name}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		m, err = migrations.Get(ctx, m.Name, metav1.GetOptions{})
+		return err == nil && m.Status.Phase == v1alpha1.MigrationFailed, nil
+	})
+	if err != nil || !strings.Contains(m.Status.FailureReason, "cannot be live-migrated (DisksNotLiveMigratable)") || m.Status.TargetPod != "" {
+		t.Errorf("a manual migration of it: phase %s, reason %q, target pod %q; want Failed at once, with the reason, and no target pod", m.Status.Phase, m.Status.FailureReason, m.Status.TargetPod)
+	}
+	if got := getVMI(t, ns, v.Name); !running(got) || got.Status.NodeName != v.Status.NodeName {
+		t.Errorf("the VM must keep running where it was: %s", describe(got))
+	}
 }
