@@ -225,7 +225,12 @@ func claimCapacity(claims []v1alpha1.VolumeStatus, volume string) int64 {
 // (its capacity, or its file system where that is smaller or the capacity unknown), less the
 // file system's overhead, in whole MiB. An existing one is the user's data and is kept as it is.
 func ensureClaimDisk(path string, capacity int64) error {
-	if _, err := os.Stat(path); err == nil {
+	// Not followed: whoever else mounts the claim could make disk.img a symlink to a file of the
+	// launcher's (another VM's socket, the node's run directory) or a device node.
+	if info, err := os.Lstat(path); err == nil {
+		if !info.Mode().IsRegular() {
+			return fmt.Errorf("%s on the claim is not a regular file (%s)", contract.ClaimDiskFile, info.Mode().Type())
+		}
 		return nil
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return err

@@ -193,6 +193,14 @@ func TestClaimDiskFillsTheClaimAndKeepsAnExistingOne(t *testing.T) {
 	if data, _ := os.ReadFile(disk); string(data) != "the user's data" {
 		t.Errorf("an existing disk.img was changed: %q", data)
 	}
+
+	planted := filepath.Join(t.TempDir(), "disk.img")
+	if err := os.Symlink("/var/run/lifeboat/notify.sock", planted); err != nil {
+		t.Fatal(err)
+	}
+	if err := ensureClaimDisk(planted, 100<<20); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("a disk.img planted as a symlink: %v; want it refused", err)
+	}
 }
 
 func TestSecretUserDataTakesKubeVirtsKeys(t *testing.T) {
