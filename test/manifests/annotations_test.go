@@ -4,12 +4,14 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
@@ -51,6 +53,19 @@ func migration(name string, annotations map[string]string) *v1alpha1.VirtualMach
 	}
 }
 
+// waitEnforced waits until try, a dry run, is refused: the API server loads newly installed
+// policies a moment after they are stored.
+func waitEnforced(t *testing.T, what string, try func(ctx context.Context) error) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := try(ctx)
+		return apierrors.IsForbidden(err) || apierrors.IsInvalid(err), nil
+	})
+	if err != nil {
+		t.Fatalf("the API server never enforced the policy on %s within 30s", what)
+	}
+}
+
 func wantForbidden(t *testing.T, what string, err error, says string) {
 	t.Helper()
 	if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || err == nil || !strings.Contains(err.Error(), says) {
@@ -68,6 +83,11 @@ func TestOnlyTheirOwnersSteerAnEvacuation(t *testing.T) {
 	ns := testNamespace(t)
 	user := editor(t, ns, "vm-editor", false).LifeboatV1alpha1()
 	const causeMsg = "lifeboat.dev/cause and lifeboat.dev/deadline are lifeboat's to set"
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	waitEnforced(t, "migrations", func(ctx context.Context) error {
+		_, err := user.VirtualMachineInstanceMigrations(ns).Create(ctx, migration("probe", map[string]string{v1alpha1.AnnotationCause: "NodePressure"}), dryRun)
+		return err
+	})
 
 	_, err := user.VirtualMachineInstanceMigrations(ns).Create(ctx, migration("forged-cause", map[string]string{v1alpha1.AnnotationCause: "NodePressure"}), metav1.CreateOptions{})
 	wantForbidden(t, "a user's migration with a cause", err, causeMsg)
@@ -98,6 +118,10 @@ func TestOnlyTheirOwnersSteerAnEvacuation(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel := []byte(`{"metadata":{"annotations":{"lifeboat.dev/cancel-evacuation":"drain abandoned"}}}`)
+	waitEnforced(t, "VMIs", func(ctx context.Context) error {
+		_, err := user.VirtualMachineInstances(ns).Patch(ctx, vm.Name, types.MergePatchType, cancel, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	})
 	_, err = user.VirtualMachineInstances(ns).Patch(ctx, vm.Name, types.MergePatchType, cancel, metav1.PatchOptions{})
 	wantForbidden(t, "an editor cancelling an evacuation", err, "needs the verb cancel-evacuation")
 	canceller := editor(t, ns, "drain-owner", true).LifeboatV1alpha1()
