@@ -48,7 +48,9 @@ func (f *webhookFlags) options() (webhook.Options, error) {
 func serveMetrics(ctx context.Context, address string, reg *prometheus.Registry) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Addr: address, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// Bounded, so that slow clients cannot pin goroutines and buffers (issue 26).
+	srv := &http.Server{Addr: address, Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()

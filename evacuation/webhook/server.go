@@ -98,7 +98,13 @@ func (s *Server) Run(ctx context.Context) error {
 		Handler:           mux,
 		TLSConfig:         &tls.Config{GetCertificate: s.certs.getCertificate, MinVersion: tls.VersionTLS12},
 		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// An AdmissionReview is small and answered within the API server's 5 s webhook timeout;
+		// bounds keep slow clients from pinning goroutines and buffers (issue 26).
+		ReadTimeout:    15 * time.Second,
+		WriteTimeout:   15 * time.Second,
+		IdleTimeout:    2 * time.Minute,
+		MaxHeaderBytes: 64 << 10,
+		ErrorLog:       slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(l, "", "") }()
