@@ -22,7 +22,8 @@ type XMLOptions struct {
 	// DiskFormat is the format of spec.boot.disk, "qcow2" or "raw". Empty means by the
 	// file's extension: .qcow2 is qcow2, anything else raw.
 	DiskFormat string
-	// Kernel and Initrd are the files of spec.boot.container, found in its image by the launcher.
+	// Kernel and Initrd are the files the guest boots, as the launcher found them (in
+	// spec.boot.container's image); empty means spec.boot.kernel's and spec.boot.initrd's.
 	Kernel, Initrd string
 	// Disks are spec.disks, in order, as the launcher prepared them.
 	Disks []Disk

@@ -223,11 +223,7 @@ func startGuest(ctx context.Context, conn *domain.Conn, cfg Config, dir string, 
 		ObjectMeta: metav1.ObjectMeta{Namespace: cfg.VMI.Namespace, Name: cfg.VMI.Name, UID: types.UID(cfg.VMI.UID)},
 		Spec:       cfg.VMI.Spec,
 	}
-	kernel, initrd := vmi.Spec.Boot.Kernel, vmi.Spec.Boot.Initrd
-	if prepared.Kernel != "" {
-		kernel, initrd = prepared.Kernel, prepared.Initrd
-	}
-	accel, err := domain.ResolveAcceleration(ctx, conn, cfg.Acceleration, kernel, initrd)
+	accel, err := domain.ResolveAcceleration(ctx, conn, cfg.Acceleration, prepared.Kernel, prepared.Initrd)
 	if err != nil {
 		return fmt.Errorf("choosing the acceleration: %w", err)
 	}

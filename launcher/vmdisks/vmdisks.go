@@ -36,6 +36,8 @@ type Dirs struct {
 
 // Prepared is what the domain is built from besides the VMI's spec.
 type Prepared struct {
+	// Kernel and Initrd are the files the guest boots: boot.container's, found in its image, or
+	// boot.kernel's and boot.initrd's.
 	Kernel, Initrd string
 	Disks          []domain.Disk
 }
@@ -51,7 +53,8 @@ type Identity struct {
 // claims are the VMI's record of its claims (status.volumeStatus): a ReadWriteMany claim's disk
 // is attached as shared, which a migration leaves where it is.
 func Prepare(ctx context.Context, spec v1alpha1.VirtualMachineInstanceSpec, claims []v1alpha1.VolumeStatus, id Identity, dirs Dirs) (Prepared, error) {
-	var p Prepared
+	// Node files (admin-allowed, checked by the launcher before) are used as they are.
+	p := Prepared{Kernel: spec.Boot.Kernel, Initrd: spec.Boot.Initrd}
 	if c := spec.Boot.Container; c != nil {
 		var err error
 		if p.Kernel, err = InImage(dirs.KernelBoot, c.KernelPath); err != nil {
@@ -86,8 +89,12 @@ func prepareVolume(ctx context.Context, v v1alpha1.Volume, claims []v1alpha1.Vol
 	switch {
 	case v.PersistentVolumeClaim != nil:
 		_, shared := v1alpha1.ReadWriteMany(claims, v.Name)
+		var capacity int64
+		if info := v1alpha1.ClaimInfo(claims, v.Name); info != nil {
+			capacity = info.Capacity.Storage().Value()
+		}
 		image := filepath.Join(dirs.Claims, v.Name, contract.ClaimDiskFile)
-		if err := ensureClaimDisk(image, claimCapacity(claims, v.Name)); err != nil {
+		if err := ensureClaimDisk(image, capacity); err != nil {
 			return domain.Disk{}, fmt.Errorf("persistentVolumeClaim %q: %w", v.PersistentVolumeClaim.ClaimName, err)
 		}
 		return domain.Disk{Path: image, Format: "raw", Shared: shared}, nil
@@ -210,16 +217,6 @@ func qemuImg(ctx context.Context, args ...string) ([]byte, error) {
 // fileSystemOverhead is the part of a claim's file system left free when disk.img is made to
 // fill it (KubeVirt's default, 5.5%): the file system's own structures need room.
 const fileSystemOverhead = 0.055
-
-// claimCapacity is the capacity the VMI's record gives volume's claim, or 0 if none.
-func claimCapacity(claims []v1alpha1.VolumeStatus, volume string) int64 {
-	for _, c := range claims {
-		if c.Name == volume && c.PersistentVolumeClaimInfo != nil {
-			return c.PersistentVolumeClaimInfo.Capacity.Storage().Value()
-		}
-	}
-	return 0
-}
 
 // ensureClaimDisk makes disk.img on a claim that has none: a sparse raw image filling the claim
 // (its capacity, or its file system where that is smaller or the capacity unknown), less the

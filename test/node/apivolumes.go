@@ -29,15 +29,15 @@ type apiVolumes struct {
 
 func claimKey(uid types.UID, volume string) string { return string(uid) + "/" + volume }
 
-// claimTimeout bounds the API calls of one resolution.
-const claimTimeout = 10 * time.Second
+// apiTimeout bounds the API calls of one volume's preparation.
+const apiTimeout = 10 * time.Second
 
 // resolve finds the directory of the claim of pod's volume v and remembers it for known.
 func (c *apiVolumes) resolve(pod *corev1.Pod, v *corev1.Volume) error {
 	if c == nil || c.client == nil {
 		return fmt.Errorf("persistentVolumeClaim %q: this node has no API client to find it", v.PersistentVolumeClaim.ClaimName)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
 	name := v.PersistentVolumeClaim.ClaimName
 	claim, err := c.client.CoreV1().PersistentVolumeClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
@@ -84,7 +84,7 @@ func (c *apiVolumes) writeSecret(pod *corev1.Pod, v *corev1.Volume, dir string) 
 	if c == nil || c.client == nil {
 		return fmt.Errorf("secret %q: this node has no API client to read it", v.Secret.SecretName)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
 	secret, err := c.client.CoreV1().Secrets(pod.Namespace).Get(ctx, v.Secret.SecretName, metav1.GetOptions{})
 	if err != nil {

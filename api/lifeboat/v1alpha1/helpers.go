@@ -39,13 +39,19 @@ func (p VirtualMachineInstanceMigrationPhase) Terminal() bool {
 	return p == MigrationSucceeded || p == MigrationFailed
 }
 
+// ClaimInfo is what statuses record of volume's claim, or nil.
+func ClaimInfo(statuses []VolumeStatus, volume string) *PersistentVolumeClaimInfo {
+	for _, s := range statuses {
+		if s.Name == volume {
+			return s.PersistentVolumeClaimInfo
+		}
+	}
+	return nil
+}
+
 // ReadWriteMany reports whether statuses record volume's claim, and whether its access modes
 // let many nodes mount it (ReadWriteMany), as a migration needs.
 func ReadWriteMany(statuses []VolumeStatus, volume string) (recorded, rwx bool) {
-	for _, s := range statuses {
-		if s.Name == volume && s.PersistentVolumeClaimInfo != nil {
-			return true, slices.Contains(s.PersistentVolumeClaimInfo.AccessModes, corev1.ReadWriteMany)
-		}
-	}
-	return false, false
+	info := ClaimInfo(statuses, volume)
+	return info != nil, info != nil && slices.Contains(info.AccessModes, corev1.ReadWriteMany)
 }
