@@ -52,14 +52,17 @@ type Config struct {
 	// LauncherExit reads the exit code of the launcher of the VMI with uid on this node, nil
 	// while it runs; a restarted agent uses it to learn how a migration it lost track of ended.
 	LauncherExit func(ctx context.Context, namespace, vmiUID string) (*int32, error)
-	// LauncherPods lists the VMI UIDs of the launcher pods the API server has on this node.
-	// With it the agent removes the directories of launchers whose pods were deleted, every
-	// LauncherDirSweep; a directory that changed within LauncherDirMinAge is kept.
-	LauncherPods                        func(ctx context.Context) (map[string]bool, error)
-	LauncherDirSweep, LauncherDirMinAge time.Duration
-	// PodInformer, if set, holds this node's launcher pods: a pod deleted through the API gives
-	// its SIGTERM its cause and deadline (PodDeletion).
+	// PodInformer, if set, holds this node's launcher pods: the agent links each VMI's directory
+	// to its pod's run volume (poddirs.go), and a pod deleted through the API gives its SIGTERM
+	// its cause and deadline (PodDeletion).
 	PodInformer cache.SharedIndexInformer
+	// KubeletPodsDir is the kubelet's pods directory (/var/lib/kubelet/pods), where launcher
+	// pods' volumes are; PodDirResync is how often every link is checked again.
+	KubeletPodsDir string
+	PodDirResync   time.Duration
+	// ServeNotify serves a launcher's notify socket at path, for the VMI with vmiUID, until ctx
+	// ends (notifyserver.Server.Serve).
+	ServeNotify func(ctx context.Context, path, vmiUID string) error
 }
 
 // Agent keeps the status of the VMIs on its node true and ends their guests as decided.
@@ -204,8 +207,9 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 		go wait.UntilWithContext(ctx, a.runWorker, time.Second)
 	}
 	go a.migrations.run(ctx)
-	if a.cfg.LauncherPods != nil {
-		go wait.UntilWithContext(ctx, a.sweepLauncherDirs, a.cfg.LauncherDirSweep)
+	if a.cfg.PodInformer != nil {
+		dirs := &podDirs{a: a, notify: map[string]*notifyServing{}}
+		go dirs.run(ctx, a.cfg.PodDirResync)
 	}
 	a.cfg.Log.Info("agent started", "node", a.cfg.NodeName, "domainsDir", a.cfg.DomainsDir)
 	for {

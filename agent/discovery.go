@@ -15,7 +15,9 @@ const LibvirtSocketName = "libvirt-sock"
 
 // discover reports launcher sockets under root: each <root>/<vmi-uid>/libvirt-sock that exists
 // now or appears later is sent to found, once per appearance. Directories that go away are sent
-// to gone. It watches with fsnotify instead of polling so a new launcher is seen at once.
+// to gone. It watches with fsnotify instead of polling so a new launcher is seen at once. A
+// <vmi-uid> entry is the agent's link to the launcher pod's run volume (poddirs.go); the watch
+// follows it.
 func discover(ctx context.Context, root string, found, gone chan<- string) error {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return err
@@ -34,8 +36,9 @@ func discover(ctx context.Context, root string, found, gone chan<- string) error
 		return err
 	}
 	for _, e := range entries {
-		if e.IsDir() {
-			watchLauncherDir(ctx, w, filepath.Join(root, e.Name()), found)
+		path := filepath.Join(root, e.Name())
+		if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+			watchLauncherDir(ctx, w, path, found)
 		}
 	}
 	for {

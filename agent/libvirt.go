@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/lifeboat-vm/lifeboat/agent/podsocket"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
@@ -15,9 +16,15 @@ type libvirtConn struct {
 	cancel  context.CancelFunc
 }
 
-// DialLibvirt connects to a launcher's libvirt and follows its lifecycle events.
+// DialLibvirt connects to a launcher's libvirt and follows its lifecycle events. The socket is
+// a file in the launcher's pod; it is dialled as it is, never through a symlink (podsocket).
 func DialLibvirt(ctx context.Context, socketPath, _ string) (DomainConn, error) {
-	conn, err := domain.Connect(socketPath)
+	var conn *domain.Conn
+	err := podsocket.WithPath(socketPath, func(resolved string) error {
+		var err error
+		conn, err = domain.Connect(resolved)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -98,3 +105,4 @@ func (c *libvirtConn) StartPostCopy(name string) error               { return c.
 func (c *libvirtConn) Suspend(name string) error                     { return c.conn.Suspend(name) }
 func (c *libvirtConn) Resume(name string) error                      { return c.conn.Resume(name) }
 func (c *libvirtConn) LoadQEMUCapabilities() error                   { return c.conn.LoadQEMUCapabilities() }
+func (c *libvirtConn) Session() bool                                 { return c.conn.Session() }

@@ -36,6 +36,8 @@ type Migrator interface {
 	Resume(name string) error
 	// LoadQEMUCapabilities returns once the launcher's libvirtd has QEMU's capabilities.
 	LoadQEMUCapabilities() error
+	// Session reports whether the launcher's libvirtd is a session daemon (domain.Conn.Session).
+	Session() bool
 }
 
 // migrations runs this node's part of live migrations: as target, the proxies to the target

@@ -104,7 +104,7 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	allowed, bandwidth := MigrationSettings(m.a.eviction().Config)
 	// The launcher's libvirt sees its directory at the path in the pod, not at the agent's.
 	podDir := filepath.Join(contract.DomainsDir, string(vmi.UID))
-	destURI, migrateURI := domain.ProxiedURIs(podDir)
+	destURI, migrateURI := domain.ProxiedURIs(podDir, mg.Session())
 	opts := domain.MigrateOptions{DestURI: destURI, MigrateURI: migrateURI, Bandwidth: bandwidth, AutoConverge: allowed.AutoConverge, AllowPostCopy: allowed.PostCopy}
 	if CopiesDisks(vmi) {
 		opts.DisksURI = domain.ProxiedDisksURI(podDir)

@@ -51,6 +51,7 @@ func (s *stuckMigrator) StartPostCopy(string) error {
 }
 
 func (s *stuckMigrator) LoadQEMUCapabilities() error { return nil }
+func (s *stuckMigrator) Session() bool               { return true }
 
 func (s *stuckMigrator) Suspend(string) error {
 	close(s.suspended)

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 
+	"golang.org/x/sys/unix"
 	"libvirt.org/go/libvirt"
 )
 
@@ -27,16 +29,28 @@ type Conn struct {
 	streams sync.WaitGroup
 }
 
-// SocketURI is the URI of the system QEMU driver of the daemon listening on socketPath.
-func SocketURI(socketPath string) string {
+// SocketURI is the URI of the QEMU driver of the daemon listening on socketPath: the session
+// driver of a session daemon, the system driver of a system daemon (see daemonLayout).
+func SocketURI(socketPath string, session bool) string {
+	if session {
+		return "qemu+unix:///session?socket=" + socketPath
+	}
 	return "qemu+unix:///system?socket=" + socketPath
 }
 
 // Connect opens a connection to the libvirt daemon listening on socketPath, such as a
-// private daemon's Libvirtd.Socket().
+// private daemon's Libvirtd.Socket(). A daemon's socket belongs to the user it runs as, so
+// the socket's owner says which driver to ask for: root's daemon is a system daemon.
 func Connect(socketPath string) (*Conn, error) {
-	return connectURI(SocketURI(socketPath))
+	var st unix.Stat_t
+	if err := unix.Stat(socketPath, &st); err != nil {
+		return nil, fmt.Errorf("connecting to libvirt at %s: %w", socketPath, err)
+	}
+	return connectURI(SocketURI(socketPath, st.Uid != 0))
 }
+
+// Session reports whether the daemon is a session daemon (it runs as a user other than root).
+func (c *Conn) Session() bool { return strings.HasPrefix(c.uri, "qemu+unix:///session") }
 
 func connectURI(uri string) (*Conn, error) {
 	// The event loop must exist before the connection, so that the connection uses it

@@ -29,15 +29,13 @@ type Config struct {
 	SocketDir string
 	// Binary is the daemon to run; empty means /usr/sbin/libvirtd.
 	Binary string
-	// CapabilitiesCache, if not empty, is a directory for libvirt's QEMU capabilities cache
-	// that the node's daemons share (created if missing). Empty means the daemon's own.
-	CapabilitiesCache string
 }
 
 // stopTimeout is how long Stop waits after SIGTERM before it kills.
 const stopTimeout = 10 * time.Second
 
-// Libvirtd is a private libvirt daemon in its own mount namespace, a child of this process.
+// Libvirtd is a private libvirt daemon, a child of this process: a session daemon as this
+// process's user, or for a root caller a system daemon in its own mount namespace.
 type Libvirtd struct {
 	layout  daemonLayout
 	cmd     *exec.Cmd
@@ -62,31 +60,14 @@ func StartLibvirtd(ctx context.Context, cfg Config) (*Libvirtd, error) {
 	if err := writeDaemonFiles(layout); err != nil {
 		return nil, err
 	}
-	spec, err := json.Marshal(shimSpec{
-		Mounts: layout.mounts(),
-		Binary: binary,
-		Args:   []string{"-f", layout.confFile(), "-p", layout.pidFile()},
-	})
-	if err != nil {
-		return nil, err
-	}
 	logFile, err := os.Create(layout.daemonLog())
 	if err != nil {
 		return nil, fmt.Errorf("creating the libvirtd log: %w", err)
 	}
-	cmd := &exec.Cmd{
-		// /proc/self/exe is this very binary even if its file was replaced or removed since.
-		Path:   "/proc/self/exe",
-		Args:   []string{"lifeboat-libvirtd-shim"},
-		Env:    append(os.Environ(), shimEnv+"="+string(spec)),
-		Stdout: logFile,
-		Stderr: logFile,
-		SysProcAttr: &syscall.SysProcAttr{
-			Unshareflags: syscall.CLONE_NEWNS,
-			// A daemon whose owner died (a test binary killed by its timeout, say) goes too.
-			Pdeathsig: syscall.SIGKILL,
-			Setpgid:   true,
-		},
+	cmd, err := daemonCommand(layout, binary, logFile)
+	if err != nil {
+		logFile.Close()
+		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
@@ -103,6 +84,34 @@ func StartLibvirtd(ctx context.Context, cfg Config) (*Libvirtd, error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+// daemonCommand runs binary for l. A session daemon is started as it is; a system daemon
+// through the shim, which makes its mounts first.
+func daemonCommand(l daemonLayout, binary string, log *os.File) (*exec.Cmd, error) {
+	args := []string{"-f", l.confFile(), "-p", l.pidFile()}
+	// A daemon whose owner died (a test binary killed by its timeout, say) goes too.
+	attr := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if l.session {
+		cmd := exec.Command(binary, args...)
+		cmd.Env = append(os.Environ(), l.env()...)
+		cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = log, log, attr
+		return cmd, nil
+	}
+	spec, err := json.Marshal(shimSpec{Mounts: l.mounts(), Binary: binary, Args: args})
+	if err != nil {
+		return nil, err
+	}
+	attr.Unshareflags = syscall.CLONE_NEWNS
+	return &exec.Cmd{
+		// /proc/self/exe is this very binary even if its file was replaced or removed since.
+		Path:        "/proc/self/exe",
+		Args:        []string{"lifeboat-libvirtd-shim"},
+		Env:         append(os.Environ(), shimEnv+"="+string(spec)),
+		Stdout:      log,
+		Stderr:      log,
+		SysProcAttr: attr,
+	}, nil
 }
 
 // layoutFor checks cfg and makes its paths absolute: they end up in config files and are
@@ -127,13 +136,7 @@ func layoutFor(cfg Config) (daemonLayout, error) {
 			return daemonLayout{}, fmt.Errorf("starting libvirtd: path %q has a quote or newline, which libvirt's config files cannot hold", p)
 		}
 	}
-	l := daemonLayout{dir: dir, socketDir: socketDir}
-	if cfg.CapabilitiesCache != "" {
-		if l.capsCache, err = filepath.Abs(cfg.CapabilitiesCache); err != nil {
-			return daemonLayout{}, err
-		}
-	}
-	return l, nil
+	return daemonLayout{dir: dir, socketDir: socketDir, session: os.Geteuid() != 0}, nil
 }
 
 func writeDaemonFiles(l daemonLayout) error {
@@ -144,7 +147,7 @@ func writeDaemonFiles(l daemonLayout) error {
 	}
 	files := map[string]string{
 		l.confFile(): libvirtdConf(l.socketDir, uuid.NewString()),
-		l.qemuConf(): qemuConf(),
+		l.qemuConf(): qemuConf(l.session),
 	}
 	for path, content := range files {
 		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {

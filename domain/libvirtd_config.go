@@ -13,64 +13,87 @@ type bindMount struct {
 }
 
 // daemonLayout is where a private daemon keeps everything, under one directory.
+//
+// A daemon runs in the mode of its caller. A non-root caller (the launcher in its unprivileged
+// pod) gets a session daemon, which keeps everything under the directories its environment
+// names (XDG_*, HOME) and needs no privilege at all. libvirtd as root always runs in system
+// mode, with fixed system paths; a root caller (the domain tests, the migration-pair
+// benchmark on one machine) gets those paths from bind mounts in a private mount namespace.
 type daemonLayout struct {
 	dir       string
 	socketDir string
-	// capsCache, if not empty, is a directory shared by the node's daemons for libvirt's
-	// QEMU capabilities cache.
-	capsCache string
+	session   bool
 }
 
-func (l daemonLayout) confDir() string    { return filepath.Join(l.dir, "etc") }
+func (l daemonLayout) confDir() string {
+	if l.session {
+		return filepath.Join(l.configHome(), "libvirt")
+	}
+	return filepath.Join(l.dir, "etc")
+}
+
 func (l daemonLayout) runDir() string     { return filepath.Join(l.dir, "run") }
 func (l daemonLayout) libDir() string     { return filepath.Join(l.dir, "lib") }
 func (l daemonLayout) logDir() string     { return filepath.Join(l.dir, "log") }
 func (l daemonLayout) cacheDir() string   { return filepath.Join(l.dir, "cache") }
+func (l daemonLayout) configHome() string { return filepath.Join(l.dir, "config") }
+func (l daemonLayout) home() string       { return filepath.Join(l.dir, "home") }
 func (l daemonLayout) confFile() string   { return filepath.Join(l.confDir(), "libvirtd.conf") }
 func (l daemonLayout) qemuConf() string   { return filepath.Join(l.confDir(), "qemu.conf") }
 func (l daemonLayout) pidFile() string    { return filepath.Join(l.dir, "libvirtd.pid") }
 func (l daemonLayout) daemonLog() string  { return filepath.Join(l.dir, "libvirtd.log") }
 func (l daemonLayout) socket() string     { return filepath.Join(l.socketDir, "libvirt-sock") }
-func (l daemonLayout) qemuPidDir() string { return filepath.Join(l.runDir(), "qemu") }
 
-// capsCacheTarget is where libvirt keeps its QEMU capabilities cache, under /var/cache/libvirt.
-const capsCacheTarget = "/var/cache/libvirt/qemu/capabilities"
-
-// dirs are the directories to create before the daemon starts. libvirtd does not create
-// the QEMU log directory it needs with stdio_handler = "file".
-func (l daemonLayout) dirs() []string {
-	dirs := []string{l.confDir(), l.runDir(), l.libDir(), filepath.Join(l.logDir(), "qemu"), l.cacheDir(), l.socketDir}
-	if l.capsCache != "" {
-		dirs = append(dirs, l.capsCache)
+// qemuPidDir is where libvirt's QEMU driver writes a pid file per running domain:
+// <runtime dir>/libvirt/qemu/run in session mode, /run/libvirt/qemu in system mode.
+func (l daemonLayout) qemuPidDir() string {
+	if l.session {
+		return filepath.Join(l.runDir(), "libvirt", "qemu", "run")
 	}
-	return dirs
+	return filepath.Join(l.runDir(), "qemu")
 }
 
-// mounts are the bind mounts that give the daemon its own libvirt system paths, so that
+// dirs are the directories to create before the daemon starts. libvirtd does not create
+// the QEMU log directory it needs with stdio_handler = "file", nor its socket directory.
+func (l daemonLayout) dirs() []string {
+	if l.session {
+		return []string{l.confDir(), l.runDir(), l.cacheDir(), l.home(), l.socketDir}
+	}
+	return []string{l.confDir(), l.runDir(), l.libDir(), filepath.Join(l.logDir(), "qemu"), l.cacheDir(), l.socketDir}
+}
+
+// env is what a session daemon is told its directories are; libvirt (through GLib) takes
+// its configuration, runtime, cache and data directories from these.
+func (l daemonLayout) env() []string {
+	if !l.session {
+		return nil
+	}
+	return []string{
+		"HOME=" + l.home(),
+		"XDG_CONFIG_HOME=" + l.configHome(),
+		"XDG_RUNTIME_DIR=" + l.runDir(),
+		"XDG_CACHE_HOME=" + l.cacheDir(),
+		"XDG_DATA_HOME=" + filepath.Join(l.home(), "data"),
+		"XDG_STATE_HOME=" + filepath.Join(l.home(), "state"),
+	}
+}
+
+// mounts are the bind mounts that give a system daemon its own libvirt system paths, so that
 // several daemons run side by side as if each had the machine to itself.
-//
-// A shared capabilities cache is mounted last, inside the daemon's own cache. libvirt probes a
-// QEMU binary's capabilities (several seconds under TCG) the first time a daemon uses it, and a
-// migration target's daemon first uses it in the middle of the migration; with the cache the
-// node's first launcher pays once. libvirt checks a cached entry against the QEMU and libvirt
-// binaries' change times, the kernel and the CPU, and probes again if any differs.
 func (l daemonLayout) mounts() []bindMount {
-	mounts := []bindMount{
+	return []bindMount{
 		{Source: l.confDir(), Target: "/etc/libvirt"},
 		{Source: l.runDir(), Target: "/run/libvirt"},
 		{Source: l.libDir(), Target: "/var/lib/libvirt"},
 		{Source: l.logDir(), Target: "/var/log/libvirt"},
 		{Source: l.cacheDir(), Target: "/var/cache/libvirt"},
 	}
-	if l.capsCache != "" {
-		mounts = append(mounts, bindMount{Source: l.capsCache, Target: capsCacheTarget})
-	}
-	return mounts
 }
 
 // libvirtdConf is the daemon's libvirtd.conf. Its own host UUID keeps daemons apart
-// (migration refuses a destination with the source's UUID). The sockets are root's only
-// (0700) and so need no further authentication.
+// (migration refuses a destination with the source's UUID). The sockets are the daemon
+// user's only (0700) and so need no further authentication; root (the node's agent) may
+// connect to any.
 func libvirtdConf(socketDir, hostUUID string) string {
 	return confFile(
 		"unix_sock_dir", quote(socketDir),
@@ -83,17 +106,20 @@ func libvirtdConf(socketDir, hostUUID string) string {
 	)
 }
 
-// qemuConf is the daemon's qemu.conf, what libvirt's QEMU driver needs in a VM pod: QEMU
-// runs as root without a security driver or cgroup management (the pod's cgroup already
-// holds it), and QEMU's own output goes to a file rather than through virtlogd.
-func qemuConf() string {
-	return confFile(
+// qemuConf is the daemon's qemu.conf, what libvirt's QEMU driver needs in a VM pod: no
+// security driver or cgroup management (the pod's cgroup already holds QEMU), and QEMU's own
+// output goes to a file rather than through virtlogd. A session daemon runs QEMU as its own
+// user; a system daemon is told to keep it as root, as this root-only mode has no other user.
+func qemuConf(session bool) string {
+	kv := []string{
 		"security_driver", quote("none"),
 		"stdio_handler", quote("file"),
 		"cgroup_controllers", "[ ]",
-		"user", quote("root"),
-		"group", quote("root"),
-	)
+	}
+	if !session {
+		kv = append(kv, "user", quote("root"), "group", quote("root"))
+	}
+	return confFile(kv...)
 }
 
 // confFile writes key = value lines; values are already in libvirt's config syntax.

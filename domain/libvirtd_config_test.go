@@ -20,16 +20,42 @@ func TestLibvirtdConf(t *testing.T) {
 }
 
 func TestQEMUConf(t *testing.T) {
-	conf := qemuConf()
-	for _, line := range []string{
-		`security_driver = "none"`,
-		`stdio_handler = "file"`,
-		`cgroup_controllers = [ ]`,
-		`user = "root"`,
-		`group = "root"`,
-	} {
-		if !strings.Contains(conf, line+"\n") {
-			t.Errorf("qemu.conf has no line %q:\n%s", line, conf)
+	common := []string{`security_driver = "none"`, `stdio_handler = "file"`, `cgroup_controllers = [ ]`}
+	system, session := qemuConf(false), qemuConf(true)
+	for _, line := range append(common, `user = "root"`, `group = "root"`) {
+		if !strings.Contains(system, line+"\n") {
+			t.Errorf("a system daemon's qemu.conf has no line %q:\n%s", line, system)
+		}
+	}
+	for _, line := range common {
+		if !strings.Contains(session, line+"\n") {
+			t.Errorf("a session daemon's qemu.conf has no line %q:\n%s", line, session)
+		}
+	}
+	// A session daemon runs QEMU as its own user; naming another is an error there.
+	if strings.Contains(session, "user =") || strings.Contains(session, "group =") {
+		t.Errorf("a session daemon's qemu.conf names a user or group:\n%s", session)
+	}
+}
+
+func TestSessionDaemonLayout(t *testing.T) {
+	l := daemonLayout{dir: "/p/libvirt", socketDir: "/p", session: true}
+	env := map[string]string{}
+	for _, kv := range l.env() {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	// libvirt reads qemu.conf from $XDG_CONFIG_HOME/libvirt and writes QEMU's pid files under
+	// $XDG_RUNTIME_DIR/libvirt/qemu/run; everything stays under the daemon's directory.
+	if got, want := l.qemuConf(), env["XDG_CONFIG_HOME"]+"/libvirt/qemu.conf"; got != want {
+		t.Errorf("qemu.conf is written at %s, but a session daemon reads %s", got, want)
+	}
+	if got, want := l.qemuPidDir(), env["XDG_RUNTIME_DIR"]+"/libvirt/qemu/run"; got != want {
+		t.Errorf("QEMU pid files are looked for in %s, but a session daemon writes them in %s", got, want)
+	}
+	for _, k := range []string{"HOME", "XDG_CONFIG_HOME", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"} {
+		if !strings.HasPrefix(env[k], "/p/libvirt/") {
+			t.Errorf("$%s = %q, want a directory under the daemon's /p/libvirt", k, env[k])
 		}
 	}
 }
@@ -56,16 +82,6 @@ func TestDaemonLayout(t *testing.T) {
 	}
 	if l.qemuPidDir() != targets["/run/libvirt"]+"/qemu" {
 		t.Errorf("QEMU pid files are looked for in %s, but libvirt writes them in %s/qemu", l.qemuPidDir(), targets["/run/libvirt"])
-	}
-
-	// A shared capabilities cache is mounted after, so inside, the daemon's own cache.
-	l, err = layoutFor(Config{Dir: "/d", CapabilitiesCache: "/run/lifeboat/qemu-capabilities"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mounts := l.mounts()
-	if last := mounts[len(mounts)-1]; last != (bindMount{Source: "/run/lifeboat/qemu-capabilities", Target: "/var/cache/libvirt/qemu/capabilities"}) {
-		t.Errorf("the last mount is %+v, want the shared capabilities cache over libvirt's", last)
 	}
 
 	l, err = layoutFor(Config{Dir: "/d"})

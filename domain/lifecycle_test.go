@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -228,48 +225,5 @@ func TestTwoDaemonsEachRunAGuest(t *testing.T) {
 	}
 	if state, _, err := instances[1].conn.State(instances[1].name); err != nil || state != Running {
 		t.Errorf("the other daemon's guest: state %s, error %v; want %s", state, err, Running)
-	}
-}
-
-// The node's launchers share libvirt's QEMU capabilities cache: the first daemon probes QEMU
-// and writes it, a later one reads it and starts its guest without probing again.
-func TestSharedCapabilitiesCacheProbesQEMUOnce(t *testing.T) {
-	cache := filepath.Join(t.TempDir(), "qemu-capabilities")
-	cacheEntries := func() map[string]time.Time {
-		t.Helper()
-		entries, err := os.ReadDir(cache)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files := map[string]time.Time{}
-		for _, e := range entries {
-			info, err := e.Info()
-			if err != nil {
-				t.Fatal(err)
-			}
-			files[e.Name()] = info.ModTime()
-		}
-		return files
-	}
-
-	first := connect(t, startDaemonConfig(t, Config{Dir: t.TempDir(), CapabilitiesCache: cache}))
-	if err := first.LoadQEMUCapabilities(); err != nil {
-		t.Fatal(err)
-	}
-	probed := cacheEntries()
-	if len(probed) != 1 {
-		t.Fatalf("after the first daemon loaded its QEMU capabilities the shared cache holds %v, want one entry (the host's QEMU)", probed)
-	}
-
-	second := connect(t, startDaemonConfig(t, Config{Dir: t.TempDir(), CapabilitiesCache: cache}))
-	if err := second.LoadQEMUCapabilities(); err != nil {
-		t.Fatal(err)
-	}
-	_, console := runGuest(t, second, guestVMI(t, "second"))
-	if _, err := guest.WaitForLine(guestContext(t), console, protocol.Ready); err != nil {
-		t.Fatal(err)
-	}
-	if after := cacheEntries(); !maps.Equal(after, probed) {
-		t.Errorf("the second daemon rewrote the shared capabilities cache (entries and times %v, were %v): it probed QEMU again instead of reading the cache", after, probed)
 	}
 }

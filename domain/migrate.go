@@ -21,9 +21,10 @@ const (
 )
 
 // ProxiedURIs are the DestURI and MigrateURI of a migration through the agents' proxies
-// from and to the VMI directory vmiDir.
-func ProxiedURIs(vmiDir string) (destURI, migrateURI string) {
-	return SocketURI(filepath.Join(vmiDir, MigrationLibvirtSocket)), "unix://" + filepath.Join(vmiDir, MigrationQEMUSocket)
+// from and to the VMI directory vmiDir. The destination daemon is of the source's kind
+// (session says which, Conn.Session): launchers of one release run their daemons alike.
+func ProxiedURIs(vmiDir string, session bool) (destURI, migrateURI string) {
+	return SocketURI(filepath.Join(vmiDir, MigrationLibvirtSocket), session), "unix://" + filepath.Join(vmiDir, MigrationQEMUSocket)
 }
 
 // ProxiedDisksURI is the DisksURI of a migration through the agents' proxies from and to vmiDir.

@@ -95,12 +95,15 @@ func TestMigrateParams(t *testing.T) {
 }
 
 func TestProxiedURIs(t *testing.T) {
-	dest, mig := ProxiedURIs("/var/run/lifeboat/domains/u1")
+	dest, mig := ProxiedURIs("/var/run/lifeboat/domains/u1", false)
 	if want := "qemu+unix:///system?socket=/var/run/lifeboat/domains/u1/migration-libvirt.sock"; dest != want {
 		t.Errorf("destination URI = %s, want %s", dest, want)
 	}
 	if want := "unix:///var/run/lifeboat/domains/u1/migration-qemu.sock"; mig != want {
 		t.Errorf("migration URI = %s, want %s", mig, want)
+	}
+	if dest, _ := ProxiedURIs("/var/run/lifeboat/domains/u1", true); dest != "qemu+unix:///session?socket=/var/run/lifeboat/domains/u1/migration-libvirt.sock" {
+		t.Errorf("destination URI of a session daemon's migration = %s, want the session driver", dest)
 	}
 	if got, want := ProxiedDisksURI("/var/run/lifeboat/domains/u1"), "unix:///var/run/lifeboat/domains/u1/migration-nbd.sock"; got != want {
 		t.Errorf("disks URI = %s, want %s", got, want)

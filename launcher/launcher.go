@@ -33,14 +33,10 @@ type Config struct {
 	MigrationTarget       string
 	PodGracePeriodSeconds int64
 	DomainsDir            string
-	// CapabilitiesCache is libvirt's QEMU capabilities cache shared by the node's launchers;
-	// empty means the daemon's own.
-	CapabilitiesCache string
 	// NodeDirectories are the allowed node directories the pod mounts; boot files must stay in them.
 	NodeDirectories []string
 	// Disks are where the pod mounts the VM's images and its emptyDir.
 	Disks        vmdisks.Dirs
-	NotifySocket string
 	Acceleration domain.Acceleration
 	Log          *slog.Logger
 }
@@ -79,7 +75,8 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 func Run(ctx context.Context, cfg Config, sigterm <-chan os.Signal) int {
 	log := cfg.Log.With("vmi", cfg.VMI.Namespace+"/"+cfg.VMI.Name, "uid", cfg.VMI.UID)
 	ref := notify.VMIRef{Namespace: cfg.VMI.Namespace, Name: cfg.VMI.Name, UID: cfg.VMI.UID}
-	notifier := NewNotifier(cfg.NotifySocket, ref, log)
+	dir := filepath.Join(cfg.DomainsDir, cfg.VMI.UID)
+	notifier := NewNotifier(filepath.Join(dir, contract.NotifySocketName), ref, log)
 	notifyCtx, stopNotifier := context.WithCancel(ctx)
 	notifierDone := make(chan struct{})
 	go func() {
@@ -94,7 +91,7 @@ func Run(ctx context.Context, cfg Config, sigterm <-chan os.Signal) int {
 		<-notifierDone
 	}()
 
-	code, err := run(ctx, cfg, log, notifier, sigterm)
+	code, err := run(ctx, cfg, dir, log, notifier, sigterm)
 	if err != nil {
 		log.Error("launcher failed", "err", err)
 		notifier.Report(notify.KindFailed, time.Now(), 0, err.Error())
@@ -102,19 +99,20 @@ func Run(ctx context.Context, cfg Config, sigterm <-chan os.Signal) int {
 	return code
 }
 
-func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, sigterm <-chan os.Signal) (int, error) {
-	if err := CheckNodePaths(cfg.VMI.Spec.Boot, cfg.NodeDirectories); err != nil {
-		return contract.ExitFailed, err
+// run runs the VM with its files in dir, the pod's run volume.
+func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier *Notifier, sigterm <-chan os.Signal) (int, error) {
+	// A root launcher would run a system libvirtd with the node's privileges over the guest.
+	if os.Geteuid() == 0 {
+		return contract.ExitFailed, fmt.Errorf("the launcher runs as root; its pod must run it as an unprivileged user (uid %d)", contract.UID)
 	}
-	dir := filepath.Join(cfg.DomainsDir, cfg.VMI.UID)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := CheckNodePaths(cfg.VMI.Spec.Boot, cfg.NodeDirectories); err != nil {
 		return contract.ExitFailed, err
 	}
 	prepared, err := vmdisks.Prepare(ctx, cfg.VMI.Spec, cfg.VMI.VolumeStatus, vmdisks.Identity{UID: cfg.VMI.UID, Name: cfg.VMI.Name}, cfg.Disks)
 	if err != nil {
 		return contract.ExitFailed, fmt.Errorf("preparing the VM's disks: %w", err)
 	}
-	daemon, err := domain.StartLibvirtd(ctx, domain.Config{Dir: filepath.Join(dir, "libvirt"), SocketDir: dir, CapabilitiesCache: cfg.CapabilitiesCache})
+	daemon, err := domain.StartLibvirtd(ctx, domain.Config{Dir: filepath.Join(dir, "libvirt"), SocketDir: dir})
 	if err != nil {
 		return contract.ExitFailed, fmt.Errorf("starting the pod's libvirtd: %w", err)
 	}
@@ -134,7 +132,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger, notifier *Notifier, 
 	if err := conn.LoadQEMUCapabilities(); err != nil {
 		return contract.ExitFailed, err
 	}
-	log.Info("QEMU capabilities loaded", "took", time.Since(loadStart).Round(time.Millisecond), "cache", cfg.CapabilitiesCache)
+	log.Info("QEMU capabilities loaded", "took", time.Since(loadStart).Round(time.Millisecond))
 	events, err := conn.Events(ctx)
 	if err != nil {
 		return contract.ExitFailed, err

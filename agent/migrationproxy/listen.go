@@ -2,23 +2,20 @@ package migrationproxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"net"
-	"os"
 	"time"
+
+	"github.com/lifeboat-vm/lifeboat/agent/podsocket"
 )
 
-// ListenUnix listens on the unix socket path (the source side: libvirt and QEMU connect to
-// it) and forwards each connection to what dialTarget returns, a connection to the target
-// node's proxy. A socket file left at path by an earlier, crashed proxy is replaced; any
-// other file there is an error. The proxy closes when ctx ends or Close is called.
+// ListenUnix listens on the unix socket path in the source launcher's directory (the source
+// side: the launcher's libvirt and QEMU connect to it, as the launcher's user) and forwards
+// each connection to what dialTarget returns, a connection to the target node's proxy. A
+// socket file left at path by an earlier, crashed proxy is replaced; any other file there is
+// an error. The proxy closes when ctx ends or Close is called.
 func ListenUnix(ctx context.Context, path string, dialTarget func(ctx context.Context) (net.Conn, error)) (*Proxy, error) {
-	if err := removeStaleSocket(path); err != nil {
-		return nil, err
-	}
-	ln, err := net.Listen("unix", path)
+	ln, err := podsocket.Listen(path)
 	if err != nil {
 		return nil, fmt.Errorf("listening for migration streams on %s: %w", path, err)
 	}
@@ -27,7 +24,8 @@ func ListenUnix(ctx context.Context, path string, dialTarget func(ctx context.Co
 
 // ListenTCP listens on addr (the target side: the source node's proxy connects to it) and
 // forwards each connection to the unix socket targetUnixPath, such as the target launcher's
-// libvirt socket or the socket the destination QEMU listens on for the incoming migration.
+// libvirt socket or the socket the destination QEMU listens on for the incoming migration
+// (dialled as podsocket.Dial does: a launcher cannot point it elsewhere).
 // That socket may appear only after the first connection arrives (QEMU creates it once the
 // source's libvirt has prepared the destination), so dialing it is retried for TargetWait.
 // The proxy closes when ctx ends or Close is called.
@@ -51,11 +49,10 @@ const dialRetryInterval = 20 * time.Millisecond
 func dialUnixRetry(ctx context.Context, path string, wait time.Duration) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	var d net.Dialer
 	ticker := time.NewTicker(dialRetryInterval)
 	defer ticker.Stop()
 	for {
-		c, err := d.DialContext(ctx, "unix", path)
+		c, err := podsocket.Dial(ctx, path)
 		if err == nil {
 			return c, nil
 		}
@@ -65,22 +62,4 @@ func dialUnixRetry(ctx context.Context, path string, wait time.Duration) (net.Co
 		case <-ticker.C:
 		}
 	}
-}
-
-// removeStaleSocket removes a socket file at path; nothing at path is fine.
-func removeStaleSocket(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("checking for a stale socket at %s: %w", path, err)
-	}
-	if fi.Mode().Type() != fs.ModeSocket {
-		return fmt.Errorf("listening for migration streams on %s: the path exists and is not a socket (mode %s)", path, fi.Mode())
-	}
-	if err := os.Remove(path); err != nil {
-		return fmt.Errorf("removing the stale socket %s: %w", path, err)
-	}
-	return nil
 }

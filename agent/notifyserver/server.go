@@ -1,6 +1,8 @@
-// Package notifyserver is the agent's end of the notify socket: it accepts launcher
-// connections, checks who is calling, decodes frames and hands valid messages on. A bad peer
-// or a bad frame costs only its own connection.
+// Package notifyserver is the agent's end of the notify sockets: one in each launcher's
+// directory, a volume of that launcher's pod, so that whoever connects there is that VM's
+// launcher (or root on the node). It accepts launcher connections, checks who is calling and
+// that every message is about the socket's own VMI, decodes frames and hands valid messages
+// on. A bad peer or a bad frame costs only its own connection.
 package notifyserver
 
 import (
@@ -17,15 +19,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/lifeboat-vm/lifeboat/agent/podsocket"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 )
 
 // Handler receives each valid message, with the peer's process ID.
 type Handler func(m *notify.Message, peerPID int32)
 
-// Server serves the notify socket.
+// Server serves the notify sockets.
 type Server struct {
-	path        string
 	allowedUIDs map[uint32]bool
 	handle      Handler
 	log         *slog.Logger
@@ -37,10 +39,10 @@ type Server struct {
 	received *prometheus.CounterVec
 }
 
-// New makes a server for the socket at path that accepts peers running as one of allowedUIDs.
-func New(path string, allowedUIDs []uint32, handle Handler, reg prometheus.Registerer, log *slog.Logger) *Server {
+// New makes a server that accepts peers running as one of allowedUIDs.
+func New(allowedUIDs []uint32, handle Handler, reg prometheus.Registerer, log *slog.Logger) *Server {
 	s := &Server{
-		path: path, handle: handle, log: log.With("component", "notify"), idle: 24 * time.Hour,
+		handle: handle, log: log.With("component", "notify"), idle: 24 * time.Hour,
 		allowedUIDs: map[uint32]bool{},
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lifeboat_agent_notify_rejected_total",
@@ -58,18 +60,12 @@ func New(path string, allowedUIDs []uint32, handle Handler, reg prometheus.Regis
 	return s
 }
 
-// Serve listens until ctx ends. A stale socket file from an earlier agent is replaced.
-func (s *Server) Serve(ctx context.Context) error {
-	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("removing stale notify socket: %w", err)
-	}
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: s.path, Net: "unix"})
+// Serve listens on path, in the launcher directory of the VMI with vmiUID, until ctx ends.
+// A stale socket file from an earlier agent is replaced.
+func (s *Server) Serve(ctx context.Context, path, vmiUID string) error {
+	l, err := podsocket.Listen(path)
 	if err != nil {
-		return fmt.Errorf("listening on %s: %w", s.path, err)
-	}
-	if err := os.Chmod(s.path, 0o660); err != nil {
-		l.Close()
-		return err
+		return fmt.Errorf("listening on %s: %w", path, err)
 	}
 	var wg sync.WaitGroup
 	go func() {
@@ -83,17 +79,17 @@ func (s *Server) Serve(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("accepting on %s: %w", s.path, err)
+			return fmt.Errorf("accepting on %s: %w", path, err)
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.serveConn(ctx, conn)
+			s.serveConn(ctx, conn, vmiUID)
 		}()
 	}
 }
 
-func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn) {
+func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmiUID string) {
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
@@ -121,6 +117,9 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn) {
 		switch {
 		case hello == nil && m.Kind != notify.KindHello:
 			s.reject("no-hello", fmt.Errorf("first message is %s, want Hello", m.Kind), cred.Pid)
+			return
+		case hello == nil && m.VMI.UID != vmiUID:
+			s.reject("wrong-vmi", fmt.Errorf("hello for %s on the socket of VMI %s", m.VMI, vmiUID), cred.Pid)
 			return
 		case hello != nil && m.VMI != *hello:
 			s.reject("vmi-mismatch", fmt.Errorf("message for %s on a connection for %s", m.VMI, hello), cred.Pid)

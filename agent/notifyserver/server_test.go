@@ -36,14 +36,15 @@ func (r *received) count() int {
 	return len(r.msgs)
 }
 
-func startServer(t *testing.T, uids []uint32) (*Server, string, *received) {
+// startServer serves a notify socket for the VMI with vmiUID.
+func startServer(t *testing.T, uids []uint32, vmiUID string) (*Server, string, *received) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "notify.sock")
 	got := &received{}
-	s := New(path, uids, got.handle, prometheus.NewRegistry(), slogDiscard())
+	s := New(uids, got.handle, prometheus.NewRegistry(), slogDiscard())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx) }()
+	go func() { done <- s.Serve(ctx, path, vmiUID) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -93,7 +94,7 @@ func closed(t *testing.T, c net.Conn) bool {
 }
 
 func TestValidMessagesReachTheHandlerWithThePeerPID(t *testing.T) {
-	_, path, got := startServer(t, []uint32{uint32(os.Getuid())})
+	_, path, got := startServer(t, []uint32{uint32(os.Getuid())}, "u1")
 	c := dial(t, path)
 	defer c.Close()
 	for _, k := range []notify.Kind{notify.KindHello, notify.KindDomainStarted, notify.KindGracefulShutdown} {
@@ -124,15 +125,17 @@ func TestBadConnectionsAreClosedAloneAndCounted(t *testing.T) {
 		{"oversized frame", func(c net.Conn) { _, _ = c.Write(header(notify.Version, 0xffff)) }, "oversized"},
 		{"wrong version", func(c net.Conn) { _, _ = c.Write(append(header(9, 2), "{}"...)) }, "version"},
 		{"garbage body", func(c net.Conn) { _, _ = c.Write(append(header(notify.Version, 4), "!!!!"...)) }, "malformed"},
-		{"no hello first", func(c net.Conn) { _ = notify.Write(c, msg(notify.KindGracefulShutdown, "u1")) }, "no-hello"},
+		{"no hello first", func(c net.Conn) { _ = notify.Write(c, msg(notify.KindGracefulShutdown, "good")) }, "no-hello"},
+		// The socket is in one launcher's directory: a hello for another VMI is a lie.
+		{"hello for another VMI", func(c net.Conn) { _ = notify.Write(c, msg(notify.KindHello, "u2")) }, "wrong-vmi"},
 		{"another VMI after hello", func(c net.Conn) {
-			_ = notify.Write(c, msg(notify.KindHello, "u1"))
+			_ = notify.Write(c, msg(notify.KindHello, "good"))
 			_ = notify.Write(c, msg(notify.KindGracefulShutdown, "u2"))
 		}, "vmi-mismatch"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s, path, got := startServer(t, []uint32{uint32(os.Getuid())})
+			s, path, got := startServer(t, []uint32{uint32(os.Getuid())}, "good")
 			good := dial(t, path)
 			defer good.Close()
 			if err := notify.Write(good, msg(notify.KindHello, "good")); err != nil {
@@ -163,7 +166,7 @@ func TestBadConnectionsAreClosedAloneAndCounted(t *testing.T) {
 }
 
 func TestUnauthorisedPeerIsRejected(t *testing.T) {
-	s, path, got := startServer(t, []uint32{uint32(os.Getuid()) + 4242})
+	s, path, got := startServer(t, []uint32{uint32(os.Getuid()) + 4242}, "u1")
 	c := dial(t, path)
 	defer c.Close()
 	_ = notify.Write(c, msg(notify.KindHello, "u1"))

@@ -9,19 +9,23 @@ const (
 	ContainerName = "compute"
 	// Command is what the container runs.
 	Command = "lifeboat-launcher"
-	// RunDir is the hostPath shared by launchers and the agent.
+	// RunDir is the agent's directory on the node.
 	RunDir = "/var/run/lifeboat"
-	// DomainsDir holds one directory per launcher, named by VMI UID, with its libvirt
-	// socket (libvirt-sock) and the guest's console log (console.log).
+	// DomainsDir/<vmi-uid> is a launcher's directory: in the launcher pod, where its run volume
+	// (an emptyDir) is mounted; on the node, the agent's link to that volume. It holds the
+	// launcher's libvirt socket (libvirt-sock), the guest's console log (console.log) and the
+	// agent's notify socket for that launcher (notify.sock).
 	DomainsDir = RunDir + "/domains"
-	// QEMUCapabilitiesDir is libvirt's QEMU capabilities cache, shared by the node's launchers
-	// so that only the first probes QEMU.
-	QEMUCapabilitiesDir = RunDir + "/qemu-capabilities"
-	// NotifySocket is the agent's socket launchers report to.
-	NotifySocket = RunDir + "/notify.sock"
-	// LibvirtSocket and ConsoleLog are the file names inside a launcher's directory.
-	LibvirtSocket = "libvirt-sock"
-	ConsoleLog    = "console.log"
+	// RunVolume is the launcher pod's emptyDir volume mounted at DomainsDir/<vmi-uid>.
+	RunVolume = "run"
+	// LibvirtSocket, ConsoleLog and NotifySocketName are the file names inside a launcher's directory.
+	LibvirtSocket    = "libvirt-sock"
+	ConsoleLog       = "console.log"
+	NotifySocketName = "notify.sock"
+	// UID and GID are the user and group the launcher container runs as (KubeVirt's qemu user,
+	// 107): never root. The pod's fsGroup is GID, so its volumes are the launcher's to write.
+	UID = 107
+	GID = 107
 
 	// VMDir holds what the launcher container has of its own VM: the images its pod mounts as
 	// image volumes and the pod's emptyDir for the disks it writes. Nothing in it is the node's.

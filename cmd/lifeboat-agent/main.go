@@ -29,15 +29,16 @@ import (
 	migrationinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/cmd/internal/kube"
 )
 
 type options struct {
 	kubeconfig, nodeName, nodeAddress, runDir, listen, kubeletConfig string
-	devicePluginDir                                                  string
+	devicePluginDir, kubeletPodsDir                                  string
 	workers, deviceSlots                                             int
 	maxPodGracePeriod                                                int64
-	dirSweep, dirMinAge                                              time.Duration
+	podDirResync                                                     time.Duration
 }
 
 func main() {
@@ -45,14 +46,14 @@ func main() {
 	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
 	flag.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	flag.StringVar(&o.nodeAddress, "node-address", os.Getenv("NODE_IP"), "this node's address, where migration proxies listen for other nodes (default $NODE_IP)")
-	flag.StringVar(&o.runDir, "run-dir", "/var/run/lifeboat", "the hostPath shared with launchers: domains/<vmi-uid>/ and notify.sock")
+	flag.StringVar(&o.runDir, "run-dir", "/var/run/lifeboat", "the agent's directory: domains/<vmi-uid> links each VMI to its launcher pod's run volume")
+	flag.StringVar(&o.kubeletPodsDir, "kubelet-pods-dir", "/var/lib/kubelet/pods", "the kubelet's pods directory as the agent sees it, where launcher pods' volumes are")
 	flag.StringVar(&o.listen, "listen", ":8185", "address of /metrics and /healthz")
 	flag.IntVar(&o.workers, "workers", 4, "reconcile workers")
 	flag.StringVar(&o.kubeletConfig, "kubelet-config", "", "the node kubelet's KubeletConfiguration file, read for evictionMaxPodGracePeriod")
 	flag.Int64Var(&o.maxPodGracePeriod, "eviction-max-pod-grace-period", -1,
 		"the node kubelet's evictionMaxPodGracePeriod in seconds, if --kubelet-config is not given; -1 means unknown (the pod's grace period is assumed)")
-	flag.DurationVar(&o.dirSweep, "launcher-dir-sweep-interval", time.Minute, "how often the directories of launchers whose pods were deleted are removed")
-	flag.DurationVar(&o.dirMinAge, "launcher-dir-min-age", time.Minute, "a launcher directory changed more recently than this is never removed")
+	flag.DurationVar(&o.podDirResync, "launcher-dir-resync", 10*time.Second, "how often every launcher directory link is checked against the pods")
 	flag.StringVar(&o.devicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins",
 		"the kubelet's device plugin directory, where the agent serves devices.lifeboat.dev/* to launcher pods; empty turns the device plugins off")
 	flag.IntVar(&o.deviceSlots, "device-slots", 110, "how many pods on the node may hold each device (the kubelet's default maxPods)")
@@ -69,11 +70,8 @@ func run(o options, log *slog.Logger) error {
 	if o.nodeName == "" {
 		return errors.New("--node-name (or $NODE_NAME) is required")
 	}
-	if o.dirSweep <= 0 {
-		return fmt.Errorf("--launcher-dir-sweep-interval=%s: must be positive", o.dirSweep)
-	}
-	if o.dirMinAge < 0 {
-		return fmt.Errorf("--launcher-dir-min-age=%s: must not be negative", o.dirMinAge)
+	if o.podDirResync <= 0 {
+		return fmt.Errorf("--launcher-dir-resync=%s: must be positive", o.podDirResync)
 	}
 	if o.deviceSlots <= 0 {
 		return fmt.Errorf("--device-slots=%d: must be positive", o.deviceSlots)
@@ -116,7 +114,10 @@ func run(o options, log *slog.Logger) error {
 		lo.FieldSelector = "spec.nodeName=" + o.nodeName
 		lo.LabelSelector = v1alpha1.LabelRole + "=" + v1alpha1.RoleLauncher
 	})
-	a, err := agent.New(agent.Config{
+	// Launchers run as their own unprivileged user; each reports on the socket in its own pod.
+	var a *agent.Agent
+	notifyServer := notifyserver.New([]uint32{contract.UID}, func(m *notify.Message, pid int32) { a.HandleNotify(m, pid) }, reg, log)
+	a, err = agent.New(agent.Config{
 		NodeName:          o.nodeName,
 		DomainsDir:        filepath.Join(o.runDir, "domains"),
 		Dial:              agent.DialLibvirt,
@@ -127,10 +128,10 @@ func run(o options, log *slog.Logger) error {
 		Metrics:           agent.NewMetrics(reg),
 		Log:               log,
 		LauncherExit:      launcherExit(kubeClient, o.nodeName),
-		LauncherPods:      launcherPods(kubeClient, o.nodeName),
-		LauncherDirSweep:  o.dirSweep,
-		LauncherDirMinAge: o.dirMinAge,
 		PodInformer:       pods,
+		KubeletPodsDir:    o.kubeletPodsDir,
+		PodDirResync:      o.podDirResync,
+		ServeNotify:       notifyServer.Serve,
 	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs(),
 		[]migrationinformers.VirtualMachineInstanceMigrationInformer{outbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations(), inbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
 	if err != nil {
@@ -139,8 +140,6 @@ func run(o options, log *slog.Logger) error {
 	if err := os.MkdirAll(filepath.Join(o.runDir, "domains"), 0o755); err != nil {
 		return err
 	}
-	// Launchers run as root, like the agent; nobody else may report to it.
-	notify := notifyserver.New(filepath.Join(o.runDir, "notify.sock"), []uint32{0}, a.HandleNotify, reg, log)
 
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -154,7 +153,6 @@ func run(o options, log *slog.Logger) error {
 			errc <- fmt.Errorf("serving %s: %w", o.listen, err)
 		}
 	}()
-	go func() { errc <- notify.Serve(ctx) }()
 	for _, f := range []lifeboatinformers.SharedInformerFactory{informers, outbound, inbound, configInformers} {
 		f.Start(ctx.Done())
 	}
@@ -195,20 +193,6 @@ func kubeletMaxPodGracePeriod(o options) (*int64, error) {
 }
 
 // launcherPods lists the VMI UIDs of the launcher pods on the node, in any phase.
-func launcherPods(client kubernetes.Interface, nodeName string) func(ctx context.Context) (map[string]bool, error) {
-	return func(ctx context.Context) (map[string]bool, error) {
-		pods, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID, FieldSelector: "spec.nodeName=" + nodeName})
-		if err != nil {
-			return nil, err
-		}
-		uids := make(map[string]bool, len(pods.Items))
-		for _, pod := range pods.Items {
-			uids[pod.Labels[v1alpha1.LabelVMIUID]] = true
-		}
-		return uids, nil
-	}
-}
-
 // launcherExit reads, from the kubelet's record of its pod, how the launcher of a VMI on this
 // node ended.
 func launcherExit(client kubernetes.Interface, nodeName string) func(ctx context.Context, namespace, vmiUID string) (*int32, error) {

@@ -17,12 +17,7 @@ import (
 )
 
 func main() {
-	// The pod's libvirtd runs as a re-execution of this binary in its own mount namespace.
-	domain.MaybeRunLibvirtdShim()
-
-	domainsDir := flag.String("domains-dir", contract.DomainsDir, "per-VMI directories shared with the agent")
-	capsDir := flag.String("qemu-capabilities-dir", contract.QEMUCapabilitiesDir, "libvirt's QEMU capabilities cache, shared by the node's launchers")
-	notifySocket := flag.String("notify-socket", contract.NotifySocket, "the agent's notify socket")
+	domainsDir := flag.String("domains-dir", contract.DomainsDir, "where the pod mounts its run volume, as <domains-dir>/<vmi-uid>")
 	accel := flag.String("acceleration", "auto", "kvm, tcg, or auto (KVM only after a probe boot proves it works)")
 	flag.Parse()
 
@@ -39,7 +34,7 @@ func main() {
 		log.Error("bad launcher configuration", "err", err)
 		os.Exit(contract.ExitFailed)
 	}
-	cfg.DomainsDir, cfg.CapabilitiesCache, cfg.NotifySocket, cfg.Log = *domainsDir, *capsDir, *notifySocket, log
+	cfg.DomainsDir, cfg.Log = *domainsDir, log
 	cfg.Disks = vmdisks.Dirs{KernelBoot: contract.KernelBootDir, ContainerDisks: contract.ContainerDisksDir, State: contract.StateDir, Claims: contract.ClaimsDir, Secrets: contract.SecretsDir}
 	os.Exit(launcher.Run(context.Background(), cfg, sigterm))
 }

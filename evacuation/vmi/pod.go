@@ -143,6 +143,7 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 			// launcher as init, an exited QEMU stays a zombie that libvirt takes for alive, and a
 			// stopped or migrated domain is not seen gone for tens of seconds.
 			ShareProcessNamespace:         ptr.To(true),
+			SecurityContext:               launcherPodSecurity(),
 			TerminationGracePeriodSeconds: ptr.To(grace),
 			NodeSelector:                  nodeSelector,
 			AutomountServiceAccountToken:  ptr.To(false),
@@ -168,15 +169,36 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 				// A launcher that refuses its VMI (a boot file's symlink out of its directory) says
 				// why in its last log line; the kubelet makes that the VMI's failure message.
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-				// The launcher mounts its libvirtd's private directories (a mount namespace needs
-				// CAP_SYS_ADMIN) and QEMU opens /dev/kvm where the node has it: a privileged
-				// container has both, and sees the node's devices without naming one that may be missing.
-				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+				SecurityContext: launcherContainerSecurity(),
 			}},
 			Volumes:            volumes,
 			EvictionResponders: responders,
 		},
 	}, nil
+}
+
+// launcherPodSecurity runs the launcher pod as the launcher's own user, never root, so that
+// Pod Security "restricted" admits it: the pod's libvirtd is a session daemon of that user
+// (domain.daemonLayout), and QEMU runs as that user too. fsGroup makes the pod's volumes
+// (its emptyDirs, its claims where the volume plugin supports ownership) the user's group's.
+func launcherPodSecurity() *corev1.PodSecurityContext {
+	return &corev1.PodSecurityContext{
+		RunAsNonRoot:   ptr.To(true),
+		RunAsUser:      ptr.To[int64](launcher.UID),
+		RunAsGroup:     ptr.To[int64](launcher.GID),
+		FSGroup:        ptr.To[int64](launcher.GID),
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// launcherContainerSecurity gives the launcher no capability and no way to gain one: QEMU under
+// a session libvirtd needs none, and its devices come from the device plugins with permissions
+// the runtime sets for the container (/dev/kvm is open to all users on common distributions).
+func launcherContainerSecurity() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+	}
 }
 
 // withDevices adds the devices the launcher needs, from the agents' device plugins, to r: with
@@ -248,16 +270,16 @@ func fieldEnv(name, path string) corev1.EnvVar {
 	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
 }
 
-// launcherVolumes mounts the shared run directory and, at the same paths, the allowed node
-// directories that hold the guest's boot files: read-only, but for a disk image's. It returns the
-// directories mounted, which the launcher checks the files' symlinks against. The VMI's paths
-// were checked against allowed already.
+// launcherVolumes mounts the launcher's run volume, an emptyDir at the launcher's directory
+// (api/launcher DomainsDir/<vmi-uid>, where the agent reaches it too), and, at the same paths,
+// the allowed node directories that hold the guest's boot files: read-only, but for a disk
+// image's. Those are the only node paths a launcher pod ever mounts, and only when the cluster
+// admin allowed them (such a pod is not "restricted"). It returns the directories mounted,
+// which the launcher checks the files' symlinks against. The VMI's paths were checked against
+// allowed already.
 func launcherVolumes(vmi *v1alpha1.VirtualMachineInstance, allowed []string) ([]corev1.Volume, []corev1.VolumeMount, []string) {
-	volumes := []corev1.Volume{{
-		Name:         "lifeboat-run",
-		VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: launcher.RunDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}},
-	}}
-	mounts := []corev1.VolumeMount{{Name: "lifeboat-run", MountPath: launcher.RunDir}}
+	volumes := []corev1.Volume{{Name: launcher.RunVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	mounts := []corev1.VolumeMount{{Name: launcher.RunVolume, MountPath: path.Join(launcher.DomainsDir, string(vmi.UID))}}
 	dirs := map[string]bool{} // directory → read-only
 	for _, f := range v1alpha1.NodePaths(vmi.Spec.Boot) {
 		d, _ := v1alpha1.AllowedDirectory(f.Path, allowed)

@@ -13,6 +13,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/pod-security-admission/api"
+	"k8s.io/pod-security-admission/policy"
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
@@ -95,11 +97,8 @@ func TestNewLauncherPod(t *testing.T) {
 	if _, ok := mounts["/unused"]; ok || len(mounts) != 4 {
 		t.Errorf("only the allowed directories the VMI uses, the run directory and the VM's own emptyDir may be mounted: %v", mounts)
 	}
-	if _, ok := mounts[launcher.RunDir]; !ok {
-		t.Errorf("run directory %s not mounted: %v", launcher.RunDir, mounts)
-	}
-	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
-		t.Errorf("security context = %+v, want privileged (mounts for libvirtd, /dev/kvm)", sc)
+	if ro, ok := mounts[launcher.DomainsDir+"/0a1b"]; !ok || ro {
+		t.Errorf("the run volume must be mounted read-write at the launcher's directory %s/0a1b: %v", launcher.DomainsDir, mounts)
 	}
 	if p := pod.Spec.ShareProcessNamespace; p == nil || !*p {
 		t.Errorf("a launcher pod shares its PID namespace, so that the pause process reaps QEMU")
@@ -127,7 +126,7 @@ func TestNestedAllowedDirectoriesAreMountedOnce(t *testing.T) {
 	for _, m := range pod.Spec.Containers[0].VolumeMounts {
 		got[m.MountPath] = m.ReadOnly
 	}
-	want := map[string]bool{launcher.RunDir: false, launcher.StateDir: false, "/guest": true, "/guest/linux/disks": false}
+	want := map[string]bool{launcher.DomainsDir + "/0a1b": false, launcher.StateDir: false, "/guest": true, "/guest/linux/disks": false}
 	if !maps.Equal(got, want) {
 		t.Errorf("mounts (path: read-only) %v, want %v: a read-only directory inside a read-only one is not mounted again, a writable one is", got, want)
 	}
@@ -291,7 +290,7 @@ func TestLauncherPodMountsImagesNotNodePaths(t *testing.T) {
 	volumes := map[string]corev1.Volume{}
 	for _, v := range pod.Spec.Volumes {
 		volumes[v.Name] = v
-		if v.HostPath != nil && v.HostPath.Path != launcher.RunDir {
+		if v.HostPath != nil {
 			t.Errorf("volume %s is node path %s", v.Name, v.HostPath.Path)
 		}
 	}
@@ -375,5 +374,57 @@ func TestClaimStatuses(t *testing.T) {
 	}
 	if _, err := ClaimStatuses(withClaims("raw"), get); !errors.As(err, &claimErr) || claimErr.Reason != ReasonClaimNotSupported {
 		t.Errorf("a Block claim: %v, want %s", err, ReasonClaimNotSupported)
+	}
+}
+
+// TestLauncherPodsAreRestricted evaluates the pods the VMI controller builds with the Pod
+// Security admission's own checks at the "restricted" level: a VM of images, claims and
+// cloud-init, and a migration target. The API server's admission is tested end to end in
+// test/e2e (TestAVMRunsAndMovesInARestrictedNamespace).
+func TestLauncherPodsAreRestricted(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Name: "vm1", Namespace: "ns", UID: "0a1b"},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{
+			Memory: resource.MustParse("256Mi"),
+			Boot:   v1alpha1.BootSource{Container: &v1alpha1.KernelBootContainer{Image: "example.org/kernel:1", KernelPath: "/vmlinuz"}},
+			Disks:  []v1alpha1.Disk{{Name: "root"}, {Name: "data"}, {Name: "seed"}},
+			Volumes: []v1alpha1.Volume{
+				{Name: "root", ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example.org/disk:1"}},
+				{Name: "data", PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimSource{ClaimName: "data"}},
+				{Name: "seed", CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{UserDataSecretRef: &corev1.LocalObjectReference{Name: "seed"}}},
+			},
+		},
+		Status: v1alpha1.VirtualMachineInstanceStatus{NodeName: "node-1"},
+	}
+	opts := PodOptions{Image: "lifeboat-launcher:dev", Acceleration: "kvm"}
+	source, err := NewLauncherPod(vmi, opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target, err := NewTargetPod(vmi, &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "m", UID: "9f"}}, opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evaluator, err := policy.NewEvaluator(policy.DefaultChecks(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restricted := api.LevelVersion{Level: api.LevelRestricted, Version: api.LatestVersion()}
+	for _, pod := range []*corev1.Pod{source, target} {
+		for _, r := range evaluator.EvaluatePod(restricted, &pod.ObjectMeta, &pod.Spec) {
+			if !r.Allowed {
+				t.Errorf("pod %s is not restricted: %s: %s", pod.Name, r.ForbiddenReason, r.ForbiddenDetail)
+			}
+		}
+		sc, c := pod.Spec.SecurityContext, pod.Spec.Containers[0]
+		if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser == 0 || c.SecurityContext == nil || c.SecurityContext.Privileged != nil ||
+			pod.Spec.HostPID || pod.Spec.HostNetwork || pod.Spec.HostIPC {
+			t.Errorf("pod %s: security %+v, container %+v: want a non-root user, nothing privileged, no host namespaces", pod.Name, sc, c.SecurityContext)
+		}
+		for _, v := range pod.Spec.Volumes {
+			if v.HostPath != nil {
+				t.Errorf("pod %s mounts node path %s", pod.Name, v.HostPath.Path)
+			}
+		}
 	}
 }

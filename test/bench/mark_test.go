@@ -31,6 +31,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/agent/notifyserver"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/domain"
@@ -161,9 +162,13 @@ func setUp(b *testing.B, n int) *bed {
 	if err != nil {
 		b.Fatal(err)
 	}
-	notifyPath := filepath.Join(runDir, "notify.sock")
-	server := notifyserver.New(notifyPath, []uint32{uint32(os.Getuid())}, a.HandleNotify, reg, log)
-	go func() { _ = server.Serve(ctx) }()
+	// As the agent does for each launcher pod: a notify socket in each launcher's directory.
+	server := notifyserver.New([]uint32{uint32(os.Getuid())}, a.HandleNotify, reg, log)
+	for _, vmi := range t.vmis {
+		go func() {
+			_ = server.Serve(ctx, filepath.Join(domainsDir, string(vmi.UID), contract.NotifySocketName), string(vmi.UID))
+		}()
+	}
 	informers.Start(ctx.Done())
 	configInformers.Start(ctx.Done())
 	go func() { _ = a.Run(ctx, 4) }()
@@ -195,6 +200,7 @@ func setUp(b *testing.B, n int) *bed {
 
 	for _, vmi := range t.vmis {
 		// The notify socket exists a moment after Serve starts.
+		notifyPath := filepath.Join(domainsDir, string(vmi.UID), contract.NotifySocketName)
 		var c net.Conn
 		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 			var dialErr error

@@ -130,7 +130,7 @@ func (p Pair) startProxies(t testing.TB) {
 
 // Options are the MigrateOptions of a migration through the proxies, with the given cap.
 func (p Pair) Options(bandwidth uint64) domain.MigrateOptions {
-	dest, mig := domain.ProxiedURIs(p.VMIDir)
+	dest, mig := domain.ProxiedURIs(p.VMIDir, p.Src.Conn.Session())
 	return domain.MigrateOptions{DestURI: dest, MigrateURI: mig, Bandwidth: bandwidth}
 }
 
