@@ -169,7 +169,7 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 				// A launcher that refuses its VMI (a boot file's symlink out of its directory) says
 				// why in its last log line; the kubelet makes that the VMI's failure message.
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-				SecurityContext: launcherContainerSecurity(),
+				SecurityContext:          launcherContainerSecurity(),
 			}},
 			Volumes:            volumes,
 			EvictionResponders: responders,
