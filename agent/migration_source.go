@@ -103,7 +103,7 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	name := domain.DomainName(vmi.Namespace, vmi.Name)
 	allowed, bandwidth := MigrationSettings(m.a.eviction().Config)
 	// The launcher's libvirt sees its directory at the path in the pod, not at the agent's.
-	podDir := filepath.Join(contract.DomainsDir, string(vmi.UID))
+	podDir := contract.PodRunDir
 	destURI, migrateURI := domain.ProxiedURIs(podDir, mg.Session())
 	opts := domain.MigrateOptions{DestURI: destURI, MigrateURI: migrateURI, Bandwidth: bandwidth, AutoConverge: allowed.AutoConverge, AllowPostCopy: allowed.PostCopy}
 	if CopiesDisks(vmi) {

@@ -19,8 +19,8 @@ import (
 // A launcher keeps its files (its libvirtd's state and socket, the guest's console log) in
 // its pod's run volume, an emptyDir: only that pod sees them, and they go with the pod. The
 // agent reaches that volume through the kubelet's pod directory, and links it as
-// DomainsDir/<vmi-uid>: the path the launcher mounts it at, so that both name a file alike,
-// and short enough for unix socket addresses. The agent serves the launcher's notify socket
+// DomainsDir/<vmi-uid>, short enough for unix socket addresses. (In the pod it is
+// api/launcher PodRunDir.) The agent serves the launcher's notify socket
 // in the same volume, so whoever connects there is that VM's launcher.
 
 // LinkedPod picks, among the launcher pods of one VMI on this node, the one whose run

@@ -32,7 +32,8 @@ type Config struct {
 	// MigrationTarget, if not empty, is the UID of the migration this launcher receives the guest in.
 	MigrationTarget       string
 	PodGracePeriodSeconds int64
-	DomainsDir            string
+	// RunDir is the pod's run volume, shared with the agent.
+	RunDir string
 	// NodeDirectories are the allowed node directories the pod mounts; boot files must stay in them.
 	NodeDirectories []string
 	// Disks are where the pod mounts the VM's images and its emptyDir.
@@ -75,7 +76,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 func Run(ctx context.Context, cfg Config, sigterm <-chan os.Signal) int {
 	log := cfg.Log.With("vmi", cfg.VMI.Namespace+"/"+cfg.VMI.Name, "uid", cfg.VMI.UID)
 	ref := notify.VMIRef{Namespace: cfg.VMI.Namespace, Name: cfg.VMI.Name, UID: cfg.VMI.UID}
-	dir := filepath.Join(cfg.DomainsDir, cfg.VMI.UID)
+	dir := cfg.RunDir
 	notifier := NewNotifier(filepath.Join(dir, contract.NotifySocketName), ref, log)
 	notifyCtx, stopNotifier := context.WithCancel(ctx)
 	notifierDone := make(chan struct{})

@@ -11,12 +11,12 @@ const (
 	Command = "lifeboat-launcher"
 	// RunDir is the agent's directory on the node.
 	RunDir = "/var/run/lifeboat"
-	// DomainsDir/<vmi-uid> is a launcher's directory: in the launcher pod, where its run volume
-	// (an emptyDir) is mounted; on the node, the agent's link to that volume. It holds the
-	// launcher's libvirt socket (libvirt-sock), the guest's console log (console.log) and the
-	// agent's notify socket for that launcher (notify.sock).
+	// DomainsDir/<vmi-uid> is, on the node, the agent's link to a launcher's directory: its
+	// pod's run volume. The directory holds the launcher's libvirt socket (libvirt-sock), the
+	// guest's console log (console.log) and the agent's notify socket for that launcher
+	// (notify.sock); in the pod it is PodRunDir.
 	DomainsDir = RunDir + "/domains"
-	// RunVolume is the launcher pod's emptyDir volume mounted at DomainsDir/<vmi-uid>.
+	// RunVolume is the launcher pod's emptyDir volume mounted at PodRunDir.
 	RunVolume = "run"
 	// LibvirtSocket, ConsoleLog and NotifySocketName are the file names inside a launcher's directory.
 	LibvirtSocket    = "libvirt-sock"
@@ -30,6 +30,10 @@ const (
 	// VMDir holds what the launcher container has of its own VM: the images its pod mounts as
 	// image volumes and the pod's emptyDir for the disks it writes. Nothing in it is the node's.
 	VMDir = "/var/run/lifeboat-vm"
+	// PodRunDir is the launcher's directory in its pod, the same in every launcher pod: a
+	// migration's socket paths mean the same in the source and the target pod. Short, because
+	// libvirt's and QEMU's unix sockets live under it (a socket path holds 107 bytes).
+	PodRunDir = VMDir + "/run"
 	// KernelBootDir is the image volume of spec.boot.container.
 	KernelBootDir = VMDir + "/kernel-boot"
 	// ContainerDisksDir holds one image volume per containerDisk volume, named as the volume.

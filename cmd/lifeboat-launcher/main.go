@@ -17,7 +17,7 @@ import (
 )
 
 func main() {
-	domainsDir := flag.String("domains-dir", contract.DomainsDir, "where the pod mounts its run volume, as <domains-dir>/<vmi-uid>")
+	runDir := flag.String("run-dir", contract.PodRunDir, "where the pod mounts its run volume, which the agent reaches too")
 	accel := flag.String("acceleration", "auto", "kvm, tcg, or auto (KVM only after a probe boot proves it works)")
 	flag.Parse()
 
@@ -34,7 +34,7 @@ func main() {
 		log.Error("bad launcher configuration", "err", err)
 		os.Exit(contract.ExitFailed)
 	}
-	cfg.DomainsDir, cfg.Log = *domainsDir, log
+	cfg.RunDir, cfg.Log = *runDir, log
 	cfg.Disks = vmdisks.Dirs{KernelBoot: contract.KernelBootDir, ContainerDisks: contract.ContainerDisksDir, State: contract.StateDir, Claims: contract.ClaimsDir, Secrets: contract.SecretsDir}
 	os.Exit(launcher.Run(context.Background(), cfg, sigterm))
 }

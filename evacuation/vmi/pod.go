@@ -271,7 +271,7 @@ func fieldEnv(name, path string) corev1.EnvVar {
 }
 
 // launcherVolumes mounts the launcher's run volume, an emptyDir at the launcher's directory
-// (api/launcher DomainsDir/<vmi-uid>, where the agent reaches it too), and, at the same paths,
+// (api/launcher PodRunDir; the agent reaches it through the kubelet's pod directory), and, at the same paths,
 // the allowed node directories that hold the guest's boot files: read-only, but for a disk
 // image's. Those are the only node paths a launcher pod ever mounts, and only when the cluster
 // admin allowed them (such a pod is not "restricted"). It returns the directories mounted,
@@ -279,7 +279,7 @@ func fieldEnv(name, path string) corev1.EnvVar {
 // allowed already.
 func launcherVolumes(vmi *v1alpha1.VirtualMachineInstance, allowed []string) ([]corev1.Volume, []corev1.VolumeMount, []string) {
 	volumes := []corev1.Volume{{Name: launcher.RunVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
-	mounts := []corev1.VolumeMount{{Name: launcher.RunVolume, MountPath: path.Join(launcher.DomainsDir, string(vmi.UID))}}
+	mounts := []corev1.VolumeMount{{Name: launcher.RunVolume, MountPath: launcher.PodRunDir}}
 	dirs := map[string]bool{} // directory → read-only
 	for _, f := range v1alpha1.NodePaths(vmi.Spec.Boot) {
 		d, _ := v1alpha1.AllowedDirectory(f.Path, allowed)

@@ -97,8 +97,8 @@ func TestNewLauncherPod(t *testing.T) {
 	if _, ok := mounts["/unused"]; ok || len(mounts) != 4 {
 		t.Errorf("only the allowed directories the VMI uses, the run directory and the VM's own emptyDir may be mounted: %v", mounts)
 	}
-	if ro, ok := mounts[launcher.DomainsDir+"/0a1b"]; !ok || ro {
-		t.Errorf("the run volume must be mounted read-write at the launcher's directory %s/0a1b: %v", launcher.DomainsDir, mounts)
+	if ro, ok := mounts[launcher.PodRunDir]; !ok || ro {
+		t.Errorf("the run volume must be mounted read-write at the launcher's directory %s: %v", launcher.PodRunDir, mounts)
 	}
 	if p := pod.Spec.ShareProcessNamespace; p == nil || !*p {
 		t.Errorf("a launcher pod shares its PID namespace, so that the pause process reaps QEMU")
@@ -126,7 +126,7 @@ func TestNestedAllowedDirectoriesAreMountedOnce(t *testing.T) {
 	for _, m := range pod.Spec.Containers[0].VolumeMounts {
 		got[m.MountPath] = m.ReadOnly
 	}
-	want := map[string]bool{launcher.DomainsDir + "/0a1b": false, launcher.StateDir: false, "/guest": true, "/guest/linux/disks": false}
+	want := map[string]bool{launcher.PodRunDir: false, launcher.StateDir: false, "/guest": true, "/guest/linux/disks": false}
 	if !maps.Equal(got, want) {
 		t.Errorf("mounts (path: read-only) %v, want %v: a read-only directory inside a read-only one is not mounted again, a writable one is", got, want)
 	}

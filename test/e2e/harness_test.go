@@ -129,7 +129,7 @@ func startNodes(t testing.TB, n int, configure ...func(*node.Config)) []*testNod
 		tn.agent = startProc(t, "lifeboat-agent", "--kubeconfig", cluster.Kubeconfig, "--node-name", n.Name(),
 			"--eviction-max-pod-grace-period", strconv.FormatInt(maxGrace[n.Name()], 10), "--node-address", n.Address(),
 			"--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", fmt.Sprintf("%s:%d", n.Address(), port),
-			"--launcher-dir-sweep-interval", "1s", "--launcher-dir-min-age", launcherDirMinAge.String(),
+			"--kubelet-pods-dir", n.HostPath("/var/lib/kubelet/pods"), "--launcher-dir-resync", "1s",
 			// Emulated nodes have no kubelet device manager; the machine's own directory may
 			// belong to the real test node's kubelet.
 			"--device-plugin-dir=")
@@ -155,10 +155,6 @@ func (n *testNode) dumpContainerLogs(t testing.TB) {
 		}
 	}
 }
-
-// launcherDirMinAge is the agents' --launcher-dir-min-age: short, so that a test sees a
-// deleted pod's directory go, and long enough for a test to read a console just after its pod went.
-const launcherDirMinAge = 10 * time.Second
 
 // evictionMaxPodGracePeriod is the emulated kubelets' setting, which their agents are told:
 // short, so a test can watch a marked VM's deadline pass.

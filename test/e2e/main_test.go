@@ -44,6 +44,15 @@ func prepare() error {
 	if bins, err = os.MkdirTemp("", "lifeboat-e2e-bin-*"); err != nil {
 		return err
 	}
+	// Launchers run as their own unprivileged user (api/launcher UID): their binary, and the
+	// guest files that node-path tests boot, must be open to it, as a lab admin's would be. The
+	// guest's build cache is root's own.
+	if err := os.Chmod(bins, 0o755); err != nil {
+		return err
+	}
+	if image, err = openCopy(image, filepath.Join(bins, "guest")); err != nil {
+		return err
+	}
 	imgs, err := images.GuestImages(image)
 	if err != nil {
 		return fmt.Errorf("the test guest's images: %w", err)
@@ -63,4 +72,22 @@ func prepare() error {
 		return fmt.Errorf("building lifeboat's commands: %w", err)
 	}
 	return nil
+}
+
+// openCopy copies the guest's files into dir, readable by every user.
+func openCopy(img guest.Image, dir string) (guest.Image, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return img, err
+	}
+	out := guest.Image{Kernel: filepath.Join(dir, filepath.Base(img.Kernel)), Initrd: filepath.Join(dir, filepath.Base(img.Initrd))}
+	for from, to := range map[string]string{img.Kernel: out.Kernel, img.Initrd: out.Initrd} {
+		b, err := os.ReadFile(from)
+		if err != nil {
+			return img, err
+		}
+		if err := os.WriteFile(to, b, 0o644); err != nil {
+			return img, err
+		}
+	}
+	return out, nil
 }

@@ -63,10 +63,10 @@ func TestVMLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatalf("after the guest shut down, its launcher pod and the VMI must be gone: %v", err)
 	}
-	// The pod's files on the node go with it, as an emptyDir's would.
+	// The pod's files on the node go with it (its run volume), and so does the agent's link to them.
 	dir := filepath.Dir(n.consolePath(vmi))
-	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, launcherDirMinAge+time.Minute, true, func(context.Context) (bool, error) {
-		_, err := os.Stat(dir)
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		_, err := os.Lstat(dir)
 		return errors.Is(err, os.ErrNotExist), nil
 	})
 	if err != nil {

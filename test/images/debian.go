@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/test/internal/cache"
 )
 
@@ -30,8 +31,8 @@ const (
 var debianPackages = []string{"libvirt-daemon", "libvirt-daemon-driver-qemu", "qemu-system-x86", "qemu-utils"}
 
 // mmdebstrapArgs builds the rootfs as a tarball at out. The hooks make what libvirtd refuses to
-// start without although the launcher runs QEMU as root (see domain/libvirtd_config.go): the
-// group kvm and the user and group libvirt-qemu, which libvirt-daemon-system and udev would create.
+// start without (see domain/libvirtd_config.go): the group kvm and the user and group
+// libvirt-qemu, which libvirt-daemon-system and udev would create, and the launcher's user.
 func mmdebstrapArgs(out string) []string {
 	return []string{
 		"--variant=essential",
@@ -44,6 +45,10 @@ func mmdebstrapArgs(out string) []string {
 		`--customize-hook=chroot "$1" groupadd --system kvm`,
 		`--customize-hook=chroot "$1" groupadd --system libvirt-qemu`,
 		`--customize-hook=chroot "$1" useradd --system --no-create-home --home-dir /var/lib/libvirt --shell /usr/sbin/nologin --gid libvirt-qemu libvirt-qemu`,
+		// The launcher's own user (api/launcher UID and GID), which its session libvirtd must
+		// find a record of to serve it.
+		fmt.Sprintf(`--customize-hook=chroot "$1" groupadd --non-unique --gid %d lifeboat-launcher`, launcher.GID),
+		fmt.Sprintf(`--customize-hook=chroot "$1" useradd --non-unique --uid %d --gid %d --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin lifeboat-launcher`, launcher.UID, launcher.GID),
 		// Logs and caches of the build itself (apt, dpkg) are not part of the image.
 		`--customize-hook=rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*`,
 		suite, out, mirror, "deb " + strings.Replace(mirror, "/debian", "/debian-security", 1) + " " + suite + "-security main",

@@ -27,6 +27,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 )
 
@@ -58,7 +59,8 @@ type Component struct {
 var Components = []Component{
 	{Name: "lifeboat-agent", Debian: true, User: "0"},
 	{Name: "lifeboat-controller", User: "65532:65532"},
-	{Name: "lifeboat-launcher", Debian: true, User: "0"},
+	// The launcher never runs as root; its pods say so too (runAsUser).
+	{Name: "lifeboat-launcher", Debian: true, User: fmt.Sprintf("%d:%d", launcher.UID, launcher.GID)},
 }
 
 // Ref is the image's full name.

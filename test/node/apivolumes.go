@@ -90,11 +90,27 @@ func (c *apiVolumes) writeSecret(pod *corev1.Pod, v *corev1.Volume, dir string) 
 	if err != nil {
 		return fmt.Errorf("secret %q: %w", v.Secret.SecretName, err)
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	// As the kubelet writes them: defaultMode (0644 unless set), the pod's fsGroup as group.
+	mode := os.FileMode(corev1.SecretVolumeSourceDefaultMode)
+	if v.Secret.DefaultMode != nil {
+		mode = os.FileMode(*v.Secret.DefaultMode)
+	}
+	gid := -1
+	if sc := pod.Spec.SecurityContext; sc != nil && sc.FSGroup != nil {
+		gid = int(*sc.FSGroup)
+	}
 	for key, data := range secret.Data {
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(key)), data, 0o400); err != nil {
+		path := filepath.Join(dir, filepath.Base(key))
+		if err := os.WriteFile(path, data, mode); err != nil {
+			return err
+		}
+		if err := os.Chmod(path, mode); err != nil {
+			return err
+		}
+		if err := os.Lchown(path, -1, gid); err != nil {
 			return err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -196,7 +197,16 @@ func (r *podRuntime) exec(pod *corev1.Pod, c *corev1.Container, env []string, mo
 		return nil, fmt.Errorf("command %q is not among the binaries of node %s (%s)",
 			args[0], r.nodeName, strings.Join(slices.Sorted(maps.Keys(r.binaries)), ", "))
 	}
-	spec := shimSpec{Path: path, Args: args, Env: env, Dir: cmp.Or(c.WorkingDir, "/"), Mounts: mounts}
+	user, err := containerCredentials(pod, c)
+	if err != nil {
+		return nil, err
+	}
+	records, err := userRecords(user, filepath.Join(r.layout.podDir(pod.UID), "etc", c.Name))
+	if err != nil {
+		return nil, fmt.Errorf("the container's user records: %w", err)
+	}
+	mounts = append(mounts, records...)
+	spec := shimSpec{Path: path, Args: args, Env: env, Dir: cmp.Or(c.WorkingDir, "/"), Mounts: mounts, User: user}
 	return startProcess(spec, r.layout.logPath(pod.Namespace, pod.Name, pod.UID, c.Name, restartCount))
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -34,6 +35,8 @@ type shimSpec struct {
 	Env    []string    `json:"env"`
 	Dir    string      `json:"dir"`
 	Mounts []bindMount `json:"mounts,omitempty"`
+	// User is who the command runs as; the shim itself stays root to make the mounts.
+	User credentials `json:"user"`
 }
 
 // MaybeRunShim turns the process into a container's init when the node started it as one, and
@@ -106,10 +109,22 @@ func startContained(encoded string) (int, error) {
 		return 0, err
 	}
 	defer devNull.Close()
+	// no_new_privs is a thread's, inherited by what it forks: set on the thread that forks.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if spec.User.NoNewPrivs {
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			return 0, fmt.Errorf("setting no_new_privs: %w", err)
+		}
+	}
+	// Leaving root for another user clears every capability, as in a runtime's container.
 	pid, err := syscall.ForkExec(spec.Path, spec.Args, &syscall.ProcAttr{
 		Dir:   spec.Dir,
 		Env:   spec.Env,
 		Files: []uintptr{devNull.Fd(), 1, 2},
+		Sys: &syscall.SysProcAttr{Credential: &syscall.Credential{
+			Uid: spec.User.UID, Gid: spec.User.GID, Groups: spec.User.Groups,
+		}},
 	})
 	if err != nil {
 		return 0, fmt.Errorf("starting %s: %w", spec.Path, err)
