@@ -12,20 +12,22 @@ import (
 // libvirtConn is a DomainConn over a launcher's libvirt socket.
 type libvirtConn struct {
 	conn    *domain.Conn
+	socket  *podsocket.Socket
 	changes chan struct{}
 	cancel  context.CancelFunc
 }
 
 // DialLibvirt connects to a launcher's libvirt and follows its lifecycle events. The socket is
-// a file in the launcher's pod; it is dialled as it is, never through a symlink (podsocket).
+// a file in the launcher's pod; it is dialled as it is, never through a symlink (podsocket),
+// and held open while the connection lasts, as libvirt connects to it again for migrations.
 func DialLibvirt(ctx context.Context, socketPath, _ string) (DomainConn, error) {
-	var conn *domain.Conn
-	err := podsocket.WithPath(socketPath, func(resolved string) error {
-		var err error
-		conn, err = domain.Connect(resolved)
-		return err
-	})
+	socket, err := podsocket.Open(socketPath)
 	if err != nil {
+		return nil, err
+	}
+	conn, err := domain.Connect(socket.Path())
+	if err != nil {
+		socket.Close()
 		return nil, err
 	}
 	evCtx, cancel := context.WithCancel(context.Background())
@@ -33,9 +35,10 @@ func DialLibvirt(ctx context.Context, socketPath, _ string) (DomainConn, error) 
 	if err != nil {
 		cancel()
 		conn.Close()
+		socket.Close()
 		return nil, err
 	}
-	c := &libvirtConn{conn: conn, changes: make(chan struct{}, 1), cancel: cancel}
+	c := &libvirtConn{conn: conn, socket: socket, changes: make(chan struct{}, 1), cancel: cancel}
 	go func() {
 		defer close(c.changes)
 		for range events {
@@ -94,7 +97,9 @@ func (c *libvirtConn) Destroy(_ context.Context, name string) error  { return c.
 
 func (c *libvirtConn) Close() error {
 	c.cancel()
-	return c.conn.Close()
+	err := c.conn.Close()
+	c.socket.Close()
+	return err
 }
 
 func (c *libvirtConn) Migrate(ctx context.Context, name string, opts domain.MigrateOptions) error {

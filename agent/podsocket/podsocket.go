@@ -47,25 +47,44 @@ func Dial(ctx context.Context, path string) (net.Conn, error) {
 	return conn, err
 }
 
-// WithPath calls use with a path that names the socket at path as it is now (a
-// /proc/self/fd link to it, opened without following a symlink): a connection made through
-// it reaches that very socket even if path is replaced meanwhile. It fails if path is not a
-// socket. The path is valid only during use, and only in this process.
+// WithPath calls use with a path that names the socket at path as it is now (see Open); the
+// path is valid only during use.
 func WithPath(path string, use func(resolved string) error) error {
+	s, err := Open(path)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return use(s.Path())
+}
+
+// Socket is a socket file held open without following a symlink (O_PATH).
+type Socket struct{ f *os.File }
+
+// Open opens the socket at path as it is now; it fails if path is not a socket. A connection
+// made through Path reaches that very socket even if path is replaced meanwhile.
+func Open(path string) (*Socket, error) {
 	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return &fs.PathError{Op: "open", Path: path, Err: err}
+		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
 	}
-	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return &fs.PathError{Op: "stat", Path: path, Err: err}
+		unix.Close(fd)
+		return nil, &fs.PathError{Op: "stat", Path: path, Err: err}
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		return fmt.Errorf("%s is not a socket (mode %o): refusing it", path, st.Mode)
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s is not a socket (mode %o): refusing it", path, st.Mode)
 	}
-	return use(fmt.Sprintf("/proc/self/fd/%d", fd))
+	return &Socket{f: os.NewFile(uintptr(fd), path)}, nil
 }
+
+// Path names the socket (a /proc/self/fd link), in this process only, until Close.
+func (s *Socket) Path() string { return fmt.Sprintf("/proc/self/fd/%d", s.f.Fd()) }
+
+// Close releases the socket file.
+func (s *Socket) Close() error { return s.f.Close() }
 
 // openToPod makes the socket at path connectable by any user, through a descriptor of the
 // socket itself: a chmod of path would follow a symlink swapped in after the listen.
