@@ -91,14 +91,14 @@ func (l daemonLayout) mounts() []bindMount {
 }
 
 // libvirtdConf is the daemon's libvirtd.conf. Its own host UUID keeps daemons apart
-// (migration refuses a destination with the source's UUID). The sockets are the daemon
-// user's only (0700) and so need no further authentication; root (the node's agent) may
-// connect to any.
+// (migration refuses a destination with the source's UUID). The sockets are the daemon's
+// user's and group's only (0770), and so need no further authentication: the node's agent
+// joins the launchers' group rather than override file permissions.
 func libvirtdConf(socketDir, hostUUID string) string {
 	return confFile(
 		"unix_sock_dir", quote(socketDir),
-		"unix_sock_ro_perms", quote("0700"),
-		"unix_sock_rw_perms", quote("0700"),
+		"unix_sock_ro_perms", quote("0770"),
+		"unix_sock_rw_perms", quote("0770"),
 		"auth_unix_ro", quote("none"),
 		"auth_unix_rw", quote("none"),
 		"host_uuid", quote(hostUUID),

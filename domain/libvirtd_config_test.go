@@ -11,7 +11,7 @@ func TestLibvirtdConf(t *testing.T) {
 		`unix_sock_dir = "/run/lifeboat/domains/u1"`,
 		`host_uuid = "6a3e6a52-56b1-4f8c-8f1d-3a64a1f1d2a9"`,
 		`auth_unix_rw = "none"`,
-		`unix_sock_rw_perms = "0700"`,
+		`unix_sock_rw_perms = "0770"`,
 	} {
 		if !strings.Contains(conf, line+"\n") {
 			t.Errorf("libvirtd.conf has no line %q:\n%s", line, conf)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -106,6 +107,10 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 	if os.Geteuid() == 0 {
 		return contract.ExitFailed, fmt.Errorf("the launcher runs as root; its pod must run it as an unprivileged user (uid %d)", contract.UID)
 	}
+	// What the launcher, its libvirtd and QEMU make (the sockets QEMU listens on in a migration
+	// among them) is the launcher's user's and group's: the node's agent joins the group
+	// instead of overriding permissions.
+	syscall.Umask(0o007)
 	if err := CheckNodePaths(cfg.VMI.Spec.Boot, cfg.NodeDirectories); err != nil {
 		return contract.ExitFailed, err
 	}

@@ -102,6 +102,7 @@ patches:
             env: [{name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}, {name: KUBERNETES_SERVICE_PORT, value: "%[3]s"}]
           volumes:
           - {name: kubelet-config, hostPath: {path: %[4]s}}
+          - {name: kubelet-pods, hostPath: {path: %[7]s}}
 - target: {kind: DaemonSet, name: lifeboat-agent}
   patch: |-
     - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--listen=%[5]s:%[6]d"}
@@ -146,7 +147,7 @@ func deployLifeboat(t *testing.T, n *realnode.Node) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kustomization := fmt.Sprintf(overlay, base, n.Name(), apiPort, filepath.Join(n.Dir, "kubelet.yaml"), n.Address(), ports[0])
+	kustomization := fmt.Sprintf(overlay, base, n.Name(), apiPort, filepath.Join(n.Dir, "kubelet.yaml"), n.Address(), ports[0], n.PodsDir())
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -207,10 +208,10 @@ func waitReadyPod(t *testing.T, ns, selector string, timeout time.Duration) {
 	}
 }
 
-// realConsolePath is where the launcher writes the guest's console on the real node: the
-// hostPath is the machine's own.
-func realConsolePath(v *v1alpha1.VirtualMachineInstance) string {
-	return filepath.Join(launcher.RunDir, "domains", string(v.UID), "console.log")
+// realConsolePath is where the launcher of pod writes the guest's console on the real node: in
+// the pod's run volume, in the real kubelet's pod directory.
+func realConsolePath(n *realnode.Node, pod *corev1.Pod) string {
+	return filepath.Join(n.PodsDir(), string(pod.UID), "volumes/kubernetes.io~empty-dir", launcher.RunVolume, launcher.ConsoleLog)
 }
 
 // realVM starts lifeboat on the real node, a LiveMigrate VM there, and an emulated node to
@@ -227,12 +228,11 @@ func realVM(t *testing.T, gateOn bool) (*realnode.Node, *testNode, *v1alpha1.Vir
 		v.Spec.Boot = nodeBoot()
 		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](realMaxGrace - 15)
 	}))
-	t.Cleanup(func() { _ = os.RemoveAll(filepath.Dir(realConsolePath(vmi))) })
 	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
 	if vmi.Status.NodeName != realNodeName {
 		t.Fatalf("the VM must start on the real node, the only one: %s", describe(vmi))
 	}
-	before := waitCounterPast(t, realConsolePath(vmi), 0, bootTimeout)
+	before := waitCounterPast(t, realConsolePath(real, launcherPod(t, vmi)), 0, bootTimeout)
 	// The target joins only now, so that the VM could start nowhere else.
 	target := startNodes(t, 1)[0]
 	return real, target, vmi, before
@@ -386,7 +386,7 @@ func TestRealNodePressureShutsTheVMDownWithTheGateOff(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	if _, err := guest.WaitForLine(ctx, realConsolePath(vmi), protocol.PowerButton); err != nil {
+	if _, err := guest.WaitForLine(ctx, realConsolePath(real, sourcePod), protocol.PowerButton); err != nil {
 		t.Fatalf("want a graceful shutdown: %v", err)
 	}
 	v := waitVMI(t, vmi.Namespace, vmi.Name, time.Minute, "a final phase", func(v *v1alpha1.VirtualMachineInstance) bool {

@@ -161,6 +161,13 @@ func (n *Node) Name() string { return n.cfg.Name }
 // Address is the node's InternalIP.
 func (n *Node) Address() string { return n.cfg.Address }
 
+// rootDir is the kubelet's --root-dir, under the node's directory.
+const rootDir = "kubelet"
+
+// PodsDir is the kubelet's pods directory (what /var/lib/kubelet/pods is on a node), where
+// each pod's volumes are: the agent's --kubelet-pods-dir.
+func (n *Node) PodsDir() string { return filepath.Join(n.Dir, rootDir, "pods") }
+
 func (n *Node) startContainerd(ctx context.Context) error {
 	cniDir := filepath.Join(n.Dir, "cni")
 	if err := os.MkdirAll(cniDir, 0o755); err != nil {
@@ -292,7 +299,7 @@ func (n *Node) startKubelet() error {
 	n.kubelet, err = controlplane.StartProcess(n.Dir, "kubelet", n.kubeletBin,
 		"--config", config,
 		"--kubeconfig", n.cfg.Kubeconfig,
-		"--root-dir", filepath.Join(n.Dir, "kubelet"),
+		"--root-dir", filepath.Join(n.Dir, rootDir),
 		"--hostname-override", n.cfg.Name,
 		// The kubelet refuses a loopback --node-ip; with an external cloud provider it leaves the
 		// node's addresses to that provider, which initialise plays.
