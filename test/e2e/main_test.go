@@ -22,12 +22,15 @@ var (
 	image   guest.Image
 	// bins holds lifeboat-agent, lifeboat-controller and lifeboat-launcher, built for this run.
 	bins string
+	// probe is a copy of this test binary that launchers' users may run (maybeRunProbe).
+	probe string
 	// imageStore is the emulated nodes' image store (in bins): the test guest's images.
 	imageStore string
 )
 
 func TestMain(m *testing.M) {
 	node.MaybeRunShim()
+	maybeRunProbe()
 	if err := prepare(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -51,6 +54,14 @@ func prepare() error {
 		return err
 	}
 	if image, err = openCopy(image, filepath.Join(bins, "guest")); err != nil {
+		return err
+	}
+	self, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		return err
+	}
+	probe = filepath.Join(bins, "e2e-probe")
+	if err := os.WriteFile(probe, self, 0o755); err != nil {
 		return err
 	}
 	imgs, err := images.GuestImages(image)

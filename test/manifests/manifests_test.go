@@ -9,13 +9,18 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
 	kubeletconfig "k8s.io/kubelet/config/v1beta1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/lifeboat-vm/lifeboat/agent"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	vmipods "github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 )
 
@@ -216,6 +221,62 @@ func TestExamples(t *testing.T) {
 		grace, err := agent.MaxPodGracePeriodFromKubeletConfig(data)
 		if err != nil || grace != 60 || grace != int64(cfg.EvictionMaxPodGracePeriod) {
 			t.Errorf("the agent reads evictionMaxPodGracePeriod %d (%v), want 60", grace, err)
+		}
+	})
+
+	// The namespace for VMs enforces "restricted": the API server admits the launcher pods the VMI
+	// controller builds (a VM of images, claims and cloud-init, and its migration target) and
+	// refuses a privileged pod.
+	t.Run("vm-namespace.yaml", func(t *testing.T) {
+		data, err := os.ReadFile(filepath.Join(examples, "vm-namespace.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns := &corev1.Namespace{}
+		if err := yaml.UnmarshalStrict(data, ns); err != nil {
+			t.Fatal(err)
+		}
+		ns.GenerateName, ns.Name = ns.Name+"-", ""
+		if ns, err = cluster.Kube.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cluster.Kube.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{}) })
+		vmi := &v1alpha1.VirtualMachineInstance{
+			ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: ns.Name, UID: "0a1b"},
+			Spec: v1alpha1.VirtualMachineInstanceSpec{
+				Memory: resource.MustParse("256Mi"),
+				Boot:   v1alpha1.BootSource{Container: &v1alpha1.KernelBootContainer{Image: "example.org/kernel:1", KernelPath: "/vmlinuz"}},
+				Disks:  []v1alpha1.Disk{{Name: "root"}, {Name: "data"}, {Name: "seed"}},
+				Volumes: []v1alpha1.Volume{
+					{Name: "root", ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example.org/disk:1"}},
+					{Name: "data", PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimSource{ClaimName: "data"}},
+					{Name: "seed", CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{UserDataSecretRef: &corev1.LocalObjectReference{Name: "seed"}}},
+				},
+			},
+			Status: v1alpha1.VirtualMachineInstanceStatus{NodeName: "node-1"},
+		}
+		opts := vmipods.PodOptions{Image: "lifeboat.dev/lifeboat-launcher:dev", Acceleration: "kvm"}
+		source, err := vmipods.NewLauncherPod(vmi, opts, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		target, err := vmipods.NewTargetPod(vmi, &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "m", UID: "9f"}}, opts, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+		for _, pod := range []*corev1.Pod{source, target} {
+			// Owner references name a VMI the API server does not know; they are not what is tested.
+			pod.OwnerReferences = nil
+			if _, err := cluster.Kube.CoreV1().Pods(ns.Name).Create(context.Background(), pod, dryRun); err != nil {
+				t.Errorf("launcher pod %s refused in the restricted namespace: %v", pod.Name, err)
+			}
+		}
+		privileged := source.DeepCopy()
+		privileged.Name = "privileged"
+		privileged.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+		if _, err := cluster.Kube.CoreV1().Pods(ns.Name).Create(context.Background(), privileged, dryRun); !apierrors.IsForbidden(err) {
+			t.Errorf("a privileged launcher pod in the restricted namespace: %v, want Forbidden", err)
 		}
 	})
 

@@ -1,0 +1,151 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/lifeboat-vm/lifeboat/api/launcher"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// probeEnv makes the e2e binary a socket probe (see maybeRunProbe): it holds the paths to dial.
+const probeEnv = "LIFEBOAT_E2E_PROBE"
+
+// maybeRunProbe dials each unix socket named in $LIFEBOAT_E2E_PROBE and prints, as JSON, the
+// error of each ("" for a connection), then exits. The test runs it inside a launcher's mount
+// namespace, as the launcher's user: what it reaches, a launcher reaches.
+func maybeRunProbe() {
+	raw, ok := os.LookupEnv(probeEnv)
+	if !ok {
+		return
+	}
+	var paths []string
+	if err := json.Unmarshal([]byte(raw), &paths); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	results := map[string]string{}
+	for _, p := range paths {
+		c, err := net.DialTimeout("unix", p, 5*time.Second)
+		if err != nil {
+			results[p] = err.Error()
+			continue
+		}
+		c.Close()
+		results[p] = ""
+	}
+	_ = json.NewEncoder(os.Stdout).Encode(results)
+	os.Exit(0)
+}
+
+// probeFrom dials paths from inside the launcher of pod: its mount namespace (nsenter), its
+// user and group, no capability.
+func probeFrom(t *testing.T, pod *corev1.Pod, paths []string) map[string]string {
+	t.Helper()
+	pid := launcherPID(t, pod)
+	arg, err := json.Marshal(paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, gid := strconv.Itoa(launcher.UID), strconv.Itoa(launcher.GID)
+	cmd := exec.Command("nsenter", "--target", strconv.Itoa(pid), "--mount", "--setuid", uid, "--setgid", gid, "--", probe)
+	cmd.Env = []string{probeEnv + "=" + string(arg)}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("probing from inside launcher %s: %v\n%s", pod.Name, err, out)
+	}
+	results := map[string]string{}
+	if err := json.Unmarshal(out, &results); err != nil {
+		t.Fatalf("the probe's output %q: %v", out, err)
+	}
+	return results
+}
+
+// TestRestrictedLaunchersRunMoveAndReachOnlyTheirOwnSockets: in a namespace that enforces Pod
+// Security "restricted", two VMs start on one node; from inside one launcher, as its user, its own
+// libvirt socket answers and no socket of the other VM (libvirt or notify, by any path on the
+// node) can be opened. Then one VM live-migrates to a second node: its target pod was admitted
+// under "restricted" too.
+func TestRestrictedLaunchersRunMoveAndReachOnlyTheirOwnSockets(t *testing.T) {
+	setConfig(t, true, func(c *v1alpha1.LifeboatConfig) { c.Spec.AllowedNodeDirectories = nil })
+	startController(t)
+	source := startNodes(t, 1)[0]
+	ns := testNamespace(t)
+	namespaces := cluster.Kube.CoreV1().Namespaces()
+	n, err := namespaces.Get(context.Background(), ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
+	if _, err := namespaces.Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The API server enforces the level: a privileged pod is refused there.
+	privileged := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "privileged"},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x", SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}}},
+	}
+	if _, err := cluster.Kube.CoreV1().Pods(ns).Create(context.Background(), privileged, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "restricted") {
+		t.Fatalf("a privileged pod in the namespace: %v; want it refused by Pod Security (restricted)", err)
+	}
+
+	var vmis []*v1alpha1.VirtualMachineInstance
+	for _, name := range []string{"one", "other"} {
+		if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Create(context.Background(),
+			newVMI(name, strategy(v1alpha1.EvictionStrategyLiveMigrate)), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		vmis = append(vmis, waitVMI(t, ns, name, bootTimeout, "phase Running", running))
+	}
+	one, other := vmis[0], vmis[1]
+	onePod, otherPod := launcherPod(t, one), launcherPod(t, other)
+	otherDir := filepath.Join(source.HostPath("/var/lib/kubelet/pods"), string(otherPod.UID), "volumes/kubernetes.io~empty-dir", launcher.RunVolume)
+	otherLink := filepath.Join(source.HostPath(launcher.DomainsDir), string(other.UID))
+	own := filepath.Join(launcher.PodRunDir, launcher.LibvirtSocket)
+	results := probeFrom(t, onePod, []string{
+		own,
+		filepath.Join(otherLink, launcher.LibvirtSocket), filepath.Join(otherLink, launcher.NotifySocketName),
+		filepath.Join(otherDir, launcher.LibvirtSocket), filepath.Join(otherDir, launcher.NotifySocketName),
+	})
+	for path, err := range results {
+		switch {
+		case path == own && err != "":
+			t.Errorf("the launcher cannot reach its own libvirt socket %s: %s", path, err)
+		case path != own && err == "":
+			t.Errorf("the launcher of %s connected to %s, a socket of %s", one.Name, path, other.Name)
+		}
+	}
+
+	target := startNodes(t, 1)[0]
+	before := waitCounterPast(t, source.consolePath(one), 0, bootTimeout)
+	if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Create(context.Background(), &v1alpha1.VirtualMachineInstanceMigration{
+		ObjectMeta: metav1.ObjectMeta{Name: "move-one"}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: one.Name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	moved := waitVMI(t, ns, one.Name, 2*time.Minute, "the VM on the second node", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.NodeName == target.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
+	})
+	waitCounterPast(t, target.consolePath(moved), before, time.Minute)
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := cluster.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(one.UID) + "," + launcher.LabelMigrationUID})
+		return err == nil && len(p.Items) == 1 && p.Items[0].Spec.NodeName == target.Name(), nil
+	})
+	if err != nil {
+		t.Errorf("the VM's target pod on %s, admitted under restricted, was not found: %v", target.Name(), err)
+	}
+}
