@@ -102,6 +102,15 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	defer m.finish(string(mig.UID))
 	name := domain.DomainName(vmi.Namespace, vmi.Name)
 	allowed, bandwidth := MigrationSettings(m.a.eviction().Config)
+	log := m.a.cfg.Log.With("migration", mig.Namespace+"/"+mig.Name, "vmi", vmi.Name)
+	if allowed.PostCopy && mg.Session() {
+		// Post-copy needs a userfaultfd that handles the kernel's faults, which an unprivileged
+		// launcher's QEMU cannot make until its pod is given /dev/userfaultfd (issue 25): the
+		// migration plans without it rather than fail at the switch.
+		allowed.PostCopy = false
+		log.Info("post-copy is allowed but unavailable to unprivileged launchers; the migration plans without it")
+		m.a.cfg.Recorder.Event(mig, corev1.EventTypeNormal, "PostCopyUnavailable", "post-copy is allowed, but the launchers have no userfaultfd: converging with auto-converge and a pause instead")
+	}
 	// The launcher's libvirt sees its directory at the path in the pod, not at the agent's.
 	podDir := contract.PodRunDir
 	destURI, migrateURI := domain.ProxiedURIs(podDir, mg.Session())
@@ -111,7 +120,6 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	}
 	// NotMigratable let only ReadWriteMany claims through as disks that stay in place.
 	opts.SharedDisks = HasClaims(vmi)
-	log := m.a.cfg.Log.With("migration", mig.Namespace+"/"+mig.Name, "vmi", vmi.Name)
 	start := time.Now()
 	var published time.Time
 	c := ConvergingMigration{

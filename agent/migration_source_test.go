@@ -3,8 +3,11 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -66,8 +69,25 @@ func (s *stuckMigrator) Resume(string) error {
 }
 
 // TestAFailedMigrationResumesAGuestItPaused: a migration that would miss its deadline is paused
-// to converge (post-copy not allowed); when it fails anyway, the guest runs on at the source.
+// to converge (post-copy not allowed, or allowed but unavailable to unprivileged launchers,
+// which the Event says); when it fails anyway, the guest runs on at the source.
 func TestAFailedMigrationResumesAGuestItPaused(t *testing.T) {
+	for _, allowPostCopy := range []bool{false, true} {
+		t.Run(fmt.Sprintf("allowPostCopy=%v", allowPostCopy), func(t *testing.T) {
+			recorder := failedMigrationResumes(t, allowPostCopy)
+			var events []string
+			for len(recorder.Events) > 0 {
+				events = append(events, <-recorder.Events)
+			}
+			unavailable := slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, "PostCopyUnavailable") })
+			if unavailable != allowPostCopy {
+				t.Errorf("events %q: want a PostCopyUnavailable Event exactly when post-copy is allowed", events)
+			}
+		})
+	}
+}
+
+func failedMigrationResumes(t *testing.T, allowPostCopy bool) *record.FakeRecorder {
 	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm"}}
 	vmi.Status.Phase, vmi.Status.NodeName = v1alpha1.VMIRunning, "source"
 	mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"},
@@ -76,12 +96,13 @@ func TestAFailedMigrationResumesAGuestItPaused(t *testing.T) {
 		Cause: v1alpha1.MigrationCauseNodePressure, Deadline: ptr.To(metav1.NewTime(time.Now().Add(20 * time.Second)))}
 	vmi.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationName: "mig", MigrationUID: "uid-mig"}
 	config := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}}
-	config.Spec.Migrations = v1alpha1.MigrationsConfig{AllowAutoConverge: ptr.To(false), AllowPostCopy: ptr.To(false), AllowPause: ptr.To(true)}
+	config.Spec.Migrations = v1alpha1.MigrationsConfig{AllowAutoConverge: ptr.To(false), AllowPostCopy: ptr.To(allowPostCopy), AllowPause: ptr.To(true)}
 
 	client := lifeboatfake.NewSimpleClientset(vmi, mig, config)
+	recorder := record.NewFakeRecorder(100)
 	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
 	a, err := New(Config{
-		NodeName: "source", Recorder: record.NewFakeRecorder(100), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		NodeName: "source", Recorder: recorder, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister(),
 	}, client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
 		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
@@ -102,7 +123,7 @@ func TestAFailedMigrationResumesAGuestItPaused(t *testing.T) {
 		t.Error("the guest paused for the migration was not resumed after it failed")
 	}
 	if fake.postCopyRequested {
-		t.Error("post-copy was used although the configuration does not allow it")
+		t.Error("post-copy was used although the configuration does not allow it or the launchers cannot")
 	}
 	got, err := client.LifeboatV1alpha1().VirtualMachineInstanceMigrations("ns").Get(ctx, "mig", metav1.GetOptions{})
 	if err != nil || got.Status.Phase != v1alpha1.MigrationFailed || got.Status.Mode != v1alpha1.MigrationModePaused || got.Status.FailureReason == "" {
@@ -112,6 +133,7 @@ func TestAFailedMigrationResumesAGuestItPaused(t *testing.T) {
 	if err != nil || v.Status.NodeName != "source" || !v.Status.MigrationState.Failed {
 		t.Errorf("VMI after a failed migration: %v, node %q, migrationState %+v; want still on source, failed", err, v.Status.NodeName, v.Status.MigrationState)
 	}
+	return recorder
 }
 
 type convergeResult struct {
