@@ -41,12 +41,17 @@ func LinkedPod(pods []*corev1.Pod) (pod *corev1.Pod, ok bool) {
 
 // podDirs keeps DomainsDir's links and the notify sockets in step with the pod informer.
 type podDirs struct {
-	a      *Agent
-	mu     sync.Mutex
-	notify map[string]*notifyServing // by VMI UID: the notify socket served in its directory
+	a *Agent
+	// syncing serialises sync: the informer's handlers and the resync both call it.
+	syncing sync.Mutex
+	mu      sync.Mutex
+	notify  map[string]*notifyServing // by VMI UID: the notify socket served in its directory
 }
 
-type notifyServing struct{ stop context.CancelFunc }
+type notifyServing struct {
+	stop context.CancelFunc
+	done chan struct{} // closed once the server has closed its socket
+}
 
 // runVolume is the launcher pod's run volume as the agent sees it.
 func (d *podDirs) runVolume(podUID string) string {
@@ -101,6 +106,8 @@ func (d *podDirs) syncAll(ctx context.Context) {
 // sync links the VMI's directory to the run volume of its linked pod, and serves the
 // notify socket there; with no pod, it removes both.
 func (d *podDirs) sync(ctx context.Context, uid string) {
+	d.syncing.Lock()
+	defer d.syncing.Unlock()
 	log := d.a.cfg.Log.With("vmiUID", uid)
 	var pods []*corev1.Pod
 	for _, obj := range d.a.cfg.PodInformer.GetStore().List() {
@@ -157,10 +164,11 @@ func (d *podDirs) ensureNotify(ctx context.Context, uid, dir string) {
 		return
 	}
 	nctx, cancel := context.WithCancel(ctx)
-	serving := &notifyServing{stop: cancel}
+	serving := &notifyServing{stop: cancel, done: make(chan struct{})}
 	d.notify[uid] = serving
 	path := filepath.Join(dir, contract.NotifySocketName)
 	go func() {
+		defer close(serving.done)
 		defer cancel()
 		if err := d.a.cfg.ServeNotify(nctx, path, uid); err != nil {
 			d.a.cfg.Log.Warn("serving a launcher's notify socket", "vmiUID", uid, "socket", path, "err", err)
@@ -174,11 +182,15 @@ func (d *podDirs) ensureNotify(ctx context.Context, uid, dir string) {
 	}()
 }
 
+// stopNotify stops the VMI's notify server and waits until its socket is closed, so that a
+// server started next at the same path never has its socket removed by this one.
 func (d *podDirs) stopNotify(uid string) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if n, ok := d.notify[uid]; ok {
+	n, ok := d.notify[uid]
+	delete(d.notify, uid)
+	d.mu.Unlock()
+	if ok {
 		n.stop()
-		delete(d.notify, uid)
+		<-n.done
 	}
 }

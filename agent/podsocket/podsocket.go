@@ -14,6 +14,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,7 +22,7 @@ import (
 // Listen listens on path for the launcher, whose user is not root: the socket is made
 // connectable by anyone who sees it, which is the pod that owns the directory and root. A
 // socket left at path by an earlier listener is replaced; anything else there is an error.
-func Listen(path string) (*net.UnixListener, error) {
+func Listen(path string) (*Listener, error) {
 	if err := removeStale(path); err != nil {
 		return nil, err
 	}
@@ -29,11 +30,46 @@ func Listen(path string) (*net.UnixListener, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := openToPod(path); err != nil {
+	// Close removes the file only while it is still this listener's (see Listener.Close).
+	ln.SetUnlinkOnClose(false)
+	l := &Listener{UnixListener: ln, path: path}
+	// The mode is set through a descriptor of the socket itself: a chmod of path would follow a
+	// symlink swapped in after the listen.
+	err = WithPath(path, func(resolved string) error {
+		var st unix.Stat_t
+		if err := unix.Stat(resolved, &st); err != nil {
+			return err
+		}
+		l.ino = st.Ino
+		if err := os.Chmod(resolved, 0o666); err != nil {
+			return fmt.Errorf("opening %s to its pod: %w", path, err)
+		}
+		return nil
+	})
+	if err != nil {
 		ln.Close()
 		return nil, err
 	}
-	return ln, nil
+	return l, nil
+}
+
+// Listener is a listening socket in a launcher's directory.
+type Listener struct {
+	*net.UnixListener
+	path string
+	ino  uint64
+}
+
+// Close stops listening and removes the socket file, unless another listener's socket has
+// replaced it at the same path meanwhile (a notify socket served again, a migration retried).
+func (l *Listener) Close() error {
+	err := l.UnixListener.Close()
+	if fi, statErr := os.Lstat(l.path); statErr == nil && fi.Mode().Type() == fs.ModeSocket {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Ino == l.ino {
+			_ = os.Remove(l.path)
+		}
+	}
+	return err
 }
 
 // Dial connects to the socket at path, which must be a socket and not a symlink.
@@ -85,17 +121,6 @@ func (s *Socket) Path() string { return fmt.Sprintf("/proc/self/fd/%d", s.f.Fd()
 
 // Close releases the socket file.
 func (s *Socket) Close() error { return s.f.Close() }
-
-// openToPod makes the socket at path connectable by any user, through a descriptor of the
-// socket itself: a chmod of path would follow a symlink swapped in after the listen.
-func openToPod(path string) error {
-	return WithPath(path, func(resolved string) error {
-		if err := os.Chmod(resolved, 0o666); err != nil {
-			return fmt.Errorf("opening %s to its pod: %w", path, err)
-		}
-		return nil
-	})
-}
 
 // removeStale removes a socket file at path; nothing at path is fine.
 func removeStale(path string) error {

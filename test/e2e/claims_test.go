@@ -25,7 +25,7 @@ import (
 func createClaim(t *testing.T, ns, name string, mode corev1.PersistentVolumeAccessMode) {
 	t.Helper()
 	ctx := context.Background()
-	dir := shortTempDir(t)
+	dir := vmDir(t)
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: ns + "-" + name},
 		Spec: corev1.PersistentVolumeSpec{

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
@@ -189,8 +190,11 @@ func TestNodePressureWithStrategyNoneShutsDown(t *testing.T) {
 
 func TestNodePressureOnANonMigratableLiveMigrateIfPossibleVMShutsDown(t *testing.T) {
 	setConfig(t, true)
-	disk := filepath.Join(shortTempDir(t), "disk.raw")
+	disk := filepath.Join(vmDir(t), "disk.raw")
 	if err := os.WriteFile(disk, make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(disk, launcher.UID, launcher.GID); err != nil {
 		t.Fatal(err)
 	}
 	n, vmi := runningVM(t, "pressure-ifpossible", strategy(v1alpha1.EvictionStrategyLiveMigrateIfPossible),

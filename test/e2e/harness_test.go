@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
+	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/images"
@@ -169,6 +170,18 @@ func shortTempDir(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// vmDir is a directory of this machine for a VM's own files (a claim's volume, boot files a lab
+// admin allows), owned by the launchers' user as that admin would make it: launchers do not run
+// as root.
+func vmDir(t testing.TB) string {
+	t.Helper()
+	dir := shortTempDir(t)
+	if err := os.Chown(dir, launcher.UID, launcher.GID); err != nil {
+		t.Fatal(err)
+	}
 	return dir
 }
 

@@ -47,9 +47,9 @@ func prepare() error {
 	if bins, err = os.MkdirTemp("", "lifeboat-e2e-bin-*"); err != nil {
 		return err
 	}
-	// Launchers run as their own unprivileged user (api/launcher UID): their binary, and the
-	// guest files that node-path tests boot, must be open to it, as a lab admin's would be. The
-	// guest's build cache is root's own.
+	// Launchers run as their own unprivileged user (api/launcher UID): the guest files that
+	// node-path tests boot must be open to it, as a lab admin's would be (the guest's build
+	// cache is root's own), and so must the probe it runs as that user.
 	if err := os.Chmod(bins, 0o755); err != nil {
 		return err
 	}

@@ -14,7 +14,7 @@ import (
 // server and the controller cannot see where it leads, the launcher on the node can and refuses
 // it (launcher.CheckNodePaths). The VMI fails, the guest never boots, and the launcher's log says why.
 func TestTheLauncherRefusesASymlinkOutOfAnAllowedDirectory(t *testing.T) {
-	allowed := t.TempDir()
+	allowed := vmDir(t)
 	link := filepath.Join(allowed, "vmlinuz")
 	// A real kernel, so that only the symlink check can stop it.
 	if err := os.Symlink(image.Kernel, link); err != nil {

@@ -240,7 +240,9 @@ func TestExamples(t *testing.T) {
 		if ns, err = cluster.Kube.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = cluster.Kube.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = cluster.Kube.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
+		})
 		vmi := &v1alpha1.VirtualMachineInstance{
 			ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: ns.Name, UID: "0a1b"},
 			Spec: v1alpha1.VirtualMachineInstanceSpec{

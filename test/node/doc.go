@@ -28,6 +28,14 @@
 //     v1.37.1 (status_manager.go mergePodStatus), the condition reaches the API together with
 //     the terminal phase, once the containers have stopped, not before the SIGTERM.
 //
+// A container runs as its securityContext says (runAsUser, runAsGroup, fsGroup and
+// supplementalGroups; runAsNonRoot refused for root; allowPrivilegeEscalation false as
+// no_new_privs): the shim makes the mounts as root, then starts the command as that user, which
+// leaves it no capability. The machine's /etc/passwd and /etc/group are the container's, with a
+// record added for a user they lack, as the container's image would have. The binary is opened
+// as root and executed through its descriptor, so the user need not reach the node's paths.
+// Seccomp profiles and capabilities added to root are not applied.
+//
 // Image volumes are pulled from the node's image store (Config.Images, an OCI image layout),
 // unpacked once and bind-mounted read-only. A persistentVolumeClaim volume is its bound
 // PersistentVolume's directory (hostPath or local volumes only); a secret volume, the Secret's

@@ -117,8 +117,16 @@ func startContained(encoded string) (int, error) {
 			return 0, fmt.Errorf("setting no_new_privs: %w", err)
 		}
 	}
+	// The binary is the node's, at a path of this machine that the container's user may not be
+	// able to reach (a checkout under /root): opened here, as root, and executed through the
+	// descriptor, as a runtime runs its image's binary whatever the node's directories allow.
+	binary, err := os.OpenFile(spec.Path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("opening %s: %w", spec.Path, err)
+	}
+	defer binary.Close()
 	// Leaving root for another user clears every capability, as in a runtime's container.
-	pid, err := syscall.ForkExec(spec.Path, spec.Args, &syscall.ProcAttr{
+	pid, err := syscall.ForkExec(fmt.Sprintf("/proc/self/fd/%d", binary.Fd()), spec.Args, &syscall.ProcAttr{
 		Dir:   spec.Dir,
 		Env:   spec.Env,
 		Files: []uintptr{devNull.Fd(), 1, 2},
