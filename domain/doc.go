@@ -5,6 +5,8 @@
 //
 // It is the only package in lifeboat that imports libvirt; the rest see the small types here.
 //
-// Programs (and test binaries) that start a private daemon with StartLibvirtd must call
+// A private daemon runs in its caller's mode: a session daemon for a non-root caller (the
+// launcher), a system daemon in a private mount namespace for root (tests and benchmarks that
+// run daemons side by side on one machine). Programs that start one as root must call
 // MaybeRunLibvirtdShim first thing in main (or TestMain).
 package domain
