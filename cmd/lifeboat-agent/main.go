@@ -192,7 +192,6 @@ func kubeletMaxPodGracePeriod(o options) (*int64, error) {
 	return nil, nil
 }
 
-// launcherPods lists the VMI UIDs of the launcher pods on the node, in any phase.
 // launcherExit reads, from the kubelet's record of its pod, how the launcher of a VMI on this
 // node ended.
 func launcherExit(client kubernetes.Interface, nodeName string) func(ctx context.Context, namespace, vmiUID string) (*int32, error) {
