@@ -380,7 +380,7 @@ func TestClaimStatuses(t *testing.T) {
 // TestLauncherPodsAreRestricted evaluates the pods the VMI controller builds with the Pod
 // Security admission's own checks at the "restricted" level: a VM of images, claims and
 // cloud-init, and a migration target. The API server's admission is tested end to end in
-// test/e2e (TestAVMRunsAndMovesInARestrictedNamespace).
+// test/e2e (TestRestrictedLaunchersRunMoveAndReachOnlyTheirOwnSockets).
 func TestLauncherPodsAreRestricted(t *testing.T) {
 	vmi := &v1alpha1.VirtualMachineInstance{
 		ObjectMeta: metav1.ObjectMeta{Name: "vm1", Namespace: "ns", UID: "0a1b"},

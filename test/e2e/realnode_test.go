@@ -232,7 +232,9 @@ func realVM(t *testing.T, gateOn bool) (*realnode.Node, *testNode, *v1alpha1.Vir
 	if vmi.Status.NodeName != realNodeName {
 		t.Fatalf("the VM must start on the real node, the only one: %s", describe(vmi))
 	}
-	before := waitCounterPast(t, realConsolePath(real, launcherPod(t, vmi)), 0, bootTimeout)
+	pod := launcherPod(t, vmi)
+	checkUnprivileged(t, pod, true)
+	before := waitCounterPast(t, realConsolePath(real, pod), 0, bootTimeout)
 	// The target joins only now, so that the VM could start nowhere else.
 	target := startNodes(t, 1)[0]
 	return real, target, vmi, before

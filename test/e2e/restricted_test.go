@@ -114,6 +114,7 @@ func TestRestrictedLaunchersRunMoveAndReachOnlyTheirOwnSockets(t *testing.T) {
 	}
 	one, other := vmis[0], vmis[1]
 	onePod, otherPod := launcherPod(t, one), launcherPod(t, other)
+	checkUnprivileged(t, onePod, false)
 	otherDir := filepath.Join(source.HostPath("/var/lib/kubelet/pods"), string(otherPod.UID), "volumes/kubernetes.io~empty-dir", launcher.RunVolume)
 	otherLink := filepath.Join(source.HostPath(launcher.DomainsDir), string(other.UID))
 	own := filepath.Join(launcher.PodRunDir, launcher.LibvirtSocket)
@@ -147,5 +148,32 @@ func TestRestrictedLaunchersRunMoveAndReachOnlyTheirOwnSockets(t *testing.T) {
 	})
 	if err != nil {
 		t.Errorf("the VM's target pod on %s, admitted under restricted, was not found: %v", target.Name(), err)
+	}
+}
+
+// checkUnprivileged checks, in /proc, that the launcher of pod runs as the launchers' user with
+// no capability and no way to gain one; with seccomp, also that a seccomp filter confines it
+// (a real node's runtime applies RuntimeDefault; the emulated node applies no profile).
+func checkUnprivileged(t *testing.T, pod *corev1.Pod, seccomp bool) {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", launcherPID(t, pod)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := map[string]string{}
+	for _, line := range strings.Split(string(status), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			fields[k] = strings.Join(strings.Fields(v), " ")
+		}
+	}
+	uid := strconv.Itoa(launcher.UID)
+	want := map[string]string{"Uid": strings.Repeat(uid+" ", 3) + uid, "CapEff": "0000000000000000", "CapPrm": "0000000000000000", "NoNewPrivs": "1"}
+	if seccomp {
+		want["Seccomp"] = "2"
+	}
+	for k, v := range want {
+		if fields[k] != v {
+			t.Errorf("launcher of %s: %s is %q, want %q", pod.Name, k, fields[k], v)
+		}
 	}
 }
