@@ -60,14 +60,21 @@ func New(allowedUIDs []uint32, handle Handler, reg prometheus.Registerer, log *s
 	return s
 }
 
+// MaxConnsPerSocket bounds the connections open at once on one launcher's socket: a launcher
+// keeps one (two for a moment while it reconnects), and one that opens more, or whoever took
+// over its pod, must not make the agent hold goroutines and buffers without end.
+const MaxConnsPerSocket = 4
+
 // Serve listens on path, in the launcher directory of the VMI with vmiUID, until ctx ends.
-// A stale socket file from an earlier agent is replaced.
+// A stale socket file from an earlier agent is replaced. Connections beyond MaxConnsPerSocket
+// are closed at once (reason too-many-connections).
 func (s *Server) Serve(ctx context.Context, path, vmiUID string) error {
 	l, err := podsocket.Listen(path)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", path, err)
 	}
 	var wg sync.WaitGroup
+	slots := make(chan struct{}, MaxConnsPerSocket)
 	go func() {
 		<-ctx.Done()
 		l.Close()
@@ -81,9 +88,17 @@ func (s *Server) Serve(ctx context.Context, path, vmiUID string) error {
 			}
 			return fmt.Errorf("accepting on %s: %w", path, err)
 		}
+		select {
+		case slots <- struct{}{}:
+		default:
+			s.reject("too-many-connections", fmt.Errorf("%d connections are open on %s already", MaxConnsPerSocket, path), 0)
+			conn.Close()
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() { <-slots }()
 			s.serveConn(ctx, conn, vmiUID)
 		}()
 	}

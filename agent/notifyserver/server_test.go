@@ -3,6 +3,7 @@ package notifyserver
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -179,4 +180,44 @@ func TestUnauthorisedPeerIsRejected(t *testing.T) {
 	if got.count() != 0 {
 		t.Errorf("the handler got %d messages from an unauthorised peer", got.count())
 	}
+}
+
+// TestConnectionsPerSocketAreBounded: a launcher that opens connection after connection gets
+// MaxConnsPerSocket of them; the next is closed at once and counted, and a slot freed by a
+// closed connection serves again.
+func TestConnectionsPerSocketAreBounded(t *testing.T) {
+	s, path, got := startServer(t, []uint32{uint32(os.Getuid())}, "u1")
+	var open []net.Conn
+	for i := range MaxConnsPerSocket {
+		c := dial(t, path)
+		defer c.Close()
+		if err := notify.Write(c, msg(notify.KindHello, "u1")); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, fmt.Sprintf("hello %d served", i+1), func() bool { return got.count() == i+1 })
+		open = append(open, c)
+	}
+	extra := dial(t, path)
+	defer extra.Close()
+	if !closed(t, extra) {
+		t.Fatalf("connection %d was served; want it closed", MaxConnsPerSocket+1)
+	}
+	if n := testutil.ToFloat64(s.rejected.WithLabelValues("too-many-connections")); n != 1 {
+		t.Errorf("rejected{reason=too-many-connections} = %v, want 1", n)
+	}
+	open[0].Close()
+	waitFor(t, "a freed slot to serve a new connection", func() bool {
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		before := got.count()
+		if notify.Write(c, msg(notify.KindHello, "u1")) != nil {
+			return false
+		}
+		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		_, _ = c.Read(make([]byte, 1))
+		return got.count() > before
+	})
 }
