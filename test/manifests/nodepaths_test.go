@@ -43,6 +43,20 @@ func allowNodeDirectories(t *testing.T, dirs ...string) {
 	if err != nil {
 		t.Fatalf("allowing node directories %v: %v", dirs, err)
 	}
+	// The admission policy reads the LifeboatConfig through the API server's own cache, a moment
+	// behind the patch: wait until it admits a boot file in each directory (dry runs).
+	for _, dir := range dirs {
+		probe := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "allowed-probe", Namespace: metav1.NamespaceDefault},
+			Spec: v1alpha1.VirtualMachineInstanceSpec{CPUs: 1, Memory: resource.MustParse("128Mi"), Boot: v1alpha1.BootSource{Kernel: dir + "/vmlinuz"}}}
+		var last error
+		err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, last = cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(metav1.NamespaceDefault).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			return last == nil, nil
+		})
+		if err != nil {
+			t.Fatalf("the node-path policy still refuses %s after it was allowed: %v", dir, last)
+		}
+	}
 }
 
 // vmOwner is a namespace user who may do everything with VMIs in one namespace, and nothing else.
