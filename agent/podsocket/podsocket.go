@@ -32,25 +32,19 @@ func Listen(path string) (*Listener, error) {
 	}
 	// Close removes the file only while it is still this listener's (see Listener.Close).
 	ln.SetUnlinkOnClose(false)
-	l := &Listener{UnixListener: ln, path: path}
 	// The mode is set through a descriptor of the socket itself: a chmod of path would follow a
 	// symlink swapped in after the listen.
-	err = WithPath(path, func(resolved string) error {
-		var st unix.Stat_t
-		if err := unix.Stat(resolved, &st); err != nil {
-			return err
-		}
-		l.ino = st.Ino
-		if err := os.Chmod(resolved, 0o666); err != nil {
-			return fmt.Errorf("opening %s to its pod: %w", path, err)
-		}
-		return nil
-	})
+	s, err := Open(path)
 	if err != nil {
 		ln.Close()
 		return nil, err
 	}
-	return l, nil
+	defer s.Close()
+	if err := os.Chmod(s.Path(), 0o666); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("opening %s to its pod: %w", path, err)
+	}
+	return &Listener{UnixListener: ln, path: path, ino: s.ino}, nil
 }
 
 // Listener is a listening socket in a launcher's directory.
@@ -95,7 +89,10 @@ func WithPath(path string, use func(resolved string) error) error {
 }
 
 // Socket is a socket file held open without following a symlink (O_PATH).
-type Socket struct{ f *os.File }
+type Socket struct {
+	f   *os.File
+	ino uint64
+}
 
 // Open opens the socket at path as it is now; it fails if path is not a socket. A connection
 // made through Path reaches that very socket even if path is replaced meanwhile.
@@ -113,7 +110,7 @@ func Open(path string) (*Socket, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("%s is not a socket (mode %o): refusing it", path, st.Mode)
 	}
-	return &Socket{f: os.NewFile(uintptr(fd), path)}, nil
+	return &Socket{f: os.NewFile(uintptr(fd), path), ino: st.Ino}, nil
 }
 
 // Path names the socket (a /proc/self/fd link), in this process only, until Close.
