@@ -132,6 +132,9 @@ const (
 	ReasonLocalDisk = "LocalDisk"
 	// ReasonDisksNotLiveMigratable: a claim only one node can mount (KubeVirt's reason).
 	ReasonDisksNotLiveMigratable = "DisksNotLiveMigratable"
+	// ReasonInterfaceNotLiveMigratable: a bridge binding on the pod network gives the guest
+	// the pod's address, which the target pod does not have (KubeVirt's reason).
+	ReasonInterfaceNotLiveMigratable = "InterfaceNotLiveMigratable"
 )
 
 // NotMigratable says why a VMI cannot be live-migrated, and what stops it, or "" if it can. A
@@ -142,6 +145,9 @@ const (
 func NotMigratable(vmi *v1alpha1.VirtualMachineInstance) (reason, message string) {
 	if vmi.Spec.Boot.Disk != "" {
 		return ReasonLocalDisk, fmt.Sprintf("boot.disk %q is a file on the node, which a migration does not copy", vmi.Spec.Boot.Disk)
+	}
+	if iface, ok, _ := v1alpha1.PodInterface(&vmi.Spec); ok && iface.Bridge != nil {
+		return ReasonInterfaceNotLiveMigratable, fmt.Sprintf("interface %q has the bridge binding on the pod network: the guest has the pod's address, and the target pod another", iface.Name)
 	}
 	for _, v := range vmi.Spec.Volumes {
 		if v.PersistentVolumeClaim == nil {

@@ -108,6 +108,7 @@ func TestWhatAMigrationLeavesAndCopies(t *testing.T) {
 	cloudInit := v1alpha1.Volume{Name: "cloudinit", CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{UserData: "#cloud-config"}}
 	rootDisk := v1alpha1.Volume{Name: "root", ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "example.org/fedora:42"}}
 	claim := v1alpha1.Volume{Name: "data", PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimSource{ClaimName: "db-disk"}}
+	podNetwork := []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
 	claimModes := func(m corev1.PersistentVolumeAccessMode) []v1alpha1.VolumeStatus {
 		return []v1alpha1.VolumeStatus{{Name: "data", PersistentVolumeClaimInfo: &v1alpha1.PersistentVolumeClaimInfo{ClaimName: "db-disk", AccessModes: []corev1.PersistentVolumeAccessMode{m}}}}
 	}
@@ -126,6 +127,11 @@ func TestWhatAMigrationLeavesAndCopies(t *testing.T) {
 		{name: "a ReadWriteMany claim stays, shared", spec: v1alpha1.VirtualMachineInstanceSpec{Volumes: []v1alpha1.Volume{claim}}, claims: claimModes(corev1.ReadWriteMany)},
 		{name: "a ReadWriteOnce claim keeps the VM", spec: v1alpha1.VirtualMachineInstanceSpec{Volumes: []v1alpha1.Volume{claim}}, claims: claimModes(corev1.ReadWriteOnce),
 			reason: ReasonDisksNotLiveMigratable, names: `persistentVolumeClaim "db-disk" (volume "data") is not ReadWriteMany`},
+		{name: "masquerade on the pod network moves", spec: v1alpha1.VirtualMachineInstanceSpec{
+			Interfaces: []v1alpha1.Interface{{Name: "default", Masquerade: &v1alpha1.InterfaceMasquerade{}}}, Networks: podNetwork}},
+		{name: "a bridge binding on the pod network keeps the VM", spec: v1alpha1.VirtualMachineInstanceSpec{
+			Interfaces: []v1alpha1.Interface{{Name: "default", Bridge: &v1alpha1.InterfaceBridge{}}}, Networks: podNetwork},
+			reason: ReasonInterfaceNotLiveMigratable, names: `interface "default" has the bridge binding`},
 		{name: "a claim not recorded yet keeps the VM", spec: v1alpha1.VirtualMachineInstanceSpec{Volumes: []v1alpha1.Volume{claim}},
 			reason: ReasonDisksNotLiveMigratable, names: `persistentVolumeClaim "db-disk" (volume "data"): its access modes are not recorded yet`},
 	} {

@@ -27,6 +27,19 @@ type XMLOptions struct {
 	Kernel, Initrd string
 	// Disks are spec.disks, in order, as the launcher prepared them.
 	Disks []Disk
+	// Interface is the guest's card on the pod network, if it has one.
+	Interface *Interface
+}
+
+// Interface is a virtio network card on a tap the node's agent made in the pod.
+type Interface struct {
+	// Tap is the device's name; libvirt opens it and never changes it (managed='no'), so a
+	// launcher without capabilities can use it, and a migration target has one of the same name.
+	Tap string
+	// MAC is the card's address; it travels with the domain in a migration.
+	MAC string
+	// MTU is the pod interface's.
+	MTU uint
 }
 
 // Disk is one of the guest's disks, ready for QEMU.
@@ -133,6 +146,15 @@ func DomainXML(vmi *v1alpha1.VirtualMachineInstance, opts XMLOptions) (string, e
 			Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: format},
 			Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: boot.Disk}},
 			Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
+		}}
+	}
+	if i := opts.Interface; i != nil {
+		dom.Devices.Interfaces = []libvirtxml.DomainInterface{{
+			Source: &libvirtxml.DomainInterfaceSource{Ethernet: &libvirtxml.DomainInterfaceSourceEthernet{}},
+			Target: &libvirtxml.DomainInterfaceTarget{Dev: i.Tap, Managed: "no"},
+			MAC:    &libvirtxml.DomainInterfaceMAC{Address: i.MAC},
+			Model:  &libvirtxml.DomainInterfaceModel{Type: "virtio"},
+			MTU:    &libvirtxml.DomainInterfaceMTU{Size: i.MTU},
 		}}
 	}
 	if err := addDisks(dom, opts.Disks, kernel == "" && boot.Disk == ""); err != nil {

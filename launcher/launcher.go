@@ -118,6 +118,10 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 	if err != nil {
 		return contract.ExitFailed, fmt.Errorf("preparing the VM's disks: %w", err)
 	}
+	iface, err := podNetwork(ctx, cfg, dir, log)
+	if err != nil {
+		return contract.ExitFailed, err
+	}
 	daemon, err := domain.StartLibvirtd(ctx, domain.Config{Dir: filepath.Join(dir, "libvirt"), SocketDir: dir})
 	if err != nil {
 		return contract.ExitFailed, fmt.Errorf("starting the pod's libvirtd: %w", err)
@@ -154,7 +158,7 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 		if err := conn.ClearGracefulShutdown(name); err != nil {
 			return contract.ExitFailed, fmt.Errorf("clearing the source pod's shutdown record from the arrived guest: %w", err)
 		}
-	} else if err := startGuest(ctx, conn, cfg, dir, prepared); err != nil {
+	} else if err := startGuest(ctx, conn, cfg, dir, prepared, iface); err != nil {
 		return contract.ExitFailed, err
 	}
 	notifier.Report(notify.KindDomainStarted, time.Now(), 0, "")
@@ -221,8 +225,36 @@ func recordGracefulShutdown(ctx context.Context, conn *domain.Conn, name string,
 	})
 }
 
+// podNetwork has the agent build the guest's side of the pod network, when the VMI has an
+// interface there, and serves the guest DHCP on it. A migration target does the same: the
+// domain that arrives names the tap, and its guest renews its lease here.
+func podNetwork(ctx context.Context, cfg Config, dir string, log *slog.Logger) (*domain.Interface, error) {
+	spec, ok, err := v1alpha1.PodInterface(&cfg.VMI.Spec)
+	if err != nil || !ok {
+		return nil, err
+	}
+	mac, err := spec.MAC(cfg.VMI.UID)
+	if err != nil {
+		return nil, fmt.Errorf("interface %q: %w", spec.Name, err)
+	}
+	ref := notify.VMIRef{Namespace: cfg.VMI.Namespace, Name: cfg.VMI.Name, UID: cfg.VMI.UID}
+	lease, err := RequestNetwork(ctx, filepath.Join(dir, contract.NotifySocketName), ref, log)
+	if err != nil {
+		return nil, err
+	}
+	offer, err := OfferFor(lease, readResolvConf())
+	if err != nil {
+		return nil, err
+	}
+	if err := StartDHCP(ctx, lease.Interface, offer, log); err != nil {
+		return nil, err
+	}
+	log.Info("pod network ready", "tap", lease.Tap, "mac", mac.String(), "guestAddress", lease.Address, "gateway", lease.Gateway, "mtu", lease.MTU)
+	return &domain.Interface{Tap: lease.Tap, MAC: mac.String(), MTU: uint(lease.MTU)}, nil
+}
+
 // startGuest defines and starts the VMI's domain.
-func startGuest(ctx context.Context, conn *domain.Conn, cfg Config, dir string, prepared vmdisks.Prepared) error {
+func startGuest(ctx context.Context, conn *domain.Conn, cfg Config, dir string, prepared vmdisks.Prepared, iface *domain.Interface) error {
 	vmi := &v1alpha1.VirtualMachineInstance{
 		ObjectMeta: metav1.ObjectMeta{Namespace: cfg.VMI.Namespace, Name: cfg.VMI.Name, UID: types.UID(cfg.VMI.UID)},
 		Spec:       cfg.VMI.Spec,
@@ -233,7 +265,7 @@ func startGuest(ctx context.Context, conn *domain.Conn, cfg Config, dir string, 
 	}
 	xml, err := domain.DomainXML(vmi, domain.XMLOptions{
 		Acceleration: accel, ConsoleLog: filepath.Join(dir, contract.ConsoleLog),
-		Kernel: prepared.Kernel, Initrd: prepared.Initrd, Disks: prepared.Disks,
+		Kernel: prepared.Kernel, Initrd: prepared.Initrd, Disks: prepared.Disks, Interface: iface,
 	})
 	if err != nil {
 		return err

@@ -26,10 +26,15 @@ import (
 // Handler receives each valid message, with the peer's process ID.
 type Handler func(m *notify.Message, peerPID int32)
 
+// NetworkHandler builds the pod network of the VMI ref in the network namespace netns, which
+// its launcher sent, and returns what the guest is to be offered.
+type NetworkHandler func(ctx context.Context, ref notify.VMIRef, netns *os.File) (*notify.Lease, error)
+
 // Server serves the notify sockets.
 type Server struct {
 	allowedUIDs map[uint32]bool
 	handle      Handler
+	network     NetworkHandler
 	log         *slog.Logger
 	// idle closes a connection that sends nothing for this long; launchers keep theirs open
 	// and quiet, so this is long, but it bounds a stuck peer.
@@ -59,6 +64,9 @@ func New(allowedUIDs []uint32, handle Handler, reg prometheus.Registerer, log *s
 	reg.MustRegister(s.rejected, s.received)
 	return s
 }
+
+// HandleNetwork sets what answers NetworkSetup requests; without one they are refused.
+func (s *Server) HandleNetwork(h NetworkHandler) { s.network = h }
 
 // MaxConnsPerSocket bounds the connections open at once on one launcher's socket: a launcher
 // keeps one (two for a moment while it reconnects), and one that opens more, or whoever took
@@ -119,9 +127,11 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmiUID strin
 		return
 	}
 	var hello *notify.VMIRef
+	in := &rightsReader{conn: conn}
+	defer in.closeAll()
 	for {
 		_ = conn.SetReadDeadline(time.Now().Add(s.idle))
-		m, err := notify.Read(conn)
+		m, err := notify.Read(in)
 		if errors.Is(err, io.EOF) || (err != nil && ctx.Err() != nil) {
 			return
 		}
@@ -143,9 +153,97 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmiUID strin
 			ref := m.VMI
 			hello = &ref
 		}
+		if m.Kind == notify.KindNetworkSetup {
+			ns := in.take()
+			if ns == nil {
+				s.reject("no-namespace", errors.New("NetworkSetup without a network namespace descriptor"), cred.Pid)
+				return
+			}
+			s.received.WithLabelValues(string(m.Kind)).Inc()
+			err := s.answerNetwork(ctx, conn, *hello, ns)
+			ns.Close()
+			if err != nil {
+				s.log.Warn("answering NetworkSetup", "vmi", hello.String(), "err", err)
+				return
+			}
+			continue
+		}
+		if in.pending() {
+			s.reject("unexpected-descriptor", fmt.Errorf("a %s message came with a descriptor", m.Kind), cred.Pid)
+			return
+		}
 		s.received.WithLabelValues(string(m.Kind)).Inc()
 		s.handle(m, cred.Pid)
 	}
+}
+
+// answerNetwork builds the VMI's pod network and writes the answer back on conn.
+func (s *Server) answerNetwork(ctx context.Context, conn *net.UnixConn, ref notify.VMIRef, ns *os.File) error {
+	reply := &notify.Message{Kind: notify.KindNetworkReady, VMI: ref}
+	var err error
+	if s.network == nil {
+		err = errors.New("this agent builds no pod networks")
+	} else {
+		reply.Lease, err = s.network(ctx, ref, ns)
+	}
+	if err != nil {
+		reply.Kind, reply.Reason, reply.Lease = notify.KindNetworkFailed, err.Error(), nil
+		s.log.Warn("could not build the pod network", "vmi", ref.String(), "err", err)
+	}
+	reply.Time = time.Now()
+	_ = conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	return notify.Write(conn, reply)
+}
+
+// rightsReader reads a connection's bytes and keeps the descriptors that come with them
+// (SCM_RIGHTS). At most one may wait to be taken: a peer that sends more loses its connection,
+// and every descriptor it sent is closed.
+type rightsReader struct {
+	conn *net.UnixConn
+	fds  []*os.File
+}
+
+// errDescriptors is the error for a peer that sent more descriptors than one message takes.
+var errDescriptors = errors.New("more than one descriptor sent")
+
+func (r *rightsReader) Read(p []byte) (int, error) {
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, flags, _, err := r.conn.ReadMsgUnix(p, oob)
+	if oobn > 0 {
+		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+		for _, m := range msgs {
+			fds, _ := unix.ParseUnixRights(&m)
+			for _, fd := range fds {
+				r.fds = append(r.fds, os.NewFile(uintptr(fd), "received"))
+			}
+		}
+		if perr != nil && err == nil {
+			err = fmt.Errorf("%w: %v", notify.ErrMalformed, perr)
+		}
+	}
+	if err == nil && (flags&unix.MSG_CTRUNC != 0 || len(r.fds) > 1) {
+		err = fmt.Errorf("%w: %w", notify.ErrMalformed, errDescriptors)
+	}
+	return n, err
+}
+
+// take returns the descriptor that came, if one did; the caller closes it.
+func (r *rightsReader) take() *os.File {
+	if len(r.fds) == 0 {
+		return nil
+	}
+	f := r.fds[0]
+	r.fds = r.fds[1:]
+	return f
+}
+
+func (r *rightsReader) pending() bool { return len(r.fds) > 0 }
+
+func (r *rightsReader) closeAll() {
+	for _, f := range r.fds {
+		f.Close()
+	}
+	r.fds = nil
 }
 
 func (s *Server) reject(reason string, err error, pid int32) {

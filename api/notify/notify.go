@@ -45,9 +45,21 @@ const (
 	KindDomainGone Kind = "DomainGone"
 	// KindFailed reports that the launcher could not start the domain.
 	KindFailed Kind = "Failed"
+	// KindNetworkSetup asks the agent to build the guest's side of the pod network in the
+	// launcher's network namespace, whose descriptor travels with the frame (SCM_RIGHTS). It is
+	// the only message the agent answers: KindNetworkReady or KindNetworkFailed.
+	KindNetworkSetup Kind = "NetworkSetup"
+	// KindNetworkReady answers KindNetworkSetup: the network is built; Lease says what the
+	// launcher's DHCP server offers the guest.
+	KindNetworkReady Kind = "NetworkReady"
+	// KindNetworkFailed answers KindNetworkSetup with why it could not be done (Reason).
+	KindNetworkFailed Kind = "NetworkFailed"
 )
 
-var kinds = map[Kind]bool{KindHello: true, KindDomainStarted: true, KindGracefulShutdown: true, KindDomainGone: true, KindFailed: true}
+var kinds = map[Kind]bool{
+	KindHello: true, KindDomainStarted: true, KindGracefulShutdown: true, KindDomainGone: true, KindFailed: true,
+	KindNetworkSetup: true, KindNetworkReady: true, KindNetworkFailed: true,
+}
 
 // Message is one report from a launcher.
 type Message struct {
@@ -61,6 +73,24 @@ type Message struct {
 	// Reason says why, for DomainGone (the domain's stop reason: Shutdown, Destroyed, Crashed,
 	// Migrated, ...) and Failed (an error message).
 	Reason string `json:"reason,omitempty"`
+	// Lease is what the guest gets by DHCP (NetworkReady only).
+	Lease *Lease `json:"lease,omitempty"`
+}
+
+// Lease is the guest's network configuration, as the agent built it in the pod.
+type Lease struct {
+	// Interface is the bridge the launcher's DHCP server listens on.
+	Interface string `json:"interface"`
+	// Tap is the device QEMU opens.
+	Tap string `json:"tap"`
+	// Address is the guest's address with its prefix length (10.0.2.2/24).
+	Address string `json:"address"`
+	// Gateway is the guest's default gateway.
+	Gateway string `json:"gateway"`
+	// Server is the address the DHCP server answers from.
+	Server string `json:"server"`
+	// MTU is the pod interface's, for the guest's card.
+	MTU int `json:"mtu"`
 }
 
 // VMIRef names a VMI.

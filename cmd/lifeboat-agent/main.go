@@ -137,6 +137,7 @@ func run(o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	notifyServer.HandleNetwork(a.SetupNetwork)
 	if err := os.MkdirAll(filepath.Join(o.runDir, "domains"), 0o755); err != nil {
 		return err
 	}

@@ -126,11 +126,7 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      LauncherPodName(vmi),
 			Namespace: vmi.Namespace,
-			Labels: map[string]string{
-				v1alpha1.LabelRole:    v1alpha1.RoleLauncher,
-				v1alpha1.LabelVMIName: vmi.Name,
-				v1alpha1.LabelVMIUID:  string(vmi.UID),
-			},
+			Labels:    podLabels(vmi),
 			// The descheduler's protocol (seed 003): evicting this pod only starts the VM's evacuation.
 			Annotations:     map[string]string{v1alpha1.AnnotationRequestEvictOnly: ""},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vmi, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))},
@@ -161,7 +157,7 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 					fieldEnv("POD_UID", "metadata.uid"),
 					fieldEnv("NODE_NAME", "spec.nodeName"),
 				},
-				Resources: withDevices(opts, corev1.ResourceRequirements{Requests: corev1.ResourceList{
+				Resources: withDevices(vmi, opts, corev1.ResourceRequirements{Requests: corev1.ResourceList{
 					corev1.ResourceMemory: memory,
 					corev1.ResourceCPU:    *resource.NewMilliQuantity(int64(cpus)*CPURequestPerVCPUMilli, resource.DecimalSI),
 				}}),
@@ -175,6 +171,21 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 			EvictionResponders: responders,
 		},
 	}, nil
+}
+
+// podLabels are the VMI's labels, so that a Service selecting the VM finds the pod it runs in
+// (a migration target's too), and lifeboat's own, which a VMI's labels cannot set.
+func podLabels(vmi *v1alpha1.VirtualMachineInstance) map[string]string {
+	labels := map[string]string{}
+	for k, v := range vmi.Labels {
+		if !strings.HasPrefix(k, v1alpha1.GroupName+"/") {
+			labels[k] = v
+		}
+	}
+	labels[v1alpha1.LabelRole] = v1alpha1.RoleLauncher
+	labels[v1alpha1.LabelVMIName] = vmi.Name
+	labels[v1alpha1.LabelVMIUID] = string(vmi.UID)
+	return labels
 }
 
 // launcherPodSecurity runs the launcher pod as the launcher's own user, never root, so that
@@ -204,14 +215,20 @@ func launcherContainerSecurity() *corev1.SecurityContext {
 // withDevices adds the devices the launcher needs, from the agents' device plugins, to r: with
 // KVM asked for outright, /dev/kvm, so that the scheduler places the VM only where a node's agent
 // found KVM. (With "auto" the launcher decides on the node, so nothing can be asked for.)
-func withDevices(opts PodOptions, r corev1.ResourceRequirements) corev1.ResourceRequirements {
+func withDevices(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, r corev1.ResourceRequirements) corev1.ResourceRequirements {
 	if opts.Acceleration != "kvm" {
 		return r
 	}
 	one := resource.MustParse("1")
-	kvm := corev1.ResourceName(v1alpha1.DeviceKVM)
-	r.Requests[kvm] = one
-	r.Limits = corev1.ResourceList{kvm: one}
+	r.Limits = corev1.ResourceList{}
+	devices := []string{v1alpha1.DeviceKVM}
+	if _, ok, _ := v1alpha1.PodInterface(&vmi.Spec); ok {
+		devices = append(devices, v1alpha1.DeviceTun)
+	}
+	for _, d := range devices {
+		r.Requests[corev1.ResourceName(d)] = one
+		r.Limits[corev1.ResourceName(d)] = one
+	}
 	return r
 }
 

@@ -32,4 +32,5 @@ const EvictionResponderPriority int32 = 10000
 const (
 	DeviceResourcePrefix = "devices.lifeboat.dev/"
 	DeviceKVM            = DeviceResourcePrefix + "kvm"
+	DeviceTun            = DeviceResourcePrefix + "tun"
 )

@@ -33,6 +33,9 @@ type VirtualMachineInstance struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.all(v, has(self.disks) && self.disks.exists(d, d.name == v.name))",message="every volume is attached by a disk of the same name in spec.disks"
 // +kubebuilder:validation:XValidation:rule="!has(self.volumes) || self.volumes.filter(v, has(v.cloudInitNoCloud)).size() <= 1",message="a VM has at most one cloudInitNoCloud volume"
 // +kubebuilder:validation:XValidation:rule="!(has(self.boot) && has(self.boot.disk) && has(self.disks))",message="boot.disk (a node file) and spec.disks cannot both be set"
+// +kubebuilder:validation:XValidation:rule="!has(self.interfaces) || self.interfaces.all(i, has(self.networks) && self.networks.exists(n, n.name == i.name))",message="every interface names a network of spec.networks"
+// +kubebuilder:validation:XValidation:rule="!has(self.networks) || self.networks.all(n, has(self.interfaces) && self.interfaces.exists(i, i.name == n.name))",message="every network is attached by an interface of the same name in spec.interfaces"
+// +kubebuilder:validation:XValidation:rule="!has(self.networks) || self.networks.filter(n, has(n.pod)).size() <= 1",message="a VM has at most one interface on the pod network"
 type VirtualMachineInstanceSpec struct {
 	// CPUs is the number of virtual CPUs the guest sees.
 	// +kubebuilder:validation:Minimum=1
@@ -64,6 +67,22 @@ type VirtualMachineInstanceSpec struct {
 	// +kubebuilder:validation:MaxItems=16
 	// +optional
 	Volumes []Volume `json:"volumes,omitempty"`
+
+	// Interfaces are the guest's network cards, each on the network of spec.networks of the
+	// same name, with its binding (KubeVirt's spec.domain.devices.interfaces).
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	// +optional
+	Interfaces []Interface `json:"interfaces,omitempty"`
+
+	// Networks are what the interfaces connect to (KubeVirt's spec.networks). The pod network
+	// is the only kind so far.
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	// +optional
+	Networks []Network `json:"networks,omitempty"`
 
 	// EvictionStrategy says what happens when the VM's pod is asked to leave its node.
 	// Unset means the LifeboatConfig's evictionStrategy, and None if that is unset too.
@@ -238,6 +257,75 @@ type CloudInitNoCloudSource struct {
 	// +optional
 	NetworkData string `json:"networkData,omitempty"`
 }
+
+// Interface is one of the guest's network cards (virtio). Exactly one binding is set.
+// +kubebuilder:validation:XValidation:rule="[has(self.masquerade), has(self.bridge)].filter(x, x).size() == 1",message="an interface needs exactly one binding: masquerade or bridge"
+// +kubebuilder:validation:XValidation:rule="!has(self.ports) || has(self.masquerade)",message="ports are for the masquerade binding: a bridge binding gives the guest the pod's address and every port"
+type Interface struct {
+	// Name is the network (spec.networks) the card is on.
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+	// Masquerade puts the guest behind NAT on the pod's address: the guest has a fixed private
+	// address (10.0.2.2/24, gateway 10.0.2.1) that a migration does not change, and the pod's
+	// address forwards the ports listed (all when none is). Live-migratable.
+	// +optional
+	Masquerade *InterfaceMasquerade `json:"masquerade,omitempty"`
+	// Bridge gives the guest the pod's own address by DHCP. Not live-migratable: the target
+	// pod has another address (LiveMigratable False, InterfaceNotLiveMigratable).
+	// +optional
+	Bridge *InterfaceBridge `json:"bridge,omitempty"`
+	// Ports are the ports the pod's address forwards to the guest; none means all.
+	// +listType=map
+	// +listMapKey=port
+	// +listMapKey=protocol
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	Ports []Port `json:"ports,omitempty"`
+	// MACAddress is the card's MAC address; unset means one derived from the VMI's UID.
+	// Either way it never changes while the VMI lives, migrations included.
+	// +kubebuilder:validation:Pattern=`^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$`
+	// +optional
+	MACAddress string `json:"macAddress,omitempty"`
+}
+
+// InterfaceMasquerade is the masquerade binding; it has no settings.
+type InterfaceMasquerade struct{}
+
+// InterfaceBridge is the bridge binding; it has no settings.
+type InterfaceBridge struct{}
+
+// Port is a port the pod forwards to the guest.
+type Port struct {
+	// Name names the port for people.
+	// +kubebuilder:validation:MaxLength=15
+	// +optional
+	Name string `json:"name,omitempty"`
+	// Protocol is TCP (the default) or UDP.
+	// +kubebuilder:validation:Enum=TCP;UDP
+	// +kubebuilder:default=TCP
+	// +optional
+	Protocol corev1.Protocol `json:"protocol,omitempty"`
+	// Port is the port number, on the pod's address and in the guest.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port"`
+}
+
+// Network is what an interface connects to. Exactly one kind is set.
+// +kubebuilder:validation:XValidation:rule="has(self.pod)",message="a network needs a kind: pod"
+type Network struct {
+	// Name is what an interface names it by.
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+	// Pod is the pod network: the launcher pod's own network namespace.
+	// +optional
+	Pod *PodNetwork `json:"pod,omitempty"`
+}
+
+// PodNetwork is the pod network; it has no settings.
+type PodNetwork struct{}
 
 // VirtualMachineInstancePhase is where a VMI is in its life.
 // +kubebuilder:validation:Enum=Pending;Scheduling;Scheduled;Running;Succeeded;Failed

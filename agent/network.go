@@ -1,0 +1,48 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
+	"github.com/lifeboat-vm/lifeboat/api/notify"
+)
+
+// SetupNetwork builds, in the network namespace netns that ref's launcher sent, the guest's
+// side of the pod network as the VMI's spec says. The spec comes from the API server, not from
+// the launcher: a migration target's VMI is not among this node's yet, and a launcher is not
+// trusted to say what its VM may have.
+func (a *Agent) SetupNetwork(ctx context.Context, ref notify.VMIRef, netns *os.File) (*notify.Lease, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	vmi, err := a.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading VMI %s: %w", ref, err)
+	}
+	if string(vmi.UID) != ref.UID {
+		return nil, fmt.Errorf("VMI %s/%s is another VMI now (uid %s)", ref.Namespace, ref.Name, vmi.UID)
+	}
+	plan, ok, err := podnetwork.PlanFor(vmi, contract.UID)
+	if err == nil && !ok {
+		err = fmt.Errorf("VMI %s has no interface on the pod network", ref)
+	}
+	var lease *notify.Lease
+	if err == nil {
+		lease, err = podnetwork.Setup(netns, plan)
+	}
+	if err != nil {
+		a.cfg.Recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonPodNetworkFailed, "Building the pod network on node %s: %v", a.cfg.NodeName, err)
+		return nil, err
+	}
+	a.cfg.Log.Info("built the pod network", "vmi", ref.String(), "binding", plan.Binding, "guestAddress", lease.Address, "mtu", lease.MTU)
+	return lease, nil
+}
+
+// ReasonPodNetworkFailed is the Event of a launcher pod whose network the agent could not build.
+const ReasonPodNetworkFailed = "PodNetworkFailed"

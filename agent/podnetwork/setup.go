@@ -1,0 +1,297 @@
+package podnetwork
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/lifeboat-vm/lifeboat/api/notify"
+)
+
+// natTable is lifeboat's nftables table in the pod's namespace; it is replaced whole.
+const natTable = "lifeboat"
+
+// aliasPrefix marks eth0's alias where the bridge binding records the address it moved to
+// the guest, so that building again (an agent restarted mid-way) finds it.
+const aliasPrefix = "lifeboat-pod-address "
+
+// dhcpPort is the DHCP server's port, which the launcher's unprivileged user must be able to
+// bind in its pod.
+const dhcpPort = 67
+
+// Setup builds plan in the network namespace ns, a descriptor the launcher sent, and returns
+// what the guest is to be offered. It is idempotent: a launcher whose first request found the
+// agent restarting asks again, and finds what was built.
+func Setup(ns *os.File, plan Plan) (*notify.Lease, error) {
+	if err := checkNamespace(ns); err != nil {
+		return nil, err
+	}
+	var lease *notify.Lease
+	err := inNamespace(ns, func() error {
+		var err error
+		lease, err = build(plan, int(ns.Fd()))
+		return err
+	})
+	return lease, err
+}
+
+// checkNamespace refuses a descriptor that is not a network namespace, or that is the agent's
+// own: a launcher may only have its own pod's namespace built on.
+func checkNamespace(ns *os.File) error {
+	kind, err := unix.IoctlRetInt(int(ns.Fd()), unix.NS_GET_NSTYPE)
+	if err != nil || kind != unix.CLONE_NEWNET {
+		return errors.New("the descriptor is not a network namespace")
+	}
+	var theirs, ours unix.Stat_t
+	if err := unix.Fstat(int(ns.Fd()), &theirs); err != nil {
+		return err
+	}
+	if err := unix.Stat("/proc/thread-self/ns/net", &ours); err != nil {
+		return err
+	}
+	if theirs.Dev == ours.Dev && theirs.Ino == ours.Ino {
+		return errors.New("the descriptor is the node's network namespace, not a pod's")
+	}
+	return nil
+}
+
+// inNamespace runs fn on a thread that joined ns. The thread is never returned to the Go
+// scheduler: it ends with its goroutine, so nothing else ever runs in the pod's namespace.
+func inNamespace(ns *os.File, fn func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			done <- fmt.Errorf("joining the pod's network namespace: %w", err)
+			return
+		}
+		done <- fn()
+	}()
+	return <-done
+}
+
+func build(plan Plan, nsFD int) (*notify.Lease, error) {
+	eth0, err := netlink.LinkByName(PodInterface)
+	if err != nil {
+		return nil, fmt.Errorf("the pod has no %s: %w", PodInterface, err)
+	}
+	mtu := eth0.Attrs().MTU
+	br, err := ensureLink(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: Bridge, MTU: mtu}})
+	if err != nil {
+		return nil, err
+	}
+	tap, err := ensureLink(&netlink.Tuntap{
+		LinkAttrs: netlink.LinkAttrs{Name: Tap, MTU: mtu},
+		Mode:      netlink.TUNTAP_MODE_TAP,
+		Flags:     netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR,
+		Owner:     plan.TapOwner, Group: plan.TapOwner,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := netlink.LinkSetMaster(tap, br); err != nil {
+		return nil, fmt.Errorf("attaching %s to %s: %w", Tap, Bridge, err)
+	}
+	lease := &notify.Lease{Interface: Bridge, Tap: Tap, MTU: mtu}
+	switch plan.Binding {
+	case Masquerade:
+		err = masquerade(br, plan, nsFD, lease)
+	case BridgeMode:
+		err = bridge(eth0, br, lease)
+	default:
+		err = fmt.Errorf("unknown binding %q", plan.Binding)
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range []netlink.Link{tap, br} {
+		if err := netlink.LinkSetUp(l); err != nil {
+			return nil, fmt.Errorf("bringing %s up: %w", l.Attrs().Name, err)
+		}
+	}
+	// The launcher runs as an unprivileged user, and its DHCP server listens on port 67.
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_unprivileged_port_start", []byte(fmt.Sprint(dhcpPort)), 0); err != nil {
+		return nil, fmt.Errorf("letting the launcher serve DHCP: %w", err)
+	}
+	return lease, nil
+}
+
+// ensureLink adds l unless a link of its name exists, and returns the link.
+func ensureLink(l netlink.Link) (netlink.Link, error) {
+	name := l.Attrs().Name
+	if existing, err := netlink.LinkByName(name); err == nil {
+		if existing.Type() != l.Type() {
+			return nil, fmt.Errorf("%s exists and is a %s, not a %s", name, existing.Type(), l.Type())
+		}
+		return existing, nil
+	}
+	if err := netlink.LinkAdd(l); err != nil {
+		return nil, fmt.Errorf("adding %s %s: %w", l.Type(), name, err)
+	}
+	return netlink.LinkByName(name)
+}
+
+func ensureAddr(l netlink.Link, p netip.Prefix) error {
+	err := netlink.AddrAdd(l, &netlink.Addr{IPNet: prefixNet(p)})
+	if err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("adding %s to %s: %w", p, l.Attrs().Name, err)
+	}
+	return nil
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// masquerade makes the bridge the guest's gateway and NATs between the pod's address and the
+// guest's: what comes in on eth0 (to the listed ports, or all) goes to the guest, and what the
+// guest sends out leaves with the pod's address.
+func masquerade(br netlink.Link, plan Plan, nsFD int, lease *notify.Lease) error {
+	if err := ensureAddr(br, GatewayPrefix); err != nil {
+		return err
+	}
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
+		return fmt.Errorf("turning forwarding on: %w", err)
+	}
+	if err := natRules(plan, nsFD); err != nil {
+		return fmt.Errorf("writing the NAT rules: %w", err)
+	}
+	lease.Address, lease.Gateway, lease.Server = GuestPrefix.String(), GatewayPrefix.Addr().String(), GatewayPrefix.Addr().String()
+	return nil
+}
+
+func natRules(plan Plan, nsFD int) error {
+	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
+	if err != nil {
+		return err
+	}
+	// The table is replaced in the same transaction that writes it: never half a rule set.
+	if old, err := c.ListTableOfFamily(natTable, nftables.TableFamilyIPv4); err == nil && old != nil {
+		c.DelTable(old)
+	}
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable})
+	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
+	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	guest := GuestPrefix.Addr().AsSlice()
+	dnat := []expr.Any{
+		&expr.Immediate{Register: 1, Data: guest},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(nftables.TableFamilyIPv4), RegAddrMin: 1},
+	}
+	for _, match := range portMatches(plan.Ports) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: concat(ifname(expr.MetaKeyIIFNAME, PodInterface), match, dnat)})
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: concat(
+		ifname(expr.MetaKeyOIFNAME, PodInterface),
+		[]expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: guest},
+			&expr.Masq{},
+		})})
+	return c.Flush()
+}
+
+// portMatches is one match per forwarded port, or a single empty match (every packet) when
+// the plan lists none.
+func portMatches(ports []PortRule) [][]expr.Any {
+	if len(ports) == 0 {
+		return [][]expr.Any{nil}
+	}
+	var out [][]expr.Any
+	for _, p := range ports {
+		proto := byte(unix.IPPROTO_TCP)
+		if p.Protocol == "UDP" {
+			proto = unix.IPPROTO_UDP
+		}
+		out = append(out, []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(p.Port)},
+		})
+	}
+	return out
+}
+
+func ifname(key expr.MetaKey, name string) []expr.Any {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, name)
+	return []expr.Any{&expr.Meta{Key: key, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b}}
+}
+
+func concat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// bridge moves the pod's address to the guest: eth0 joins the bridge without an address, and
+// the guest gets the address, with the pod's gateway, by DHCP.
+func bridge(eth0, br netlink.Link, lease *notify.Lease) error {
+	addr, gw, err := podAddress(eth0)
+	if err != nil {
+		return err
+	}
+	if err := netlink.LinkSetMaster(eth0, br); err != nil {
+		return fmt.Errorf("attaching %s to %s: %w", PodInterface, Bridge, err)
+	}
+	if err := ensureAddr(br, BridgeBindingServer); err != nil {
+		return err
+	}
+	lease.Address, lease.Gateway, lease.Server = addr.String(), gw.String(), BridgeBindingServer.Addr().String()
+	return nil
+}
+
+// podAddress is eth0's IPv4 address and default gateway, taken off eth0 and recorded in its
+// alias the first time, read from the alias after that.
+func podAddress(eth0 netlink.Link) (netip.Prefix, netip.Addr, error) {
+	if alias, ok := strings.CutPrefix(eth0.Attrs().Alias, aliasPrefix); ok {
+		a, g, _ := strings.Cut(alias, " via ")
+		addr, err1 := netip.ParsePrefix(a)
+		gw, err2 := netip.ParseAddr(g)
+		if err := errors.Join(err1, err2); err != nil {
+			return netip.Prefix{}, netip.Addr{}, fmt.Errorf("reading the pod's address from %s's alias %q: %w", PodInterface, alias, err)
+		}
+		return addr, gw, nil
+	}
+	addrs, err := netlink.AddrList(eth0, netlink.FAMILY_V4)
+	if err != nil || len(addrs) == 0 {
+		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("%s has no IPv4 address (%v)", PodInterface, err)
+	}
+	routes, err := netlink.RouteList(eth0, netlink.FAMILY_V4)
+	if err != nil {
+		return netip.Prefix{}, netip.Addr{}, err
+	}
+	var gw netip.Addr
+	for _, r := range routes {
+		if (r.Dst == nil || r.Dst.IP.IsUnspecified()) && r.Gw != nil {
+			gw, _ = netip.AddrFromSlice(r.Gw.To4())
+		}
+	}
+	if !gw.IsValid() {
+		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("%s has no default gateway", PodInterface)
+	}
+	ip, _ := netip.AddrFromSlice(addrs[0].IP.To4())
+	ones, _ := addrs[0].Mask.Size()
+	addr := netip.PrefixFrom(ip, ones)
+	if err := netlink.LinkSetAlias(eth0, aliasPrefix+addr.String()+" via "+gw.String()); err != nil {
+		return netip.Prefix{}, netip.Addr{}, err
+	}
+	if err := netlink.AddrDel(eth0, &addrs[0]); err != nil {
+		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("taking %s off %s: %w", addr, PodInterface, err)
+	}
+	return addr, gw, nil
+}
