@@ -61,3 +61,22 @@ func StartN(ctx context.Context, t testing.TB, client kubernetes.Interface, n in
 	}
 	return nodes
 }
+
+// NewTestNetwork makes a pod network for a test's nodes (Config.Network), removed when the
+// test ends, after the nodes started later are stopped.
+func NewTestNetwork(t testing.TB) *Network {
+	t.Helper()
+	n, err := NewNetwork(t.TempDir())
+	if err != nil {
+		t.Fatalf("making the pod network: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			t.Errorf("removing the pod network: %v", err)
+		}
+	})
+	return n
+}
+
+// OnNetwork puts StartN's nodes on the pod network n.
+func OnNetwork(n *Network) func(*Config) { return func(c *Config) { c.Network = n } }

@@ -58,6 +58,10 @@ type Config struct {
 	EvictionMaxPodGracePeriod int64
 	// MemoryPressure is what EvictPod reports it observed.
 	MemoryPressure MemoryPressure
+	// Network, if set, gives every pod not on the host's network its own network namespace on
+	// this pod network, with an address from the node's pod subnet (its spec.podCIDR). Unset,
+	// every pod shares the machine's network and has the node's address.
+	Network *Network
 	// Logger receives the node's logs; the zero value means klog's global logger.
 	Logger klog.Logger
 }

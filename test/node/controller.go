@@ -39,7 +39,7 @@ type podController struct {
 	workers    sync.WaitGroup
 }
 
-func newPodController(client kubernetes.Interface, cfg Config, l layout, recorder record.EventRecorder) (*podController, error) {
+func newPodController(client kubernetes.Interface, cfg Config, l layout, recorder record.EventRecorder, network *nodeNetwork) (*podController, error) {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.Name).String()
@@ -63,6 +63,7 @@ func newPodController(client kubernetes.Interface, cfg Config, l layout, recorde
 		layout:   l,
 		binaries: cfg.Binaries,
 		address:  cfg.Address,
+		network:  network,
 		recorder: recorder,
 		logger:   cfg.Logger,
 		changed:  c.queue.Add,

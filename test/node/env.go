@@ -14,8 +14,9 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // containerEnv is the environment of c as "NAME=value" entries: what the runtime provides
 // (PATH, HOSTNAME, HOME), then the container's env in order, each value expanded against the
 // variables before it and downward-API fields resolved, as the kubelet's
-// makeEnvironmentVariables does. Pods share the node's address, so status.podIP is hostIP.
-func containerEnv(pod *corev1.Pod, c *corev1.Container, hostIP string) ([]string, error) {
+// makeEnvironmentVariables does. status.podIP is podIP: the node's address for pods on the
+// host's network.
+func containerEnv(pod *corev1.Pod, c *corev1.Container, hostIP, podIP string) ([]string, error) {
 	if len(c.EnvFrom) > 0 {
 		return nil, errors.New("envFrom is not supported by the emulated node")
 	}
@@ -27,7 +28,7 @@ func containerEnv(pod *corev1.Pod, c *corev1.Container, hostIP string) ([]string
 			return v, ok
 		})
 		if e.ValueFrom != nil {
-			v, err := envSourceValue(pod, e.ValueFrom, hostIP)
+			v, err := envSourceValue(pod, e.ValueFrom, hostIP, podIP)
 			if err != nil {
 				return nil, fmt.Errorf("env %s: %w", e.Name, err)
 			}
@@ -45,7 +46,7 @@ func containerEnv(pod *corev1.Pod, c *corev1.Container, hostIP string) ([]string
 	return env, nil
 }
 
-func envSourceValue(pod *corev1.Pod, from *corev1.EnvVarSource, hostIP string) (string, error) {
+func envSourceValue(pod *corev1.Pod, from *corev1.EnvVarSource, hostIP, podIP string) (string, error) {
 	if from.FieldRef == nil {
 		return "", errors.New("only fieldRef values are supported by the emulated node")
 	}
@@ -60,8 +61,10 @@ func envSourceValue(pod *corev1.Pod, from *corev1.EnvVarSource, hostIP string) (
 		return pod.Spec.NodeName, nil
 	case "spec.serviceAccountName":
 		return pod.Spec.ServiceAccountName, nil
-	case "status.podIP", "status.hostIP":
+	case "status.hostIP":
 		return hostIP, nil
+	case "status.podIP":
+		return podIP, nil
 	default:
 		return "", fmt.Errorf("fieldRef %q is not supported by the emulated node", from.FieldRef.FieldPath)
 	}

@@ -67,7 +67,7 @@ func TestContainerEnv(t *testing.T) {
 		wantErr: true,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := containerEnv(pod, &corev1.Container{Env: tc.env, EnvFrom: tc.envFrom}, "127.0.0.11")
+			got, err := containerEnv(pod, &corev1.Container{Env: tc.env, EnvFrom: tc.envFrom}, "127.0.0.11", "127.0.0.11")
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("error = %v, want an error: %v", err, tc.wantErr)
 			}

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
@@ -9,6 +11,9 @@ import (
 var cluster *controlplane.ControlPlane
 
 func TestMain(m *testing.M) {
+	if filepath.Base(os.Args[0]) == netHelperCommand {
+		os.Exit(netHelper(os.Args[1:]))
+	}
 	// Containers are re-executions of this test binary: they must become shims before anything else.
 	MaybeRunShim()
 	controlplane.Main(m, &cluster, controlplane.Options{})

@@ -18,6 +18,7 @@ import (
 type Node struct {
 	cfg         Config
 	layout      layout
+	network     *nodeNetwork
 	broadcaster record.EventBroadcaster
 	recorder    record.EventRecorder
 	pods        *podController
@@ -41,6 +42,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	ctx = klog.NewContext(ctx, cfg.Logger)
 	n := &Node{cfg: cfg, layout: newLayout(cfg)}
+	if cfg.Network != nil {
+		nn, err := cfg.Network.node()
+		if err != nil {
+			return nil, err
+		}
+		n.network = &nn
+	}
 	if err := n.register(ctx); err != nil {
 		return nil, err
 	}
@@ -50,7 +58,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.broadcaster = record.NewBroadcaster(record.WithContext(runCtx))
 	n.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Client.CoreV1().Events("")})
 	n.recorder = n.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: cfg.Name})
-	if n.pods, err = newPodController(cfg.Client, cfg, n.layout, n.recorder); err != nil {
+	if n.pods, err = newPodController(cfg.Client, cfg, n.layout, n.recorder, n.network); err != nil {
 		cancel()
 		n.broadcaster.Shutdown()
 		return nil, err

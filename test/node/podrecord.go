@@ -24,6 +24,8 @@ type podRecord struct {
 	killAt      time.Time
 	killTimer   *time.Timer
 	eviction    *eviction
+	// sandboxNet is the pod's network namespace and address; nil on the host's network.
+	sandboxNet *podSandbox
 }
 
 type containerRecord struct {
@@ -71,6 +73,9 @@ func (rec *podRecord) observe() observation {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	obs := observation{sandbox: rec.sandbox, eviction: rec.eviction}
+	if rec.sandboxNet != nil {
+		obs.podIP = rec.sandboxNet.ip
+	}
 	for _, cr := range rec.containers {
 		obs.containers = append(obs.containers, *cr.status.DeepCopy())
 	}

@@ -51,8 +51,10 @@ type observation struct {
 	terminal bool
 	// eviction is applied to the status once the pod is terminal.
 	eviction *eviction
-	// hostIP is the node's address, also the pod's.
+	// hostIP is the node's address, also the pod's on the host's network.
 	hostIP string
+	// podIP is the pod's own address on the pod network; empty on the host's network.
+	podIP string
 	now    time.Time
 }
 
@@ -94,7 +96,11 @@ func generatePodStatus(pod *corev1.Pod, obs observation) corev1.PodStatus {
 	status.Conditions = podConditions(pod, &status, obs, now)
 
 	status.HostIP, status.HostIPs = obs.hostIP, []corev1.HostIP{{IP: obs.hostIP}}
-	status.PodIP, status.PodIPs = obs.hostIP, []corev1.PodIP{{IP: obs.hostIP}}
+	podIP := obs.podIP
+	if podIP == "" {
+		podIP = obs.hostIP
+	}
+	status.PodIP, status.PodIPs = podIP, []corev1.PodIP{{IP: podIP}}
 	if status.StartTime == nil {
 		status.StartTime = &now
 	}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"cmp"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -31,6 +32,8 @@ type podRuntime struct {
 	layout   layout
 	binaries map[string]string
 	address  string
+	// network wires the pods that are not on the host's network; nil puts every pod there.
+	network  *nodeNetwork
 	recorder record.EventRecorder
 	logger   klog.Logger
 	// changed is called when a container exits, so that its pod's status is written again.
@@ -80,6 +83,31 @@ func (r *podRuntime) forget(key string, now time.Time) {
 	r.mu.Unlock()
 	if rec != nil {
 		r.stop(nil, rec, lostPodGracePeriod, now)
+		go r.releaseNetwork(rec)
+	}
+}
+
+// releaseNetwork tears the pod's network down once nothing of it runs, as a runtime removes
+// a sandbox.
+func (r *podRuntime) releaseNetwork(rec *podRecord) {
+	rec.mu.Lock()
+	sb := rec.sandboxNet
+	var procs []*process
+	for _, cr := range rec.containers {
+		if cr.proc != nil {
+			procs = append(procs, cr.proc)
+		}
+	}
+	rec.sandboxNet = nil
+	rec.mu.Unlock()
+	if sb == nil || r.network == nil {
+		return
+	}
+	for _, p := range procs {
+		<-p.done
+	}
+	if err := r.network.detach(context.Background(), sb); err != nil {
+		r.logger.Error(err, "Tearing down a pod's network", "pod", rec.key)
 	}
 }
 
@@ -147,8 +175,20 @@ func (r *podRuntime) startContainer(pod *corev1.Pod, rec *podRecord, c *corev1.C
 		r.recorder.Eventf(pod, corev1.EventTypeWarning, "FailedMount", "Preparing the volumes of container %s: %v", c.Name, err)
 		return fmt.Errorf("preparing the volumes of container %s: %w", c.Name, err)
 	}
+	if r.network != nil && !pod.Spec.HostNetwork && rec.sandboxNet == nil {
+		sb, err := r.network.attach(context.Background(), pod)
+		if err != nil {
+			r.recorder.Eventf(pod, corev1.EventTypeWarning, "FailedCreatePodSandBox", "Failed to create pod sandbox: %v", err)
+			return fmt.Errorf("creating the sandbox of pod %s: %w", podKey(pod), err)
+		}
+		rec.sandboxNet = sb
+	}
 	rec.sandbox = sandboxReady
-	env, err := containerEnv(pod, c, r.address)
+	podIP := r.address
+	if rec.sandboxNet != nil {
+		podIP = rec.sandboxNet.ip
+	}
+	env, err := containerEnv(pod, c, r.address, podIP)
 	if err != nil {
 		status.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reasonConfigError, Message: err.Error()}}
 		r.recorder.Eventf(pod, corev1.EventTypeWarning, "Failed", "Error: %v", err)
@@ -162,7 +202,11 @@ func (r *podRuntime) startContainer(pod *corev1.Pod, rec *podRecord, c *corev1.C
 
 	status.ContainerID = runtimeName + "://" + newContainerID()
 	startedAt := metav1.NewTime(now).Rfc3339Copy()
-	proc, err := r.exec(pod, c, env, mounts, status.RestartCount)
+	netns := ""
+	if rec.sandboxNet != nil {
+		netns = rec.sandboxNet.netns
+	}
+	proc, err := r.exec(pod, c, env, mounts, netns, status.RestartCount)
 	if err != nil {
 		status.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
 			ExitCode: shimFailed, Reason: reasonStartError, Message: err.Error(),
@@ -183,7 +227,7 @@ func (r *podRuntime) startContainer(pod *corev1.Pod, rec *podRecord, c *corev1.C
 
 // exec starts the process of container c: command[0] resolved through the node's binaries,
 // the rest of the command and the args with $(VAR) references expanded.
-func (r *podRuntime) exec(pod *corev1.Pod, c *corev1.Container, env []string, mounts []bindMount, restartCount int32) (*process, error) {
+func (r *podRuntime) exec(pod *corev1.Pod, c *corev1.Container, env []string, mounts []bindMount, netns string, restartCount int32) (*process, error) {
 	if len(c.Command) == 0 {
 		return nil, errors.New("the emulated node runs no images: the container needs a command")
 	}
@@ -206,7 +250,7 @@ func (r *podRuntime) exec(pod *corev1.Pod, c *corev1.Container, env []string, mo
 		return nil, fmt.Errorf("the container's user records: %w", err)
 	}
 	mounts = append(mounts, records...)
-	spec := shimSpec{Path: path, Args: args, Env: env, Dir: cmp.Or(c.WorkingDir, "/"), Mounts: mounts, User: user}
+	spec := shimSpec{Path: path, Args: args, Env: env, Dir: cmp.Or(c.WorkingDir, "/"), Mounts: mounts, User: user, NetNS: netns}
 	return startProcess(spec, r.layout.logPath(pod.Namespace, pod.Name, pod.UID, c.Name, restartCount))
 }
 
@@ -309,5 +353,11 @@ func (r *podRuntime) shutdown() {
 	}
 	for _, p := range procs {
 		<-p.done
+	}
+	r.mu.Lock()
+	recs := slices.Collect(maps.Values(r.records))
+	r.mu.Unlock()
+	for _, rec := range recs {
+		r.releaseNetwork(rec)
 	}
 }

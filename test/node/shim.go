@@ -37,6 +37,8 @@ type shimSpec struct {
 	Mounts []bindMount `json:"mounts,omitempty"`
 	// User is who the command runs as; the shim itself stays root to make the mounts.
 	User credentials `json:"user"`
+	// NetNS is the pod's network namespace, which the command joins; empty means the host's.
+	NetNS string `json:"netns,omitempty"`
 }
 
 // MaybeRunShim turns the process into a container's init when the node started it as one, and
@@ -112,6 +114,18 @@ func startContained(encoded string) (int, error) {
 	// no_new_privs is a thread's, inherited by what it forks: set on the thread that forks.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	// The network namespace is a thread's too: joined by the thread that forks.
+	if spec.NetNS != "" {
+		ns, err := os.Open(spec.NetNS)
+		if err != nil {
+			return 0, fmt.Errorf("opening the pod's network namespace: %w", err)
+		}
+		err = unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET)
+		ns.Close()
+		if err != nil {
+			return 0, fmt.Errorf("joining the pod's network namespace: %w", err)
+		}
+	}
 	if spec.User.NoNewPrivs {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			return 0, fmt.Errorf("setting no_new_privs: %w", err)

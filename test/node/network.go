@@ -1,0 +1,262 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+
+	"github.com/containernetworking/cni/libcni"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	corev1 "k8s.io/api/core/v1"
+	"golang.org/x/sys/unix"
+)
+
+// CNIBinDir is where Debian's containernetworking-plugins puts the plugins.
+const CNIBinDir = "/usr/lib/cni"
+
+// Network is the pod network of the emulated nodes of a process, wired as a kubelet's runtime
+// wires one through CNI: every pod that is not on the host's network gets its own network
+// namespace, and the containernetworking-plugins bridge plugin, with host-local IPAM, joins it
+// to its node's bridge. The bridges live in one network namespace the harness makes, the
+// fabric, where each node's pod subnet (10.244.<n>.0/24) is a connected route: pods on
+// different nodes reach each other through it, and nothing reaches the machine's own network.
+type Network struct {
+	dir    string
+	fabric string // the fabric namespace, bind-mounted here
+	cni    *libcni.CNIConfig
+
+	mu    sync.Mutex
+	nodes int
+}
+
+// PodNetworkPrefix holds every node's pod subnet.
+var PodNetworkPrefix = netip.MustParsePrefix("10.244.0.0/16")
+
+// NewNetwork makes the fabric; its state (namespaces, the plugins' caches and address
+// allocations) lives in dir. Close removes it.
+func NewNetwork(dir string) (*Network, error) {
+	for _, plugin := range []string{"bridge", "host-local", "loopback"} {
+		if err := checkExecutable(filepath.Join(CNIBinDir, plugin)); err != nil {
+			return nil, fmt.Errorf("the CNI plugin %s (Debian's containernetworking-plugins): %w", plugin, err)
+		}
+	}
+	for _, d := range []string{"netns", "cni-cache", "ipam"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	n := &Network{dir: dir, fabric: filepath.Join(dir, "netns", "fabric")}
+	if err := newNetNS(n.fabric); err != nil {
+		return nil, fmt.Errorf("making the fabric's network namespace: %w", err)
+	}
+	n.cni = libcni.NewCNIConfigWithCacheDir([]string{CNIBinDir}, filepath.Join(dir, "cni-cache"), nil)
+	if err := n.Do(func() error { return setLinkUp("lo") }); err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// Close removes the fabric. The nodes that used it must have stopped.
+func (n *Network) Close() error { return removeNetNS(n.fabric) }
+
+// Do runs fn on a thread in the fabric's namespace: a socket it opens is the fabric's (a
+// client on the cluster's network, as on a node), and so are processes it starts.
+func (n *Network) Do(fn func() error) error { return inNetNS(n.fabric, fn) }
+
+// DialContext connects from the fabric, as a client on a node would.
+func (n *Network) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	var conn net.Conn
+	err := n.Do(func() error {
+		var err error
+		conn, err = (&net.Dialer{}).DialContext(ctx, network, address)
+		return err
+	})
+	return conn, err
+}
+
+// node assigns the next node its pod subnet and bridge.
+func (n *Network) node() (nodeNetwork, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.nodes++
+	if n.nodes > 254 {
+		return nodeNetwork{}, errors.New("the pod network has room for 254 nodes")
+	}
+	subnet := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(n.nodes), 0}), 24)
+	return nodeNetwork{net: n, subnet: subnet, bridge: fmt.Sprintf("lbnode%d", n.nodes)}, nil
+}
+
+// nodeNetwork is one node's share of the pod network.
+type nodeNetwork struct {
+	net    *Network
+	subnet netip.Prefix
+	bridge string
+}
+
+func (nn nodeNetwork) conflist() (*libcni.NetworkConfigList, error) {
+	conf := map[string]any{
+		"cniVersion": "1.0.0",
+		"name":       "lifeboat-pods",
+		"plugins": []any{map[string]any{
+			"type": "bridge", "bridge": nn.bridge, "isGateway": true, "hairpinMode": true,
+			"ipam": map[string]any{
+				"type":    "host-local",
+				"ranges":  [][]map[string]string{{{"subnet": nn.subnet.String()}}},
+				"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
+				"dataDir": filepath.Join(nn.net.dir, "ipam"),
+			},
+		}},
+	}
+	b, err := json.Marshal(conf)
+	if err != nil {
+		return nil, err
+	}
+	return libcni.ConfListFromBytes(b)
+}
+
+var loopbackConf = []byte(`{"cniVersion": "1.0.0", "name": "lifeboat-loopback", "plugins": [{"type": "loopback"}]}`)
+
+// podSandbox is a pod's network namespace and address.
+type podSandbox struct {
+	namespace, name, uid string
+	netns                string
+	ip                   string
+}
+
+func (sb *podSandbox) runtimeConf(ifName string) *libcni.RuntimeConf {
+	return &libcni.RuntimeConf{
+		ContainerID: sb.uid, NetNS: sb.netns, IfName: ifName,
+		// As containerd passes them: plugins that do not know the Kubernetes arguments ignore them.
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", sb.namespace}, {"K8S_POD_NAME", sb.name}, {"K8S_POD_UID", sb.uid}},
+	}
+}
+
+// attach makes pod's network namespace and has the plugins wire it, as a runtime does when it
+// creates a pod's sandbox. The plugins run in the fabric, where they make the node's bridge.
+func (nn nodeNetwork) attach(ctx context.Context, pod *corev1.Pod) (*podSandbox, error) {
+	path := filepath.Join(nn.net.dir, "netns", string(pod.UID))
+	sb := &podSandbox{namespace: pod.Namespace, name: pod.Name, uid: string(pod.UID), netns: path}
+	if err := newNetNS(path); err != nil {
+		return nil, fmt.Errorf("making the pod's network namespace: %w", err)
+	}
+	list, err := nn.conflist()
+	if err != nil {
+		return nil, err
+	}
+	lo, err := libcni.ConfListFromBytes(loopbackConf)
+	if err != nil {
+		return nil, err
+	}
+	err = nn.net.Do(func() error {
+		if _, err := nn.net.cni.AddNetworkList(ctx, lo, sb.runtimeConf("lo")); err != nil {
+			return fmt.Errorf("the loopback plugin: %w", err)
+		}
+		res, err := nn.net.cni.AddNetworkList(ctx, list, sb.runtimeConf("eth0"))
+		if err != nil {
+			return fmt.Errorf("the bridge plugin: %w", err)
+		}
+		r, err := types100.NewResultFromResult(res)
+		if err != nil {
+			return err
+		}
+		if len(r.IPs) == 0 {
+			return errors.New("the bridge plugin gave the pod no address")
+		}
+		sb.ip = r.IPs[0].Address.IP.String()
+		return nil
+	})
+	if err != nil {
+		// What the plugins did of it, and the address, are released as for a removed sandbox.
+		_ = nn.detach(ctx, sb)
+		return nil, err
+	}
+	return sb, nil
+}
+
+// detach has the plugins release the sandbox's address and removes its namespace.
+func (nn nodeNetwork) detach(ctx context.Context, sb *podSandbox) error {
+	list, err := nn.conflist()
+	if err != nil {
+		return err
+	}
+	err = nn.net.Do(func() error { return nn.net.cni.DelNetworkList(ctx, list, sb.runtimeConf("eth0")) })
+	return errors.Join(err, removeNetNS(sb.netns))
+}
+
+// newNetNS makes a network namespace and keeps it at path (a bind mount of the namespace).
+func newNetNS(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	done := make(chan error, 1)
+	go func() {
+		// The thread that made the namespace is in it: it ends with this goroutine.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			done <- fmt.Errorf("unshare: %w", err)
+			return
+		}
+		done <- unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, "")
+	}()
+	if err := <-done; err != nil {
+		os.Remove(path)
+		return err
+	}
+	return nil
+}
+
+func removeNetNS(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmounting %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// inNetNS runs fn on a thread that joined the namespace at path; the thread ends with it.
+func inNetNS(path string, fn func() error) error {
+	ns, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			done <- fmt.Errorf("joining the network namespace %s: %w", path, err)
+			return
+		}
+		done <- fn()
+	}()
+	return <-done
+}
+
+func setLinkUp(name string) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	req, err := unix.NewIfreq(name)
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, req); err != nil {
+		return err
+	}
+	req.SetUint16(req.Uint16() | unix.IFF_UP)
+	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, req)
+}
