@@ -65,17 +65,29 @@ func checkNamespace(ns *os.File) error {
 	return nil
 }
 
-// inNamespace runs fn on a thread that joined ns. The thread is never returned to the Go
-// scheduler: it ends with its goroutine, so nothing else ever runs in the pod's namespace.
+// inNamespace runs fn on a thread that joined ns, and brings the thread back to the agent's
+// namespace before the scheduler may run anything else on it; a thread that cannot come back
+// ends with its goroutine, so nothing else ever runs in the pod's namespace.
 func inNamespace(ns *os.File, fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		home, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		defer home.Close()
 		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
 			done <- fmt.Errorf("joining the pod's network namespace: %w", err)
 			return
 		}
-		done <- fn()
+		err = fn()
+		if unix.Setns(int(home.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		done <- err
 	}()
 	return <-done
 }

@@ -214,17 +214,22 @@ func launcherContainerSecurity() *corev1.SecurityContext {
 
 // withDevices adds the devices the launcher needs, from the agents' device plugins, to r: with
 // KVM asked for outright, /dev/kvm, so that the scheduler places the VM only where a node's agent
-// found KVM. (With "auto" the launcher decides on the node, so nothing can be asked for.)
+// found KVM (with "auto" the launcher decides on the node, so nothing can be asked for), and for a
+// card on the pod network, /dev/net/tun.
 func withDevices(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, r corev1.ResourceRequirements) corev1.ResourceRequirements {
-	if opts.Acceleration != "kvm" {
+	var devices []string
+	if opts.Acceleration == "kvm" {
+		devices = append(devices, v1alpha1.DeviceKVM)
+	}
+	// The tap's queue is opened through /dev/net/tun, which a container has only from the device plugin.
+	if _, ok, _ := v1alpha1.PodInterface(&vmi.Spec); ok {
+		devices = append(devices, v1alpha1.DeviceTun)
+	}
+	if len(devices) == 0 {
 		return r
 	}
 	one := resource.MustParse("1")
 	r.Limits = corev1.ResourceList{}
-	devices := []string{v1alpha1.DeviceKVM}
-	if _, ok, _ := v1alpha1.PodInterface(&vmi.Spec); ok {
-		devices = append(devices, v1alpha1.DeviceTun)
-	}
 	for _, d := range devices {
 		r.Requests[corev1.ResourceName(d)] = one
 		r.Limits[corev1.ResourceName(d)] = one

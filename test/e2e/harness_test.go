@@ -118,6 +118,8 @@ func startNodes(t testing.TB, n int, configure ...func(*node.Config)) []*testNod
 		c.RootDir = shortTempDir(t)
 		c.EvictionMaxPodGracePeriod = evictionMaxPodGracePeriod
 		c.Images = imageStore
+		// What the agent's device plugin serves on a node with the device.
+		c.Devices = map[corev1.ResourceName]string{v1alpha1.DeviceTun: "/dev/net/tun"}
 	}
 	var out []*testNode
 	// The agent is told the same evictionMaxPodGracePeriod as its node's kubelet.

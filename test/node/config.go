@@ -58,6 +58,12 @@ type Config struct {
 	EvictionMaxPodGracePeriod int64
 	// MemoryPressure is what EvictPod reports it observed.
 	MemoryPressure MemoryPressure
+	// Devices are the extended resources the node's device plugins would serve, each with the
+	// device node it gives a container that asks for it (devices.lifeboat.dev/tun:
+	// /dev/net/tun, say). Each is added to the capacity, 110 of it, and a container whose limits
+	// name one gets the device, made for its user as containerd's
+	// device_ownership_from_security_context does.
+	Devices map[corev1.ResourceName]string
 	// Network, if set, gives every pod not on the host's network its own network namespace on
 	// this pod network, with an address from the node's pod subnet (its spec.podCIDR). Unset,
 	// every pod shares the machine's network and has the node's address.
@@ -90,6 +96,9 @@ var defaultCapacity = corev1.ResourceList{
 // withDefaults returns a copy of c with the documented defaults filled in and paths made absolute.
 func (c Config) withDefaults() (Config, error) {
 	capacity := maps.Clone(defaultCapacity)
+	for name := range c.Devices {
+		capacity[name] = resource.MustParse("110")
+	}
 	maps.Copy(capacity, c.Capacity)
 	c.Capacity = capacity
 

@@ -64,6 +64,7 @@ func newPodController(client kubernetes.Interface, cfg Config, l layout, recorde
 		binaries: cfg.Binaries,
 		address:  cfg.Address,
 		network:  network,
+		devices:  cfg.Devices,
 		recorder: recorder,
 		logger:   cfg.Logger,
 		changed:  c.queue.Add,

@@ -14,8 +14,8 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
-	corev1 "k8s.io/api/core/v1"
 	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // CNIBinDir is where Debian's containernetworking-plugins puts the plugins.
@@ -198,19 +198,12 @@ func newNetNS(path string) error {
 		return err
 	}
 	f.Close()
-	done := make(chan error, 1)
-	go func() {
-		// The thread that made the namespace is in it: it ends with this goroutine.
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			done <- fmt.Errorf("unshare: %w", err)
-			return
-		}
-		done <- unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, "")
-	}()
-	if err := <-done; err != nil {
+	err = onThread(func() error { return unix.Unshare(unix.CLONE_NEWNET) }, func() error {
+		return unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, "")
+	})
+	if err != nil {
 		os.Remove(path)
-		return err
+		return fmt.Errorf("making the network namespace %s: %w", path, err)
 	}
 	return nil
 }
@@ -225,21 +218,41 @@ func removeNetNS(path string) error {
 	return nil
 }
 
-// inNetNS runs fn on a thread that joined the namespace at path; the thread ends with it.
+// inNetNS runs fn on a thread that joined the namespace at path.
 func inNetNS(path string, fn func() error) error {
 	ns, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
+	return onThread(func() error { return unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET) }, fn)
+}
+
+// onThread runs fn on a thread locked to it after enter moved the thread to another network
+// namespace, and brings the thread back before the scheduler may use it again. Threads must not
+// end for this: a process started with Pdeathsig (the control plane, lifeboat's processes in
+// the tests) is killed when the thread that started it ends. Only a thread that cannot come
+// back ends with its goroutine.
+func onThread(enter, fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			done <- fmt.Errorf("joining the network namespace %s: %w", path, err)
+		home, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
 			return
 		}
-		done <- fn()
+		defer home.Close()
+		if err := enter(); err != nil {
+			done <- err
+			return
+		}
+		err = fn()
+		if unix.Setns(int(home.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		done <- err
 	}()
 	return <-done
 }

@@ -55,7 +55,7 @@ type observation struct {
 	hostIP string
 	// podIP is the pod's own address on the pod network; empty on the host's network.
 	podIP string
-	now    time.Time
+	now   time.Time
 }
 
 // eviction is the eviction manager's decision about a pod.

@@ -32,6 +32,8 @@ type podRuntime struct {
 	layout   layout
 	binaries map[string]string
 	address  string
+	// devices are the host devices of extended resources (Config.Devices).
+	devices map[corev1.ResourceName]string
 	// network wires the pods that are not on the host's network; nil puts every pod there.
 	network  *nodeNetwork
 	recorder record.EventRecorder
@@ -250,7 +252,12 @@ func (r *podRuntime) exec(pod *corev1.Pod, c *corev1.Container, env []string, mo
 		return nil, fmt.Errorf("the container's user records: %w", err)
 	}
 	mounts = append(mounts, records...)
-	spec := shimSpec{Path: path, Args: args, Env: env, Dir: cmp.Or(c.WorkingDir, "/"), Mounts: mounts, User: user, NetNS: netns}
+	devices, err := containerDevices(r.devices, c)
+	if err != nil {
+		return nil, err
+	}
+	spec := shimSpec{Path: path, Args: args, Env: env, Dir: cmp.Or(c.WorkingDir, "/"), Mounts: mounts, User: user, Devices: devices, NetNS: netns,
+		DeviceDir: filepath.Join(r.layout.podDir(pod.UID), "devices", c.Name)}
 	return startProcess(spec, r.layout.logPath(pod.Namespace, pod.Name, pod.UID, c.Name, restartCount))
 }
 

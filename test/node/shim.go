@@ -37,6 +37,10 @@ type shimSpec struct {
 	Mounts []bindMount `json:"mounts,omitempty"`
 	// User is who the command runs as; the shim itself stays root to make the mounts.
 	User credentials `json:"user"`
+	// Devices are made in the container, its user's.
+	Devices []shimDevice `json:"devices,omitempty"`
+	// DeviceDir is where the devices are made before they are bound at their paths.
+	DeviceDir string `json:"deviceDir,omitempty"`
 	// NetNS is the pod's network namespace, which the command joins; empty means the host's.
 	NetNS string `json:"netns,omitempty"`
 }
@@ -105,6 +109,9 @@ func startContained(encoded string) (int, error) {
 		if err := bind(m); err != nil {
 			return 0, fmt.Errorf("mounting %s at %s: %w", m.Source, m.Target, err)
 		}
+	}
+	if err := makeDevices(spec.Devices, spec.DeviceDir, spec.User); err != nil {
+		return 0, err
 	}
 	devNull, err := os.Open(os.DevNull)
 	if err != nil {

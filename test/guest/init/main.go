@@ -49,6 +49,9 @@ func main() {
 			con.println(protocol.Dirtying(params.dirty, params.dirtyRate))
 		}
 	}
+	if err := startNetwork(con); err != nil {
+		con.errorf("network: %v", err)
+	}
 	con.println(protocol.Ready)
 	count(con, journal)
 }
@@ -59,6 +62,7 @@ func count(con *console, journal string) {
 	ticker := time.NewTicker(time.Second)
 	for n := 1; ; n++ {
 		<-ticker.C
+		counter.Store(int64(n))
 		con.println(protocol.Counter(n))
 		if journal == "" {
 			continue

@@ -134,3 +134,35 @@ func LastJournal(console, dev string) (int, bool) {
 	}
 	return last, found
 }
+
+// The guest's network: with a network card, init asks DHCP for its address and answers on
+// ServePort, to every TCP connection, one Answer line.
+const (
+	// ServePort is the TCP port the guest answers on.
+	ServePort = 8080
+	// NetworkPrefix starts the line init prints once DHCP gave the card its address:
+	// "lifeboat-guest network 10.0.2.2/24 via 10.0.2.1 mac 02:...".
+	NetworkPrefix = "lifeboat-guest network "
+	answerPrefix  = "lifeboat-guest "
+)
+
+// Network is the line for the address DHCP gave the card with the MAC address mac.
+func Network(address, gateway, mac string) string {
+	return fmt.Sprintf("%s%s via %s mac %s", NetworkPrefix, address, gateway, mac)
+}
+
+// Answer is what the guest sends a client: its boot's random identity, which a reboot
+// changes and a migration does not, and its counter at that moment.
+func Answer(boot string, counter int) string {
+	return fmt.Sprintf("%sboot %s counter %d", answerPrefix, boot, counter)
+}
+
+// ParseAnswer reads an Answer line.
+func ParseAnswer(line string) (boot string, counter int, err error) {
+	var b string
+	var n int
+	if _, err := fmt.Sscanf(strings.TrimSpace(line), answerPrefix+"boot %s counter %d", &b, &n); err != nil {
+		return "", 0, fmt.Errorf("not a guest's answer: %q", line)
+	}
+	return b, n, nil
+}
