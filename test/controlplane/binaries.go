@@ -93,6 +93,17 @@ func EnsureKubelet(ctx context.Context, progress io.Writer) (string, error) {
 	return kubelet, ensure(ctx, progress, []build{kubernetesBuild(kubelet, "kubelet")})
 }
 
+// EnsureKubeProxy returns the path of a kube-proxy of the control plane's version, built like
+// the other binaries, for tests that route Services on the emulated nodes' pod network.
+func EnsureKubeProxy(ctx context.Context, progress io.Writer) (string, error) {
+	k8sDir, _, err := binaryDirs()
+	if err != nil {
+		return "", err
+	}
+	proxy := filepath.Join(k8sDir, "kube-proxy")
+	return proxy, ensure(ctx, progress, []build{kubernetesBuild(proxy, "kube-proxy")})
+}
+
 func binaryDirs() (k8sDir, etcdDir string, err error) {
 	cacheDir, err := cache.Dir()
 	if err != nil {

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -80,3 +81,22 @@ func NewTestNetwork(t testing.TB) *Network {
 
 // OnNetwork puts StartN's nodes on the pod network n.
 func OnNetwork(n *Network) func(*Config) { return func(c *Config) { c.Network = n } }
+
+// StartTestServiceProxy runs kube-proxy on n for the test's Services
+// (Network.StartServiceProxy); it is stopped when the test ends, and its log shown if the
+// test failed.
+func StartTestServiceProxy(t testing.TB, n *Network, binary, kubeconfig, nodeName string) *ServiceProxy {
+	t.Helper()
+	p, err := n.StartServiceProxy(binary, kubeconfig, nodeName)
+	if err != nil {
+		t.Fatalf("starting kube-proxy: %v", err)
+	}
+	t.Cleanup(func() {
+		p.Stop()
+		if t.Failed() {
+			b, _ := os.ReadFile(p.LogPath)
+			t.Logf("kube-proxy log:\n%s", b)
+		}
+	})
+	return p
+}

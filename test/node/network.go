@@ -14,6 +14,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -57,11 +58,39 @@ func NewNetwork(dir string) (*Network, error) {
 		return nil, fmt.Errorf("making the fabric's network namespace: %w", err)
 	}
 	n.cni = libcni.NewCNIConfigWithCacheDir([]string{CNIBinDir}, filepath.Join(dir, "cni-cache"), nil)
-	if err := n.Do(func() error { return setLinkUp("lo") }); err != nil {
+	if err := n.Do(fabricRoutes); err != nil {
 		n.Close()
 		return nil, err
 	}
 	return n, nil
+}
+
+// fabricRoutes brings the fabric's loopback up and gives it a default route into a veth pair
+// whose both ends are the fabric's, so nothing leaves: a connection from the fabric to a
+// Service address needs a route before kube-proxy's rules rewrite its destination, as on a node
+// with a default route.
+func fabricRoutes() error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return err
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return err
+	}
+	sink := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "lb-sink"}, PeerName: "lb-sink-peer"}
+	if err := netlink.LinkAdd(sink); err != nil {
+		return fmt.Errorf("adding the fabric's default route device: %w", err)
+	}
+	for _, name := range []string{"lb-sink", "lb-sink-peer"} {
+		l, err := netlink.LinkByName(name)
+		if err == nil {
+			err = netlink.LinkSetUp(l)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return netlink.RouteAdd(&netlink.Route{LinkIndex: sink.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}})
 }
 
 // Close removes the fabric. The nodes that used it must have stopped.
@@ -255,21 +284,4 @@ func onThread(enter, fn func() error) error {
 		done <- err
 	}()
 	return <-done
-}
-
-func setLinkUp(name string) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	req, err := unix.NewIfreq(name)
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, req); err != nil {
-		return err
-	}
-	req.SetUint16(req.Uint16() | unix.IFF_UP)
-	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, req)
 }

@@ -13,7 +13,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 )
 
 // netHelper is the command[0] of the pods of the network tests: this test binary, run as
@@ -118,5 +122,67 @@ func TestPodNetwork(t *testing.T) {
 	})
 	if err != nil || !strings.HasPrefix(answer, "a at "+a.Status.PodIP) {
 		t.Errorf("from the fabric, %s:8080 answered %q (%v); want server-a", a.Status.PodIP, answer, err)
+	}
+}
+
+// A ClusterIP Service reaches its endpoints on both nodes, from the fabric and from a pod.
+func TestServiceOnThePodNetwork(t *testing.T) {
+	t.Parallel()
+	ns := testNamespace(t)
+	network := NewTestNetwork(t)
+	proxy, err := controlplane.EnsureKubeProxy(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	withHelper := func(c *Config) { c.Binaries = map[string]string{netHelperCommand: self} }
+	nodes := StartN(t.Context(), t, cluster.Kube, 2, OnNetwork(network), withHelper)
+	StartTestServiceProxy(t, network, proxy, cluster.Kubeconfig, nodes[0].Name())
+
+	running := func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning && isReady(p) }
+	for i, name := range []string{"a", "b"} {
+		p := helperPod(nodes[i], "server-"+name, false, "serve", "8080", name)
+		p.Labels = map[string]string{"app": "echo"}
+		p = createPod(t, ns, p)
+		waitForPod(t, ns, p.Name, "Running and Ready", running)
+	}
+	svc, err := cluster.Kube.CoreV1().Services(ns).Create(t.Context(), &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "echo"},
+			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	address := net.JoinHostPort(svc.Spec.ClusterIP, "80")
+
+	// From the fabric: both endpoints answer, in turn, through the one address.
+	seen := map[string]bool{}
+	err = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
+		c, err := network.DialContext(ctx, "tcp", address)
+		if err != nil {
+			return false, nil
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		answer, _ := bufio.NewReader(c).ReadString('\n')
+		if name, _, ok := strings.Cut(answer, " at "); ok {
+			seen[name] = true
+		}
+		return seen["a"] && seen["b"], nil
+	})
+	if err != nil {
+		t.Fatalf("through the Service %s, want answers from both server pods; had %v: %v", address, seen, err)
+	}
+
+	// From a pod, as its clients would.
+	client := createPod(t, ns, helperPod(nodes[0], "client", false, "get", address))
+	client = waitForPod(t, ns, client.Name, "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	log, err := nodes[0].ContainerLog(client, "main")
+	if err != nil || !strings.Contains(log, " at 10.244.") {
+		t.Errorf("the client pod, through %s, got %q (%v); want a server pod's answer", address, log, err)
 	}
 }
