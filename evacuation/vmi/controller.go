@@ -142,10 +142,11 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		return err
 	}
 	vmi := cached.DeepCopy()
-	pod, err := c.launcherPod(vmi)
+	owned, err := c.ownedPods(vmi)
 	if err != nil {
 		return err
 	}
+	pod := ActivePod(vmi, owned)
 
 	if vmi.DeletionTimestamp != nil {
 		return c.syncDeleted(ctx, vmi, pod)
@@ -166,11 +167,14 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 			vmi.Status.VolumeStatus = volumes
 		}
 	}
-	return c.updateStatus(ctx, vmi, pod)
+	if err := c.updateStatus(ctx, vmi, pod); err != nil {
+		return err
+	}
+	return c.syncGuestGates(ctx, vmi, owned)
 }
 
-// launcherPod finds the VMI's active launcher pod among those it controls.
-func (c *Controller) launcherPod(vmi *v1alpha1.VirtualMachineInstance) (*corev1.Pod, error) {
+// ownedPods are the launcher pods the VMI controls: its own and its migrations' targets.
+func (c *Controller) ownedPods(vmi *v1alpha1.VirtualMachineInstance) ([]*corev1.Pod, error) {
 	pods, err := c.pods.Pods(vmi.Namespace).List(labels.SelectorFromSet(labels.Set{v1alpha1.LabelVMIUID: string(vmi.UID)}))
 	if err != nil {
 		return nil, err
@@ -181,7 +185,7 @@ func (c *Controller) launcherPod(vmi *v1alpha1.VirtualMachineInstance) (*corev1.
 			owned = append(owned, p)
 		}
 	}
-	return ActivePod(vmi, owned), nil
+	return owned, nil
 }
 
 func (c *Controller) createLauncherPod(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance) (*corev1.Pod, error) {

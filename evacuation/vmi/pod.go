@@ -169,8 +169,19 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 			}},
 			Volumes:            volumes,
 			EvictionResponders: responders,
+			ReadinessGates:     readinessGates(vmi),
 		},
 	}, nil
+}
+
+// readinessGates makes the pod of a VM on the pod network Ready only while its guest runs in it
+// (v1alpha1.PodConditionGuestRunning): a Service must not send connections to a migration
+// target that has no guest yet, nor to a source the guest has left.
+func readinessGates(vmi *v1alpha1.VirtualMachineInstance) []corev1.PodReadinessGate {
+	if _, ok, _ := v1alpha1.PodInterface(&vmi.Spec); !ok {
+		return nil
+	}
+	return []corev1.PodReadinessGate{{ConditionType: v1alpha1.PodConditionGuestRunning}}
 }
 
 // podLabels are the VMI's labels, so that a Service selecting the VM finds the pod it runs in

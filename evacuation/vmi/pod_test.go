@@ -428,3 +428,29 @@ func TestLauncherPodsAreRestricted(t *testing.T) {
 		}
 	}
 }
+
+func TestGuestRunningIn(t *testing.T) {
+	vmi := func(phase v1alpha1.VirtualMachineInstancePhase, node string) *v1alpha1.VirtualMachineInstance {
+		return &v1alpha1.VirtualMachineInstance{Status: v1alpha1.VirtualMachineInstanceStatus{Phase: phase, NodeName: node}}
+	}
+	pod := func(node string, phase corev1.PodPhase) *corev1.Pod {
+		return &corev1.Pod{Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: phase}}
+	}
+	for _, tc := range []struct {
+		name string
+		vmi  *v1alpha1.VirtualMachineInstance
+		pod  *corev1.Pod
+		want corev1.ConditionStatus
+	}{
+		{"the guest runs on the pod's node", vmi(v1alpha1.VMIRunning, "a"), pod("a", corev1.PodRunning), corev1.ConditionTrue},
+		{"a migration target before the guest arrived", vmi(v1alpha1.VMIRunning, "a"), pod("b", corev1.PodRunning), corev1.ConditionFalse},
+		{"a guest still starting", vmi(v1alpha1.VMIScheduled, "a"), pod("a", corev1.PodRunning), corev1.ConditionFalse},
+		{"a source pod whose launcher exited after the migration", vmi(v1alpha1.VMIRunning, "a"), pod("a", corev1.PodSucceeded), corev1.ConditionFalse},
+		{"an unscheduled pod", vmi(v1alpha1.VMIRunning, ""), pod("", corev1.PodPending), corev1.ConditionFalse},
+		{"a stopped VM", vmi(v1alpha1.VMISucceeded, "a"), pod("a", corev1.PodRunning), corev1.ConditionFalse},
+	} {
+		if got := GuestRunningIn(tc.vmi, tc.pod); got != tc.want {
+			t.Errorf("%s: GuestRunningIn = %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}

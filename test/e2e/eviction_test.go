@@ -61,7 +61,7 @@ func runningVM(t *testing.T, name string, mutate ...func(*v1alpha1.VirtualMachin
 
 // evict has the emulated kubelet evict the VM's launcher pod for memory pressure; the returned
 // function waits until the pod is terminal.
-func evict(t *testing.T, n *testNode, vmi *v1alpha1.VirtualMachineInstance) (wait func() error) {
+func evict(t testing.TB, n *testNode, vmi *v1alpha1.VirtualMachineInstance) (wait func() error) {
 	t.Helper()
 	pod := launcherPod(t, vmi)
 	done := make(chan error, 1)

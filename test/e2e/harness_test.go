@@ -365,7 +365,7 @@ func describe(v *v1alpha1.VirtualMachineInstance) string {
 func running(v *v1alpha1.VirtualMachineInstance) bool { return v.Status.Phase == v1alpha1.VMIRunning }
 
 // nodeOf returns the test node the VMI runs on.
-func nodeOf(t *testing.T, nodes []*testNode, v *v1alpha1.VirtualMachineInstance) *testNode {
+func nodeOf(t testing.TB, nodes []*testNode, v *v1alpha1.VirtualMachineInstance) *testNode {
 	t.Helper()
 	for _, n := range nodes {
 		if n.Name() == v.Status.NodeName {

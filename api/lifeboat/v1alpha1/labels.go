@@ -1,5 +1,7 @@
 package v1alpha1
 
+import corev1 "k8s.io/api/core/v1"
+
 // Labels, annotations and finalizers lifeboat puts on objects.
 const (
 	// LabelVMIName and LabelVMIUID on a launcher pod name the VMI it runs.
@@ -26,6 +28,12 @@ const (
 // EvictionResponderPriority is the priority the API asks of the responder that is the pod's
 // managing controller: above it, others can preempt lifeboat; below it, they can be its fallback.
 const EvictionResponderPriority int32 = 10000
+
+// PodConditionGuestRunning is the readiness gate of the launcher pods of VMs on the pod
+// network: True while the guest runs in that pod, so that a Service selecting the VM sends
+// connections only to the pod the guest is in (a migration target's pod only once the guest
+// has arrived there). The VMI controller sets it.
+const PodConditionGuestRunning corev1.PodConditionType = GroupName + "/guest-running"
 
 // Extended resources the node agents' device plugins serve: DeviceResourcePrefix + kvm, tun,
 // vhost-net, userfaultfd. Launcher pods ask for the devices their VM needs.
