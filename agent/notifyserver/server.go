@@ -135,6 +135,10 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmiUID strin
 		if errors.Is(err, io.EOF) || (err != nil && ctx.Err() != nil) {
 			return
 		}
+		if err == nil {
+			// io.ReadFull drops an error that came with the bytes it wanted.
+			err = in.err
+		}
 		if err != nil {
 			s.reject(reasonOf(err), err, cred.Pid)
 			return
@@ -201,6 +205,8 @@ func (s *Server) answerNetwork(ctx context.Context, conn *net.UnixConn, ref noti
 type rightsReader struct {
 	conn *net.UnixConn
 	fds  []*os.File
+	// err is the first error about descriptors; it stays.
+	err error
 }
 
 // errDescriptors is the error for a peer that sent more descriptors than one message takes.
@@ -221,8 +227,11 @@ func (r *rightsReader) Read(p []byte) (int, error) {
 			err = fmt.Errorf("%w: %v", notify.ErrMalformed, perr)
 		}
 	}
-	if err == nil && (flags&unix.MSG_CTRUNC != 0 || len(r.fds) > 1) {
-		err = fmt.Errorf("%w: %w", notify.ErrMalformed, errDescriptors)
+	if r.err == nil && (flags&unix.MSG_CTRUNC != 0 || len(r.fds) > 1) {
+		r.err = fmt.Errorf("%w: %w", notify.ErrMalformed, errDescriptors)
+	}
+	if err == nil {
+		err = r.err
 	}
 	return n, err
 }

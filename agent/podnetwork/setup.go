@@ -65,10 +65,21 @@ func checkNamespace(ns *os.File) error {
 	return nil
 }
 
-// inNamespace runs fn on a thread that joined ns, and brings the thread back to the agent's
-// namespace before the scheduler may run anything else on it; a thread that cannot come back
-// ends with its goroutine, so nothing else ever runs in the pod's namespace.
+// inNamespace runs fn on a thread that joined ns.
 func inNamespace(ns *os.File, fn func() error) error {
+	return onThread(func() error {
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("joining the pod's network namespace: %w", err)
+		}
+		return nil
+	}, fn)
+}
+
+// onThread runs fn on a thread locked to it after enter moved the thread to another network
+// namespace, and brings the thread back to the agent's before the scheduler may run anything
+// else on it. A thread that cannot come back ends with its goroutine, so nothing else ever
+// runs in a pod's namespace.
+func onThread(enter, fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -79,8 +90,8 @@ func inNamespace(ns *os.File, fn func() error) error {
 			return
 		}
 		defer home.Close()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			done <- fmt.Errorf("joining the pod's network namespace: %w", err)
+		if err := enter(); err != nil {
+			done <- err
 			return
 		}
 		err = fn()

@@ -135,4 +135,3 @@ func forward(l net.Listener, target string) {
 		})
 	}
 }
-
