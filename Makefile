@@ -142,14 +142,21 @@ demo: deps $(CLUSTER) lifeboat-bins
 	: "A bandwidth cap, so that the transfer is slow enough to watch"; \
 	$(KUBECTL) patch lifeboatconfig cluster --type merge -p '{"spec":{"migrations":{"bandwidthPerMigration":"32Mi"}}}'; \
 	: "The VM names no node path: its kernel and its disk come from images the nodes pull, its configuration from cloud-init"; \
-	$(KUBECTL) apply --server-side -f manifests/examples/vmi.yaml; \
+	: "It is on the pod network behind a Service, which follows it wherever it runs"; \
+	$(KUBECTL) apply --server-side -f manifests/examples/vmi.yaml -f manifests/examples/vmi-service.yaml; \
 	$(KUBECTL) get nodes -L lifeboat.dev/kvm; \
 	$(KUBECTL) wait vmi/demo --for=jsonpath='{.status.phase}'=Running --timeout=5m; \
-	$(KUBECTL) get vmi,pods -o wide; \
-	$(CLUSTER) console default/demo --dir $(DEMO_DIR) --wait-for "lifeboat-guest disk vda: journal 1..5 intact" --timeout 3m | grep -E "lifeboat-guest (user-data|disk|counter [1-5]$$)"; \
-	: "The VM's node runs short of memory: its kubelet evicts the VM's pod (SIGTERM, 45 s grace)"; \
+	$(KUBECTL) get vmi,pods,svc -o wide; \
+	$(CLUSTER) console default/demo --dir $(DEMO_DIR) --wait-for "lifeboat-guest disk vda: journal 1..5 intact" --timeout 3m | grep -E "lifeboat-guest (user-data|disk|network|counter [1-5]$$)"; \
+	$(KUBECTL) wait pod -l lifeboat.dev/vmi-name=demo --field-selector=status.phase=Running --for=condition=Ready --timeout=1m; \
+	$(CLUSTER) ask default/demo --dir $(DEMO_DIR); \
+	: "The VM's node runs short of memory: its kubelet evicts the VM's pod (SIGTERM, 45 s grace)."; \
+	: "A client asks the VM's Service every 20 ms meanwhile"; \
+	$(CLUSTER) ask default/demo --dir $(DEMO_DIR) --every 20ms & asker=$$!; \
 	$(CLUSTER) evict default/demo --dir $(DEMO_DIR); \
 	$(CLUSTER) follow default/demo --dir $(DEMO_DIR) --timeout 2m; \
+	$(KUBECTL) wait pod -l lifeboat.dev/vmi-name=demo --field-selector=status.phase=Running --for=condition=Ready --timeout=1m; \
+	kill -INT $$asker; wait $$asker; \
 	$(KUBECTL) get vmi,vmim,pods -o wide; \
 	: "An admin drains the node the VM runs on now: the eviction webhook answers 429 and lifeboat moves the VM"; \
 	node=$$($(KUBECTL) get vmi demo -o jsonpath='{.status.nodeName}'); \
@@ -163,6 +170,7 @@ demo: deps $(CLUSTER) lifeboat-bins
 	@echo "  $(CLUSTER) evict default/demo --dir $(DEMO_DIR) && $(CLUSTER) follow default/demo --dir $(DEMO_DIR)   # again"
 	@echo "  export KUBECONFIG=$(DEMO_DIR)/admin.kubeconfig PATH=$$($(CLUSTER) bin-dir):\$$PATH"
 	@echo "  kubectl get vmi,pods -o wide"
+	@echo "  $(CLUSTER) ask default/demo --dir $(DEMO_DIR)   # the guest's answer through its Service"
 	@echo "  kubectl drain NODE --ignore-daemonsets --delete-emptydir-data && kubectl uncordon NODE   # a drain live-migrates the VM too"
 	@echo "  $(CLUSTER) console default/demo --dir $(DEMO_DIR)     # the guest's serial console"
 	@echo "  kubectl delete vmi demo                              # shuts the guest down through ACPI"

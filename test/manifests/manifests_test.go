@@ -227,6 +227,19 @@ func TestExamples(t *testing.T) {
 	// The namespace for VMs enforces "restricted": the API server admits the launcher pods the VMI
 	// controller builds (a VM of images, claims and cloud-init, and its migration target) and
 	// refuses a privileged pod.
+	t.Run("vmi-service.yaml", func(t *testing.T) {
+		data, err := os.ReadFile(filepath.Join(examples, "vmi-service.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc := &corev1.Service{}
+		if err := yaml.UnmarshalStrict(data, svc); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cluster.Kube.CoreV1().Services(testNamespace(t)).Create(context.Background(), svc, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+			t.Errorf("the API server refuses vmi-service.yaml: %v", err)
+		}
+	})
 	t.Run("vm-namespace.yaml", func(t *testing.T) {
 		data, err := os.ReadFile(filepath.Join(examples, "vm-namespace.yaml"))
 		if err != nil {

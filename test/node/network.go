@@ -41,8 +41,16 @@ type Network struct {
 var PodNetworkPrefix = netip.MustParsePrefix("10.244.0.0/16")
 
 // NewNetwork makes the fabric; its state (namespaces, the plugins' caches and address
-// allocations) lives in dir. Close removes it.
+// allocations) lives in dir, which it takes over: namespaces an earlier run that crashed left
+// there are removed first. Close removes the fabric.
 func NewNetwork(dir string) (*Network, error) {
+	if stale, err := os.ReadDir(filepath.Join(dir, "netns")); err == nil {
+		for _, e := range stale {
+			if err := removeNetNS(filepath.Join(dir, "netns", e.Name())); err != nil {
+				return nil, fmt.Errorf("removing a network namespace an earlier run left: %w", err)
+			}
+		}
+	}
 	for _, plugin := range []string{"bridge", "host-local", "loopback"} {
 		if err := checkExecutable(filepath.Join(CNIBinDir, plugin)); err != nil {
 			return nil, fmt.Errorf("the CNI plugin %s (Debian's containernetworking-plugins): %w", plugin, err)
@@ -91,6 +99,17 @@ func fabricRoutes() error {
 		}
 	}
 	return netlink.RouteAdd(&netlink.Route{LinkIndex: sink.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}})
+}
+
+// OpenNetwork is the network another process made in dir (NewNetwork), to connect from its
+// fabric as a client on a node would; it cannot start nodes.
+func OpenNetwork(dir string) (*Network, error) {
+	n := &Network{dir: dir, fabric: filepath.Join(dir, "netns", "fabric")}
+	var st unix.Statfs_t
+	if err := unix.Statfs(n.fabric, &st); err != nil || st.Type != unix.NSFS_MAGIC {
+		return nil, fmt.Errorf("no pod network in %s: %s is not a network namespace (%v)", dir, n.fabric, err)
+	}
+	return n, nil
 }
 
 // Close removes the fabric. The nodes that used it must have stopped.

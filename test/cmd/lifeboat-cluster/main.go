@@ -11,6 +11,8 @@
 //	lifeboat-cluster console NS/NAME    print a demo VMI's guest console [--wait-for LINE]
 //	lifeboat-cluster evict NS/NAME      have a VMI's node evict its pod for memory pressure, as a kubelet would
 //	lifeboat-cluster follow NS/NAME     print the VMI's migrations as they progress until it runs elsewhere
+//	lifeboat-cluster ask NS/SERVICE     ask a Service of a demo VM from the pod network and print the answer;
+//	    --every D                        ask every D until interrupted, then print what was seen
 package main
 
 import (
@@ -55,9 +57,10 @@ func main() {
 	fs.StringVar(&lb.acceleration, "acceleration", "auto", "guest acceleration: kvm, tcg or auto")
 	fs.StringVar(&lb.nodesRoot, "nodes-root", defaultNodesRoot, "directory of the emulated nodes' host paths; keep it short (unix socket paths live under it)")
 	waitFor := fs.String("wait-for", "", "console: wait until the guest printed this line")
+	every := fs.Duration("every", 0, "ask: ask this often until interrupted (SIGINT or SIGTERM), then summarise")
 	args := os.Args[2:]
 	var ref string
-	if (os.Args[1] == "console" || os.Args[1] == "evict" || os.Args[1] == "follow") && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+	if (os.Args[1] == "console" || os.Args[1] == "evict" || os.Args[1] == "follow" || os.Args[1] == "ask") && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		ref, args = args[0], args[1:]
 	}
 	_ = fs.Parse(args)
@@ -67,7 +70,11 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "build":
-		_, err = controlplane.EnsureBinaries(ctx, os.Stderr)
+		if _, err = controlplane.EnsureBinaries(ctx, os.Stderr); err == nil {
+			_, err = controlplane.EnsureKubeProxy(ctx, os.Stderr)
+		}
+	case "ask":
+		err = ask(ctx, *dir, ref, *every)
 	case "bin-dir":
 		var bins controlplane.Binaries
 		if bins, err = controlplane.EnsureBinaries(ctx, os.Stderr); err == nil {
@@ -100,7 +107,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: lifeboat-cluster build | bin-dir | guest | up [--dir DIR] [--nodes N --lifeboat-bin BIN] | down [--dir DIR] | console NS/NAME [--wait-for LINE] | evict NS/NAME | follow NS/NAME")
+	fmt.Fprintln(os.Stderr, "usage: lifeboat-cluster build | bin-dir | guest | up [--dir DIR] [--nodes N --lifeboat-bin BIN] | down [--dir DIR] | console NS/NAME [--wait-for LINE] | evict NS/NAME | follow NS/NAME | ask NS/SERVICE [--every D]")
 	os.Exit(2)
 }
 

@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/images"
@@ -101,6 +102,12 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 		return nil, stop, err
 	}
 	stops = append(stops, controller)
+	// The nodes' pods are on a pod network of their own, with kube-proxy routing Services.
+	network, err := node.NewNetwork(filepath.Join(o.nodesRoot, networkDir))
+	if err != nil {
+		return nil, stop, err
+	}
+	stops = append(stops, func() { _ = network.Close() })
 	for i := 1; i <= o.nodes; i++ {
 		name, addr := fmt.Sprintf("node-%d", i), fmt.Sprintf("127.0.0.%d", 10+i)
 		n, err := node.Start(ctx, node.Config{
@@ -108,6 +115,9 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 			Capacity:                  corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")},
 			Binaries:                  map[string]string{"lifeboat-launcher": filepath.Join(o.bin, "lifeboat-launcher")},
 			Images:                    store,
+			Network:                   network,
+			// What the agent's device plugin serves on a node that has the device.
+			Devices:                   map[corev1.ResourceName]string{v1alpha1.DeviceTun: "/dev/net/tun"},
 			EvictionMaxPodGracePeriod: maxPodGracePeriod,
 			Logger:                    klog.Background().WithValues("node", name),
 		})
@@ -131,8 +141,20 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 		}
 		stops = append(stops, agent)
 	}
+	kubeProxy, err := controlplane.EnsureKubeProxy(ctx, os.Stderr)
+	if err != nil {
+		return nil, stop, err
+	}
+	proxy, err := network.StartServiceProxy(kubeProxy, cp.Kubeconfig, nodes[0].Name())
+	if err != nil {
+		return nil, stop, err
+	}
+	stops = append(stops, proxy.Stop)
 	return nodes, stop, nil
 }
+
+// networkDir holds the pod network's state, under the nodes root.
+const networkDir = "network"
 
 // freeAddress returns host:port with a port free on host now, so that a demo cluster and the
 // tests' clusters can run side by side.
