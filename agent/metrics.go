@@ -14,6 +14,8 @@ type Metrics struct {
 	EvacuationsLost prometheus.Counter
 	// LauncherDirsRemoved counts per-VMI directories removed after their launcher pods were deleted.
 	LauncherDirsRemoved prometheus.Counter
+	// PodNetworks counts pod networks built in launcher pods, by binding and result.
+	PodNetworks *prometheus.CounterVec
 }
 
 // NewMetrics registers the agent's metrics.
@@ -39,7 +41,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_launcher_dirs_removed_total",
 			Help: "Per-VMI launcher directories removed because their VMI had no launcher pod left on the node.",
 		}),
+		PodNetworks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_agent_pod_networks_total",
+			Help: "Guests' sides of the pod network the agent built in launcher pods, by binding (masquerade, bridge; unknown when the VMI could not be read) and result (built, failed).",
+		}, []string{"binding", "result"}),
 	}
-	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherDirsRemoved)
+	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherDirsRemoved, m.PodNetworks)
 	return m
 }

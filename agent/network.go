@@ -22,11 +22,12 @@ func (a *Agent) SetupNetwork(ctx context.Context, ref notify.VMIRef, netns *os.F
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	vmi, err := a.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("reading VMI %s: %w", ref, err)
+	if err == nil && string(vmi.UID) != ref.UID {
+		err = fmt.Errorf("VMI %s/%s is another VMI now (uid %s)", ref.Namespace, ref.Name, vmi.UID)
 	}
-	if string(vmi.UID) != ref.UID {
-		return nil, fmt.Errorf("VMI %s/%s is another VMI now (uid %s)", ref.Namespace, ref.Name, vmi.UID)
+	if err != nil {
+		a.cfg.Metrics.PodNetworks.WithLabelValues("unknown", "failed").Inc()
+		return nil, fmt.Errorf("reading VMI %s: %w", ref, err)
 	}
 	plan, ok, err := podnetwork.PlanFor(vmi, contract.UID)
 	if err == nil && !ok {
@@ -36,10 +37,16 @@ func (a *Agent) SetupNetwork(ctx context.Context, ref notify.VMIRef, netns *os.F
 	if err == nil {
 		lease, err = podnetwork.Setup(netns, plan)
 	}
+	binding := string(plan.Binding)
+	if binding == "" {
+		binding = "unknown"
+	}
 	if err != nil {
+		a.cfg.Metrics.PodNetworks.WithLabelValues(binding, "failed").Inc()
 		a.cfg.Recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonPodNetworkFailed, "Building the pod network on node %s: %v", a.cfg.NodeName, err)
 		return nil, err
 	}
+	a.cfg.Metrics.PodNetworks.WithLabelValues(binding, "built").Inc()
 	a.cfg.Log.Info("built the pod network", "vmi", ref.String(), "binding", plan.Binding, "guestAddress", lease.Address, "mtu", lease.MTU)
 	return lease, nil
 }
