@@ -22,6 +22,7 @@ import (
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/domain"
@@ -238,7 +239,7 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 	a.launchers[uid] = &launcher{}
 	a.mu.Unlock()
 
-	socket := filepath.Join(a.cfg.DomainsDir, uid, LibvirtSocketName)
+	socket := filepath.Join(a.cfg.DomainsDir, uid, contract.LibvirtSocket)
 	if len(socket) > maxSocketPath {
 		a.cfg.Log.Error("a launcher's libvirt socket path is longer than a unix socket path may be; shorten --run-dir",
 			"vmiUID", uid, "socket", socket, "length", len(socket), "max", maxSocketPath)

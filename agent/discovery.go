@@ -8,10 +8,9 @@ import (
 	"path/filepath"
 
 	"github.com/fsnotify/fsnotify"
-)
 
-// LibvirtSocketName is the launcher's libvirt socket inside its per-VMI directory.
-const LibvirtSocketName = "libvirt-sock"
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
+)
 
 // discover reports launcher sockets under root: each <root>/<vmi-uid>/libvirt-sock that exists
 // now or appears later is sent to found, once per appearance. Directories that go away are sent
@@ -56,7 +55,7 @@ func discover(ctx context.Context, root string, found, gone chan<- string) error
 				}
 			case dir == root && (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)):
 				send(ctx, gone, base)
-			case filepath.Dir(dir) == root && base == LibvirtSocketName && ev.Has(fsnotify.Create):
+			case filepath.Dir(dir) == root && base == contract.LibvirtSocket && ev.Has(fsnotify.Create):
 				send(ctx, found, filepath.Base(dir))
 			}
 		}
@@ -67,7 +66,7 @@ func watchLauncherDir(ctx context.Context, w *fsnotify.Watcher, dir string, foun
 	if err := w.Add(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return
 	}
-	if _, err := os.Stat(filepath.Join(dir, LibvirtSocketName)); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, contract.LibvirtSocket)); err == nil {
 		send(ctx, found, filepath.Base(dir))
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 )
 
 func TestDiscoverFindsExistingAndNewLaunchers(t *testing.T) {
@@ -16,7 +18,7 @@ func TestDiscoverFindsExistingAndNewLaunchers(t *testing.T) {
 		if err := os.MkdirAll(filepath.Join(root, uid), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		l, err := net.Listen("unix", filepath.Join(root, uid, LibvirtSocketName))
+		l, err := net.Listen("unix", filepath.Join(root, uid, contract.LibvirtSocket))
 		if err != nil {
 			t.Fatal(err)
 		}

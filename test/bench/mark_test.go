@@ -131,7 +131,7 @@ func setUp(b *testing.B, n int) *bed {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			b.Fatal(err)
 		}
-		l, err := net.Listen("unix", filepath.Join(dir, agent.LibvirtSocketName))
+		l, err := net.Listen("unix", filepath.Join(dir, contract.LibvirtSocket))
 		if err != nil {
 			b.Fatal(err)
 		}

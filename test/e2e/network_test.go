@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -297,4 +299,39 @@ func BenchmarkMigrationNetworkInterruption(b *testing.B) {
 		b.ReportMetric(float64(r.downtime.Milliseconds()), "downtime-ms")
 		b.ReportMetric(float64((r.interruption - r.downtime).Milliseconds()), "added-ms")
 	}
+}
+
+// A VM with the bridge binding gets its pod's own address by DHCP and answers on it, and cannot
+// be live-migrated (KubeVirt's reason).
+func TestBridgeBindingGivesTheGuestThePodAddress(t *testing.T) {
+	startController(t)
+	network := node.NewTestNetwork(t)
+	nodes := startNodes(t, 1, node.OnNetwork(network))
+	ns := testNamespace(t)
+	vmi := createVMI(t, ns, newVMI("bridged", strategy(v1alpha1.EvictionStrategyLiveMigrateIfPossible), func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.Interfaces = []v1alpha1.Interface{{Name: "default", Bridge: &v1alpha1.InterfaceBridge{}}}
+		v.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
+	}))
+	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "Running, and not live-migratable for its interface", func(v *v1alpha1.VirtualMachineInstance) bool {
+		c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VMIConditionLiveMigratable)
+		return running(v) && c != nil && c.Status == metav1.ConditionFalse && c.Reason == "InterfaceNotLiveMigratable"
+	})
+	pod := launcherPod(t, vmi)
+	mac, err := vmi.Spec.Interfaces[0].MAC(string(vmi.UID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix, err := netip.ParseAddr(pod.Status.PodIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gateway := netip.PrefixFrom(prefix, 24).Masked().Addr().Next()
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	want := protocol.Network(pod.Status.PodIP+"/24", gateway.String(), mac.String())
+	if _, err := guest.WaitForLine(ctx, nodes[0].consolePath(vmi), want); err != nil {
+		t.Fatal(err)
+	}
+	boot, _ := waitGuestAnswer(t, network, net.JoinHostPort(pod.Status.PodIP, fmt.Sprint(protocol.ServePort)), 30*time.Second)
+	t.Logf("the guest has its pod's address %s and answers on it (boot %s)", pod.Status.PodIP, boot)
 }
