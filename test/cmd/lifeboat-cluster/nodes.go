@@ -16,8 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/klog/v2"
 
-	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/images"
@@ -112,10 +112,10 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 		name, addr := fmt.Sprintf("node-%d", i), fmt.Sprintf("127.0.0.%d", 10+i)
 		n, err := node.Start(ctx, node.Config{
 			Client: cp.Kube, Name: name, Address: addr, RootDir: filepath.Join(o.nodesRoot, name),
-			Capacity:                  corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")},
-			Binaries:                  map[string]string{"lifeboat-launcher": filepath.Join(o.bin, "lifeboat-launcher")},
-			Images:                    store,
-			Network:                   network,
+			Capacity: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")},
+			Binaries: map[string]string{"lifeboat-launcher": filepath.Join(o.bin, "lifeboat-launcher")},
+			Images:   store,
+			Network:  network,
 			// What the agent's device plugin serves on a node that has the device.
 			Devices:                   map[corev1.ResourceName]string{v1alpha1.DeviceTun: "/dev/net/tun"},
 			EvictionMaxPodGracePeriod: maxPodGracePeriod,
