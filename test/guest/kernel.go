@@ -20,9 +20,8 @@ const metaPackage = "linux-image-cloud-amd64"
 // guestModules are the modules init needs that the cloud kernel does not build in: the
 // ACPI button driver turns the power button into an input device and evdev lets init read it;
 // virtio_pci and virtio_blk find the disks, isofs reads the cloud-init seed, virtio_net is the
-// network card and af_packet lets the DHCP client send before the card has an address.
-// Built-in ones are skipped.
-var guestModules = []string{"button", "evdev", "virtio_pci", "virtio_blk", "isofs", "virtio_net", "af_packet"}
+// network card (the DHCP client's packet sockets, CONFIG_PACKET, are built in).
+var guestModules = []string{"button", "evdev", "virtio_pci", "virtio_blk", "isofs", "virtio_net"}
 
 // kernel is one cached kernel: <cache>/<package>-modules-<hash>/vmlinuz and the modules the
 // guest loads, in its modules directory with their load order in the file "order".
