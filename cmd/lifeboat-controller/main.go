@@ -24,6 +24,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/evacuation/evacuate"
 	"github.com/lifeboat-vm/lifeboat/evacuation/migration"
 	"github.com/lifeboat-vm/lifeboat/evacuation/responder"
+	"github.com/lifeboat-vm/lifeboat/evacuation/vm"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
 )
@@ -107,6 +108,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	disruptionController := disruption.New(kubeClient, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), pods, budgets, recorder, log)
 	reg := prometheus.NewRegistry()
 	cancelController := cancellation.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), recorder, cancellation.NewMetrics(reg), log)
+	vmController := vm.New(lb, lbv1.VirtualMachines(), lbv1.VirtualMachineInstances(), pods, recorder, reg, log)
 	// The controllers run in the leader only; every replica serves the webhook and metrics.
 	controllers := []func(context.Context) error{
 		func(ctx context.Context) error { return vmiController.Run(ctx, workers) },
@@ -114,6 +116,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 		func(ctx context.Context) error { return migrationController.Run(ctx, workers) },
 		func(ctx context.Context) error { return disruptionController.Run(ctx, workers) },
 		cancelController.Run,
+		func(ctx context.Context) error { return vmController.Run(ctx, workers) },
 	}
 	var always []func(context.Context) error
 	if hookOpts.Listen != "" {

@@ -58,6 +58,7 @@ func TestCRDsAreEstablished(t *testing.T) {
 		"virtualmachineinstances.lifeboat.dev",
 		"virtualmachineinstancemigrations.lifeboat.dev",
 		"lifeboatconfigs.lifeboat.dev",
+		"virtualmachines.lifeboat.dev",
 	} {
 		crd, err := client.ApiextensionsV1().CustomResourceDefinitions().Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
@@ -80,6 +81,7 @@ func TestCRDsAreEstablished(t *testing.T) {
 		"virtualmachineinstances":          {true, "vmi"},
 		"virtualmachineinstancemigrations": {true, "vmim"},
 		"lifeboatconfigs":                  {false, ""},
+		"virtualmachines":                  {true, "vm"},
 	}
 	for _, r := range resources.APIResources {
 		w, ok := want[r.Name]

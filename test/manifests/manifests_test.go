@@ -30,6 +30,7 @@ var wantObjects = []string{
 	"CustomResourceDefinition virtualmachineinstances.lifeboat.dev",
 	"CustomResourceDefinition virtualmachineinstancemigrations.lifeboat.dev",
 	"CustomResourceDefinition lifeboatconfigs.lifeboat.dev",
+	"CustomResourceDefinition virtualmachines.lifeboat.dev",
 	"LifeboatConfig cluster",
 	"ServiceAccount lifeboat-system/lifeboat-agent",
 	"ClusterRole lifeboat-agent",

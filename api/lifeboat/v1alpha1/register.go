@@ -26,6 +26,8 @@ var (
 
 func addKnownTypes(scheme *runtime.Scheme) error {
 	scheme.AddKnownTypes(SchemeGroupVersion,
+		&VirtualMachine{},
+		&VirtualMachineList{},
 		&VirtualMachineInstance{},
 		&VirtualMachineInstanceList{},
 		&VirtualMachineInstanceMigration{},

@@ -55,6 +55,8 @@ func (f *sharedInformerFactory) ForResource(resource schema.GroupVersionResource
 	// Group=lifeboat.dev, Version=v1alpha1
 	case v1alpha1.SchemeGroupVersion.WithResource("lifeboatconfigs"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Lifeboat().V1alpha1().LifeboatConfigs().Informer()}, nil
+	case v1alpha1.SchemeGroupVersion.WithResource("virtualmachines"):
+		return &genericInformer{resource: resource.GroupResource(), informer: f.Lifeboat().V1alpha1().VirtualMachines().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("virtualmachineinstances"):
 		return &genericInformer{resource: resource.GroupResource(), informer: f.Lifeboat().V1alpha1().VirtualMachineInstances().Informer()}, nil
 	case v1alpha1.SchemeGroupVersion.WithResource("virtualmachineinstancemigrations"):

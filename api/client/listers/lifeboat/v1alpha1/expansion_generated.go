@@ -22,6 +22,14 @@ package v1alpha1
 // LifeboatConfigLister.
 type LifeboatConfigListerExpansion interface{}
 
+// VirtualMachineListerExpansion allows custom methods to be added to
+// VirtualMachineLister.
+type VirtualMachineListerExpansion interface{}
+
+// VirtualMachineNamespaceListerExpansion allows custom methods to be added to
+// VirtualMachineNamespaceLister.
+type VirtualMachineNamespaceListerExpansion interface{}
+
 // VirtualMachineInstanceListerExpansion allows custom methods to be added to
 // VirtualMachineInstanceLister.
 type VirtualMachineInstanceListerExpansion interface{}

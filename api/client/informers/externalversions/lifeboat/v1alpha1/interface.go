@@ -26,6 +26,8 @@ import (
 type Interface interface {
 	// LifeboatConfigs returns a LifeboatConfigInformer.
 	LifeboatConfigs() TypedLifeboatConfigInformer
+	// VirtualMachines returns a VirtualMachineInformer.
+	VirtualMachines() TypedVirtualMachineInformer
 	// VirtualMachineInstances returns a VirtualMachineInstanceInformer.
 	VirtualMachineInstances() TypedVirtualMachineInstanceInformer
 	// VirtualMachineInstanceMigrations returns a VirtualMachineInstanceMigrationInformer.
@@ -46,6 +48,11 @@ func New(f internalinterfaces.SharedInformerFactory, namespace string, tweakList
 // LifeboatConfigs returns a TypedLifeboatConfigInformer.
 func (v *version) LifeboatConfigs() TypedLifeboatConfigInformer {
 	return &lifeboatConfigInformer{factory: v.factory, tweakListOptions: v.tweakListOptions}
+}
+
+// VirtualMachines returns a TypedVirtualMachineInformer.
+func (v *version) VirtualMachines() TypedVirtualMachineInformer {
+	return &virtualMachineInformer{factory: v.factory, namespace: v.namespace, tweakListOptions: v.tweakListOptions}
 }
 
 // VirtualMachineInstances returns a TypedVirtualMachineInstanceInformer.

@@ -20,6 +20,8 @@ package v1alpha1
 
 type LifeboatConfigExpansion interface{}
 
+type VirtualMachineExpansion interface{}
+
 type VirtualMachineInstanceExpansion interface{}
 
 type VirtualMachineInstanceMigrationExpansion interface{}

@@ -29,6 +29,7 @@ import (
 type LifeboatV1alpha1Interface interface {
 	RESTClient() rest.Interface
 	LifeboatConfigsGetter
+	VirtualMachinesGetter
 	VirtualMachineInstancesGetter
 	VirtualMachineInstanceMigrationsGetter
 }
@@ -40,6 +41,10 @@ type LifeboatV1alpha1Client struct {
 
 func (c *LifeboatV1alpha1Client) LifeboatConfigs() LifeboatConfigInterface {
 	return newLifeboatConfigs(c)
+}
+
+func (c *LifeboatV1alpha1Client) VirtualMachines(namespace string) VirtualMachineInterface {
+	return newVirtualMachines(c, namespace)
 }
 
 func (c *LifeboatV1alpha1Client) VirtualMachineInstances(namespace string) VirtualMachineInstanceInterface {

@@ -32,6 +32,10 @@ func (c *FakeLifeboatV1alpha1) LifeboatConfigs() v1alpha1.LifeboatConfigInterfac
 	return newFakeLifeboatConfigs(c)
 }
 
+func (c *FakeLifeboatV1alpha1) VirtualMachines(namespace string) v1alpha1.VirtualMachineInterface {
+	return newFakeVirtualMachines(c, namespace)
+}
+
 func (c *FakeLifeboatV1alpha1) VirtualMachineInstances(namespace string) v1alpha1.VirtualMachineInstanceInterface {
 	return newFakeVirtualMachineInstances(c, namespace)
 }

@@ -1,0 +1,142 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+func newVM(name string, strategy v1alpha1.RunStrategy) *v1alpha1.VirtualMachine {
+	template := newVMI(name)
+	return &v1alpha1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1alpha1.VirtualMachineSpec{RunStrategy: strategy, Template: v1alpha1.VirtualMachineInstanceTemplateSpec{
+			ObjectMeta: v1alpha1.TemplateMeta{Labels: map[string]string{"app": name}}, Spec: template.Spec}},
+	}
+}
+
+func waitVM(t *testing.T, ns, name string, timeout time.Duration, what string, cond func(*v1alpha1.VirtualMachine) bool) *v1alpha1.VirtualMachine {
+	t.Helper()
+	var last *v1alpha1.VirtualMachine
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = v
+		return cond(v), nil
+	})
+	if err != nil {
+		t.Fatalf("VM %s/%s: want %s within %s; last seen %+v", ns, name, what, timeout, last)
+	}
+	return last
+}
+
+// Seed 000's None row: a None VM whose pod its node evicts is shut down, and then its run
+// strategy decides: Always starts it again, RerunOnFailure and Once leave it stopped, since its
+// guest shut down cleanly.
+func TestEvictedNoneVMFollowsItsRunStrategy(t *testing.T) {
+	startController(t)
+	nodes := startNodes(t, 2)
+	ns := testNamespace(t)
+	strategies := map[string]v1alpha1.RunStrategy{"always": v1alpha1.RunStrategyAlways, "rerun": v1alpha1.RunStrategyRerunOnFailure, "once": v1alpha1.RunStrategyOnce}
+	first := map[string]*v1alpha1.VirtualMachineInstance{}
+	for name, s := range strategies {
+		vm := newVM(name, s)
+		allowNodePaths(t, &v1alpha1.VirtualMachineInstance{Spec: vm.Spec.Template.Spec})
+		if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(ns).Create(context.Background(), vm, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating VM %s: %v", name, err)
+		}
+	}
+	for name := range strategies {
+		waitVM(t, ns, name, bootTimeout, "Running and Ready", func(v *v1alpha1.VirtualMachine) bool {
+			return v.Status.PrintableStatus == v1alpha1.PrintableStatusRunning && v.Status.Ready && v.Status.InstanceName == name
+		})
+		vmi := waitVMI(t, ns, name, bootTimeout, "Running", running)
+		if ref := metav1.GetControllerOf(vmi); ref == nil || ref.Kind != "VirtualMachine" || ref.Name != name {
+			t.Errorf("VMI %s is controlled by %+v, want VirtualMachine %s", name, ref, name)
+		}
+		first[name] = vmi
+		waitCounterPast(t, nodeOf(t, nodes, vmi).consolePath(vmi), 1, bootTimeout)
+		evict(t, nodeOf(t, nodes, vmi), vmi)
+	}
+
+	// Always: a new instance, the restart counted and explained on the VM.
+	again := waitVMI(t, ns, "always", 2*bootTimeout, "a new instance running", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.UID != first["always"].UID && running(v)
+	})
+	vm := waitVM(t, ns, "always", bootTimeout, "Running again with one restart", func(v *v1alpha1.VirtualMachine) bool {
+		return v.Status.PrintableStatus == v1alpha1.PrintableStatusRunning && v.Status.Restarts == 1
+	})
+	waitEvent(t, ns, vm.Name, "Restarting", 30*time.Second)
+	t.Logf("VM always: instance %s ended, %s runs on %s", first["always"].UID, again.UID, again.Status.NodeName)
+
+	// RerunOnFailure and Once: stopped, their instance ended and not made again.
+	for _, name := range []string{"rerun", "once"} {
+		v := waitVM(t, ns, name, 2*bootTimeout, "Stopped", func(v *v1alpha1.VirtualMachine) bool {
+			return v.Status.PrintableStatus == v1alpha1.PrintableStatusStopped
+		})
+		vmi, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil || vmi.UID != first[name].UID || vmi.Status.Phase != v1alpha1.VMISucceeded || v.Status.Restarts != 0 {
+			t.Errorf("VM %s (%s): instance %v (%v), restarts %d; want the first instance, Succeeded, never restarted", name, v.Spec.RunStrategy, vmi, err, v.Status.Restarts)
+		}
+	}
+}
+
+// Halted stops a running VM gracefully; deleting a VM waits, with its finalizer, until its
+// instance is gone.
+func TestHaltingAndDeletingAVM(t *testing.T) {
+	startController(t)
+	startNodes(t, 1)
+	ns := testNamespace(t)
+	vms := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(ns)
+	vm := newVM("halted", v1alpha1.RunStrategyHalted)
+	allowNodePaths(t, &v1alpha1.VirtualMachineInstance{Spec: vm.Spec.Template.Spec})
+	if _, err := vms.Create(context.Background(), vm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitVM(t, ns, vm.Name, 30*time.Second, "Stopped without an instance", func(v *v1alpha1.VirtualMachine) bool {
+		return v.Status.PrintableStatus == v1alpha1.PrintableStatusStopped && v.Status.InstanceName == ""
+	})
+	setStrategy := func(s v1alpha1.RunStrategy) {
+		t.Helper()
+		patch := []byte(`{"spec":{"runStrategy":"` + string(s) + `"}}`)
+		if _, err := vms.Patch(context.Background(), vm.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setStrategy(v1alpha1.RunStrategyAlways)
+	waitVMI(t, ns, vm.Name, bootTimeout, "Running", running)
+	setStrategy(v1alpha1.RunStrategyHalted)
+	waitEvent(t, ns, vm.Name, "Stopping", 30*time.Second)
+	waitVM(t, ns, vm.Name, time.Minute, "Stopped, its instance gone", func(v *v1alpha1.VirtualMachine) bool {
+		_, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(context.Background(), vm.Name, metav1.GetOptions{})
+		return v.Status.PrintableStatus == v1alpha1.PrintableStatusStopped && apierrors.IsNotFound(err)
+	})
+
+	setStrategy(v1alpha1.RunStrategyAlways)
+	vmi := waitVMI(t, ns, vm.Name, bootTimeout, "Running", running)
+	if err := vms.Delete(context.Background(), vm.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The VM stays while its instance shuts down, then both go.
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, vmErr := vms.Get(ctx, vm.Name, metav1.GetOptions{})
+		got, vmiErr := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(ctx, vm.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(vmErr) && !apierrors.IsNotFound(vmiErr) && got.UID == vmi.UID {
+			t.Errorf("the VM went before its instance %s", vmi.UID)
+			return true, nil
+		}
+		return apierrors.IsNotFound(vmErr) && apierrors.IsNotFound(vmiErr), nil
+	})
+	if err != nil {
+		t.Fatalf("the deleted VM and its instance did not go: %v", err)
+	}
+}
