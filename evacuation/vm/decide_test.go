@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -85,6 +86,44 @@ func TestStatus(t *testing.T) {
 		s := Status(vm, tc.vmi, tc.unschedulable, now)
 		if s.PrintableStatus != tc.want || s.Ready != tc.ready || s.Restarts != 2 {
 			t.Errorf("%s: status %s ready %v restarts %d, want %s ready %v restarts 2 (kept)", tc.name, s.PrintableStatus, s.Ready, s.Restarts, tc.want, tc.ready)
+		}
+	}
+}
+
+func TestCommands(t *testing.T) {
+	vm := func(s v1alpha1.RunStrategy) *v1alpha1.VirtualMachine {
+		return &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm"}, Spec: v1alpha1.VirtualMachineSpec{RunStrategy: s}}
+	}
+	vmi := func(phase v1alpha1.VirtualMachineInstancePhase) *v1alpha1.VirtualMachineInstance {
+		return &v1alpha1.VirtualMachineInstance{Status: v1alpha1.VirtualMachineInstanceStatus{Phase: phase}}
+	}
+	type fn func(*v1alpha1.VirtualMachine, *v1alpha1.VirtualMachineInstance) (Command, error)
+	for _, tc := range []struct {
+		name   string
+		cmd    fn
+		vm     *v1alpha1.VirtualMachine
+		vmi    *v1alpha1.VirtualMachineInstance
+		want   Command
+		errHas string
+	}{
+		{"start a halted VM", StartCommand, vm(v1alpha1.RunStrategyHalted), nil, Command{SetRunStrategy: v1alpha1.RunStrategyAlways}, ""},
+		{"start a manual VM", StartCommand, vm(v1alpha1.RunStrategyManual), nil, Command{CreateInstance: true}, ""},
+		{"start a manual VM whose instance ended", StartCommand, vm(v1alpha1.RunStrategyManual), vmi(v1alpha1.VMISucceeded), Command{DeleteInstance: true, CreateInstance: true}, ""},
+		{"start a running VM", StartCommand, vm(v1alpha1.RunStrategyAlways), vmi(v1alpha1.VMIRunning), Command{}, "running already"},
+		{"start a Once VM that ran", StartCommand, vm(v1alpha1.RunStrategyOnce), vmi(v1alpha1.VMISucceeded), Command{}, "run strategy Once"},
+		{"start a RerunOnFailure VM that shut down", StartCommand, vm(v1alpha1.RunStrategyRerunOnFailure), vmi(v1alpha1.VMISucceeded), Command{DeleteInstance: true}, ""},
+		{"stop an Always VM", StopCommand, vm(v1alpha1.RunStrategyAlways), vmi(v1alpha1.VMIRunning), Command{SetRunStrategy: v1alpha1.RunStrategyHalted}, ""},
+		{"stop a manual VM", StopCommand, vm(v1alpha1.RunStrategyManual), vmi(v1alpha1.VMIRunning), Command{DeleteInstance: true}, ""},
+		{"stop a halted VM", StopCommand, vm(v1alpha1.RunStrategyHalted), nil, Command{}, "halted already"},
+		{"restart an Always VM", RestartCommand, vm(v1alpha1.RunStrategyAlways), vmi(v1alpha1.VMIRunning), Command{DeleteInstance: true}, ""},
+		{"restart a manual VM", RestartCommand, vm(v1alpha1.RunStrategyManual), vmi(v1alpha1.VMIRunning), Command{}, "use stop, then start"},
+	} {
+		got, err := tc.cmd(tc.vm, tc.vmi)
+		switch {
+		case tc.errHas != "" && (err == nil || !strings.Contains(err.Error(), tc.errHas) || !strings.Contains(err.Error(), "ns/vm")):
+			t.Errorf("%s: error %v, want one naming ns/vm and saying %q", tc.name, err, tc.errHas)
+		case tc.errHas == "" && (err != nil || got != tc.want):
+			t.Errorf("%s: %+v, %v; want %+v", tc.name, got, err, tc.want)
 		}
 	}
 }

@@ -22,6 +22,7 @@ import (
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/vm"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
@@ -154,7 +155,7 @@ func follow(ctx context.Context, dir, ref string, timeout time.Duration) error {
 			if list.Items[i].Status.Deadline != nil {
 				deadline = list.Items[i].Status.Deadline
 			}
-			if line := progressLine(&list.Items[i], time.Now()); line != last {
+			if line := vm.MigrationLine(&list.Items[i], time.Now()); line != last {
 				fmt.Printf("%s  %s\n", time.Now().Format("15:04:05.0"), line)
 				last = line
 			}
@@ -244,23 +245,3 @@ func counterGoesOn(ctx context.Context, dir, uid, from, to string) error {
 	fmt.Printf("the guest's counter was at %d on %s when it left; on %s it goes on at %d: the VM never stopped\n", before, from, to, guest.Counter(console))
 	return nil
 }
-
-// progressLine is one line of a migration's state: phase, mode, transfer and time to deadline.
-func progressLine(m *v1alpha1.VirtualMachineInstanceMigration, now time.Time) string {
-	line := fmt.Sprintf("migration %s: %-15s cause %s", m.Name, m.Status.Phase, m.Status.Cause)
-	if m.Status.Mode != "" {
-		line += ", mode " + string(m.Status.Mode)
-	}
-	if p := m.Status.Progress; p != nil && p.DataTotal > 0 && !m.Status.Phase.Terminal() {
-		line += fmt.Sprintf(", %s of %s left, dirtying %s/s, sending %s/s", mib(p.DataRemaining), mib(p.DataTotal), mib(p.MemoryDirtyRate), mib(p.MemoryBandwidth))
-	}
-	if d := m.Status.Deadline; d != nil && !m.Status.Phase.Terminal() {
-		line += fmt.Sprintf(", deadline in %s", d.Sub(now).Truncate(time.Second))
-	}
-	if m.Status.FailureReason != "" {
-		line += ": " + m.Status.FailureReason
-	}
-	return line
-}
-
-func mib(bytes int64) string { return fmt.Sprintf("%.1f MiB", float64(bytes)/(1<<20)) }
