@@ -7,8 +7,12 @@
 // process the container started, daemons included, and hostPath volumes are bind-mounted at
 // their mountPath without touching the machine's mounts. Host paths under the node's private
 // prefixes live under the node's root directory, so several nodes on one machine do not share
-// them. There is no network namespace: pods share the machine's network and report the node's
-// loopback address as their IP.
+// them. Without Config.Network, pods share the machine's network and report the node's loopback
+// address as their IP. With it, a pod not on the host's network gets its own network namespace,
+// wired by the CNI bridge plugin with host-local IPAM as a runtime wires a sandbox (Network:
+// every node's bridge in one namespace the harness makes, the fabric, where kube-proxy can route
+// Services); the pod reports that address. Devices of extended resources a container asks for
+// (Config.Devices) are made in its /dev for its user, as a device plugin's are.
 //
 // What the kubelet does that this package reproduces, from kubelet v1.37.1:
 //   - pod phase and conditions (getPhase, status.Generate*Condition), container states and
