@@ -140,3 +140,32 @@ func TestHaltingAndDeletingAVM(t *testing.T) {
 		t.Fatalf("the deleted VM and its instance did not go: %v", err)
 	}
 }
+
+// Seed 000's None row through the eviction API, as a drain makes it: the eviction proceeds, the
+// guest shuts down, and Always starts the VM again, on another node, since its node is cordoned.
+func TestDrainedNoneVMStartsAgainOnAnotherNode(t *testing.T) {
+	setConfig(t, false)
+	startControllerWithWebhook(t)
+	startNodes(t, 2)
+	ns := testNamespace(t)
+	vm := newVM("drained", v1alpha1.RunStrategyAlways)
+	allowNodePaths(t, &v1alpha1.VirtualMachineInstance{Spec: vm.Spec.Template.Spec})
+	if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(ns).Create(context.Background(), vm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	first := waitVMI(t, ns, vm.Name, bootTimeout, "Running", running)
+	setUnschedulable(t, first.Status.NodeName, true)
+	t.Cleanup(func() { setUnschedulable(t, first.Status.NodeName, false) })
+	if code, msg := evictPod(t, launcherPod(t, first), false); code != 201 {
+		t.Fatalf("evicting the None VM's pod: %d %s; want it granted (seed 000: None lets the eviction proceed)", code, msg)
+	}
+	again := waitVMI(t, ns, vm.Name, 2*bootTimeout, "a new instance running", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.UID != first.UID && running(v)
+	})
+	if again.Status.NodeName == first.Status.NodeName {
+		t.Errorf("the VM started again on its cordoned node %s", again.Status.NodeName)
+	}
+	waitVM(t, ns, vm.Name, 30*time.Second, "Running with one restart", func(v *v1alpha1.VirtualMachine) bool {
+		return v.Status.PrintableStatus == v1alpha1.PrintableStatusRunning && v.Status.Restarts == 1
+	})
+}
