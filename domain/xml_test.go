@@ -176,3 +176,28 @@ func TestDomainName(t *testing.T) {
 		t.Errorf("DomainName() = %q, want tenant_web", got)
 	}
 }
+
+// A card on the pod network is a virtio NIC on the agent's tap, which libvirt opens and never
+// changes (managed='no'), with the VMI's MAC and the pod's MTU.
+func TestDomainXMLInterface(t *testing.T) {
+	xml, err := DomainXML(vmi(nil), XMLOptions{Acceleration: TCG, ConsoleLog: "/c.log",
+		Interface: &Interface{Tap: "lb-tap0", MAC: "02:11:22:33:44:55", MTU: 1450}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dom libvirtxml.Domain
+	if err := dom.Unmarshal(xml); err != nil {
+		t.Fatal(err)
+	}
+	if len(dom.Devices.Interfaces) != 1 {
+		t.Fatalf("want one interface:\n%s", xml)
+	}
+	i := dom.Devices.Interfaces[0]
+	if i.Source == nil || i.Source.Ethernet == nil || i.Target == nil || i.Target.Dev != "lb-tap0" || i.Target.Managed != "no" ||
+		i.MAC == nil || i.MAC.Address != "02:11:22:33:44:55" || i.Model == nil || i.Model.Type != "virtio" || i.MTU == nil || i.MTU.Size != 1450 {
+		t.Errorf("interface %+v: want an unmanaged ethernet tap lb-tap0, virtio, MAC 02:11:22:33:44:55, MTU 1450:\n%s", i, xml)
+	}
+	if none, err := DomainXML(vmi(nil), XMLOptions{Acceleration: TCG, ConsoleLog: "/c.log"}); err != nil || strings.Contains(none, "<interface") {
+		t.Errorf("a VMI without a card got one (err %v):\n%s", err, none)
+	}
+}
