@@ -143,10 +143,11 @@ demo: deps $(CLUSTER) lifeboat-bins
 	$(KUBECTL) patch lifeboatconfig cluster --type merge -p '{"spec":{"migrations":{"bandwidthPerMigration":"32Mi"}}}'; \
 	: "The VM names no node path: its kernel and its disk come from images the nodes pull, its configuration from cloud-init"; \
 	: "It is on the pod network behind a Service, which follows it wherever it runs"; \
-	$(KUBECTL) apply --server-side -f manifests/examples/vmi.yaml -f manifests/examples/vmi-service.yaml; \
+	: "A VirtualMachine: its controller runs the VM's instance, the VMI demo, by its run strategy"; \
+	$(KUBECTL) apply --server-side -f manifests/examples/vm.yaml -f manifests/examples/vmi-service.yaml; \
 	$(KUBECTL) get nodes -L lifeboat.dev/kvm; \
-	$(KUBECTL) wait vmi/demo --for=jsonpath='{.status.phase}'=Running --timeout=5m; \
-	$(KUBECTL) get vmi,pods,svc -o wide; \
+	$(KUBECTL) wait vm/demo --for=jsonpath='{.status.printableStatus}'=Running --timeout=5m; \
+	$(KUBECTL) get vm,vmi,pods,svc -o wide; \
 	$(CLUSTER) console default/demo --dir $(DEMO_DIR) --wait-for "lifeboat-guest disk vda: journal 1..5 intact" --timeout 3m | grep -E "lifeboat-guest (user-data|disk|network|counter [1-5]$$)"; \
 	$(KUBECTL) wait pod -l lifeboat.dev/vmi-name=demo --field-selector=status.phase=Running --for=condition=Ready --timeout=1m; \
 	$(CLUSTER) ask default/demo --dir $(DEMO_DIR); \
@@ -162,14 +163,16 @@ demo: deps $(CLUSTER) lifeboat-bins
 	node=$$($(KUBECTL) get vmi demo -o jsonpath='{.status.nodeName}'); \
 	$(KUBECTL) drain "$$node" --ignore-daemonsets --delete-emptydir-data --timeout=3m; \
 	$(KUBECTL) uncordon "$$node"; \
-	$(KUBECTL) get vmi,vmim,pods -o wide; \
+	$(KUBECTL) get vm,vmi,vmim,pods -o wide; \
+	: "The VM's story, as the kubectl plugin (bin/kubectl-lifeboat) tells it"; \
+	KUBECONFIG=$(DEMO_DIR)/admin.kubeconfig PATH="$(CURDIR)/bin:$$($(CLUSTER) bin-dir):$$PATH" kubectl lifeboat status demo; \
 	$(KUBECTL) get events --sort-by=.lastTimestamp | tail -n 25
 	@echo
 	@echo "The cluster keeps running: 2 emulated nodes with lifeboat agents, the lifeboat controller (eviction webhook,"
 	@echo "disruption budgets, EvictionRequest responder), the demo VM."
 	@echo "  $(CLUSTER) evict default/demo --dir $(DEMO_DIR) && $(CLUSTER) follow default/demo --dir $(DEMO_DIR)   # again"
 	@echo "  export KUBECONFIG=$(DEMO_DIR)/admin.kubeconfig PATH=$$($(CLUSTER) bin-dir):\$$PATH"
-	@echo "  kubectl get vmi,pods -o wide"
+	@echo "  kubectl get vm,vmi,pods -o wide; PATH=$(CURDIR)/bin:\$$PATH kubectl lifeboat status demo"
 	@echo "  $(CLUSTER) ask default/demo --dir $(DEMO_DIR)   # the guest's answer through its Service"
 	@echo "  kubectl drain NODE --ignore-daemonsets --delete-emptydir-data && kubectl uncordon NODE   # a drain live-migrates the VM too"
 	@echo "  $(CLUSTER) console default/demo --dir $(DEMO_DIR)     # the guest's serial console"

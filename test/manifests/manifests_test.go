@@ -228,6 +228,22 @@ func TestExamples(t *testing.T) {
 	// The namespace for VMs enforces "restricted": the API server admits the launcher pods the VMI
 	// controller builds (a VM of images, claims and cloud-init, and its migration target) and
 	// refuses a privileged pod.
+	t.Run("vm.yaml", func(t *testing.T) {
+		data, err := os.ReadFile(filepath.Join(examples, "vm.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		vm := &v1alpha1.VirtualMachine{}
+		if err := yaml.UnmarshalStrict(data, vm); err != nil {
+			t.Fatal(err)
+		}
+		if vm.Spec.RunStrategy != v1alpha1.RunStrategyAlways || vm.Spec.Template.Spec.EvictionStrategy == nil || *vm.Spec.Template.Spec.EvictionStrategy != v1alpha1.EvictionStrategyLiveMigrate {
+			t.Errorf("vm.yaml: run strategy %q, eviction strategy %v; want Always and LiveMigrate", vm.Spec.RunStrategy, vm.Spec.Template.Spec.EvictionStrategy)
+		}
+		if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(testNamespace(t)).Create(context.Background(), vm, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+			t.Errorf("the API server refuses vm.yaml: %v", err)
+		}
+	})
 	t.Run("vmi-service.yaml", func(t *testing.T) {
 		data, err := os.ReadFile(filepath.Join(examples, "vmi-service.yaml"))
 		if err != nil {
