@@ -125,6 +125,12 @@ func TestOnlyTheirOwnersSteerAnEvacuation(t *testing.T) {
 	_, err = user.VirtualMachineInstances(ns).Patch(ctx, vm.Name, types.MergePatchType, cancel, metav1.PatchOptions{})
 	wantForbidden(t, "an editor cancelling an evacuation", err, "needs the verb cancel-evacuation")
 	canceller := editor(t, ns, "drain-owner", true).LifeboatV1alpha1()
+	// The API server's authorizer sees a new RoleBinding a moment after it is stored: wait, with
+	// dry runs, until the grant is in force.
+	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := canceller.VirtualMachineInstances(ns).Patch(ctx, vm.Name, types.MergePatchType, cancel, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil, nil
+	})
 	if _, err := canceller.VirtualMachineInstances(ns).Patch(ctx, vm.Name, types.MergePatchType, cancel, metav1.PatchOptions{}); err != nil {
 		t.Errorf("a holder of lifeboat-evacuation-canceller cancelling: %v", err)
 	}
