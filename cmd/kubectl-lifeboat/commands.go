@@ -176,15 +176,19 @@ func (c *client) status(ctx context.Context, name string, now time.Time) error {
 		}
 		fmt.Fprintf(c.out, "marked for evacuation from node %s%s%s\n", i.Status.EvacuationNodeName, cause, deadline)
 	}
-	migrations, err := c.lb.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: v1alpha1.LabelVMIUID + "=" + string(i.UID)})
+	list, err := c.lb.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("listing the migrations of VM %s/%s: %w", v.Namespace, v.Name, err)
 	}
-	if len(migrations.Items) == 0 {
+	// This instance's: a user's migration names the VMI only; lifeboat's carry its UID too.
+	migrations := slices.DeleteFunc(list.Items, func(m v1alpha1.VirtualMachineInstanceMigration) bool {
+		uid, labelled := m.Labels[v1alpha1.LabelVMIUID]
+		return m.Spec.VMIName != i.Name || (labelled && uid != string(i.UID)) || m.CreationTimestamp.Before(&i.CreationTimestamp)
+	})
+	if len(migrations) == 0 {
 		return nil
 	}
-	latest := slices.MaxFunc(migrations.Items, func(a, b v1alpha1.VirtualMachineInstanceMigration) int {
+	latest := slices.MaxFunc(migrations, func(a, b v1alpha1.VirtualMachineInstanceMigration) int {
 		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
 	})
 	fmt.Fprintln(c.out, vm.MigrationLine(&latest, now))
