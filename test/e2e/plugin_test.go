@@ -49,7 +49,9 @@ func TestKubectlLifeboat(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := waitVMI(t, ns, vm.Name, bootTimeout, "Running", running)
-	waitVM(t, ns, vm.Name, 30*time.Second, "Running", func(v *v1alpha1.VirtualMachine) bool { return v.Status.PrintableStatus == v1alpha1.PrintableStatusRunning })
+	waitVM(t, ns, vm.Name, 30*time.Second, "Running", func(v *v1alpha1.VirtualMachine) bool {
+		return v.Status.PrintableStatus == v1alpha1.PrintableStatusRunning
+	})
 	mustKubectlLifeboat(t, "VM "+ns+"/managed: Running, ready true, run strategy Always", "status", vm.Name, "-n", ns)
 
 	mustKubectlLifeboat(t, "was scheduled to stop", "stop", vm.Name, "-n", ns)
