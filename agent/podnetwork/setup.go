@@ -67,7 +67,7 @@ func checkNamespace(ns *os.File) error {
 
 // inNamespace runs fn on a thread that joined ns.
 func inNamespace(ns *os.File, fn func() error) error {
-	return onThread(func() error {
+	return OnThread(func() error {
 		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
 			return fmt.Errorf("joining the pod's network namespace: %w", err)
 		}
@@ -75,11 +75,12 @@ func inNamespace(ns *os.File, fn func() error) error {
 	}, fn)
 }
 
-// onThread runs fn on a thread locked to it after enter moved the thread to another network
-// namespace, and brings the thread back to the agent's before the scheduler may run anything
-// else on it. A thread that cannot come back ends with its goroutine, so nothing else ever
-// runs in a pod's namespace.
-func onThread(enter, fn func() error) error {
+// OnThread runs fn on a thread locked to it after enter moved the thread to another network
+// namespace, and brings the thread back to the process's namespace before the scheduler may run
+// anything else on it. A thread that cannot come back ends with its goroutine, so nothing else
+// ever runs in a pod's namespace. Threads must not end needlessly either: a child started with
+// Pdeathsig dies with the thread that started it.
+func OnThread(enter, fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()

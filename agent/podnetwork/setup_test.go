@@ -26,7 +26,7 @@ func podNamespace(t *testing.T) *os.File {
 	if err := os.WriteFile(path, nil, 0o444); err != nil {
 		t.Fatal(err)
 	}
-	err := onThread(func() error { return unix.Unshare(unix.CLONE_NEWNET) }, func() error {
+	err := OnThread(func() error { return unix.Unshare(unix.CLONE_NEWNET) }, func() error {
 		if err := unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, ""); err != nil {
 			return err
 		}

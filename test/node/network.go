@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync"
 
 	"github.com/containernetworking/cni/libcni"
@@ -17,6 +16,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
 )
 
 // CNIBinDir is where Debian's containernetworking-plugins puts the plugins.
@@ -246,7 +247,7 @@ func newNetNS(path string) error {
 		return err
 	}
 	f.Close()
-	err = onThread(func() error { return unix.Unshare(unix.CLONE_NEWNET) }, func() error {
+	err = podnetwork.OnThread(func() error { return unix.Unshare(unix.CLONE_NEWNET) }, func() error {
 		return unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, "")
 	})
 	if err != nil {
@@ -273,34 +274,5 @@ func inNetNS(path string, fn func() error) error {
 		return err
 	}
 	defer ns.Close()
-	return onThread(func() error { return unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET) }, fn)
-}
-
-// onThread runs fn on a thread locked to it after enter moved the thread to another network
-// namespace, and brings the thread back before the scheduler may use it again. Threads must not
-// end for this: a process started with Pdeathsig (the control plane, lifeboat's processes in
-// the tests) is killed when the thread that started it ends. Only a thread that cannot come
-// back ends with its goroutine.
-func onThread(enter, fn func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		home, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- err
-			return
-		}
-		defer home.Close()
-		if err := enter(); err != nil {
-			done <- err
-			return
-		}
-		err = fn()
-		if unix.Setns(int(home.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-		done <- err
-	}()
-	return <-done
+	return podnetwork.OnThread(func() error { return unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET) }, fn)
 }
