@@ -34,7 +34,9 @@ func StartCommand(vm *v1alpha1.VirtualMachine, vmi *v1alpha1.VirtualMachineInsta
 		}
 		return Command{CreateInstance: true}, nil
 	case v1alpha1.RunStrategyOnce:
-		return Command{}, fmt.Errorf("VM %s/%s has run strategy Once and ran; set another run strategy to run it again", vm.Namespace, vm.Name)
+		if vmi != nil || vm.Status.InstanceName != "" {
+			return Command{}, fmt.Errorf("VM %s/%s has run strategy Once and ran; set another run strategy to run it again", vm.Namespace, vm.Name)
+		}
 	}
 	// Always, RerunOnFailure: the controller starts it; an ended RerunOnFailure instance is
 	// cleared so that it does.

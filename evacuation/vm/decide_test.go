@@ -111,6 +111,7 @@ func TestCommands(t *testing.T) {
 		{"start a manual VM whose instance ended", StartCommand, vm(v1alpha1.RunStrategyManual), vmi(v1alpha1.VMISucceeded), Command{DeleteInstance: true, CreateInstance: true}, ""},
 		{"start a running VM", StartCommand, vm(v1alpha1.RunStrategyAlways), vmi(v1alpha1.VMIRunning), Command{}, "running already"},
 		{"start a Once VM that ran", StartCommand, vm(v1alpha1.RunStrategyOnce), vmi(v1alpha1.VMISucceeded), Command{}, "run strategy Once"},
+		{"start a Once VM that has not run yet", StartCommand, vm(v1alpha1.RunStrategyOnce), nil, Command{}, "is starting already"},
 		{"start a RerunOnFailure VM that shut down", StartCommand, vm(v1alpha1.RunStrategyRerunOnFailure), vmi(v1alpha1.VMISucceeded), Command{DeleteInstance: true}, ""},
 		{"stop an Always VM", StopCommand, vm(v1alpha1.RunStrategyAlways), vmi(v1alpha1.VMIRunning), Command{SetRunStrategy: v1alpha1.RunStrategyHalted}, ""},
 		{"stop a manual VM", StopCommand, vm(v1alpha1.RunStrategyManual), vmi(v1alpha1.VMIRunning), Command{DeleteInstance: true}, ""},
