@@ -51,5 +51,5 @@ func (a *Agent) SetupNetwork(ctx context.Context, ref notify.VMIRef, netns *os.F
 	return lease, nil
 }
 
-// ReasonPodNetworkFailed is the Event of a launcher pod whose network the agent could not build.
+// ReasonPodNetworkFailed is the Warning Event on a VMI whose launcher pod's network the agent could not build.
 const ReasonPodNetworkFailed = "PodNetworkFailed"
