@@ -236,7 +236,8 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 		a.mu.Unlock()
 		return
 	}
-	a.launchers[uid] = &launcher{}
+	mine := &launcher{}
+	a.launchers[uid] = mine
 	a.mu.Unlock()
 
 	socket := filepath.Join(a.cfg.DomainsDir, uid, contract.LibvirtSocket)
@@ -258,9 +259,11 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 		return
 	}
 	a.mu.Lock()
-	l, ok := a.launchers[uid]
+	// Ours only: if the directory went away while we dialled and came back, the entry is another
+	// connect's, which counts and serves that launcher itself.
+	ok := a.launchers[uid] == mine
 	if ok {
-		l.conn = conn
+		mine.conn = conn
 	}
 	a.mu.Unlock()
 	if !ok {
