@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -39,15 +38,7 @@ func withPodNetwork(v *v1alpha1.VirtualMachineInstance) {
 
 // askGuest connects to address from the fabric, as a client on a node, and reads the guest's answer.
 func askGuest(ctx context.Context, network *node.Network, address string) (boot string, counter int, err error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	c, err := network.DialContext(ctx, "tcp", address)
-	if err != nil {
-		return "", 0, err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
+	line, err := network.AskLine(ctx, address, 2*time.Second)
 	if err != nil {
 		return "", 0, err
 	}

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
@@ -129,6 +131,20 @@ func (n *Network) DialContext(ctx context.Context, network, address string) (net
 		return err
 	})
 	return conn, err
+}
+
+// AskLine connects to address (TCP) from the fabric, as a client on a node would, and reads one
+// line of its answer; the connection and the answer have timeout each.
+func (n *Network) AskLine(ctx context.Context, address string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c, err := n.DialContext(ctx, "tcp", address)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	return bufio.NewReader(c).ReadString('\n')
 }
 
 // node assigns the next node its pod subnet and bridge.

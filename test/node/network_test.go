@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -112,13 +111,9 @@ func TestPodNetwork(t *testing.T) {
 	// From the fabric, as a client on a node.
 	var answer string
 	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
-		c, err := network.DialContext(ctx, "tcp", net.JoinHostPort(a.Status.PodIP, "8080"))
-		if err != nil {
-			return false, nil
-		}
-		defer c.Close()
-		answer, _ = bufio.NewReader(c).ReadString('\n')
-		return true, nil
+		var err error
+		answer, err = network.AskLine(ctx, net.JoinHostPort(a.Status.PodIP, "8080"), 2*time.Second)
+		return err == nil, nil
 	})
 	if err != nil || !strings.HasPrefix(answer, "a at "+a.Status.PodIP) {
 		t.Errorf("from the fabric, %s:8080 answered %q (%v); want server-a", a.Status.PodIP, answer, err)
@@ -162,13 +157,10 @@ func TestServiceOnThePodNetwork(t *testing.T) {
 	// From the fabric: both endpoints answer, in turn, through the one address.
 	seen := map[string]bool{}
 	err = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
-		c, err := network.DialContext(ctx, "tcp", address)
+		answer, err := network.AskLine(ctx, address, 2*time.Second)
 		if err != nil {
 			return false, nil
 		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-		answer, _ := bufio.NewReader(c).ReadString('\n')
 		if name, _, ok := strings.Cut(answer, " at "); ok {
 			seen[name] = true
 		}

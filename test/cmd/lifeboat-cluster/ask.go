@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -52,15 +51,7 @@ func ask(ctx context.Context, dir, ref string, every time.Duration) error {
 	}
 	address := net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(svc.Spec.Ports[0].Port))
 	once := func() (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		c, err := network.DialContext(ctx, "tcp", address)
-		if err != nil {
-			return "", err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(time.Second))
-		line, err := bufio.NewReader(c).ReadString('\n')
+		line, err := network.AskLine(context.Background(), address, time.Second)
 		return strings.TrimSpace(line), err
 	}
 	if every <= 0 {
