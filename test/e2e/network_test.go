@@ -84,7 +84,7 @@ type answer struct {
 // interruption worth reporting.
 const clientInterval = 20 * time.Millisecond
 
-// askEvery asks address every clientInterval, each request on its own with a one-second
+// askEvery asks address every clientInterval, each request on its own with a two-second
 // timeout, until ctx ends. answered counts the answers received after a time so far; all waits
 // for ctx's end and returns every answer and failure in the order they were sent.
 func askEvery(ctx context.Context, network *node.Network, address string) (answered func(after time.Time) int, all func() []answer) {
