@@ -24,6 +24,7 @@ import (
 	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
@@ -43,6 +44,9 @@ type Config struct {
 	Configs lifeboatlisters.LifeboatConfigLister
 	// NodeAddress is where this node's migration proxies listen for other nodes.
 	NodeAddress string
+	// Certificates is this node's migration certificate and the CA its peers' must chain to
+	// (agent/nodecert): migration streams between nodes are TLS with both ends checked.
+	Certificates migrationtls.Certificates
 	// MaxPodGracePeriod is the node's kubelet evictionMaxPodGracePeriod in seconds; nil if unknown.
 	MaxPodGracePeriod *int64
 	Recorder          record.EventRecorder

@@ -16,6 +16,8 @@ type Metrics struct {
 	LauncherDirsRemoved prometheus.Counter
 	// PodNetworks counts pod networks built in launcher pods, by binding and result.
 	PodNetworks *prometheus.CounterVec
+	// MigrationConnectionsRefused counts connections to target proxies whose TLS handshake failed.
+	MigrationConnectionsRefused prometheus.Counter
 }
 
 // NewMetrics registers the agent's metrics.
@@ -45,7 +47,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_pod_networks_total",
 			Help: "Guests' sides of the pod network the agent built in launcher pods, by binding (masquerade, bridge; unknown when the VMI could not be read) and result (built, failed).",
 		}, []string{"binding", "result"}),
+		MigrationConnectionsRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_agent_migration_connections_refused_total",
+			Help: "Connections to this node's migration target proxies refused at the TLS handshake: no certificate, another node's or CA's, or another migration's.",
+		}),
 	}
-	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherDirsRemoved, m.PodNetworks)
+	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherDirsRemoved, m.PodNetworks, m.MigrationConnectionsRefused)
 	return m
 }

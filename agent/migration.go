@@ -24,6 +24,7 @@ import (
 	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
@@ -216,21 +217,36 @@ func (m *migrations) prepareTarget(ctx context.Context, mig *v1alpha1.VirtualMac
 	if running {
 		return nil
 	}
+	// Only the source node the migration names, and only for this migration, gets through.
+	tlsConfig, err := migrationtls.ServerConfig(m.a.cfg.Certificates, string(mig.UID), mig.Status.SourceNode)
+	if err != nil {
+		return fmt.Errorf("the target proxies of %s: %w", mig.Name, err)
+	}
+	if m.a.cfg.Certificates.Current() == nil {
+		return fmt.Errorf("the target proxies of %s: %w", mig.Name, migrationtls.ErrNoCertificate)
+	}
+	refused := func(err error) {
+		m.a.cfg.Metrics.MigrationConnectionsRefused.Inc()
+		m.a.cfg.Log.Warn("refused a connection to a migration's target proxy", "migration", mig.Namespace+"/"+mig.Name, "source", mig.Status.SourceNode, "err", err)
+	}
 	dir := filepath.Join(m.a.cfg.DomainsDir, uid)
 	pctx, cancel := context.WithCancel(context.Background())
+	listen := func(socket string) (*migrationproxy.Proxy, error) {
+		return migrationproxy.ListenTLS(pctx, net.JoinHostPort(m.address, "0"), socket, tlsConfig, refused)
+	}
 	am := &activeMigration{cancel: cancel, keyName: mig.Namespace + "/" + mig.Name}
-	libvirt, err := migrationproxy.ListenTCP(pctx, net.JoinHostPort(m.address, "0"), filepath.Join(dir, contract.LibvirtSocket))
+	libvirt, err := listen(filepath.Join(dir, contract.LibvirtSocket))
 	if err != nil {
 		cancel()
 		return fmt.Errorf("listening for the migration's libvirt connection: %w", err)
 	}
-	memory, err := migrationproxy.ListenTCP(pctx, net.JoinHostPort(m.address, "0"), filepath.Join(dir, domain.MigrationQEMUSocket))
+	memory, err := listen(filepath.Join(dir, domain.MigrationQEMUSocket))
 	if err != nil {
 		cancel()
 		_ = libvirt.Close()
 		return fmt.Errorf("listening for the migration's memory stream: %w", err)
 	}
-	disks, err := migrationproxy.ListenTCP(pctx, net.JoinHostPort(m.address, "0"), filepath.Join(dir, domain.MigrationNBDSocket))
+	disks, err := listen(filepath.Join(dir, domain.MigrationNBDSocket))
 	if err != nil {
 		cancel()
 		_, _ = libvirt.Close(), memory.Close()
@@ -286,13 +302,6 @@ func (m *migrations) updateVMI(ctx context.Context, ns, name string, change func
 }
 
 var errNoProxy = errors.New("the migration has no target proxy")
-
-// dialer dials a target proxy endpoint.
-func dialer(addr string) func(ctx context.Context) (net.Conn, error) {
-	return func(ctx context.Context) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
-	}
-}
 
 // clearMark is what a successful migration does to its VMI: the guest runs on the target now.
 func clearMark(vmi *v1alpha1.VirtualMachineInstance, mig *v1alpha1.VirtualMachineInstanceMigration, now metav1.Time) {

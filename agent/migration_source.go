@@ -16,6 +16,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
@@ -50,6 +51,14 @@ func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachi
 	if mg == nil {
 		return fmt.Errorf("the source launcher of %s is not connected", vmi.Name)
 	}
+	// Only the target node the migration names is sent the guest.
+	tlsConfig, err := migrationtls.ClientConfig(m.a.cfg.Certificates, string(mig.UID), mig.Status.TargetNode)
+	if err != nil {
+		return fmt.Errorf("the source proxies of %s: %w", mig.Name, err)
+	}
+	if m.a.cfg.Certificates.Current() == nil {
+		return fmt.Errorf("the source proxies of %s: %w", mig.Name, migrationtls.ErrNoCertificate)
+	}
 	dir := filepath.Join(m.a.cfg.DomainsDir, uid)
 	pctx, cancel := context.WithCancel(context.Background())
 	am := &activeMigration{cancel: cancel, keyName: mig.Namespace + "/" + mig.Name}
@@ -64,7 +73,7 @@ func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachi
 		streams = append(streams, struct{ socket, target string }{domain.MigrationNBDSocket, mig.Status.TargetProxy.Disks})
 	}
 	for _, p := range streams {
-		proxy, err := migrationproxy.ListenUnix(pctx, filepath.Join(dir, p.socket), dialer(p.target))
+		proxy, err := migrationproxy.ListenUnix(pctx, filepath.Join(dir, p.socket), migrationproxy.DialTLS(p.target, tlsConfig))
 		if err != nil {
 			am.stop()
 			return fmt.Errorf("listening on %s for the migration: %w", p.socket, err)

@@ -2,6 +2,7 @@ package migrationproxy
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"time"
@@ -19,25 +20,57 @@ func ListenUnix(ctx context.Context, path string, dialTarget func(ctx context.Co
 	if err != nil {
 		return nil, fmt.Errorf("listening for migration streams on %s: %w", path, err)
 	}
-	return serve(ctx, ln, dialTarget), nil
+	return serve(ctx, ln, dialTarget, nil), nil
 }
 
-// ListenTCP listens on addr (the target side: the source node's proxy connects to it) and
-// forwards each connection to the unix socket targetUnixPath, such as the target launcher's
-// libvirt socket or the socket the destination QEMU listens on for the incoming migration
-// (dialled as podsocket.Dial does: a launcher cannot point it elsewhere).
+// ListenTLS listens on addr (the target side: the source node's proxy connects to it) and
+// forwards each connection, once its TLS handshake under config has succeeded, to the unix
+// socket targetUnixPath, such as the target launcher's libvirt socket or the socket the
+// destination QEMU listens on for the incoming migration (dialled as podsocket.Dial does: a
+// launcher cannot point it elsewhere). A connection whose handshake fails (no certificate,
+// another node's, another migration's) is closed before the target socket is even dialled, so
+// nothing of it reaches libvirt or QEMU; refused, if not nil, is told why.
 // That socket may appear only after the first connection arrives (QEMU creates it once the
 // source's libvirt has prepared the destination), so dialing it is retried for TargetWait.
 // The proxy closes when ctx ends or Close is called.
+func ListenTLS(ctx context.Context, addr, targetUnixPath string, config *tls.Config, refused func(error)) (*Proxy, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listening for migration streams on %s: %w", addr, err)
+	}
+	return serve(ctx, tls.NewListener(ln, config), dialTarget(targetUnixPath), refused), nil
+}
+
+// dialTarget dials the target socket, retried for TargetWait.
+func dialTarget(path string) func(ctx context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) { return dialUnixRetry(ctx, path, TargetWait) }
+}
+
+// ListenTCP is ListenTLS without TLS: what the proxies carried before migrations were
+// encrypted, kept as the baseline that benchmarks measure TLS against. Agents never use it.
 func ListenTCP(ctx context.Context, addr, targetUnixPath string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listening for migration streams on %s: %w", addr, err)
 	}
-	return serve(ctx, ln, func(ctx context.Context) (net.Conn, error) {
-		return dialUnixRetry(ctx, targetUnixPath, TargetWait)
-	}), nil
+	return serve(ctx, ln, dialTarget(targetUnixPath), nil), nil
 }
+
+// DialTLS is the source side's dial of a target proxy at addr under config.
+func DialTLS(addr string, config *tls.Config) func(ctx context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) {
+		d := tls.Dialer{Config: config}
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("connecting to the target proxy %s: %w", addr, err)
+		}
+		return c, nil
+	}
+}
+
+// HandshakeTimeout bounds a TLS handshake, so a peer that connects and says nothing holds
+// nothing for long.
+const HandshakeTimeout = 10 * time.Second
 
 // TargetWait is how long ListenTCP waits for its target socket to accept connections.
 const TargetWait = 10 * time.Second

@@ -1,14 +1,15 @@
 // Package migrationproxy carries a live migration's streams between nodes. libvirt and QEMU
 // on each node see only unix sockets in the VM's per-VMI directory; the agents carry the bytes
-// over TCP between nodes, so migration traffic crosses nodes only through them.
+// over TLS between nodes (api/migrationtls), so migration traffic crosses nodes only through them.
 //
 // The source agent listens on unix sockets in the source launcher's directory (ListenUnix) and
 // forwards each connection to the target agent; the target agent listens on its node address
-// (ListenTCP) and forwards each connection to a unix socket in the target launcher's directory.
+// (ListenTLS) and forwards each connection to a unix socket in the target launcher's directory.
 package migrationproxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,15 +32,18 @@ type Proxy struct {
 	conns  map[net.Conn]struct{} // both ends of every forwarded connection
 	closed bool
 
+	// refused is told of each connection closed because its TLS handshake failed.
+	refused func(error)
+
 	done      sync.WaitGroup // the accept loop and each forwarding
 	closeOnce sync.Once
 	closeErr  error
 }
 
 // serve starts forwarding the connections ln accepts to what dial returns, until Close or ctx ends.
-func serve(ctx context.Context, ln net.Listener, dial func(ctx context.Context) (net.Conn, error)) *Proxy {
+func serve(ctx context.Context, ln net.Listener, dial func(ctx context.Context) (net.Conn, error), refused func(error)) *Proxy {
 	pctx, cancel := context.WithCancel(ctx)
-	p := &Proxy{ln: ln, dial: dial, ctx: pctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, dial: dial, refused: refused, ctx: pctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
 	p.done.Add(1)
 	go p.acceptLoop()
 	// A cancelled ctx closes the proxy, as Close does, so that a migration's context owns its proxies.
@@ -131,6 +135,18 @@ func (p *Proxy) acceptLoop() {
 func (p *Proxy) forward(in net.Conn) {
 	defer p.done.Done()
 	defer p.untrack(in)
+	if tc, ok := in.(*tls.Conn); ok {
+		ctx, cancel := context.WithTimeout(p.ctx, HandshakeTimeout)
+		err := tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			if p.refused != nil {
+				p.refused(err)
+			}
+			slog.Warn("migration proxy: refusing a connection", "addr", p.ln.Addr(), "peer", in.RemoteAddr(), "err", err)
+			return
+		}
+	}
 	out, err := p.dial(p.ctx)
 	if err != nil {
 		if p.ctx.Err() == nil {

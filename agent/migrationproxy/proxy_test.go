@@ -8,20 +8,24 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
+	"github.com/lifeboat-vm/lifeboat/test/nodecert"
 )
 
 // testTimeout bounds every wait of these tests.
 const testTimeout = 20 * time.Second
 
 // shortDir is a temporary directory with a path short enough for unix sockets (108 bytes).
-func shortDir(t *testing.T) string {
+func shortDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "mp")
 	if err != nil {
@@ -33,7 +37,7 @@ func shortDir(t *testing.T) string {
 
 // server is a unix socket server that runs handle on each connection, as the target
 // launcher's libvirt or QEMU would.
-func server(t *testing.T, path string, handle func(c *net.UnixConn)) {
+func server(t testing.TB, path string, handle func(c *net.UnixConn)) {
 	t.Helper()
 	ln, err := net.Listen("unix", path)
 	if err != nil {
@@ -74,25 +78,45 @@ func replyAfterEOF(c *net.UnixConn) {
 	_ = c.CloseWrite()
 }
 
-// chain is the whole data path: a unix socket on the "source node" forwarded over TCP on
+// The nodes and migration of chain: node-a sends to node-b.
+const (
+	sourceNode   = "node-a"
+	targetNode   = "node-b"
+	migrationUID = "mig-1"
+)
+
+// chain is the whole data path: a unix socket on the "source node" forwarded over TLS on
 // 127.0.0.1 to the "target node", which forwards to the unix socket target.
 func chain(t *testing.T, ctx context.Context, target string) (source string, src, dst *Proxy) {
 	t.Helper()
-	dst, err := ListenTCP(ctx, "127.0.0.1:0", target)
+	ca := nodecert.NewCA(t)
+	dst = listenTarget(t, ctx, target, nodecert.Issue(t, ca, targetNode), nil)
+	source = filepath.Join(filepath.Dir(target), "source.sock")
+	client, err := migrationtls.ClientConfig(nodecert.Issue(t, ca, sourceNode), migrationUID, targetNode)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = dst.Close() })
-	source = filepath.Join(filepath.Dir(target), "source.sock")
-	src, err = ListenUnix(ctx, source, func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "tcp", dst.Addr().String())
-	})
+	src, err = ListenUnix(ctx, source, DialTLS(dst.Addr().String(), client))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = src.Close() })
 	return source, src, dst
+}
+
+// listenTarget is node-b's target proxy for migrationUID from node-a, to the unix socket target.
+func listenTarget(t *testing.T, ctx context.Context, target string, certs migrationtls.Certificates, refused func(error)) *Proxy {
+	t.Helper()
+	server, err := migrationtls.ServerConfig(certs, migrationUID, sourceNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := ListenTLS(ctx, "127.0.0.1:0", target, server, refused)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dst.Close() })
+	return dst
 }
 
 // roundTrip sends req through the unix socket at path, half-closes, and reads the answer to its end.

@@ -24,18 +24,20 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/agent"
 	"github.com/lifeboat-vm/lifeboat/agent/deviceplugin"
+	"github.com/lifeboat-vm/lifeboat/agent/nodecert"
 	"github.com/lifeboat-vm/lifeboat/agent/notifyserver"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	migrationinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/cmd/internal/kube"
 )
 
 type options struct {
 	kubeconfig, nodeName, nodeAddress, runDir, listen, kubeletConfig string
-	devicePluginDir, kubeletPodsDir                                  string
+	devicePluginDir, kubeletPodsDir, certDir, namespace              string
 	workers, deviceSlots                                             int
 	maxPodGracePeriod                                                int64
 	podDirResync                                                     time.Duration
@@ -57,6 +59,8 @@ func main() {
 	flag.StringVar(&o.devicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins",
 		"the kubelet's device plugin directory, where the agent serves devices.lifeboat.dev/* to launcher pods; empty turns the device plugins off")
 	flag.IntVar(&o.deviceSlots, "device-slots", 110, "how many pods on the node may hold each device (the kubelet's default maxPods)")
+	flag.StringVar(&o.certDir, "cert-dir", "/var/lib/lifeboat/pki", "where the node's migration certificate and key are kept (requested from lifeboat's signer and renewed before they expire)")
+	flag.StringVar(&o.namespace, "namespace", "lifeboat-system", "lifeboat's namespace, whose ConfigMap "+migrationtls.CAConfigMap+" holds the migration CA")
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("node", o.nodeName)
@@ -97,6 +101,12 @@ func run(o options, log *slog.Logger) error {
 	}
 	defer stopRecorder()
 
+	// Migration streams between nodes are TLS with this node's certificate (agent/nodecert).
+	certs, err := nodecert.Start(ctx, kubeClient, o.nodeName, o.certDir, o.namespace)
+	if err != nil {
+		return err
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Each factory's field selector applies to every type in it: the node's VMIs, the
@@ -124,6 +134,7 @@ func run(o options, log *slog.Logger) error {
 		Configs:           configInformers.Lifeboat().V1alpha1().LifeboatConfigs().Lister(),
 		MaxPodGracePeriod: maxGrace,
 		NodeAddress:       o.nodeAddress,
+		Certificates:      certs,
 		Recorder:          recorder,
 		Metrics:           agent.NewMetrics(reg),
 		Log:               log,

@@ -18,11 +18,13 @@ import (
 
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
 	"github.com/lifeboat-vm/lifeboat/cmd/internal/kube"
 	"github.com/lifeboat-vm/lifeboat/evacuation/cancellation"
 	"github.com/lifeboat-vm/lifeboat/evacuation/disruption"
 	"github.com/lifeboat-vm/lifeboat/evacuation/evacuate"
 	"github.com/lifeboat-vm/lifeboat/evacuation/migration"
+	"github.com/lifeboat-vm/lifeboat/evacuation/nodecerts"
 	"github.com/lifeboat-vm/lifeboat/evacuation/responder"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vm"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
@@ -36,6 +38,9 @@ type options struct {
 	heartbeat     responder.Settings
 	hook          webhookFlags
 	leader        election
+	// namespace keeps the migration CA; node certificates live at most nodeCertValidity.
+	namespace        string
+	nodeCertValidity time.Duration
 }
 
 func main() {
@@ -49,6 +54,8 @@ func main() {
 		"how often the EvictionRequest responder reports progress on an Eviction when nothing changes (20s to 3m)")
 	flag.BoolVar(&o.podOpts.HostNetwork, "launcher-host-network", false, "run launcher pods in their node's network namespace (for nodes without a pod network)")
 	o.hook.register()
+	flag.StringVar(&o.namespace, "namespace", "lifeboat-system", "lifeboat's namespace, where the migration CA is kept (Secret "+nodecerts.CASecret+") and published (ConfigMap "+migrationtls.CAConfigMap+")")
+	flag.DurationVar(&o.nodeCertValidity, "node-cert-validity", 24*time.Hour, "longest life of a node's migration certificate; agents renew theirs at 70 to 90% of it")
 	o.leader.addFlags(flag.CommandLine)
 	flag.Parse()
 	o.heartbeat = responder.Settings{Min: responder.MinHeartbeatInterval, Max: *heartbeat}
@@ -109,6 +116,15 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	cancelController := cancellation.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), recorder, cancellation.NewMetrics(reg), log)
 	vmController := vm.New(lb, lbv1.VirtualMachines(), lbv1.VirtualMachineInstances(), pods, recorder, reg, log)
+	if o.nodeCertValidity < time.Minute {
+		return fmt.Errorf("--node-cert-validity=%s: want at least a minute", o.nodeCertValidity)
+	}
+	ca, err := nodecerts.LoadOrCreateCA(ctx, kubeClient, o.namespace)
+	if err != nil {
+		return err
+	}
+	csrInformers := nodecerts.NewInformer(kubeClient)
+	signer := nodecerts.New(kubeClient, ca, csrInformers.Certificates().V1().CertificateSigningRequests(), recorder, o.nodeCertValidity, log)
 	// The controllers run in the leader only; every replica serves the webhook and metrics.
 	controllers := []func(context.Context) error{
 		func(ctx context.Context) error { return vmiController.Run(ctx, workers) },
@@ -117,6 +133,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 		func(ctx context.Context) error { return disruptionController.Run(ctx, workers) },
 		cancelController.Run,
 		func(ctx context.Context) error { return vmController.Run(ctx, workers) },
+		func(ctx context.Context) error { return signer.Run(ctx, 1) },
 	}
 	var always []func(context.Context) error
 	if hookOpts.Listen != "" {
@@ -145,6 +162,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	}
 	kubeInformers.Start(ctx.Done())
 	claimInformers.Start(ctx.Done())
+	csrInformers.Start(ctx.Done())
 	lbInformers.Start(ctx.Done())
 	go budgets.RunWithContext(ctx)
 	go nodes.RunWithContext(ctx)

@@ -10,10 +10,12 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	admissionv1ac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -28,6 +30,9 @@ const (
 	// eviction goes on (failurePolicy Ignore) to the disruption budget, which still protects the VM.
 	timeoutSeconds = 5
 )
+
+// systemNamespaces are Kubernetes' own namespaces, whose evictions never reach the webhook.
+var systemNamespaces = []string{metav1.NamespaceSystem, "kube-public", corev1.NamespaceNodeLease}
 
 // Endpoint is how the API server reaches the webhook: a URL (a local cluster whose API server runs
 // outside it) or a Service.
@@ -68,6 +73,11 @@ func (e Endpoint) configuration(caBundle []byte) *admissionv1ac.ValidatingWebhoo
 				WithOperations(admissionregistrationv1.Create).
 				WithAPIGroups("").WithAPIVersions("v1").WithResources("pods/eviction").
 				WithScope(admissionregistrationv1.NamespacedScope)).
+			// An objectSelector cannot pick launcher pods: for pods/eviction the API server
+			// matches it against the Eviction's labels, not the pod's. The system namespaces,
+			// which hold no VM, are left out; observe tells launchers from look-alikes.
+			WithNamespaceSelector(metav1ac.LabelSelector().WithMatchExpressions(metav1ac.LabelSelectorRequirement().
+				WithKey(corev1.LabelMetadataName).WithOperator(metav1.LabelSelectorOpNotIn).WithValues(systemNamespaces...))).
 			WithFailurePolicy(admissionregistrationv1.Ignore).
 			WithSideEffects(admissionregistrationv1.SideEffectClassNoneOnDryRun).
 			WithMatchPolicy(admissionregistrationv1.Equivalent).

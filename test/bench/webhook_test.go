@@ -120,9 +120,9 @@ func populate(ctx context.Context, b *testing.B, kube kubernetes.Interface, lb l
 	if _, err := kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
 	}
-	pod := func(name string, labels map[string]string) *corev1.Pod {
+	pod := func(name string, labels map[string]string, owners ...metav1.OwnerReference) *corev1.Pod {
 		p, err := kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, OwnerReferences: owners},
 			Spec: corev1.PodSpec{NodeName: node, AutomountServiceAccountToken: ptr.To(false),
 				Containers: []corev1.Container{{Name: "c", Image: "none"}}},
 		}, metav1.CreateOptions{})
@@ -146,7 +146,9 @@ func populate(ctx context.Context, b *testing.B, kube kubernetes.Interface, lb l
 			b.Fatal(err)
 		}
 		vmPods = append(vmPods, pod("launcher-"+v.Name, map[string]string{
-			v1alpha1.LabelRole: v1alpha1.RoleLauncher, v1alpha1.LabelVMIName: v.Name, v1alpha1.LabelVMIUID: string(v.UID)}))
+			v1alpha1.LabelRole: v1alpha1.RoleLauncher, v1alpha1.LabelVMIName: v.Name, v1alpha1.LabelVMIUID: string(v.UID)},
+			// A launcher's controller is its VMI, as evacuation/vmi makes it.
+			*metav1.NewControllerRef(v, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))))
 		plainPods = append(plainPods, pod(fmt.Sprintf("plain-%d", i), nil))
 	}
 	// The webhook decides from its caches: wait until they hold what was just made.

@@ -17,6 +17,9 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -142,12 +145,27 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	if err := cp.InstallCRDs(ctx, crdDir); err != nil {
 		return nil, err
 	}
+	// lifeboat's own namespace, where its controller keeps the migration CA, as an install makes it.
+	if err := cp.ensureNamespace(ctx, LifeboatNamespace); err != nil {
+		return nil, err
+	}
 	if !opts.WithoutControllerManager {
 		if err := cp.waitDefaultServiceAccount(ctx); err != nil {
 			return nil, err
 		}
 	}
 	return cp, nil
+}
+
+// LifeboatNamespace is lifeboat's namespace (manifests/namespace.yaml).
+const LifeboatNamespace = "lifeboat-system"
+
+func (cp *ControlPlane) ensureNamespace(ctx context.Context, name string) error {
+	_, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating namespace %s: %w", name, err)
+	}
+	return nil
 }
 
 // Stop ends every component and removes the control plane's directory.

@@ -156,7 +156,10 @@ func deployLifeboat(t *testing.T, n *realnode.Node) string {
 			dumpContainerLogs(t, n)
 		}
 		ctx := context.Background()
-		_, _ = cluster.Kubectl(ctx, "delete", "namespace", "lifeboat-system", "--ignore-not-found")
+		// The namespace stays: the migration CA in it is the cluster's, as the controller
+		// replicas of other tests use it.
+		_, _ = cluster.Kubectl(ctx, "delete", "-n", "lifeboat-system", "deployment,daemonset,service,serviceaccount,role,rolebinding",
+			"-l", "app.kubernetes.io/part-of=lifeboat", "--ignore-not-found", "--wait")
 		_, _ = cluster.Kubectl(ctx, "delete", "clusterrole,clusterrolebinding,validatingwebhookconfiguration,validatingadmissionpolicy,validatingadmissionpolicybinding",
 			"-l", "app.kubernetes.io/part-of=lifeboat", "--ignore-not-found")
 	})

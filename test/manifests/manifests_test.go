@@ -36,6 +36,8 @@ var wantObjects = []string{
 	"ClusterRole lifeboat-agent",
 	"ClusterRoleBinding lifeboat-agent",
 	"DaemonSet lifeboat-system/lifeboat-agent",
+	"Role lifeboat-system/lifeboat-agent",
+	"RoleBinding lifeboat-system/lifeboat-agent",
 	"ServiceAccount lifeboat-system/lifeboat-controller",
 	"ClusterRole lifeboat-controller",
 	"ClusterRoleBinding lifeboat-controller",
@@ -51,6 +53,10 @@ var wantObjects = []string{
 	"ValidatingAdmissionPolicy lifeboat-cancel-evacuation",
 	"ValidatingAdmissionPolicyBinding lifeboat-cancel-evacuation",
 	"ClusterRole lifeboat-evacuation-canceller",
+	"ValidatingAdmissionPolicy lifeboat-agent-vmis",
+	"ValidatingAdmissionPolicyBinding lifeboat-agent-vmis",
+	"ValidatingAdmissionPolicy lifeboat-agent-migrations",
+	"ValidatingAdmissionPolicyBinding lifeboat-agent-migrations",
 }
 
 func key(o *unstructured.Unstructured) string {

@@ -5,6 +5,7 @@ package migrationpair
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -14,9 +15,11 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
 	"github.com/lifeboat-vm/lifeboat/domain"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/nodecert"
 )
 
 // Emulated node addresses: the source agent dials from the first, the target agent listens on the second.
@@ -90,8 +93,21 @@ type Pair struct {
 	Src, Dst Node
 }
 
-// New starts a pair, stopped when t ends.
-func New(t testing.TB) Pair {
+// New starts a pair whose proxies speak TLS between the nodes, as agents do, stopped when t ends.
+func New(t testing.TB) Pair { return NewWith(t, TLS) }
+
+// Transport is how the pair's proxies carry the streams between the nodes.
+type Transport string
+
+const (
+	// TLS is what agents do: TLS 1.3 with both nodes' certificates checked (api/migrationtls).
+	TLS Transport = "tls1.3"
+	// PlainTCP is the baseline benchmarks measure TLS against.
+	PlainTCP Transport = "tcp"
+)
+
+// NewWith starts a pair whose proxies use transport, stopped when t ends.
+func NewWith(t testing.TB, transport Transport) Pair {
 	t.Helper()
 	// Short: unix socket paths must fit in 108 bytes.
 	vmiDir, err := os.MkdirTemp("", "vmi")
@@ -100,27 +116,49 @@ func New(t testing.TB) Pair {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(vmiDir) })
 	p := Pair{VMIDir: vmiDir, Src: startNode(t, vmiDir), Dst: startNode(t, vmiDir)}
-	p.startProxies(t)
+	p.startProxies(t, transport)
 	return p
 }
 
-func (p Pair) startProxies(t testing.TB) {
+func (p Pair) startProxies(t testing.TB, transport Transport) {
 	t.Helper()
 	ctx := t.Context()
 	routes := []struct{ name, target string }{
 		{domain.MigrationLibvirtSocket, p.Dst.Daemon.Socket()},
 		{domain.MigrationQEMUSocket, filepath.Join(p.Dst.Dir, domain.MigrationQEMUSocket)},
 	}
+	const migrationUID = "pair"
+	ca := nodecert.NewCA(t)
+	// The target node's side accepts only the source node, and the source only the target.
+	server, err := migrationtls.ServerConfig(nodecert.Issue(t, ca, "target"), migrationUID, "source")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := migrationtls.ClientConfig(nodecert.Issue(t, ca, "source"), migrationUID, "target")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: SourceNodeIP}}
 	for _, r := range routes {
-		target, err := migrationproxy.ListenTCP(ctx, net.JoinHostPort(TargetNodeIP.String(), "0"), r.target)
+		addr := net.JoinHostPort(TargetNodeIP.String(), "0")
+		var target *migrationproxy.Proxy
+		var err error
+		if transport == PlainTCP {
+			target, err = migrationproxy.ListenTCP(ctx, addr, r.target)
+		} else {
+			target, err = migrationproxy.ListenTLS(ctx, addr, r.target, server, nil)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = target.Close() })
-		dialer := net.Dialer{LocalAddr: &net.TCPAddr{IP: SourceNodeIP}}
-		source, err := migrationproxy.ListenUnix(ctx, filepath.Join(p.Src.Dir, r.name), func(ctx context.Context) (net.Conn, error) {
-			return dialer.DialContext(ctx, "tcp", target.Addr().String())
-		})
+		dial := func(ctx context.Context) (net.Conn, error) { return dialer.DialContext(ctx, "tcp", target.Addr().String()) }
+		if transport != PlainTCP {
+			dial = func(ctx context.Context) (net.Conn, error) {
+				return (&tls.Dialer{NetDialer: dialer, Config: client}).DialContext(ctx, "tcp", target.Addr().String())
+			}
+		}
+		source, err := migrationproxy.ListenUnix(ctx, filepath.Join(p.Src.Dir, r.name), dial)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,88 @@
+// Package nodecert keeps this node's migration certificate (api/migrationtls): client-go's
+// certificate manager, as the kubelet uses for its own, requests it from lifeboat's signer
+// through the certificates API, stores it on the node and renews it before it expires; the
+// CA that peers' certificates must chain to is read from the ConfigMap the signer publishes.
+package nodecert
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/certificate"
+
+	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
+)
+
+// Certificates is this node's migration certificate and the trusted CA.
+type Certificates struct {
+	manager   certificate.Manager
+	kube      kubernetes.Interface
+	namespace string
+
+	mu      sync.Mutex
+	roots   *x509.CertPool
+	readAt  time.Time
+	rootPEM string
+}
+
+// rootsTTL is how long the CA read from its ConfigMap is used before it is read again.
+const rootsTTL = time.Minute
+
+// Start begins keeping node's certificate in dir (lifeboat-migration-current.pem); the CA is
+// read from the ConfigMap in namespace. The manager runs until ctx ends; until the first
+// certificate is signed, Current is nil.
+func Start(ctx context.Context, kube kubernetes.Interface, node, dir, namespace string) (*Certificates, error) {
+	store, err := certificate.NewFileStore("lifeboat-migration", dir, dir, "", "")
+	if err != nil {
+		return nil, fmt.Errorf("the migration certificate's store in %s: %w", dir, err)
+	}
+	m, err := certificate.NewManager(&certificate.Config{
+		ClientsetFn:      func(*tls.Certificate) (kubernetes.Interface, error) { return kube, nil },
+		Template:         migrationtls.Template(node),
+		SignerName:       migrationtls.SignerName,
+		Usages:           migrationtls.Usages,
+		CertificateStore: store,
+		Name:             "lifeboat-migration",
+		Ctx:              &ctx,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the migration certificate's manager: %w", err)
+	}
+	m.Start()
+	context.AfterFunc(ctx, m.Stop)
+	return &Certificates{manager: m, kube: kube, namespace: namespace}, nil
+}
+
+// Current is this node's certificate, nil until one is signed.
+func (c *Certificates) Current() *tls.Certificate { return c.manager.Current() }
+
+// Roots is the migration CA, read from its ConfigMap at most once a rootsTTL.
+func (c *Certificates) Roots() (*x509.CertPool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.roots != nil && time.Since(c.readAt) < rootsTTL {
+		return c.roots, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cm, err := c.kube.CoreV1().ConfigMaps(c.namespace).Get(ctx, migrationtls.CAConfigMap, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading the migration CA (ConfigMap %s/%s): %w", c.namespace, migrationtls.CAConfigMap, err)
+	}
+	pem := cm.Data[migrationtls.CAKey]
+	if pem != c.rootPEM || c.roots == nil {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(pem)) {
+			return nil, fmt.Errorf("ConfigMap %s/%s holds no certificate under %s", c.namespace, migrationtls.CAConfigMap, migrationtls.CAKey)
+		}
+		c.roots, c.rootPEM = pool, pem
+	}
+	c.readAt = time.Now()
+	return c.roots, nil
+}

@@ -1,0 +1,111 @@
+package manifests
+
+import (
+	"context"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+
+	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// agentClient is lifeboat's client with a token of the agent's service account, bound to node
+// as the agent pod's token on that node is (nil: bound to nothing).
+func agentClient(t *testing.T, node *corev1.Node) lifeboatclient.Interface {
+	t.Helper()
+	cfg := rest.AnonymousClientConfig(cluster.Config)
+	cfg.BearerToken = tokenFor(t, agentSA, node)
+	return lifeboatclient.NewForConfigOrDie(cfg)
+}
+
+// TestAnAgentWritesOnlyWhatBelongsToItsNode tries, with the tokens of three agents against the
+// real API server and the shipped policies, every status write an agent makes: each agent may
+// write its own node's VMI and the migrations leaving or reaching it, and is refused another
+// node's, with a message naming the nodes.
+func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
+	install(t)
+	ns := testNamespace(t)
+	ctx := t.Context()
+	nodeA, nodeB, nodeC := createNode(t, "restrict-a"), createNode(t, "restrict-b"), createNode(t, "restrict-c")
+	agentA, agentB, agentC := agentClient(t, nodeA), agentClient(t, nodeB), agentClient(t, nodeC)
+	admin := cluster.Lifeboat.LifeboatV1alpha1()
+
+	vmi, err := admin.VirtualMachineInstances(ns).Create(ctx, vmiBooting("vm", v1alpha1.BootSource{
+		Container: &v1alpha1.KernelBootContainer{Image: "example.org/kernel:1", KernelPath: "/vmlinuz"},
+	}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmi.Status.NodeName, vmi.Status.Phase = nodeA.Name, v1alpha1.VMIRunning
+	if vmi, err = admin.VirtualMachineInstances(ns).UpdateStatus(ctx, vmi, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	mig, err := admin.VirtualMachineInstanceMigrations(ns).Create(ctx, migration("m", nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mig.Status.SourceNode, mig.Status.TargetNode, mig.Status.Phase = nodeA.Name, nodeB.Name, v1alpha1.MigrationPreparingTarget
+	if mig, err = admin.VirtualMachineInstanceMigrations(ns).UpdateStatus(ctx, mig, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	writeVMI := func(c lifeboatclient.Interface, dryRun bool, change func(*v1alpha1.VirtualMachineInstance)) error {
+		v, err := admin.VirtualMachineInstances(ns).Get(context.Background(), "vm", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		change(v)
+		opts := metav1.UpdateOptions{}
+		if dryRun {
+			opts.DryRun = []string{metav1.DryRunAll}
+		}
+		_, err = c.LifeboatV1alpha1().VirtualMachineInstances(ns).UpdateStatus(context.Background(), v, opts)
+		return err
+	}
+	writeMigration := func(c lifeboatclient.Interface, change func(*v1alpha1.VirtualMachineInstanceMigration)) error {
+		m, err := admin.VirtualMachineInstanceMigrations(ns).Get(context.Background(), "m", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		change(m)
+		_, err = c.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).UpdateStatus(context.Background(), m, metav1.UpdateOptions{})
+		return err
+	}
+	mark := func(v *v1alpha1.VirtualMachineInstance) { v.Status.EvacuationNodeName = v.Status.NodeName }
+	waitEnforced(t, "node B's agent marking node A's VMI", func(ctx context.Context) error { return writeVMI(agentB, true, mark) })
+
+	if err := writeVMI(agentA, false, mark); err != nil {
+		t.Errorf("node A's agent marking its own VMI: %v", err)
+	}
+	wantForbidden(t, "node B's agent marking node A's VMI", writeVMI(agentB, false, mark),
+		"the agent of node restrict-b may not write VMI vm: it runs on node restrict-a")
+	wantForbidden(t, "node A's agent moving its VMI to node C", writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) { v.Status.NodeName = nodeC.Name }),
+		"the agent of node restrict-a may not move VMI vm to node restrict-c")
+	wantForbidden(t, "an agent token bound to no node", writeVMI(agentClient(t, nil), false, mark), "the agent's token names no node")
+
+	ready := func(m *v1alpha1.VirtualMachineInstanceMigration) { m.Status.Phase = v1alpha1.MigrationTargetReady }
+	if err := writeMigration(agentB, ready); err != nil {
+		t.Errorf("node B's agent, the target, announcing its proxies: %v", err)
+	}
+	if err := writeMigration(agentA, func(m *v1alpha1.VirtualMachineInstanceMigration) { m.Status.Phase = v1alpha1.MigrationRunning }); err != nil {
+		t.Errorf("node A's agent, the source, starting the migration: %v", err)
+	}
+	wantForbidden(t, "node C's agent failing a migration from A to B", writeMigration(agentC, func(m *v1alpha1.VirtualMachineInstanceMigration) { m.Status.Phase = v1alpha1.MigrationFailed }),
+		"the agent of node restrict-c may not write migration m, which goes from node restrict-a to node restrict-b")
+	wantForbidden(t, "node A's agent redirecting its migration to node C", writeMigration(agentA, func(m *v1alpha1.VirtualMachineInstanceMigration) { m.Status.TargetNode = nodeC.Name }),
+		"the agent of node restrict-a may not change the nodes of migration m")
+
+	// The migration moves the VMI to node B: B's agent may write it from then on, and A's not.
+	if err := writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) {
+		v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationName: "m", SourceNode: nodeA.Name, TargetNode: nodeB.Name}
+	}); err != nil {
+		t.Fatalf("node A's agent recording the migration on its VMI: %v", err)
+	}
+	if err := writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) { v.Status.NodeName = nodeB.Name }); err != nil {
+		t.Errorf("node A's agent handing its VMI to the migration's target: %v", err)
+	}
+	wantForbidden(t, "node A's agent writing the VMI after it left", writeVMI(agentA, false, mark), "the agent of node restrict-a may not write VMI vm: it runs on node restrict-b")
+}
