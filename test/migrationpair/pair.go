@@ -152,7 +152,9 @@ func (p Pair) startProxies(t testing.TB, transport Transport) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = target.Close() })
-		dial := func(ctx context.Context) (net.Conn, error) { return dialer.DialContext(ctx, "tcp", target.Addr().String()) }
+		dial := func(ctx context.Context) (net.Conn, error) {
+			return dialer.DialContext(ctx, "tcp", target.Addr().String())
+		}
 		if transport != PlainTCP {
 			dial = func(ctx context.Context) (net.Conn, error) {
 				return (&tls.Dialer{NetDialer: dialer, Config: client}).DialContext(ctx, "tcp", target.Addr().String())
