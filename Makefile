@@ -9,6 +9,7 @@
 #   make bench-deadline  the migration deadline matrix (real libvirt and TCG guests; 25 to 45 min a run)
 #   make bench-drain     drain throughput: 10 VMs leaving one node through the real cluster (3 min a run)
 #   make bench-density   memory each VM costs its node beyond the guest's, by process (1 and 2 vCPUs)
+#   make bench-transport one migration over plain TCP and over TLS 1.3, interleaved (issue 18)
 #   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
 #   make manifests-check  apply manifests/ to a local control plane and check every object
 #   make e2e         lifeboat deployed from manifests/ on a real kubelet, whose soft eviction it turns into a live migration
@@ -30,7 +31,7 @@ DEMO_DIR  ?= $(CURDIR)/.demo/cluster
 DEMO_NODES ?= /tmp/lifeboat-demo
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: deps all generate verify-generated lint test bench bench-deadline bench-drain bench-density bench-network binaries lifeboat-bins demo demo-down clean images manifests-check e2e
+.PHONY: deps all generate verify-generated lint test bench bench-deadline bench-drain bench-density bench-network bench-transport binaries lifeboat-bins demo demo-down clean images manifests-check e2e
 
 all: test
 
@@ -107,6 +108,14 @@ bench-network: binaries
 	@set -o pipefail; out=$$(mktemp); \
 	$(GO) test -run '^$$' -bench BenchmarkMigrationNetworkInterruption -benchtime=1x -count=$(NETWORK_COUNT) -timeout 0 ./test/e2e/ | tee "$$out" && \
 	$(BENCHSTAT) "$$out"; rm -f "$$out"
+
+# The same migration over plain TCP and over TLS 1.3 between the proxies, uncapped and capped,
+# interleaved in one run (issue 18); real libvirt daemons and TCG guests.
+TRANSPORT_COUNT ?= 5
+bench-transport: deps
+	@set -o pipefail; out=$$(mktemp); \
+	$(GO) test -run '^$$' -bench 'BenchmarkMigrationTransport|BenchmarkStream' -benchtime=1x -count=$(TRANSPORT_COUNT) -timeout 0 ./test/bench/ ./agent/migrationproxy/ | tee "$$out" && \
+	$(BENCHSTAT) -col /transport "$$out"; rm -f "$$out"
 
 # The Debian layer of the agent and launcher images is built once with mmdebstrap and cached (test/images).
 IMAGES_DIR ?= $(CURDIR)/.images
