@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -20,6 +22,8 @@ import (
 type webhookFlags struct {
 	listen, url, service string
 	certValidity         time.Duration
+	clientCA             string
+	clientNames          string
 }
 
 func (f *webhookFlags) register() {
@@ -27,6 +31,8 @@ func (f *webhookFlags) register() {
 	flag.StringVar(&f.url, "webhook-url", "", "URL the API server calls the webhook at (an API server outside the cluster, as in local test clusters); overrides --webhook-service")
 	flag.StringVar(&f.service, "webhook-service", "lifeboat-system/lifeboat-webhook", "NAMESPACE/NAME of the Service (port 443) in front of the webhook")
 	flag.DurationVar(&f.certValidity, "webhook-cert-validity", 7*24*time.Hour, "life of each self-made serving certificate; it is replaced at two thirds of it")
+	flag.StringVar(&f.clientCA, "webhook-client-ca", "", "PEM file of the CAs that sign the client certificate the API server presents to webhooks (its AdmissionConfiguration); required with --webhook-listen: the webhook acts for no one else")
+	flag.StringVar(&f.clientNames, "webhook-client-names", "kube-apiserver-webhook-client", "comma-separated common names the API server's webhook client certificate may have")
 }
 
 func (f *webhookFlags) options() (webhook.Options, error) {
@@ -40,6 +46,28 @@ func (f *webhookFlags) options() (webhook.Options, error) {
 	}
 	if f.certValidity < time.Minute {
 		return opts, fmt.Errorf("--webhook-cert-validity=%s: want at least a minute", f.certValidity)
+	}
+	if f.listen == "" {
+		return opts, nil
+	}
+	if f.clientCA == "" {
+		return opts, errors.New("--webhook-client-ca is required with --webhook-listen: the webhook acts only for the API server, which it knows by its client certificate (docs/operations.md, \"The eviction webhook\")")
+	}
+	pem, err := os.ReadFile(f.clientCA)
+	if err != nil {
+		return opts, fmt.Errorf("--webhook-client-ca: %w", err)
+	}
+	opts.ClientCAs = x509.NewCertPool()
+	if !opts.ClientCAs.AppendCertsFromPEM(pem) {
+		return opts, fmt.Errorf("--webhook-client-ca=%s: no PEM certificate in it", f.clientCA)
+	}
+	for _, n := range strings.Split(f.clientNames, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			opts.ClientNames = append(opts.ClientNames, n)
+		}
+	}
+	if len(opts.ClientNames) == 0 {
+		return opts, errors.New("--webhook-client-names is empty: no caller could make the webhook act")
 	}
 	return opts, nil
 }

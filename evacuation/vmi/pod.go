@@ -51,6 +51,10 @@ func PodGracePeriodSeconds(vmi *v1alpha1.VirtualMachineInstance) int64 {
 	return guest + PodGraceMarginSeconds
 }
 
+// LauncherPodPrefix starts the name of every launcher pod: the eviction webhook is called for
+// pods so named only.
+const LauncherPodPrefix = "launcher-"
+
 // LauncherPodName is the name of a VMI's first launcher pod. It is fixed for the VMI (its UID is in
 // it) so that a create repeated after a stale cache read fails with AlreadyExists instead of
 // starting the guest twice.
@@ -63,7 +67,7 @@ func podName(vmiName, uid string) string {
 	if len(vmiName) > 40 {
 		vmiName = vmiName[:40]
 	}
-	return "launcher-" + vmiName + "-" + hex.EncodeToString(sum[:])[:5]
+	return LauncherPodPrefix + vmiName + "-" + hex.EncodeToString(sum[:])[:5]
 }
 
 // PodOptions are the cluster-wide settings of launcher pods.

@@ -6,6 +6,8 @@ type metrics struct {
 	decisions *prometheus.CounterVec
 	latency   prometheus.Histogram
 	rotations prometheus.Counter
+	// unauthenticated counts requests refused because they did not come from the API server.
+	unauthenticated prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) metrics {
@@ -23,7 +25,11 @@ func newMetrics(reg prometheus.Registerer) metrics {
 			Name: "lifeboat_eviction_webhook_certificate_rotations_total",
 			Help: "Serving certificates replaced before they expired.",
 		}),
+		unauthenticated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_eviction_webhook_unauthenticated_requests_total",
+			Help: "Admission reviews refused (403, no side effect) because the caller did not present the API server's client certificate.",
+		}),
 	}
-	reg.MustRegister(m.decisions, m.latency, m.rotations)
+	reg.MustRegister(m.decisions, m.latency, m.rotations, m.unauthenticated)
 	return m
 }

@@ -17,6 +17,8 @@ import (
 	admissionv1ac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
 
 // Names the deployment manifests share with the controller (issue 8's contract).
@@ -75,9 +77,13 @@ func (e Endpoint) configuration(caBundle []byte) *admissionv1ac.ValidatingWebhoo
 				WithScope(admissionregistrationv1.NamespacedScope)).
 			// An objectSelector cannot pick launcher pods: for pods/eviction the API server
 			// matches it against the Eviction's labels, not the pod's. The system namespaces,
-			// which hold no VM, are left out; observe tells launchers from look-alikes.
+			// which hold no VM, are left out.
 			WithNamespaceSelector(metav1ac.LabelSelector().WithMatchExpressions(metav1ac.LabelSelectorRequirement().
 				WithKey(corev1.LabelMetadataName).WithOperator(metav1.LabelSelectorOpNotIn).WithValues(systemNamespaces...))).
+			// Only launcher pods' evictions: they are named so (evacuation/vmi); a look-alike
+			// a tenant names so is told apart by its controller.
+			WithMatchConditions(admissionv1ac.MatchCondition().WithName("launcher-pods").
+				WithExpression(fmt.Sprintf("request.name.startsWith(%q)", vmi.LauncherPodPrefix))).
 			WithFailurePolicy(admissionregistrationv1.Ignore).
 			WithSideEffects(admissionregistrationv1.SideEffectClassNoneOnDryRun).
 			WithMatchPolicy(admissionregistrationv1.Equivalent).

@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -46,6 +48,13 @@ type Options struct {
 	Endpoint Endpoint
 	// CertValidity is how long each serving certificate lasts; it is replaced at two thirds of that.
 	CertValidity time.Duration
+	// ClientCAs and ClientNames say who the API server is: the webhook acts (marks a VMI,
+	// records an Event) only for a caller whose client certificate chains to ClientCAs and names
+	// one of ClientNames (the certificate the API server presents to webhooks, set in its
+	// AdmissionConfiguration; docs/operations.md). Everyone else is answered 403 and changes
+	// nothing.
+	ClientCAs   *x509.CertPool
+	ClientNames []string
 }
 
 // Server is the eviction webhook.
@@ -95,8 +104,9 @@ func (s *Server) Run(ctx context.Context) error {
 	mux := http.NewServeMux()
 	mux.Handle(Path, s)
 	srv := &http.Server{
-		Handler:           mux,
-		TLSConfig:         &tls.Config{GetCertificate: s.certs.getCertificate, MinVersion: tls.VersionTLS12},
+		Handler: mux,
+		TLSConfig: &tls.Config{GetCertificate: s.certs.getCertificate, MinVersion: tls.VersionTLS12,
+			ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: s.opts.ClientCAs},
 		ReadHeaderTimeout: 10 * time.Second,
 		// An AdmissionReview is small and answered within the API server's 5 s webhook timeout;
 		// bounds keep slow clients from pinning goroutines and buffers (issue 26).
@@ -188,6 +198,12 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // ServeHTTP answers one AdmissionReview.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	if caller, ok := s.fromAPIServer(r); !ok {
+		s.metrics.unauthenticated.Inc()
+		s.log.Warn("refused an admission review from a caller that is not the API server", "remote", r.RemoteAddr, "caller", caller)
+		http.Error(w, "the eviction webhook answers only the API server", http.StatusForbidden)
+		return
+	}
 	var review admissionv1.AdmissionReview
 	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	if err == nil {
@@ -315,4 +331,14 @@ func dryRun(req *admissionv1.AdmissionRequest) bool {
 func controlledBy(pod *corev1.Pod, vmi *v1alpha1.VirtualMachineInstance) bool {
 	ref := metav1.GetControllerOf(pod)
 	return ref != nil && ref.UID == vmi.UID && ref.Kind == "VirtualMachineInstance" && ref.APIVersion == v1alpha1.SchemeGroupVersion.String()
+}
+
+// fromAPIServer reports whether r comes with the API server's client certificate, and who the
+// caller claims to be otherwise.
+func (s *Server) fromAPIServer(r *http.Request) (string, bool) {
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+		return "no verified client certificate", false
+	}
+	name := r.TLS.VerifiedChains[0][0].Subject.CommonName
+	return name, slices.Contains(s.opts.ClientNames, name)
 }

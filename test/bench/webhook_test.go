@@ -2,11 +2,13 @@ package bench
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -29,6 +31,7 @@ import (
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 )
 
 // BenchmarkWebhookEvictions sends 100 concurrent evictions of LiveMigrate VMs' launcher pods through
@@ -44,7 +47,7 @@ func BenchmarkWebhookEvictions(b *testing.B) {
 	cfg.QPS, cfg.Burst = 1000, 1000
 	kube := kubernetes.NewForConfigOrDie(cfg)
 	lb := lifeboatclient.NewForConfigOrDie(cfg)
-	startWebhook(ctx, b, kube, lb)
+	startWebhook(ctx, b, kube, lb, cp.CAFile())
 
 	for i := 0; b.Loop(); i++ {
 		ns := fmt.Sprintf("bench-%d", i)
@@ -76,7 +79,7 @@ func BenchmarkWebhookEvictions(b *testing.B) {
 
 // startWebhook serves the webhook in this process on a free loopback port, registered by URL, and
 // waits until the API server calls it.
-func startWebhook(ctx context.Context, b *testing.B, kube kubernetes.Interface, lb lifeboatclient.Interface) {
+func startWebhook(ctx context.Context, b *testing.B, kube kubernetes.Interface, lb lifeboatclient.Interface, clusterCA string) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -90,7 +93,8 @@ func startWebhook(ctx context.Context, b *testing.B, kube kubernetes.Interface, 
 	lbv1 := lbInformers.Lifeboat().V1alpha1()
 	url := "https://" + addr + webhook.Path
 	hook, err := webhook.New(kube, lb, kubeInformers.Core().V1().Pods(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(),
-		&record.FakeRecorder{}, webhook.Options{Listen: addr, Endpoint: webhook.Endpoint{URL: url}, CertValidity: time.Hour},
+		&record.FakeRecorder{}, webhook.Options{Listen: addr, Endpoint: webhook.Endpoint{URL: url}, CertValidity: time.Hour,
+			ClientCAs: caPool(b, clusterCA), ClientNames: []string{controlplane.WebhookClientName}},
 		prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		b.Fatal(err)
@@ -185,4 +189,17 @@ func evictAll(ctx context.Context, b *testing.B, kube kubernetes.Interface, pods
 		b.Fatal(err)
 	}
 	return took
+}
+
+// caPool is the CA certificates in the PEM file path.
+func caPool(b *testing.B, path string) *x509.CertPool {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		b.Fatalf("no certificate in %s", path)
+	}
+	return pool
 }

@@ -22,7 +22,13 @@ type pki struct {
 	ServingCert, ServeKey string
 	AdminCert, AdminKey   string
 	SAPub, SAKey          string
+	// WebhookCert is the client certificate the API server presents to admission webhooks.
+	WebhookCert, WebhookKey string
 }
+
+// WebhookClientName is the common name of the API server's client certificate for webhooks,
+// lifeboat-controller's default --webhook-client-names.
+const WebhookClientName = "kube-apiserver-webhook-client"
 
 type issuer struct {
 	cert *x509.Certificate
@@ -35,6 +41,7 @@ func newPKI(dir string) (pki, error) {
 		ServingCert: filepath.Join(dir, "apiserver.crt"), ServeKey: filepath.Join(dir, "apiserver.key"),
 		AdminCert: filepath.Join(dir, "admin.crt"), AdminKey: filepath.Join(dir, "admin.key"),
 		SAPub: filepath.Join(dir, "sa.pub"), SAKey: filepath.Join(dir, "sa.key"),
+		WebhookCert: filepath.Join(dir, "webhook-client.crt"), WebhookKey: filepath.Join(dir, "webhook-client.key"),
 	}
 	ca, err := newCA(p.CACert, p.CAKey)
 	if err != nil {
@@ -54,6 +61,13 @@ func newPKI(dir string) (pki, error) {
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
 	if err := ca.issue(admin, p.AdminCert, p.AdminKey); err != nil {
+		return p, err
+	}
+	webhookClient := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: WebhookClientName},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	if err := ca.issue(webhookClient, p.WebhookCert, p.WebhookKey); err != nil {
 		return p, err
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

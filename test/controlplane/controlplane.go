@@ -232,6 +232,10 @@ func (cp *ControlPlane) startAPIServer(etcdURL string) error {
 		return err
 	}
 	cp.Host = fmt.Sprintf("https://127.0.0.1:%d", ports[0])
+	admission, err := cp.writeAdmissionConfig()
+	if err != nil {
+		return err
+	}
 	_, err = cp.start("kube-apiserver", cp.Binaries.APIServer,
 		"--etcd-servers", etcdURL,
 		// The default reconciler refuses loopback addresses, and nothing here routes to the
@@ -253,9 +257,49 @@ func (cp *ControlPlane) startAPIServer(etcdURL string) error {
 		"--feature-gates", "EvictionRequestAPI=true",
 		"--runtime-config", "lifecycle.k8s.io/v1alpha1=true",
 		"--cert-dir", filepath.Join(cp.Dir, "apiserver-certs"),
+		"--admission-control-config-file", admission,
 	)
 	return err
 }
+
+// admissionConfig makes the API server present its webhook client certificate to every webhook
+// (a kubeconfig user named "*"), so that a webhook can tell the API server from other callers.
+const admissionConfig = `apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+- name: ValidatingAdmissionWebhook
+  configuration:
+    apiVersion: apiserver.config.k8s.io/v1
+    kind: WebhookAdmissionConfiguration
+    kubeConfigFile: %[1]q
+- name: MutatingAdmissionWebhook
+  configuration:
+    apiVersion: apiserver.config.k8s.io/v1
+    kind: WebhookAdmissionConfiguration
+    kubeConfigFile: %[1]q
+`
+
+const webhookKubeconfig = `apiVersion: v1
+kind: Config
+users:
+- name: "*"
+  user:
+    client-certificate: %q
+    client-key: %q
+`
+
+func (cp *ControlPlane) writeAdmissionConfig() (string, error) {
+	kubeconfig := filepath.Join(cp.Dir, "webhook-client.kubeconfig")
+	if err := os.WriteFile(kubeconfig, fmt.Appendf(nil, webhookKubeconfig, cp.pki.WebhookCert, cp.pki.WebhookKey), 0o600); err != nil {
+		return "", err
+	}
+	path := filepath.Join(cp.Dir, "admission.yaml")
+	return path, os.WriteFile(path, fmt.Appendf(nil, admissionConfig, kubeconfig), 0o600)
+}
+
+// CAFile is the cluster CA's certificate: it signs the API server's certificates, its client
+// certificate for webhooks included, and is the ca.crt of every service account token volume.
+func (cp *ControlPlane) CAFile() string { return cp.pki.CACert }
 
 func (cp *ControlPlane) startControllerManager() error {
 	_, err := cp.start("kube-controller-manager", cp.Binaries.ControllerManager,

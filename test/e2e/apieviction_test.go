@@ -1,14 +1,21 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,7 +44,7 @@ func startControllerWithWebhook(t *testing.T) *webhookController {
 		metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort),
 	}
 	c.proc = startProc(t, "lifeboat-controller", "--kubeconfig", cluster.Kubeconfig, "--acceleration", "tcg",
-		"--webhook-listen", fmt.Sprintf("127.0.0.1:%d", hookPort), "--webhook-url", c.url,
+		"--webhook-listen", fmt.Sprintf("127.0.0.1:%d", hookPort), "--webhook-url", c.url, "--webhook-client-ca", cluster.CAFile(),
 		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", metricsPort))
 	t.Cleanup(func() {
 		_ = cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(context.Background(), webhook.ConfigurationName, metav1.DeleteOptions{})
@@ -189,6 +196,43 @@ func TestAPIEvictionFinalAnswers(t *testing.T) {
 	}
 	if v := getVMI(t, ns, "live"); v.Status.EvacuationNodeName != "" {
 		t.Errorf("a dry-run eviction must not mark the VM: %s", describe(v))
+	}
+
+	// Only the API server makes the webhook act: a pod that reaches the webhook and posts a
+	// made-up review, with no client certificate or with another one of the cluster CA's (an
+	// admin's), is refused and marks nothing.
+	admin, err := tls.X509KeyPair(cluster.Config.CertData, cluster.Config.KeyData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, forger := range []struct {
+		name string
+		cert *tls.Certificate
+	}{{"no client certificate", nil}, {"the cluster admin's certificate", &admin}} {
+		code, body := forgeEvictionReview(t, ctrl.url, pods["live"], forger.cert)
+		if code != http.StatusForbidden || !strings.Contains(body, "answers only the API server") {
+			t.Errorf("a forged review with %s: %d %q, want 403 saying it answers only the API server", forger.name, code, body)
+		}
+		if v := getVMI(t, ns, "live"); v.Status.EvacuationNodeName != "" {
+			t.Fatalf("a forged review with %s marked the VM: %s", forger.name, describe(v))
+		}
+	}
+	if got := metricValue(t, ctrl.metrics, "lifeboat_eviction_webhook_unauthenticated_requests_total"); got != 2 {
+		t.Errorf("unauthenticated requests = %v, want the 2 forged reviews", got)
+	}
+	// An ordinary pod's eviction never reaches the webhook.
+	notAVM := `lifeboat_eviction_webhook_decisions_total{answer="allowed",strategy="NotAVM"}`
+	before := metricValue(t, ctrl.metrics, notAVM)
+	plain, err := cluster.Kube.CoreV1().Pods(ns).Create(t.Context(), &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "plain"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "none"}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, msg := evictPod(t, plain, false); code != 201 {
+		t.Errorf("evicting an ordinary pod: %d %q, want it granted", code, msg)
+	}
+	if after := metricValue(t, ctrl.metrics, notAVM); after != before {
+		t.Errorf("an ordinary pod's eviction reached the webhook: %s went from %v to %v", notAVM, before, after)
 	}
 
 	for _, r := range rows {
@@ -401,4 +445,37 @@ func TestACancelDoesNotOutliveTheNodesDeadline(t *testing.T) {
 	if !v.MarkedForEvacuation() {
 		t.Errorf("the refused cancel cleared the mark: %s", describe(v))
 	}
+}
+
+// forgeEvictionReview posts, as any pod that can reach the webhook could, an AdmissionReview
+// asking to evict pod, with cert as its client certificate (nil: none); it returns the HTTP
+// status and body.
+func forgeEvictionReview(t *testing.T, url string, pod *corev1.Pod, cert *tls.Certificate) (int, string) {
+	t.Helper()
+	review := admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request: &admissionv1.AdmissionRequest{
+			UID: "forged", Kind: metav1.GroupVersionKind{Group: "policy", Version: "v1", Kind: "Eviction"},
+			Resource:    metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
+			SubResource: "eviction", Name: pod.Name, Namespace: pod.Namespace, Operation: admissionv1.Create,
+			UserInfo: authenticationv1.UserInfo{Username: "system:serviceaccount:kube-system:forger"},
+		},
+	}
+	body, err := json.Marshal(review)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The forger does not care who the server is.
+	tlsConfig := &tls.Config{InsecureSkipVerify: true}
+	if cert != nil {
+		tlsConfig.Certificates = []tls.Certificate{*cert}
+	}
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig}}
+	resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("posting a forged review: %v", err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(out)
 }

@@ -170,7 +170,7 @@ func TestReapplyingKeepsTheControllersWebhookCABundle(t *testing.T) {
 		t.Fatal("manifests/ has no ValidatingWebhookConfiguration")
 	}
 	client := cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	startReplica(t, serviceAccountKubeconfig(t, controllerSA), "webhook", "--webhook-listen", "127.0.0.1:0")
+	startReplica(t, serviceAccountKubeconfig(t, controllerSA), "webhook", "--webhook-listen", "127.0.0.1:0", "--webhook-client-ca", cluster.CAFile())
 	var ca []byte
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		got, err := client.Get(ctx, webhook.GetName(), metav1.GetOptions{})
