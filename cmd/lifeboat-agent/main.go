@@ -33,10 +33,12 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/cmd/internal/kube"
+	"github.com/lifeboat-vm/lifeboat/cmd/internal/serve"
 )
 
 type options struct {
 	kubeconfig, nodeName, nodeAddress, runDir, listen, kubeletConfig string
+	healthListen                                                     string
 	devicePluginDir, kubeletPodsDir, certDir, namespace              string
 	workers, deviceSlots                                             int
 	maxPodGracePeriod                                                int64
@@ -50,7 +52,8 @@ func main() {
 	flag.StringVar(&o.nodeAddress, "node-address", os.Getenv("NODE_IP"), "this node's address, where migration proxies listen for other nodes (default $NODE_IP)")
 	flag.StringVar(&o.runDir, "run-dir", "/var/run/lifeboat", "the agent's directory: domains/<vmi-uid> links each VMI to its launcher pod's run volume")
 	flag.StringVar(&o.kubeletPodsDir, "kubelet-pods-dir", "/var/lib/kubelet/pods", "the kubelet's pods directory as the agent sees it, where launcher pods' volumes are")
-	flag.StringVar(&o.listen, "listen", ":8185", "address of /metrics and /healthz")
+	flag.StringVar(&o.listen, "listen", "127.0.0.1:8185", "address of /metrics and /healthz; loopback by default, as the metrics tell what every VM on the node does")
+	flag.StringVar(&o.healthListen, "healthz-listen", "", "another address serving /healthz only, for the kubelet's probe (e.g. \":8186\"); empty: none")
 	flag.IntVar(&o.workers, "workers", 4, "reconcile workers")
 	flag.StringVar(&o.kubeletConfig, "kubelet-config", "", "the node kubelet's KubeletConfiguration file, read for evictionMaxPodGracePeriod")
 	flag.Int64Var(&o.maxPodGracePeriod, "eviction-max-pod-grace-period", -1,
@@ -153,18 +156,15 @@ func run(o options, log *slog.Logger) error {
 		return err
 	}
 
+	// Metrics say what every VM on the node does: loopback unless the admin opens them.
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	// Bounded, so that slow clients cannot pin goroutines and buffers (issue 26).
-	srv := &http.Server{Addr: o.listen, Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
-	errc := make(chan error, 3)
-	go func() {
-		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errc <- fmt.Errorf("serving %s: %w", o.listen, err)
-		}
-	}()
+	mux.Handle("/healthz", serve.Health())
+	errc := make(chan error, 4)
+	go func() { errc <- serve.HTTP(ctx, o.listen, mux) }()
+	if o.healthListen != "" {
+		go func() { errc <- serve.HTTP(ctx, o.healthListen, serve.Health()) }()
+	}
 	for _, f := range []lifeboatinformers.SharedInformerFactory{informers, outbound, inbound, configInformers} {
 		f.Start(ctx.Done())
 	}
@@ -179,9 +179,6 @@ func run(o options, log *slog.Logger) error {
 	case err = <-errc:
 	}
 	cancel()
-	shutdownCtx, done := context.WithTimeout(context.Background(), 5*time.Second)
-	defer done()
-	_ = srv.Shutdown(shutdownCtx)
 	return err
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/lifeboat-vm/lifeboat/cmd/internal/serve"
 	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
 )
 
@@ -76,15 +77,5 @@ func (f *webhookFlags) options() (webhook.Options, error) {
 func serveMetrics(ctx context.Context, address string, reg *prometheus.Registry) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	// Bounded, so that slow clients cannot pin goroutines and buffers (issue 26).
-	srv := &http.Server{Addr: address, Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serving metrics on %s: %w", address, err)
-	}
-	return nil
+	return serve.HTTP(ctx, address, mux)
 }

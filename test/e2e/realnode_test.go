@@ -106,6 +106,7 @@ patches:
 - target: {kind: DaemonSet, name: lifeboat-agent}
   patch: |-
     - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--listen=%[5]s:%[6]d"}
+    - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--healthz-listen="}
     - {op: replace, path: /spec/template/spec/containers/0/ports/0/containerPort, value: %[6]d}
 - patch: |-
     apiVersion: apps/v1

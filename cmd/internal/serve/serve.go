@@ -1,0 +1,49 @@
+// Package serve runs the components' plain HTTP endpoints (/metrics, /healthz) with bounds, so
+// that slow or idle clients cannot pin goroutines and buffers (issue 26).
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Server returns the bounded server of handler.
+func Server(handler http.Handler) *http.Server {
+	return &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
+}
+
+// HTTP serves handler on address until ctx ends.
+func HTTP(ctx context.Context, address string, handler http.Handler) error {
+	l, err := net.Listen("tcp", address)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", address, err)
+	}
+	return Listener(ctx, l, handler)
+}
+
+// Listener serves handler on l until ctx ends.
+func Listener(ctx context.Context, l net.Listener, handler http.Handler) error {
+	srv := Server(handler)
+	stop := context.AfterFunc(ctx, func() {
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	})
+	defer stop()
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serving %s: %w", l.Addr(), err)
+	}
+	return nil
+}
+
+// Health answers /healthz with "ok" while the process runs.
+func Health() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	return mux
+}
