@@ -2,6 +2,7 @@
 #
 #   make demo        bring up a local cluster, run a VM, evict its pod the kubelet way and watch it live-migrate
 #   make test        everything CI runs: generated files fresh, lint, unit and integration tests
+#   make test-security  only the attacks docs/security.md lists, each shown refused
 #   make deps        install the Debian packages both need (make demo and make test do it first; quick when done)
 #   make generate    regenerate deep-copy, clients, informers, listers and CRDs from api/
 #   make demo-down   stop the demo cluster
@@ -31,7 +32,7 @@ DEMO_DIR  ?= $(CURDIR)/.demo/cluster
 DEMO_NODES ?= /tmp/lifeboat-demo
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: deps all generate verify-generated lint test bench bench-deadline bench-drain bench-density bench-network bench-transport binaries lifeboat-bins demo demo-down clean images manifests-check e2e
+.PHONY: deps all generate verify-generated lint test bench bench-deadline bench-drain bench-density bench-network bench-transport test-security binaries lifeboat-bins demo demo-down clean images manifests-check e2e
 
 all: test
 
@@ -80,6 +81,12 @@ KVM_ONLY_TESTS := TestPostCopyFinishesANonConvergingMigration|TestMigrationPastT
 test: deps verify-generated lint binaries
 	$(GO) test -count=1 -timeout 30m ./...
 	@set -o pipefail; $(GO) test -count=1 -v -run '^($(KVM_ONLY_TESTS))$$' ./domain/ | grep -E -- '--- (SKIP|PASS|FAIL)|^ +[a-z_]+_test.go:'
+
+# Every attack docs/security.md lists, each shown refused against real processes and the real API
+# server (make test runs them too, with everything else).
+SECURITY_TESTS := TestTargetProxyRefusesAllButTheMigrationsSource|TestSourceProxyRefusesAnotherTarget|TestReview|FuzzDecodeReview|FuzzRead|TestReadRejectsMalformedFrames|TestBadConnectionsAreClosedAloneAndCounted|TestUnauthorisedPeerIsRejected|TestConnectionsPerSocketAreBounded|TestListenOpensTheSocketToThePodAndReplacesOnlyASocket|TestDialRefusesASymlinkToAnotherSocket|TestAgentsGetCertificatesForTheirOwnNodeOnly|TestAnAgentWritesOnlyWhatBelongsToItsNode|TestRBACAllowsWhatTheCodeDoesAndNoMore|TestOnlyTheirOwnersSteerAnEvacuation|TestANamespaceUserCannotReachTheNodesFiles|TestWorkloadPodsAreAdmitted|TestInvalidInputIsRejected|TestAPIEvictionFinalAnswers|TestSlowClientsDoNotStarveTheEndpoints|TestRestrictedLaunchersRunMoveAndReachOnlyTheirOwnSockets|TestLauncherPodsAreRestricted
+test-security: deps binaries
+	$(GO) test -count=1 -timeout 30m -run '^($(SECURITY_TESTS))$$' ./agent/... ./api/... ./evacuation/... ./test/manifests/ ./test/integration/ ./test/e2e/
 
 # Benchmarks against the real control plane; figures and how to read them: docs/benchmarks.md.
 bench: binaries

@@ -204,14 +204,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the eviction webhook answers only the API server", http.StatusForbidden)
 		return
 	}
-	var review admissionv1.AdmissionReview
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-	if err == nil {
-		err = json.Unmarshal(body, &review)
-	}
-	if err == nil && review.Request == nil {
-		err = errors.New("the AdmissionReview has no request")
-	}
+	review, err := decodeReview(r.Body)
 	if err != nil {
 		http.Error(w, "want an admission.k8s.io/v1 AdmissionReview: "+err.Error(), http.StatusBadRequest)
 		return
@@ -233,6 +226,28 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.log.Info("eviction", "pod", req.Namespace+"/"+req.Name, "user", req.UserInfo.Username, "dryRun", dryRun(req),
 			"strategy", strategy, "answer", d.Answer, "message", d.Message)
 	}
+}
+
+// maxReviewBytes bounds the body read: an eviction's review is a few KiB.
+const maxReviewBytes = 1 << 20
+
+// decodeReview reads an AdmissionReview with a request, of at most maxReviewBytes.
+func decodeReview(body io.Reader) (*admissionv1.AdmissionReview, error) {
+	data, err := io.ReadAll(io.LimitReader(body, maxReviewBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxReviewBytes {
+		return nil, fmt.Errorf("the body is larger than %d bytes", maxReviewBytes)
+	}
+	var review admissionv1.AdmissionReview
+	if err := json.Unmarshal(data, &review); err != nil {
+		return nil, err
+	}
+	if review.Request == nil {
+		return nil, errors.New("the AdmissionReview has no request")
+	}
+	return &review, nil
 }
 
 // strategyNotAVM is the strategy label of an eviction of a pod that is not a running VM's.
