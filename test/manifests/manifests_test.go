@@ -57,6 +57,8 @@ var wantObjects = []string{
 	"ValidatingAdmissionPolicyBinding lifeboat-agent-vmis",
 	"ValidatingAdmissionPolicy lifeboat-agent-migrations",
 	"ValidatingAdmissionPolicyBinding lifeboat-agent-migrations",
+	"ValidatingAdmissionPolicy lifeboat-controller-pods",
+	"ValidatingAdmissionPolicyBinding lifeboat-controller-pods",
 }
 
 func key(o *unstructured.Unstructured) string {

@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -108,4 +109,62 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 		t.Errorf("node A's agent handing its VMI to the migration's target: %v", err)
 	}
 	wantForbidden(t, "node A's agent writing the VMI after it left", writeVMI(agentA, false, mark), "the agent of node restrict-a may not write VMI vm: it runs on node restrict-b")
+}
+
+// TestTheControllerCreatesOnlyLauncherPods uses the controller's token as a thief would: the
+// pods it could otherwise create in any namespace (one that mounts a service account token, one
+// without a VMI controlling it, a privileged one) are refused; a launcher pod is created.
+func TestTheControllerCreatesOnlyLauncherPods(t *testing.T) {
+	install(t)
+	ns := testNamespace(t)
+	ctx := t.Context()
+	owner, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Create(ctx, vmiBooting("vm", v1alpha1.BootSource{
+		Container: &v1alpha1.KernelBootContainer{Image: "example.org/kernel:1", KernelPath: "/vmlinuz"},
+	}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	launcherPod := func(change func(*corev1.Pod)) *corev1.Pod {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "launcher-vm-", Labels: map[string]string{v1alpha1.LabelRole: v1alpha1.RoleLauncher},
+				OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(owner, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))}},
+			Spec: corev1.PodSpec{AutomountServiceAccountToken: ptr.To(false), Containers: []corev1.Container{{Name: "compute", Image: "lifeboat.dev/lifeboat-launcher:dev"}}},
+		}
+		change(p)
+		return p
+	}
+	controller := tokenClient(t, controllerSA, nil).CoreV1().Pods(ns)
+	create := func(ctx context.Context, p *corev1.Pod, dryRun bool) error {
+		opts := metav1.CreateOptions{}
+		if dryRun {
+			opts.DryRun = []string{metav1.DryRunAll}
+		}
+		_, err := controller.Create(ctx, p, opts)
+		return err
+	}
+	tokenPod := launcherPod(func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = nil })
+	waitEnforced(t, "a pod with a service account token", func(ctx context.Context) error { return create(ctx, tokenPod, true) })
+
+	if err := create(ctx, launcherPod(func(*corev1.Pod) {}), false); err != nil {
+		t.Errorf("the controller creating a launcher pod: %v", err)
+	}
+	refusals := []struct {
+		name, says string
+		pod        *corev1.Pod
+	}{
+		{"a pod that mounts the service account token", "carries no service account token", tokenPod},
+		{"a projected token", "carries no service account token", launcherPod(func(p *corev1.Pod) {
+			p.Spec.Volumes = []corev1.Volume{{Name: "t", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+				Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}}}}
+		})},
+		{"a pod no VMI controls", "controller is its VirtualMachineInstance", launcherPod(func(p *corev1.Pod) { p.OwnerReferences = nil })},
+		{"an ordinary pod", "launcher pods only", launcherPod(func(p *corev1.Pod) { p.Labels = nil; p.GenerateName = "miner-" })},
+		{"a privileged pod", "not privileged", launcherPod(func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+		})},
+		{"the host's PID namespace", "not privileged", launcherPod(func(p *corev1.Pod) { p.Spec.HostPID = true })},
+	}
+	for _, r := range refusals {
+		wantForbidden(t, "the controller creating "+r.name, create(ctx, r.pod, false), r.says)
+	}
 }
