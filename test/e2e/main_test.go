@@ -31,6 +31,7 @@ var (
 func TestMain(m *testing.M) {
 	node.MaybeRunShim()
 	maybeRunProbe()
+	maybeForge()
 	if err := prepare(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -3,13 +3,16 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +24,7 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/notify"
 )
 
 // probeEnv makes the e2e binary a socket probe (see maybeRunProbe): it holds the paths to dial.
@@ -51,6 +55,63 @@ func maybeRunProbe() {
 	}
 	_ = json.NewEncoder(os.Stdout).Encode(results)
 	os.Exit(0)
+}
+
+// forgeEnv makes the e2e binary a forger (see maybeForge): it holds a forgery.
+const forgeEnv = "LIFEBOAT_E2E_FORGE"
+
+// forgery is what a compromised launcher sends on its own notify socket: a hello naming
+// Hello, then a GracefulShutdown report for Report.
+type forgery struct {
+	Socket        string
+	Hello, Report notify.VMIRef
+}
+
+// maybeForge sends the forgery in $LIFEBOAT_E2E_FORGE and prints "closed" if the agent closed
+// the connection within 5 s, "open" otherwise, then exits.
+func maybeForge() {
+	raw, ok := os.LookupEnv(forgeEnv)
+	if !ok {
+		return
+	}
+	var f forgery
+	if err := json.Unmarshal([]byte(raw), &f); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	c, err := net.DialTimeout("unix", f.Socket, 5*time.Second)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	now := time.Now()
+	_ = notify.Write(c, &notify.Message{Kind: notify.KindHello, VMI: f.Hello, Time: now})
+	_ = notify.Write(c, &notify.Message{Kind: notify.KindGracefulShutdown, VMI: f.Report, Time: now, PodGracePeriodSeconds: 30})
+	_ = c.SetReadDeadline(now.Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == io.EOF || errors.Is(err, syscall.ECONNRESET) {
+		fmt.Print("closed")
+	} else {
+		fmt.Print("open")
+	}
+	os.Exit(0)
+}
+
+// forgeFrom sends f from inside the launcher of pod, as probeFrom runs its probe; it reports
+// whether the agent closed the connection.
+func forgeFrom(t *testing.T, pod *corev1.Pod, f forgery) bool {
+	t.Helper()
+	arg, err := json.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, gid := strconv.Itoa(launcher.UID), strconv.Itoa(launcher.GID)
+	cmd := exec.Command("nsenter", "--target", strconv.Itoa(launcherPID(t, pod)), "--mount", "--setuid", uid, "--setgid", gid, "--", probe)
+	cmd.Env = []string{forgeEnv + "=" + string(arg)}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("forging from inside launcher %s: %v\n%s", pod.Name, err, out)
+	}
+	return string(out) == "closed"
 }
 
 // probeFrom dials paths from inside the launcher of pod: its mount namespace (nsenter), its
@@ -130,6 +191,31 @@ func TestRestrictedLaunchersRunMoveAndReachOnlyTheirOwnSockets(t *testing.T) {
 		case path != own && err == "":
 			t.Errorf("the launcher of %s connected to %s, a socket of %s", one.Name, path, other.Name)
 		}
+	}
+
+	// A launcher speaks only for its own VM: one's launcher, on its own notify socket, says it
+	// is other's, or reports other's graceful shutdown; the agent closes the connection, counts
+	// it, and other is not marked.
+	ref := func(v *v1alpha1.VirtualMachineInstance) notify.VMIRef {
+		return notify.VMIRef{Namespace: v.Namespace, Name: v.Name, UID: string(v.UID)}
+	}
+	ownNotify := filepath.Join(launcher.PodRunDir, launcher.NotifySocketName)
+	for _, f := range []struct {
+		name, reason string
+		forgery      forgery
+	}{
+		{"a hello as the other VM", "wrong-vmi", forgery{Socket: ownNotify, Hello: ref(other), Report: ref(other)}},
+		{"the other VM's graceful shutdown", "vmi-mismatch", forgery{Socket: ownNotify, Hello: ref(one), Report: ref(other)}},
+	} {
+		if !forgeFrom(t, onePod, f.forgery) {
+			t.Errorf("%s from %s's launcher: the agent kept the connection open", f.name, one.Name)
+		}
+		if got := source.metric(t, fmt.Sprintf(`lifeboat_agent_notify_rejected_total{reason=%q}`, f.reason)); got < 1 {
+			t.Errorf("%s: lifeboat_agent_notify_rejected_total{reason=%q} = %v, want it counted", f.name, f.reason, got)
+		}
+	}
+	if v := getVMI(t, ns, other.Name); v.Status.EvacuationNodeName != "" || v.Status.Phase != v1alpha1.VMIRunning {
+		t.Errorf("a forged report from another launcher changed %s: %s", other.Name, describe(v))
 	}
 
 	target := startNodes(t, 1)[0]
