@@ -161,7 +161,7 @@ func requestFor(t *testing.T, kube kubernetes.Interface, node string) certificat
 		t.Fatal(err)
 	}
 	pemReq := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
-	name, _, err := csr.RequestCertificate(kube, pemReq, "", migrationtls.SignerName, nil, migrationtls.Usages, key)
+	name, _, err := csr.RequestCertificateWithContext(t.Context(), kube, pemReq, "", migrationtls.SignerName, nil, migrationtls.Usages, key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,7 +41,7 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	vmi.Status.NodeName, vmi.Status.Phase = nodeA.Name, v1alpha1.VMIRunning
-	if vmi, err = admin.VirtualMachineInstances(ns).UpdateStatus(ctx, vmi, metav1.UpdateOptions{}); err != nil {
+	if _, err = admin.VirtualMachineInstances(ns).UpdateStatus(ctx, vmi, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	mig, err := admin.VirtualMachineInstanceMigrations(ns).Create(ctx, migration("m", nil), metav1.CreateOptions{})
@@ -49,7 +49,7 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	mig.Status.SourceNode, mig.Status.TargetNode, mig.Status.Phase = nodeA.Name, nodeB.Name, v1alpha1.MigrationPreparingTarget
-	if mig, err = admin.VirtualMachineInstanceMigrations(ns).UpdateStatus(ctx, mig, metav1.UpdateOptions{}); err != nil {
+	if _, err = admin.VirtualMachineInstanceMigrations(ns).UpdateStatus(ctx, mig, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
