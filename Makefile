@@ -117,11 +117,14 @@ bench-network: binaries
 	$(BENCHSTAT) "$$out"; rm -f "$$out"
 
 # The same migration over plain TCP and over TLS 1.3 between the proxies, uncapped and capped,
-# interleaved in one run (issue 18); real libvirt daemons and TCG guests.
+# interleaved (issue 18): each round runs every case once (go test's -count would repeat each case
+# back to back); real libvirt daemons and TCG guests.
 TRANSPORT_COUNT ?= 5
 bench-transport: deps
 	@set -o pipefail; out=$$(mktemp); \
-	$(GO) test -run '^$$' -bench 'BenchmarkMigrationTransport|BenchmarkStream' -benchtime=1x -count=$(TRANSPORT_COUNT) -timeout 0 ./test/bench/ ./agent/migrationproxy/ | tee "$$out" && \
+	for i in $$(seq $(TRANSPORT_COUNT)); do \
+	  $(GO) test -run '^$$' -bench 'BenchmarkMigrationTransport|BenchmarkStream' -benchtime=1x -timeout 0 ./test/bench/ ./agent/migrationproxy/ || exit 1; \
+	done | tee "$$out" && \
 	$(BENCHSTAT) -col /transport "$$out"; rm -f "$$out"
 
 # The Debian layer of the agent and launcher images is built once with mmdebstrap and cached (test/images).
