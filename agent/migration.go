@@ -222,9 +222,6 @@ func (m *migrations) prepareTarget(ctx context.Context, mig *v1alpha1.VirtualMac
 	if err != nil {
 		return fmt.Errorf("the target proxies of %s: %w", mig.Name, err)
 	}
-	if m.a.cfg.Certificates.Current() == nil {
-		return fmt.Errorf("the target proxies of %s: %w", mig.Name, migrationtls.ErrNoCertificate)
-	}
 	refused := func(err error) {
 		m.a.cfg.Metrics.MigrationConnectionsRefused.Inc()
 		m.a.cfg.Log.Warn("refused a connection to a migration's target proxy", "migration", mig.Namespace+"/"+mig.Name, "source", mig.Status.SourceNode, "err", err)

@@ -56,9 +56,6 @@ func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachi
 	if err != nil {
 		return fmt.Errorf("the source proxies of %s: %w", mig.Name, err)
 	}
-	if m.a.cfg.Certificates.Current() == nil {
-		return fmt.Errorf("the source proxies of %s: %w", mig.Name, migrationtls.ErrNoCertificate)
-	}
 	dir := filepath.Join(m.a.cfg.DomainsDir, uid)
 	pctx, cancel := context.WithCancel(context.Background())
 	am := &activeMigration{cancel: cancel, keyName: mig.Namespace + "/" + mig.Name}

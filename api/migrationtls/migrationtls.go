@@ -78,9 +78,9 @@ type Certificates interface {
 var ErrNoCertificate = errors.New("this node has no migration certificate yet (its certificate signing request is not signed)")
 
 // ServerConfig is the TLS configuration of a target proxy of the migration migrationUID, which
-// accepts only sourceNode.
+// accepts only sourceNode; ErrNoCertificate while this node has no certificate.
 func ServerConfig(certs Certificates, migrationUID, sourceNode string) (*tls.Config, error) {
-	roots, err := certs.Roots()
+	roots, err := ready(certs)
 	if err != nil {
 		return nil, err
 	}
@@ -103,9 +103,9 @@ func ServerConfig(certs Certificates, migrationUID, sourceNode string) (*tls.Con
 }
 
 // ClientConfig is the TLS configuration of a source proxy of the migration migrationUID, which
-// connects only to targetNode.
+// connects only to targetNode; ErrNoCertificate while this node has no certificate.
 func ClientConfig(certs Certificates, migrationUID, targetNode string) (*tls.Config, error) {
-	roots, err := certs.Roots()
+	roots, err := ready(certs)
 	if err != nil {
 		return nil, err
 	}
@@ -120,6 +120,14 @@ func ClientConfig(certs Certificates, migrationUID, targetNode string) (*tls.Con
 		},
 		VerifyConnection: func(cs tls.ConnectionState) error { return peerIs(cs, targetNode) },
 	}, nil
+}
+
+// ready returns the trusted CAs once this node has a certificate (ErrNoCertificate before).
+func ready(certs Certificates) (*x509.CertPool, error) {
+	if certs.Current() == nil {
+		return nil, ErrNoCertificate
+	}
+	return certs.Roots()
 }
 
 func current(certs Certificates) (*tls.Certificate, error) {
