@@ -84,6 +84,9 @@ type Agent struct {
 	migrations *migrations
 	// migratedAway holds, by VMI UID, when a launcher reported its guest left by migration.
 	migratedAway sync.Map
+	// reportsEnded holds, by VMI UID, when a launcher's notify connection last ended: nothing it
+	// reported before is still unread then.
+	reportsEnded sync.Map
 	// signalled holds, by VMI UID, the SIGTERM a launcher reported (a *signal), which its domain's
 	// metadata may not show yet: libvirt holds that write while a migration runs.
 	signalled sync.Map
@@ -195,6 +198,11 @@ func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 		a.signalled.Store(m.VMI.UID, &signal{at: m.Time, deadline: m.Time.Add(time.Duration(m.PodGracePeriodSeconds) * time.Second)})
 	}
 	a.queue.Add(m.VMI.UID)
+}
+
+// HandleNotifyEnd is the notify server's end handler: the launcher's reports have all been read.
+func (a *Agent) HandleNotifyEnd(vmiUID string) {
+	a.reportsEnded.Store(vmiUID, time.Now())
 }
 
 // Run discovers launchers and reconciles until ctx ends.

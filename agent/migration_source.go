@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -172,14 +173,28 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 }
 
 // leftByMigration waits briefly for the source launcher's last report and tells whether it said
-// its guest left by migration since start.
+// its guest left by migration since start. The wait ends early when the launcher's notify
+// connection has ended since start without that report: a launcher killed mid-migration (a hard
+// eviction) says nothing more, and its VM is recorded lost at once rather than after the wait.
 func (m *migrations) leftByMigration(uid string, start time.Time) bool {
+	since := func(store *sync.Map) bool {
+		at, ok := store.Load(uid)
+		return ok && !at.(time.Time).Before(start)
+	}
 	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, launcherReportWait, true, func(context.Context) (bool, error) {
-		at, ok := m.a.migratedAway.Load(uid)
-		return ok && !at.(time.Time).Before(start), nil
+		if since(&m.a.migratedAway) {
+			return true, nil
+		}
+		if since(&m.a.reportsEnded) {
+			return false, errNoReport
+		}
+		return false, nil
 	})
 	return err == nil
 }
+
+// errNoReport: the source launcher's reports ended without saying its guest left.
+var errNoReport = errors.New("the source launcher's reports ended without a migration")
 
 // tightened follows the VMI's evacuation deadline from the source node while the migration runs:
 // a SIGTERM that comes during a migration without a deadline (or with a later one) sets an

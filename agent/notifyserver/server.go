@@ -26,6 +26,10 @@ import (
 // Handler receives each valid message, with the peer's process ID.
 type Handler func(m *notify.Message, peerPID int32)
 
+// EndHandler is told that the connection of the VMI with vmiUID ended cleanly after its hello:
+// every message the launcher sent on it has been handled.
+type EndHandler func(vmiUID string)
+
 // NetworkHandler builds the pod network of the VMI ref in the network namespace netns, which
 // its launcher sent, and returns what the guest is to be offered.
 type NetworkHandler func(ctx context.Context, ref notify.VMIRef, netns *os.File) (*notify.Lease, error)
@@ -35,6 +39,7 @@ type Server struct {
 	allowedUIDs map[uint32]bool
 	handle      Handler
 	network     NetworkHandler
+	ended       EndHandler
 	log         *slog.Logger
 	// idle closes a connection that sends nothing for this long; launchers keep theirs open
 	// and quiet, so this is long, but it bounds a stuck peer.
@@ -67,6 +72,9 @@ func New(allowedUIDs []uint32, handle Handler, reg prometheus.Registerer, log *s
 
 // HandleNetwork sets what answers NetworkSetup requests; without one they are refused.
 func (s *Server) HandleNetwork(h NetworkHandler) { s.network = h }
+
+// HandleEnd sets the handler of connections' clean ends.
+func (s *Server) HandleEnd(h EndHandler) { s.ended = h }
 
 // MaxConnsPerSocket bounds the connections open at once on one launcher's socket: a launcher
 // keeps one (two for a moment while it reconnects), and one that opens more, or whoever took
@@ -132,6 +140,9 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmiUID strin
 	for {
 		_ = conn.SetReadDeadline(time.Now().Add(s.idle))
 		m, err := notify.Read(in)
+		if errors.Is(err, io.EOF) && hello != nil && s.ended != nil {
+			s.ended(hello.UID)
+		}
 		if errors.Is(err, io.EOF) || (err != nil && ctx.Err() != nil) {
 			return
 		}

@@ -38,11 +38,14 @@ func (r *received) count() int {
 }
 
 // startServer serves a notify socket for the VMI with vmiUID.
-func startServer(t *testing.T, uids []uint32, vmiUID string) (*Server, string, *received) {
+func startServer(t *testing.T, uids []uint32, vmiUID string, configure ...func(*Server, *received)) (*Server, string, *received) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "notify.sock")
 	got := &received{}
 	s := New(uids, got.handle, prometheus.NewRegistry(), slogDiscard())
+	for _, c := range configure {
+		c(s, got)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx, path, vmiUID) }()
@@ -220,4 +223,40 @@ func TestConnectionsPerSocketAreBounded(t *testing.T) {
 		_, _ = c.Read(make([]byte, 1))
 		return got.count() > before
 	})
+}
+
+// TestACleanEndIsReportedAfterEveryMessage: when a launcher's connection ends, the end handler
+// hears of it after the handler had every message sent before; a connection refused before
+// its hello is no launcher's end.
+func TestACleanEndIsReportedAfterEveryMessage(t *testing.T) {
+	var mu sync.Mutex
+	var ends []string
+	var seenAtEnd int
+	_, path, _ := startServer(t, []uint32{uint32(os.Getuid())}, "u1", func(s *Server, got *received) {
+		s.HandleEnd(func(uid string) {
+			mu.Lock()
+			defer mu.Unlock()
+			ends, seenAtEnd = append(ends, uid), got.count()
+		})
+	})
+	liar := dial(t, path)
+	_ = notify.Write(liar, msg(notify.KindHello, "u2"))
+	waitFor(t, "the liar cut off", func() bool { return closed(t, liar) })
+
+	c := dial(t, path)
+	for _, k := range []notify.Kind{notify.KindHello, notify.KindDomainGone} {
+		if err := notify.Write(c, msg(k, "u1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	waitFor(t, "the end reported", func() bool { mu.Lock(); defer mu.Unlock(); return len(ends) > 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ends) != 1 || ends[0] != "u1" {
+		t.Fatalf("ends reported for %v, want only u1's", ends)
+	}
+	if seenAtEnd != 2 {
+		t.Fatalf("the end came after %d handled messages, want both", seenAtEnd)
+	}
 }

@@ -152,6 +152,7 @@ func run(o options, log *slog.Logger) error {
 		return err
 	}
 	notifyServer.HandleNetwork(a.SetupNetwork)
+	notifyServer.HandleEnd(a.HandleNotifyEnd)
 	if err := os.MkdirAll(filepath.Join(o.runDir, "domains"), 0o755); err != nil {
 		return err
 	}

@@ -133,7 +133,7 @@ func startNodes(t testing.TB, n int, configure ...func(*node.Config)) []*testNod
 			"--eviction-max-pod-grace-period", strconv.FormatInt(maxGrace[n.Name()], 10), "--node-address", n.Address(),
 			"--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", fmt.Sprintf("%s:%d", n.Address(), port),
 			"--kubelet-pods-dir", n.HostPath("/var/lib/kubelet/pods"), "--launcher-dir-resync", "1s",
-			"--cert-dir", n.HostPath("/var/lib/lifeboat/pki"),
+			"--cert-dir", filepath.Join(n.HostPath("/var/run/lifeboat"), "pki"),
 			// Emulated nodes have no kubelet device manager; the machine's own directory may
 			// belong to the real test node's kubelet.
 			"--device-plugin-dir=")

@@ -132,7 +132,7 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 		}
 		agent, err := startChild(cp.Dir, filepath.Join(o.bin, "lifeboat-agent"), "--kubeconfig", cp.Kubeconfig,
 			"--node-name", name, "--node-address", addr, "--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", listen,
-			"--kubelet-pods-dir", n.HostPath("/var/lib/kubelet/pods"), "--cert-dir", n.HostPath("/var/lib/lifeboat/pki"),
+			"--kubelet-pods-dir", n.HostPath("/var/lib/kubelet/pods"), "--cert-dir", filepath.Join(n.HostPath("/var/run/lifeboat"), "pki"),
 			"--eviction-max-pod-grace-period", strconv.Itoa(maxPodGracePeriod),
 			// Emulated nodes have no kubelet device manager to register with.
 			"--device-plugin-dir=")
