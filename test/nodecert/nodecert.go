@@ -22,9 +22,12 @@ type Static struct {
 	Trust *x509.CertPool
 }
 
-func (s *Static) Current() *tls.Certificate      { return s.Cert }
+// Current is the node's certificate.
+func (s *Static) Current() *tls.Certificate { return s.Cert }
+
+// Roots is the pool the node trusts.
 func (s *Static) Roots() (*x509.CertPool, error) { return s.Trust, nil }
-func (s *Static) String() string                 { return s.Cert.Leaf.Subject.CommonName }
+
 
 var _ migrationtls.Certificates = (*Static)(nil)
 
