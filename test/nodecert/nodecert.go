@@ -28,7 +28,6 @@ func (s *Static) Current() *tls.Certificate { return s.Cert }
 // Roots is the pool the node trusts.
 func (s *Static) Roots() (*x509.CertPool, error) { return s.Trust, nil }
 
-
 var _ migrationtls.Certificates = (*Static)(nil)
 
 // NewCA makes a CA for one test.
