@@ -97,6 +97,8 @@ func main() {
 		err = follow(ctx, *dir, ref, *timeout)
 	case "down":
 		err = down(*dir)
+	case "rights":
+		err = rights(ctx)
 	default:
 		usage()
 	}
@@ -107,7 +109,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: lifeboat-cluster build | bin-dir | guest | up [--dir DIR] [--nodes N --lifeboat-bin BIN] | down [--dir DIR] | console NS/NAME [--wait-for LINE] | evict NS/NAME | follow NS/NAME | ask NS/SERVICE [--every D]")
+	fmt.Fprintln(os.Stderr, "usage: lifeboat-cluster build | bin-dir | guest | up [--dir DIR] [--nodes N --lifeboat-bin BIN] | down [--dir DIR] | console NS/NAME [--wait-for LINE] | evict NS/NAME | follow NS/NAME | ask NS/SERVICE [--every D] | rights")
 	os.Exit(2)
 }
 
