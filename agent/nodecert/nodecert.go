@@ -8,10 +8,12 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/certificate"
@@ -36,8 +38,20 @@ const rootsTTL = time.Minute
 
 // Start begins keeping node's certificate in dir (lifeboat-migration-current.pem); the CA is
 // read from the ConfigMap in namespace. The manager runs until ctx ends; until the first
-// certificate is signed, Current is nil.
-func Start(ctx context.Context, kube kubernetes.Interface, node, dir, namespace string) (*Certificates, error) {
+// certificate is signed, Current is nil. Renewals and their failures are counted in reg.
+func Start(ctx context.Context, kube kubernetes.Interface, node, dir, namespace string, reg prometheus.Registerer) (*Certificates, error) {
+	renewed := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "lifeboat_agent_migration_certificate_age_at_renewal_seconds",
+		Help:    "Age of this node's migration certificate when a new one replaced it.",
+		Buckets: prometheus.ExponentialBuckets(60, 4, 8),
+	})
+	failed := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "lifeboat_agent_migration_certificate_renewal_failures_total",
+		Help: "Failed attempts to get this node's migration certificate signed.",
+	})
+	if err := errors.Join(reg.Register(renewed), reg.Register(failed)); err != nil {
+		return nil, err
+	}
 	store, err := certificate.NewFileStore("lifeboat-migration", dir, dir, "", "")
 	if err != nil {
 		return nil, fmt.Errorf("the migration certificate's store in %s: %w", dir, err)
@@ -48,8 +62,11 @@ func Start(ctx context.Context, kube kubernetes.Interface, node, dir, namespace 
 		SignerName:       migrationtls.SignerName,
 		Usages:           migrationtls.Usages,
 		CertificateStore: store,
-		Name:             "lifeboat-migration",
-		Ctx:              &ctx,
+		// client-go reports the replaced certificate's age in seconds.
+		CertificateRotation:     renewed,
+		CertificateRenewFailure: failed,
+		Name:                    "lifeboat-migration",
+		Ctx:                     &ctx,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("the migration certificate's manager: %w", err)

@@ -104,13 +104,12 @@ func run(o options, log *slog.Logger) error {
 	}
 	defer stopRecorder()
 
+	reg := prometheus.NewRegistry()
 	// Migration streams between nodes are TLS with this node's certificate (agent/nodecert).
-	certs, err := nodecert.Start(ctx, kubeClient, o.nodeName, o.certDir, o.namespace)
+	certs, err := nodecert.Start(ctx, kubeClient, o.nodeName, o.certDir, o.namespace, reg)
 	if err != nil {
 		return err
 	}
-
-	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Each factory's field selector applies to every type in it: the node's VMIs, the
 	// migrations leaving it and those reaching it (a field selector cannot say "or"), and the

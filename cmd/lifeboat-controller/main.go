@@ -124,7 +124,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 		return err
 	}
 	csrInformers := nodecerts.NewInformer(kubeClient)
-	signer := nodecerts.New(kubeClient, ca, csrInformers.Certificates().V1().CertificateSigningRequests(), recorder, o.nodeCertValidity, log)
+	signer := nodecerts.New(kubeClient, ca, csrInformers.Certificates().V1().CertificateSigningRequests(), recorder, o.nodeCertValidity, reg, log)
 	// The controllers run in the leader only; every replica serves the webhook and metrics.
 	controllers := []func(context.Context) error{
 		func(ctx context.Context) error { return vmiController.Run(ctx, workers) },

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -36,6 +37,8 @@ type Controller struct {
 	queue    workqueue.TypedRateLimitingInterface[string]
 	recorder record.EventRecorder
 	maxLife  time.Duration
+	// requests counts the requests decided, by result (signed, denied).
+	requests *prometheus.CounterVec
 	log      *slog.Logger
 }
 
@@ -48,8 +51,15 @@ func NewInformer(kube kubernetes.Interface) informers.SharedInformerFactory {
 
 // New wires the signer to its informer; certificates live at most maxLifetime (a request may ask
 // for less with spec.expirationSeconds).
-func New(kube kubernetes.Interface, ca *CA, csrs certinformers.CertificateSigningRequestInformer, recorder record.EventRecorder, maxLifetime time.Duration, log *slog.Logger) *Controller {
+func New(kube kubernetes.Interface, ca *CA, csrs certinformers.CertificateSigningRequestInformer, recorder record.EventRecorder, maxLifetime time.Duration,
+	reg prometheus.Registerer, log *slog.Logger) *Controller {
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lifeboat_node_certificate_requests_total",
+		Help: "Requests for lifeboat's signer lifeboat.dev/migration the controller decided, by result (signed, denied: the reason is on the request and in an Event).",
+	}, []string{"result"})
+	reg.MustRegister(requests)
 	c := &Controller{
+		requests: requests,
 		kube: kube, ca: ca, csrs: csrs.Lister(), synced: []cache.InformerSynced{csrs.Informer().HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodecerts"}),
 		recorder: recorder, maxLife: maxLifetime, log: log.With("controller", "nodecerts"),
@@ -98,6 +108,7 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 		if err != nil {
 			return fmt.Errorf("refusing %s: %w", csr.Name, err)
 		}
+		c.requests.WithLabelValues("denied").Inc()
 		c.recorder.Event(csr, corev1.EventTypeWarning, d.Reason, "denied: "+d.Message)
 		c.log.Info("denied a node certificate", "csr", csr.Name, "user", csr.Spec.Username, "reason", d.Reason, "message", d.Message)
 		return nil
@@ -120,6 +131,7 @@ func (c *Controller) sync(ctx context.Context, name string) error {
 	if _, err := csrs.UpdateStatus(ctx, csr, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("recording the certificate of %s: %w", csr.Name, err)
 	}
+	c.requests.WithLabelValues("signed").Inc()
 	c.log.Info("signed a node certificate", "csr", csr.Name, "node", d.Node, "user", csr.Spec.Username, "lifetime", life)
 	return nil
 }

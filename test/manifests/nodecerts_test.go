@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -74,7 +75,7 @@ func runSigner(t *testing.T, maxLifetime time.Duration) {
 	}
 	informers := nodecerts.NewInformer(kube)
 	c := nodecerts.New(kube, ca, informers.Certificates().V1().CertificateSigningRequests(), record.NewFakeRecorder(100), maxLifetime,
-		slog.New(slog.NewTextHandler(os.Stderr, nil)))
+		prometheus.NewRegistry(), slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() { cancel(); <-done })
@@ -92,7 +93,8 @@ func TestAgentsGetCertificatesForTheirOwnNodeOnly(t *testing.T) {
 	runSigner(t, lifetime)
 	nodeA, nodeB := createNode(t, "cert-node-a"), createNode(t, "cert-node-b")
 
-	certs, err := nodecert.Start(t.Context(), tokenClient(t, agentSA, nodeA), nodeA.Name, t.TempDir(), "lifeboat-system")
+	reg := prometheus.NewRegistry()
+	certs, err := nodecert.Start(t.Context(), tokenClient(t, agentSA, nodeA), nodeA.Name, t.TempDir(), "lifeboat-system", reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,6 +117,9 @@ func TestAgentsGetCertificatesForTheirOwnNodeOnly(t *testing.T) {
 	if !renewed.NotAfter.After(first.NotAfter) {
 		t.Errorf("the renewed certificate ends %s, not after the first's %s", renewed.NotAfter, first.NotAfter)
 	}
+	if n := renewals(t, reg); n < 1 {
+		t.Errorf("lifeboat_agent_migration_certificate_age_at_renewal_seconds counted %d renewals, want the one seen", n)
+	}
 
 	t.Run("node B's token asks for node A's certificate: denied", func(t *testing.T) {
 		cond := requestFor(t, tokenClient(t, agentSA, nodeB), nodeA.Name)
@@ -129,6 +134,21 @@ func TestAgentsGetCertificatesForTheirOwnNodeOnly(t *testing.T) {
 			t.Errorf("the request ended %s (%s: %s), want Denied (%s)", cond.Type, cond.Reason, cond.Message, nodecerts.ReasonNotAuthorized)
 		}
 	})
+}
+
+// renewals is how many renewals the agent's metrics counted.
+func renewals(t *testing.T, reg *prometheus.Registry) uint64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "lifeboat_agent_migration_certificate_age_at_renewal_seconds" {
+			return f.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	return 0
 }
 
 // waitCertificate waits for the manager's certificate other than old.
