@@ -60,7 +60,7 @@ func New(kube kubernetes.Interface, ca *CA, csrs certinformers.CertificateSignin
 	reg.MustRegister(requests)
 	c := &Controller{
 		requests: requests,
-		kube: kube, ca: ca, csrs: csrs.Lister(), synced: []cache.InformerSynced{csrs.Informer().HasSynced},
+		kube:     kube, ca: ca, csrs: csrs.Lister(), synced: []cache.InformerSynced{csrs.Informer().HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodecerts"}),
 		recorder: recorder, maxLife: maxLifetime, log: log.With("controller", "nodecerts"),
 	}
