@@ -236,6 +236,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 		case uid := <-gone:
 			a.forget(uid)
 			a.signalled.Delete(uid)
+			a.reportsEnded.Delete(uid)
 		}
 	}
 }

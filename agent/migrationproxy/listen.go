@@ -72,7 +72,7 @@ func DialTLS(addr string, config *tls.Config) func(ctx context.Context) (net.Con
 // nothing for long.
 const HandshakeTimeout = 10 * time.Second
 
-// TargetWait is how long ListenTCP waits for its target socket to accept connections.
+// TargetWait is how long a target proxy (ListenTLS, ListenTCP) waits for its target socket to accept connections.
 const TargetWait = 10 * time.Second
 
 // dialRetryInterval is how often a missing target socket is tried again.

@@ -55,7 +55,7 @@ func NodeOf(commonName string) (string, bool) {
 // the DNS name its target proxies are reached by.
 func Template(node string) *x509.CertificateRequest {
 	return &x509.CertificateRequest{
-		Subject:  pkixName(node),
+		Subject:  pkix.Name{CommonName: CommonName(node), Organization: []string{Organization}},
 		DNSNames: []string{node},
 	}
 }
@@ -147,8 +147,4 @@ func peerIs(cs tls.ConnectionState, node string) error {
 		return fmt.Errorf("the peer is %q, want node %s", cn, node)
 	}
 	return nil
-}
-
-func pkixName(node string) pkix.Name {
-	return pkix.Name{CommonName: CommonName(node), Organization: []string{Organization}}
 }

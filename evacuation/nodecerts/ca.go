@@ -143,14 +143,15 @@ func (ca *CA) Sign(req *x509.CertificateRequest, node string, lifetime time.Dura
 	if err != nil {
 		return nil, err
 	}
+	subject := migrationtls.Template(node)
 	notAfter := now.Add(lifetime)
 	if notAfter.After(ca.cert.NotAfter) {
 		notAfter = ca.cert.NotAfter
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
-		Subject:               migrationtls.Template(node).Subject,
-		DNSNames:              []string{node},
+		Subject:               subject.Subject,
+		DNSNames:              subject.DNSNames,
 		NotBefore:             now.Add(-min(clockSkew, lifetime/10)),
 		NotAfter:              notAfter,
 		KeyUsage:              x509.KeyUsageDigitalSignature,

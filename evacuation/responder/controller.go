@@ -246,8 +246,8 @@ func (c *Controller) observe(ev *lifecyclev1alpha1.Eviction) (Observation, error
 	if err != nil {
 		return obs, err
 	}
-	ref := metav1.GetControllerOf(pod)
-	if pod.UID != target.UID || pod.Labels[v1alpha1.LabelRole] != v1alpha1.RoleLauncher || ref == nil || ref.Kind != "VirtualMachineInstance" {
+	ref := v1alpha1.VMIController(pod)
+	if pod.UID != target.UID || pod.Labels[v1alpha1.LabelRole] != v1alpha1.RoleLauncher || ref == nil {
 		return obs, nil
 	}
 	obs.Pod = pod

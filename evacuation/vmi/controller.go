@@ -107,7 +107,7 @@ func (c *Controller) enqueueOwner(obj any) {
 	if !ok {
 		return
 	}
-	if ref := metav1.GetControllerOf(pod); ref != nil && ref.Kind == "VirtualMachineInstance" && ref.APIVersion == v1alpha1.SchemeGroupVersion.String() {
+	if ref := v1alpha1.VMIController(pod); ref != nil {
 		c.queue.Add(pod.Namespace + "/" + ref.Name)
 	}
 }

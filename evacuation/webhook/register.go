@@ -34,7 +34,7 @@ const (
 )
 
 // systemNamespaces are Kubernetes' own namespaces, whose evictions never reach the webhook.
-var systemNamespaces = []string{metav1.NamespaceSystem, "kube-public", corev1.NamespaceNodeLease}
+var systemNamespaces = []string{metav1.NamespaceSystem, metav1.NamespacePublic, corev1.NamespaceNodeLease}
 
 // Endpoint is how the API server reaches the webhook: a URL (a local cluster whose API server runs
 // outside it) or a Service.

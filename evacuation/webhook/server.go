@@ -288,7 +288,7 @@ func (s *Server) observe(namespace, name string) (*corev1.Pod, *v1alpha1.Virtual
 	}
 	vmi, err := s.vmis.VirtualMachineInstances(namespace).Get(pod.Labels[v1alpha1.LabelVMIName])
 	// A pod a tenant labels as a launcher is not one: a launcher's controller is its VMI.
-	if err != nil || string(vmi.UID) != pod.Labels[v1alpha1.LabelVMIUID] || !controlledBy(pod, vmi) {
+	if ref := v1alpha1.VMIController(pod); err != nil || string(vmi.UID) != pod.Labels[v1alpha1.LabelVMIUID] || ref == nil || ref.UID != vmi.UID {
 		return pod, nil
 	}
 	return pod, vmi
@@ -340,12 +340,6 @@ func dryRun(req *admissionv1.AdmissionRequest) bool {
 		return false
 	}
 	return eviction.DeleteOptions != nil && len(eviction.DeleteOptions.DryRun) > 0
-}
-
-// controlledBy reports whether vmi is pod's controller (evacuation/vmi makes launcher pods so).
-func controlledBy(pod *corev1.Pod, vmi *v1alpha1.VirtualMachineInstance) bool {
-	ref := metav1.GetControllerOf(pod)
-	return ref != nil && ref.UID == vmi.UID && ref.Kind == "VirtualMachineInstance" && ref.APIVersion == v1alpha1.SchemeGroupVersion.String()
 }
 
 // fromAPIServer reports whether r comes with the API server's client certificate, and who the

@@ -4,7 +4,18 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
+
+// VMIController is obj's controller reference when a VirtualMachineInstance controls it, as one
+// controls each launcher pod; nil otherwise.
+func VMIController(obj metav1.Object) *metav1.OwnerReference {
+	ref := metav1.GetControllerOf(obj)
+	if ref == nil || ref.Kind != "VirtualMachineInstance" || ref.APIVersion != SchemeGroupVersion.String() {
+		return nil
+	}
+	return ref
+}
 
 // EffectiveEvictionStrategy is the VMI's own strategy, else the cluster's, else None.
 // config may be nil (no LifeboatConfig exists).

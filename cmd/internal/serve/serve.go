@@ -11,24 +11,14 @@ import (
 	"time"
 )
 
-// Server returns the bounded server of handler.
-func Server(handler http.Handler) *http.Server {
-	return &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
-}
-
 // HTTP serves handler on address until ctx ends.
 func HTTP(ctx context.Context, address string, handler http.Handler) error {
 	l, err := net.Listen("tcp", address)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", address, err)
 	}
-	return Listener(ctx, l, handler)
-}
-
-// Listener serves handler on l until ctx ends.
-func Listener(ctx context.Context, l net.Listener, handler http.Handler) error {
-	srv := Server(handler)
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
 	stop := context.AfterFunc(ctx, func() {
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
