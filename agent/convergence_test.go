@@ -30,6 +30,16 @@ func TestNextMode(t *testing.T) {
 	blind := Progress{Remaining: 700 * mib, Total: 1024 * mib, Bandwidth: 64 * mib, FirstPass: true, Elapsed: 2 * time.Second, SinceEscalation: 2 * time.Second, TimeLeft: 22 * time.Second, HasDeadline: true}
 	blindWithTime := blind
 	blindWithTime.TimeLeft = time.Minute
+	// The same guest with QEMU's page-sampling estimate of its dirty rate, 27 s before its
+	// deadline (the matrix's 30 s grace) or 57 s (60 s).
+	idle := blind
+	idle.Remaining, idle.Estimated, idle.TimeLeft = 900*mib, true, 27*time.Second
+	halfCap := idle
+	halfCap.DirtyRate = 32 * mib // with the margin: 640 MiB rewritten in the first pass, 27 s to send them
+	halfCapLong := halfCap
+	halfCapLong.TimeLeft = 57 * time.Second
+	overCapLong := halfCapLong
+	overCapLong.DirtyRate = 96 * mib
 	connecting := Progress{Elapsed: 3 * time.Second, SinceEscalation: 3 * time.Second, TimeLeft: 40 * time.Second, HasDeadline: true}
 	cases := []struct {
 		name    string
@@ -44,6 +54,10 @@ func TestNextMode(t *testing.T) {
 		{"blind first pass, no time for a second: the last resort now", v1alpha1.MigrationModePreCopy, blind, noPostCopy, v1alpha1.MigrationModePaused},
 		{"blind first pass with time for a second: pre-copy goes on", v1alpha1.MigrationModePreCopy, blindWithTime, noPostCopy, v1alpha1.MigrationModePreCopy},
 		{"blind first pass, nothing beyond pre-copy allowed: pre-copy goes on", v1alpha1.MigrationModePreCopy, blind, Allowed{}, v1alpha1.MigrationModePreCopy},
+		{"estimated idle first pass that fits: pre-copy goes on, no pause", v1alpha1.MigrationModePreCopy, idle, noPostCopy, v1alpha1.MigrationModePreCopy},
+		{"estimated first pass whose rewrites do not fit: the last resort now", v1alpha1.MigrationModePreCopy, halfCap, noPostCopy, v1alpha1.MigrationModePaused},
+		{"estimated first pass whose rewrites fit a longer deadline: pre-copy goes on", v1alpha1.MigrationModePreCopy, halfCapLong, noPostCopy, v1alpha1.MigrationModePreCopy},
+		{"estimated first pass that cannot converge: auto-converge before the pass ends", v1alpha1.MigrationModePreCopy, overCapLong, noPostCopy, v1alpha1.MigrationModeAutoConverge},
 		{"no transfer figures yet: nothing to project from", v1alpha1.MigrationModePreCopy, connecting, all, v1alpha1.MigrationModePreCopy},
 		{"not converging: auto-converge first", v1alpha1.MigrationModePreCopy, stuck, all, v1alpha1.MigrationModeAutoConverge},
 		{"converging too slowly for the deadline: auto-converge", v1alpha1.MigrationModePreCopy, slow, all, v1alpha1.MigrationModeAutoConverge},

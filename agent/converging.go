@@ -44,6 +44,14 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 	done := make(chan error, 1)
 	go func() { done <- c.Migrator.Migrate(ctx, c.Domain, c.Options) }()
 
+	// QEMU's page sampling tells the guest's dirty rate during the first pass, where libvirt's
+	// figure is not there yet. It must start before the migration (libvirt holds the call
+	// while a migration runs); its result is read during it.
+	est := &dirtyRateEstimate{}
+	if err := c.Migrator.StartDirtyRateCalc(c.Domain, dirtyRateSample, domain.DirtyRatePageSampling); err != nil {
+		c.Log.Info("the guest's dirty rate cannot be estimated; the first pass is judged blind", "err", err)
+		est.unavailable = true
+	}
 	mode, escalated := v1alpha1.MigrationModePreCopy, c.Clock.Now()
 	var transferring time.Time // when libvirt first measured a transfer rate
 	ticker := c.Clock.NewTicker(progressInterval)
@@ -62,7 +70,7 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 		if cancelled {
 			continue
 		}
-		next, err := c.step(mode, c.Clock.Since(escalated), &transferring)
+		next, err := c.step(mode, c.Clock.Since(escalated), &transferring, est)
 		if err != nil {
 			c.Log.Warn("escalating the migration", "to", next, "err", err)
 			continue
@@ -80,7 +88,7 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 // step reads the job's progress and applies the convergence policy's next mode. The policy's
 // Elapsed counts from the first measured transfer, not from the job's start (libvirt's
 // elapsed time): the destination QEMU's start-up comes first and says nothing of convergence.
-func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation time.Duration, transferring *time.Time) (v1alpha1.MigrationMode, error) {
+func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation time.Duration, transferring *time.Time, est *dirtyRateEstimate) (v1alpha1.MigrationMode, error) {
 	stats, err := c.Migrator.JobStats(c.Domain)
 	if err != nil || stats.Type != domain.JobUnbounded {
 		return mode, nil // not started yet, or over: nothing to steer
@@ -95,6 +103,9 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 		FirstPass: stats.MemoryIteration <= 1, Total: stats.DataTotal}
 	if !transferring.IsZero() {
 		p.Elapsed = c.Clock.Since(*transferring)
+	}
+	if p.FirstPass {
+		p.DirtyRate, p.Estimated = c.estimate(est)
 	}
 	if deadline := c.deadline(); !deadline.IsZero() {
 		p.HasDeadline, p.TimeLeft = true, deadline.Sub(c.Clock.Now())
@@ -123,4 +134,30 @@ func (c ConvergingMigration) deadline() time.Time {
 		return t
 	}
 	return d
+}
+
+// dirtyRateSample is how long QEMU's page-sampling measurement lasts: libvirt's shortest, so
+// the estimate is there before the policy's warm-up ends.
+const dirtyRateSample = time.Second
+
+// dirtyRateEstimate is what the page-sampling measurement said, once it ended.
+type dirtyRateEstimate struct {
+	rate               uint64
+	known, unavailable bool
+}
+
+// estimate returns the guest's estimated dirty rate once QEMU has measured it.
+func (c ConvergingMigration) estimate(est *dirtyRateEstimate) (uint64, bool) {
+	if !est.known && !est.unavailable {
+		rate, ok, err := c.Migrator.DirtyRate(c.Domain)
+		switch {
+		case err != nil:
+			c.Log.Info("reading the guest's dirty rate estimate; the first pass is judged blind", "err", err)
+			est.unavailable = true
+		case ok:
+			est.rate, est.known = rate, true
+			c.Log.Info("the guest's dirty rate estimated", "bytesPerSecond", rate)
+		}
+	}
+	return est.rate, est.known
 }

@@ -32,6 +32,9 @@ import (
 type Migrator interface {
 	Migrate(ctx context.Context, name string, opts domain.MigrateOptions) error
 	JobStats(name string) (domain.JobStats, error)
+	// StartDirtyRateCalc and DirtyRate estimate the guest's dirty rate (domain.Conn's).
+	StartDirtyRateCalc(name string, period time.Duration, mode domain.DirtyRateMode) error
+	DirtyRate(name string) (uint64, bool, error)
 	StartPostCopy(name string) error
 	Suspend(name string) error
 	Resume(name string) error

@@ -108,7 +108,7 @@ func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachi
 func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mg Migrator) {
 	defer m.finish(string(mig.UID))
 	name := domain.DomainName(vmi.Namespace, vmi.Name)
-	allowed, bandwidth := MigrationSettings(m.a.eviction().Config)
+	allowed, bandwidth := MigrationSettings(m.a.eviction().Config, vmi)
 	log := m.a.cfg.Log.With("migration", mig.Namespace+"/"+mig.Name, "vmi", vmi.Name)
 	if allowed.PostCopy && mg.Session() {
 		// Post-copy needs a userfaultfd that handles the kernel's faults, which an unprivileged
@@ -300,8 +300,8 @@ func (m *migrations) record(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *
 }
 
 // MigrationSettings are the LifeboatConfig's convergence switches and bandwidth cap, with the
-// API's defaults when there is no configuration.
-func MigrationSettings(config *v1alpha1.LifeboatConfig) (Allowed, uint64) {
+// API's defaults when there is no configuration, narrowed by the VMI's own opt-out (vmi may be nil).
+func MigrationSettings(config *v1alpha1.LifeboatConfig, vmi *v1alpha1.VirtualMachineInstance) (Allowed, uint64) {
 	allowed := Allowed{AutoConverge: true, Pause: true}
 	if config == nil {
 		return allowed, 0
@@ -312,6 +312,9 @@ func MigrationSettings(config *v1alpha1.LifeboatConfig) (Allowed, uint64) {
 	}
 	if c.AllowPostCopy != nil {
 		allowed.PostCopy = *c.AllowPostCopy
+	}
+	if vmi != nil && vmi.Spec.Migration != nil && vmi.Spec.Migration.AllowPostCopy != nil && !*vmi.Spec.Migration.AllowPostCopy {
+		allowed.PostCopy = false
 	}
 	if c.AllowPause != nil {
 		allowed.Pause = *c.AllowPause

@@ -53,6 +53,13 @@ func (s *stuckMigrator) StartPostCopy(string) error {
 	return nil
 }
 
+// StartDirtyRateCalc fails as an old QEMU's would: the policy judges by libvirt's figures alone.
+func (s *stuckMigrator) StartDirtyRateCalc(string, time.Duration, domain.DirtyRateMode) error {
+	return errors.New("dirty rate measurement not supported")
+}
+
+func (s *stuckMigrator) DirtyRate(string) (uint64, bool, error) { return 0, false, nil }
+
 func (s *stuckMigrator) LoadQEMUCapabilities() error { return nil }
 func (s *stuckMigrator) Session() bool               { return true }
 
@@ -231,5 +238,39 @@ func TestConvergenceWarmUpCountsFromTheTransfer(t *testing.T) {
 	at := <-escalated
 	if mg.transferring.IsZero() || at.Sub(mg.transferring) < convergenceWarmUp {
 		t.Errorf("escalated %s after the transfer began (at read %d), want at least the warm-up of %s", at.Sub(mg.transferring), mg.reads, convergenceWarmUp)
+	}
+}
+
+func TestMigrationSettings(t *testing.T) {
+	config := func(postCopy *bool) *v1alpha1.LifeboatConfig {
+		c := &v1alpha1.LifeboatConfig{}
+		c.Spec.Migrations.AllowPostCopy = postCopy
+		return c
+	}
+	vmi := func(postCopy *bool) *v1alpha1.VirtualMachineInstance {
+		v := &v1alpha1.VirtualMachineInstance{}
+		if postCopy != nil {
+			v.Spec.Migration = &v1alpha1.VMIMigration{AllowPostCopy: postCopy}
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		name         string
+		config       *v1alpha1.LifeboatConfig
+		vmi          *v1alpha1.VirtualMachineInstance
+		wantPostCopy bool
+	}{
+		{"no configuration: post-copy off", nil, vmi(nil), false},
+		{"the configuration allows it", config(ptr.To(true)), vmi(nil), true},
+		{"the VMI opts out", config(ptr.To(true)), vmi(ptr.To(false)), false},
+		{"the VMI cannot opt in where the configuration forbids", config(ptr.To(false)), vmi(ptr.To(true)), false},
+		{"no VMI (benchmarks): the configuration's", config(ptr.To(true)), nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			allowed, _ := MigrationSettings(tc.config, tc.vmi)
+			if allowed.PostCopy != tc.wantPostCopy {
+				t.Errorf("MigrationSettings() allows post-copy: %v, want %v", allowed.PostCopy, tc.wantPostCopy)
+			}
+		})
 	}
 }

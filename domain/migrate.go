@@ -53,6 +53,10 @@ type MigrateOptions struct {
 	// AllowPostCopy prepares the migration so that StartPostCopy can switch it to post-copy
 	// later; the migration starts as pre-copy either way.
 	AllowPostCopy bool
+	// PostCopyResume resumes a migration that broke in post-copy (the domain waits paused,
+	// reason PostcopyFailed, on both daemons; no guest runs anywhere) over new connections to
+	// the same URIs. libvirt then continues where the stream stopped, from the source's memory.
+	PostCopyResume bool
 	// DisksURI, when set (unix:///path, the proxied NBD socket), copies the top image of every
 	// writable disk that is not shared (containerDisk overlays) to the destination, whose own
 	// overlay on the same backing image receives it; the images below are on both nodes already.
@@ -74,8 +78,11 @@ func migrateFlags(opts MigrateOptions) libvirt.DomainMigrateFlags {
 	if opts.AutoConverge {
 		flags |= libvirt.MIGRATE_AUTO_CONVERGE
 	}
-	if opts.AllowPostCopy {
+	if opts.AllowPostCopy || opts.PostCopyResume {
 		flags |= libvirt.MIGRATE_POSTCOPY
+	}
+	if opts.PostCopyResume {
+		flags |= libvirt.MIGRATE_POSTCOPY_RESUME
 	}
 	if opts.DisksURI != "" {
 		flags |= libvirt.MIGRATE_NON_SHARED_INC
@@ -190,7 +197,8 @@ func abortUntilDone(dom *libvirt.Domain, done <-chan error) (migrateErr, abortEr
 // AllowPostCopy, to post-copy: the guest moves to the destination at once and fetches the
 // memory it still lacks from the source on demand. It is the end of the road for a
 // migration that does not converge: from here it can no longer be aborted, and if the
-// connection between the nodes breaks the guest is lost on both.
+// connection between the nodes breaks, the guest waits paused on both until a Migrate with
+// PostCopyResume carries on (the source holds the only copy of the pages still to send).
 func (c *Conn) StartPostCopy(name string) error {
 	dom, err := c.lookup(name)
 	if err != nil {

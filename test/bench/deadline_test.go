@@ -67,11 +67,12 @@ const (
 func dirtySize(memory uint64) uint64 { return memory - 64*mib - memory/8 }
 
 // BenchmarkDeadlineMatrix migrates real TCG guests between two private libvirt daemons through
-// the agents' migration proxies, for each guest size × dirty rate: once per grace period with
-// lifeboat's policy (the agent's own convergence loop, agent.MigrateConverging, with
-// LifeboatConfig's default modes and a deadline at the grace), and once with KubeVirt's
-// defaults (plain pre-copy, which does not depend on the grace). The table printed at the end
-// has the medians over -count runs.
+// the agents' migration proxies, for each guest size × dirty rate, with four policies in the
+// same run, interleaved: per grace period, lifeboat's (the agent's own convergence loop,
+// agent.MigrateConverging, with a deadline at the grace) with LifeboatConfig's default modes and
+// with post-copy allowed; and, once per guest since they do not know the grace, KubeVirt's
+// defaults (plain pre-copy) and KubeVirt's with allowAutoConverge and allowPostCopy. The table
+// printed at the end has the medians over -count runs and the worst downtime the guest saw.
 func BenchmarkDeadlineMatrix(b *testing.B) {
 	img, err := guest.Ensure(b.Context(), os.Stderr)
 	if err != nil {
@@ -81,23 +82,41 @@ func BenchmarkDeadlineMatrix(b *testing.B) {
 		for _, f := range dirtyFactors {
 			rate := matrixCap * f.num / f.den
 			cell := matrixCell{memory: mem, dirtyRate: rate, factor: f.name}
-			b.Run(fmt.Sprintf("mem=%dMi/dirty=%s/policy=kubevirt", mem/mib, f.name), func(b *testing.B) {
-				for b.Loop() {
-					matrix.add(cell, "kubevirt", migrateOnce(b, img, cell, kubevirtPolicy(mem)))
-				}
-			})
+			for _, kv := range kubevirtPolicies {
+				b.Run(fmt.Sprintf("mem=%dMi/dirty=%s/policy=%s", mem/mib, f.name, kv), func(b *testing.B) {
+					for b.Loop() {
+						matrix.add(cell, kv, migrateOnce(b, img, cell, kubevirtPolicy(mem, kv == policyKubeVirtTuned)))
+					}
+				})
+			}
 			for _, grace := range matrixGraces {
 				c := cell
 				c.grace = grace
-				b.Run(fmt.Sprintf("mem=%dMi/dirty=%s/grace=%s/policy=lifeboat", mem/mib, f.name, grace), func(b *testing.B) {
-					for b.Loop() {
-						matrix.add(c, "lifeboat", migrateOnce(b, img, c, lifeboatPolicy(grace)))
-					}
-				})
+				for _, lb := range lifeboatPolicies {
+					b.Run(fmt.Sprintf("mem=%dMi/dirty=%s/grace=%s/policy=%s", mem/mib, f.name, grace, lb), func(b *testing.B) {
+						for b.Loop() {
+							matrix.add(c, lb, migrateOnce(b, img, c, lifeboatPolicy(grace, lb == policyLifeboatPostCopy)))
+						}
+					})
+				}
 			}
 		}
 	}
 }
+
+// The matrix's policies.
+const (
+	policyLifeboat         = "lifeboat"
+	policyLifeboatPostCopy = "lifeboat+postcopy"
+	policyKubeVirt         = "kubevirt"
+	policyKubeVirtTuned    = "kubevirt+autoconverge+postcopy"
+)
+
+var (
+	lifeboatPolicies = []string{policyLifeboat, policyLifeboatPostCopy}
+	kubevirtPolicies = []string{policyKubeVirt, policyKubeVirtTuned}
+	matrixPolicies   = []string{policyLifeboat, policyLifeboatPostCopy, policyKubeVirt, policyKubeVirtTuned}
+)
 
 // matrixCell is a guest and, for lifeboat's policy, the grace period it is given (zero for
 // KubeVirt's, which does not know of one).
@@ -110,28 +129,32 @@ type matrixCell struct {
 // policy turns a migration into a ConvergingMigration: its allowed modes, deadline and abort rule.
 type policy func(c *agent.ConvergingMigration, start time.Time, stats func() domain.JobStats)
 
-// lifeboatPolicy is the agent's: LifeboatConfig's defaults with the bandwidth cap, and the
-// kubelet's deadline at the grace period from the start.
-func lifeboatPolicy(grace time.Duration) policy {
+// lifeboatPolicy is the agent's: LifeboatConfig's defaults with the bandwidth cap (and post-copy
+// allowed when postCopy), and the kubelet's deadline at the grace period from the start.
+func lifeboatPolicy(grace time.Duration, postCopy bool) policy {
 	return func(c *agent.ConvergingMigration, start time.Time, _ func() domain.JobStats) {
 		config := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}}
 		config.Spec.Migrations.BandwidthPerMigration = ptr.To(resource.MustParse(fmt.Sprintf("%dMi", matrixCap/mib)))
-		allowed, bandwidth := agent.MigrationSettings(config)
+		config.Spec.Migrations.AllowPostCopy = ptr.To(postCopy)
+		allowed, bandwidth := agent.MigrationSettings(config, nil)
 		c.Allowed, c.Options.Bandwidth = allowed, bandwidth
 		c.Options.AutoConverge, c.Options.AllowPostCopy = allowed.AutoConverge, allowed.PostCopy
 		c.Deadline = start.Add(grace)
 	}
 }
 
-// kubevirtPolicy is plain pre-copy, aborted by KubeVirt's completion and progress timeouts,
-// or at the longest grace of the matrix, when every deadline has passed and the kubelet would
-// have killed the VM.
-func kubevirtPolicy(memory uint64) policy {
+// kubevirtPolicy is KubeVirt's pre-copy, aborted by its completion and progress timeouts, or at
+// the longest grace of the matrix, when every deadline has passed and the kubelet would have
+// killed the VM. Tuned is a migration policy with allowAutoConverge and allowPostCopy: QEMU
+// throttles from the start, and KubeVirt switches to post-copy where it would otherwise abort
+// at the completion timeout, 150 s here, later than every grace: within the matrix it never does.
+func kubevirtPolicy(memory uint64, tuned bool) policy {
 	gb := resource.NewQuantity(int64(memory), resource.BinarySI).ScaledValue(resource.Giga)
 	completion := time.Duration(gb) * kubevirtCompletionTimeoutPerGiB
 	cut := min(completion, slices.Max(matrixGraces))
 	return func(c *agent.ConvergingMigration, start time.Time, stats func() domain.JobStats) {
 		c.Options.Bandwidth = matrixCap
+		c.Options.AutoConverge, c.Options.AllowPostCopy = tuned, tuned
 		lastRemaining, lastProgress := uint64(0), start
 		c.Cancelled = func() bool {
 			now := time.Now()
@@ -159,6 +182,19 @@ type recordingMigrator struct {
 	slowestRead time.Duration
 	escalate    bool
 	pausedAt    time.Time
+	// estimate is the page-sampling dirty rate the policy got, if it got one.
+	estimate  uint64
+	estimated bool
+}
+
+func (r *recordingMigrator) DirtyRate(name string) (uint64, bool, error) {
+	rate, ok, err := r.Migrator.DirtyRate(name)
+	if err == nil && ok {
+		r.mu.Lock()
+		r.estimate, r.estimated = rate, true
+		r.mu.Unlock()
+	}
+	return rate, ok, err
 }
 
 func (r *recordingMigrator) JobStats(name string) (domain.JobStats, error) {
@@ -215,6 +251,11 @@ type outcome struct {
 	slowestRead    time.Duration
 	transferRate   uint64 // median of what libvirt reported
 	guestAfterward string // what the guest's console shows on the destination
+	// guestDowntime is the longest the guest's counter stood still beyond its tick, as the
+	// consoles of both nodes showed it (the guest's clock stops while it is paused).
+	guestDowntime time.Duration
+	estimate      uint64
+	estimated     bool
 }
 
 // migrateOnce boots the cell's guest on a fresh pair of daemons and migrates it with pol.
@@ -230,6 +271,7 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 		b.Fatalf("the guest does not dirty its memory as asked (%d bytes at %d bytes/s):\n%s", size, cell.dirtyRate, console)
 	}
 
+	watch := watchCounters(ctx, p.Src.Console(), p.Dst.Console())
 	rec := &recordingMigrator{Migrator: p.Src.Conn}
 	c := agent.ConvergingMigration{
 		Migrator: rec, Domain: name, Options: p.Options(0), Clock: clock.RealClock{},
@@ -242,7 +284,8 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	_, err := agent.MigrateConverging(ctx, c)
 	end := time.Now()
 
-	o := outcome{finished: err == nil, total: end.Sub(start), modes: modes, maxDirty: rec.maxDirty, slowestRead: rec.slowestRead}
+	o := outcome{finished: err == nil, total: end.Sub(start), modes: modes, maxDirty: rec.maxDirty, slowestRead: rec.slowestRead,
+		estimate: rec.estimate, estimated: rec.estimated}
 	if len(rec.rates) > 0 {
 		slices.Sort(rec.rates)
 		o.transferRate = rec.rates[len(rec.rates)/2]
@@ -263,15 +306,62 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 		o.downtime = max(o.downtime, end.Sub(rec.pausedAt))
 	}
 	o.guestAfterward = guestAfterward(ctx, p)
-	b.Logf("%s in %s (transfer from %s), downtime %s, dirty rate seen %d MiB/s, transfer rate %d MiB/s, slowest statistics read %s, guest afterwards: %s",
-		modeString(o.modes), o.total.Round(10*time.Millisecond), o.setup.Round(100*time.Millisecond), o.downtime.Round(time.Millisecond), o.maxDirty/mib, o.transferRate/mib,
-		o.slowestRead.Round(time.Millisecond), o.guestAfterward)
+	o.guestDowntime = watch()
+	b.Logf("%s in %s (transfer from %s), downtime %s (libvirt's %s), dirty rate estimated %d MiB/s (%v), seen %d MiB/s, transfer rate %d MiB/s, slowest statistics read %s, guest afterwards: %s",
+		modeString(o.modes), o.total.Round(10*time.Millisecond), o.setup.Round(100*time.Millisecond), o.guestDowntime.Round(time.Millisecond), o.downtime.Round(time.Millisecond),
+		o.estimate/mib, o.estimated, o.maxDirty/mib, o.transferRate/mib, o.slowestRead.Round(time.Millisecond), o.guestAfterward)
 	return o
+}
+
+// matrixTick is how often the matrix's guests print their counter: the precision of the
+// downtime they are seen to have.
+const matrixTick = 50 * time.Millisecond
+
+// counterPoll is how often watchCounters reads the consoles.
+const counterPoll = 5 * time.Millisecond
+
+// watchCounters notes when each of the guest's counters first appears on either console, until
+// the returned function is called; that returns the longest the counter stood still beyond its
+// tick: the downtime an observer of the guest saw, to the tick and the polling.
+func watchCounters(ctx context.Context, consoles ...string) func() time.Duration {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan time.Duration, 1)
+	go func() {
+		last, lastAt, worst := 0, time.Time{}, time.Duration(0)
+		t := time.NewTicker(counterPoll)
+		defer t.Stop()
+		for {
+			now := time.Now()
+			n := 0
+			for _, c := range consoles {
+				if k, ok := protocol.LastCounter(readOrEmpty(c)); ok {
+					n = max(n, k)
+				}
+			}
+			if n > last {
+				if last > 0 {
+					worst = max(worst, now.Sub(lastAt)-time.Duration(n-last)*matrixTick)
+				}
+				last, lastAt = n, now
+			}
+			select {
+			case <-ctx.Done():
+				done <- worst
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() time.Duration {
+		cancel()
+		return <-done
+	}
 }
 
 // matrixGuest fills dirtySize of the cell's memory and keeps rewriting it at the cell's dirty rate.
 func matrixGuest(img guest.Image, cell matrixCell) *v1alpha1.VirtualMachineInstance {
-	cmdline := fmt.Sprintf("%s %s=%d %s=%d", guest.Cmdline, protocol.DirtyParam, dirtySize(cell.memory), protocol.DirtyRateParam, cell.dirtyRate)
+	cmdline := fmt.Sprintf("%s %s=%d %s=%d %s=%s", guest.Cmdline, protocol.DirtyParam, dirtySize(cell.memory), protocol.DirtyRateParam, cell.dirtyRate,
+		protocol.TickParam, matrixTick)
 	return &v1alpha1.VirtualMachineInstance{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: "matrix", UID: types.UID(uuid.NewString())},
 		Spec: v1alpha1.VirtualMachineInstanceSpec{
@@ -337,33 +427,57 @@ func (r *matrixResults) add(cell matrixCell, policy string, o outcome) {
 	r.runs[k] = append(r.runs[k], o)
 }
 
-// print writes the matrix as a Markdown table: per cell and grace, lifeboat's outcome beside
-// KubeVirt's (judged against the same grace) and the physical bound.
+// print writes the matrix as a Markdown table: per cell and grace, each policy's outcome (KubeVirt's
+// judged against the same grace) and the physical bound.
 func (r *matrixResults) print(w io.Writer) {
 	if len(r.keys) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "| memory | dirty rate (asked / seen) | transfer rate seen | grace | bound | lifeboat: in time | total | transfer from | slowest stats read | downtime | modes | guest after | KubeVirt: in time | total | downtime |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| memory | dirty rate asked / estimated / seen | grace | bound | policy | in time | total | downtime seen by the guest: median / worst | libvirt's downtime | modes | guest after |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, k := range r.keys {
-		if k.policy != "lifeboat" {
+		if k.policy != policyLifeboat {
 			continue
 		}
-		lb := r.runs[k]
 		base := k.cell
 		base.grace = 0
-		kv := r.runs[matrixKey{base, "kubevirt"}]
+		runs := map[string][]outcome{}
+		var all []outcome
+		for _, p := range matrixPolicies {
+			c := k.cell
+			if slices.Contains(kubevirtPolicies, p) {
+				c = base
+			}
+			runs[p] = r.runs[matrixKey{c, p}]
+			all = append(all, runs[p]...)
+		}
 		bound := time.Duration(float64(k.cell.memory) / matrixCap * float64(time.Second))
-		seen := slices.Max(collect(append(slices.Clone(lb), kv...), func(o outcome) uint64 { return o.maxDirty }))
-		all := append(slices.Clone(lb), kv...)
-		rates := collect(all, func(o outcome) uint64 { return o.transferRate })
-		slices.Sort(rates)
-		fmt.Fprintf(w, "| %d MiB | %s = %d / %d MiB/s | %d MiB/s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-			k.cell.memory/mib, k.cell.factor, k.cell.dirtyRate/mib, seen/mib, rates[len(rates)/2]/mib, k.cell.grace, fits(bound, k.cell.grace),
-			inTime(lb, k.cell.grace), medianTotal(lb), medianOf(lb, func(o outcome) time.Duration { return o.setup }),
-			median(collect(lb, func(o outcome) time.Duration { return o.slowestRead })).Round(time.Millisecond), medianDowntime(lb), modeSet(lb), guestSet(lb),
-			inTime(kv, k.cell.grace), medianTotal(kv), medianDowntime(kv))
+		seen := slices.Max(collect(all, func(o outcome) uint64 { return o.maxDirty }))
+		estimates := collect(slices.DeleteFunc(slices.Clone(all), func(o outcome) bool { return !o.estimated }), func(o outcome) uint64 { return o.estimate })
+		estimate := "–"
+		if len(estimates) > 0 {
+			slices.Sort(estimates)
+			estimate = fmt.Sprint(estimates[len(estimates)/2] / mib)
+		}
+		for _, p := range matrixPolicies {
+			o := runs[p]
+			if len(o) == 0 {
+				continue
+			}
+			fmt.Fprintf(w, "| %d MiB | %s = %d / %s / %d MiB/s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+				k.cell.memory/mib, k.cell.factor, k.cell.dirtyRate/mib, estimate, seen/mib, k.cell.grace, fits(bound, k.cell.grace), p,
+				inTime(o, k.cell.grace), medianTotal(o), guestDowntimes(o), medianDowntime(o), modeSet(o), guestSet(o))
+		}
 	}
+}
+
+// guestDowntimes are the median and worst downtime the guest saw, over the runs that finished.
+func guestDowntimes(runs []outcome) string {
+	done := collect(slices.DeleteFunc(slices.Clone(runs), func(o outcome) bool { return !o.finished }), func(o outcome) time.Duration { return o.guestDowntime })
+	if len(done) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%s / %s", median(done).Round(10*time.Millisecond), slices.Max(done).Round(10*time.Millisecond))
 }
 
 func collect[T any](runs []outcome, f func(outcome) T) []T {
@@ -407,10 +521,6 @@ func medianTotal(runs []outcome) string {
 		return fmt.Sprintf("aborted at %s", median(collect(runs, func(o outcome) time.Duration { return o.total })).Round(100*time.Millisecond))
 	}
 	return median(done).Round(100 * time.Millisecond).String()
-}
-
-func medianOf(runs []outcome, f func(outcome) time.Duration) string {
-	return median(collect(runs, f)).Round(100 * time.Millisecond).String()
 }
 
 func medianDowntime(runs []outcome) string {

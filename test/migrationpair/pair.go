@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -91,6 +92,33 @@ func (n Node) Console() string { return filepath.Join(n.Dir, "console.log") }
 type Pair struct {
 	VMIDir   string
 	Src, Dst Node
+	links    *links
+}
+
+// links are the connections the source node's proxies dialed to the target's.
+type links struct {
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (l *links) add(c net.Conn) net.Conn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.conns = append(l.conns, c)
+	return c
+}
+
+// BreakConnections closes every connection between the nodes' proxies, as a network failure
+// or an agent's restart would; the proxies go on accepting new ones. It returns how many it closed.
+func (p Pair) BreakConnections() int {
+	p.links.mu.Lock()
+	defer p.links.mu.Unlock()
+	n := len(p.links.conns)
+	for _, c := range p.links.conns {
+		_ = c.Close()
+	}
+	p.links.conns = nil
+	return n
 }
 
 // New starts a pair whose proxies speak TLS between the nodes, as agents do, stopped when t ends.
@@ -115,7 +143,7 @@ func NewWith(t testing.TB, transport Transport) Pair {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(vmiDir) })
-	p := Pair{VMIDir: vmiDir, Src: startNode(t, vmiDir), Dst: startNode(t, vmiDir)}
+	p := Pair{VMIDir: vmiDir, Src: startNode(t, vmiDir), Dst: startNode(t, vmiDir), links: &links{}}
 	p.startProxies(t, transport)
 	return p
 }
@@ -160,7 +188,14 @@ func (p Pair) startProxies(t testing.TB, transport Transport) {
 				return (&tls.Dialer{NetDialer: dialer, Config: client}).DialContext(ctx, "tcp", target.Addr().String())
 			}
 		}
-		source, err := migrationproxy.ListenUnix(ctx, filepath.Join(p.Src.Dir, r.name), dial)
+		tracked := func(ctx context.Context) (net.Conn, error) {
+			c, err := dial(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return p.links.add(c), nil
+		}
+		source, err := migrationproxy.ListenUnix(ctx, filepath.Join(p.Src.Dir, r.name), tracked)
 		if err != nil {
 			t.Fatal(err)
 		}

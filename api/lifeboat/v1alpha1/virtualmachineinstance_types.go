@@ -89,6 +89,10 @@ type VirtualMachineInstanceSpec struct {
 	// +optional
 	EvictionStrategy *EvictionStrategy `json:"evictionStrategy,omitempty"`
 
+	// Migration tunes how this VM's live migrations may converge.
+	// +optional
+	Migration *VMIMigration `json:"migration,omitempty"`
+
 	// TerminationGracePeriodSeconds is how long the guest has to shut down after an ACPI
 	// power-button press before it is destroyed. The launcher pod's grace period is derived from it.
 	// +kubebuilder:validation:Minimum=0
@@ -100,6 +104,16 @@ type VirtualMachineInstanceSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('lifeboat.dev/'))",message="nodeSelector cannot name lifeboat.dev/ keys: they are lifeboat's (it sets lifeboat.dev/kvm=true, the nodes lifeboat runs VMs on, on every VM's pod)"
 	// +optional
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+}
+
+// VMIMigration tunes one VM's live migrations within what the LifeboatConfig allows.
+type VMIMigration struct {
+	// AllowPostCopy false keeps this VM's migrations out of post-copy even where the
+	// LifeboatConfig allows it: a post-copy whose connection breaks and cannot be resumed loses
+	// the guest, which some VMs must never risk (they are paused to converge instead, where a
+	// pause is allowed). It cannot allow post-copy the LifeboatConfig does not.
+	// +optional
+	AllowPostCopy *bool `json:"allowPostCopy,omitempty"`
 }
 
 // BootSource is what the guest boots from: a kernel and initrd from a container image

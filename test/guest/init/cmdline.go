@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 )
@@ -11,6 +12,7 @@ import (
 type params struct {
 	dirty     int64 // bytes of memory to allocate and write
 	dirtyRate int64 // bytes per second of that memory to keep rewriting
+	tick      time.Duration
 }
 
 // parseCmdline reads init's parameters from the kernel command line. Bad values are
@@ -22,6 +24,14 @@ func parseCmdline(cmdline string) (params, []error) {
 		key, value, _ := strings.Cut(field, "=")
 		var into *int64
 		switch key {
+		case protocol.TickParam:
+			tick, err := time.ParseDuration(value)
+			if err != nil || tick <= 0 {
+				errs = append(errs, fmt.Errorf("%s: %q is not a positive duration", key, value))
+				continue
+			}
+			p.tick = tick
+			continue
 		case protocol.DirtyParam:
 			into = &p.dirty
 		case protocol.DirtyRateParam:

@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestParseCmdline(t *testing.T) {
 	tests := []struct {
@@ -15,6 +18,8 @@ func TestParseCmdline(t *testing.T) {
 		{name: "bad size is reported and ignored", cmdline: "lifeboat.dirty=lots lifeboat.dirtyrate=1M", want: params{}, errs: 2},
 		{name: "rate without memory", cmdline: "lifeboat.dirtyrate=1M", want: params{}, errs: 1},
 		{name: "key without value", cmdline: "lifeboat.dirty", want: params{}, errs: 1},
+		{name: "a finer tick", cmdline: "lifeboat.tick=50ms", want: params{tick: 50 * time.Millisecond}},
+		{name: "bad tick is reported and ignored", cmdline: "lifeboat.tick=-1s lifeboat.tick=often", want: params{}, errs: 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

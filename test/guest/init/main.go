@@ -24,7 +24,7 @@ func main() {
 		// A panic in main would end PID 1; report it and count instead.
 		if r := recover(); r != nil {
 			con.errorf("init: %v", r)
-			count(con, "")
+			count(con, "", time.Second)
 		}
 	}()
 
@@ -53,13 +53,17 @@ func main() {
 		con.errorf("network: %v", err)
 	}
 	con.println(protocol.Ready)
-	count(con, journal)
+	tick := time.Second
+	if params.tick > 0 {
+		tick = params.tick
+	}
+	count(con, journal, tick)
 }
 
-// count prints the counter once a second, forever, and keeps the journal on disk journal if
+// count prints the counter every tick, forever, and keeps the journal on disk journal if
 // there is one (see protocol.JournalOffset).
-func count(con *console, journal string) {
-	ticker := time.NewTicker(time.Second)
+func count(con *console, journal string, tick time.Duration) {
+	ticker := time.NewTicker(tick)
 	for n := 1; ; n++ {
 		<-ticker.C
 		counter.Store(int64(n))

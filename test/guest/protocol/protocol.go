@@ -30,6 +30,9 @@ const (
 	// DirtyRateParam is how many bytes per second of that memory the guest keeps
 	// rewriting, with the same suffixes: lifeboat.dirtyrate=8M.
 	DirtyRateParam = "lifeboat.dirtyrate"
+	// TickParam is how often the guest prints its counter, a Go duration (a second when
+	// unset): lifeboat.tick=50ms. A fine tick shows a pause of the guest to that precision.
+	TickParam = "lifeboat.tick"
 )
 
 // ModulesFile lists, one absolute path a line and dependencies first, the kernel modules
