@@ -64,8 +64,8 @@ func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alp
 		return last
 	}
 	if p.Estimated {
-		// A sampled estimate scatters (one 1 s sample of a 256 MiB guest rewriting 16 MiB/s
-		// read 8 to 24 MiB/s; the estimate is the mean of such samples): project with a margin.
+		// A sampled estimate scatters (1 s samples of a 256 MiB guest rewriting 16 MiB/s read
+		// 8 to 24 MiB/s, domain.TestDirtyRateEstimateMatchesTheGuest): project with a margin.
 		p.DirtyRate += p.DirtyRate / 4
 	}
 	finish, converging := projectedFinish(p)

@@ -60,6 +60,9 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 	for {
 		select {
 		case result := <-done:
+			if result != nil && mode == v1alpha1.MigrationModePostCopy {
+				result = c.resumePostCopy(ctx, result)
+			}
 			return mode, result
 		case <-ticker.C():
 		}
@@ -160,4 +163,39 @@ func (c ConvergingMigration) estimate(est *dirtyRateEstimate) (uint64, bool) {
 		}
 	}
 	return est.rate, est.known
+}
+
+// Resuming a post-copy migration whose connection broke: at most postCopyResumes attempts,
+// postCopyResumeRetry apart (the source's QEMU notices the break a moment after libvirt, and
+// libvirt refuses a resume until it has).
+const (
+	postCopyResumes     = 10
+	postCopyResumeRetry = time.Second
+)
+
+// resumePostCopy carries on a migration that broke in post-copy. The guest then waits paused on
+// both nodes, the destination lacking the pages still on the source: neither can run it, and
+// only finishing the migration saves it. It returns nil once the guest runs on the destination,
+// or the last error; it does nothing unless libvirt says the source waits in that state.
+func (c ConvergingMigration) resumePostCopy(ctx context.Context, broke error) error {
+	err := broke
+	for attempt := 1; attempt <= postCopyResumes; attempt++ {
+		state, reason, serr := c.Migrator.State(c.Domain)
+		if serr != nil || state != domain.Paused || reason != domain.ReasonPostcopyFailed {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-c.Clock.After(postCopyResumeRetry):
+		}
+		c.Log.Warn("the migration broke in post-copy; resuming it", "attempt", attempt, "err", err)
+		opts := c.Options
+		opts.PostCopyResume = true
+		if err = c.Migrator.Migrate(ctx, c.Domain, opts); err == nil {
+			c.Log.Info("the post-copy migration resumed and finished", "attempts", attempt)
+			return nil
+		}
+	}
+	return err
 }

@@ -36,6 +36,8 @@ type Migrator interface {
 	StartDirtyRateCalc(name string, period time.Duration, mode domain.DirtyRateMode) error
 	DirtyRate(name string) (uint64, bool, error)
 	StartPostCopy(name string) error
+	// State is the domain's state and its reason (domain.Conn.State).
+	State(name string) (domain.State, domain.Reason, error)
 	Suspend(name string) error
 	Resume(name string) error
 	// LoadQEMUCapabilities returns once the launcher's libvirtd has QEMU's capabilities.

@@ -60,6 +60,78 @@ func (s *stuckMigrator) StartDirtyRateCalc(string, time.Duration, domain.DirtyRa
 
 func (s *stuckMigrator) DirtyRate(string) (uint64, bool, error) { return 0, false, nil }
 
+func (s *stuckMigrator) State(string) (domain.State, domain.Reason, error) {
+	return domain.Running, domain.ReasonMigrated, nil
+}
+
+// brokenPostCopyMigrator cannot converge, and its connection breaks once it is switched to
+// post-copy: the guest then waits paused on the source (PostcopyFailed) until a resume. The
+// first resumesFailing resumes fail too.
+type brokenPostCopyMigrator struct {
+	stuckMigrator
+	postCopy       chan struct{}
+	resumesFailing int
+	resumes        int
+}
+
+func (s *brokenPostCopyMigrator) Migrate(ctx context.Context, _ string, opts domain.MigrateOptions) error {
+	if opts.PostCopyResume {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.resumes++
+		if s.resumes <= s.resumesFailing {
+			return errors.New("the connection to the target broke again")
+		}
+		return nil
+	}
+	select {
+	case <-s.postCopy:
+		return errors.New("the connection to the target broke")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *brokenPostCopyMigrator) StartPostCopy(string) error {
+	close(s.postCopy)
+	return nil
+}
+
+func (s *brokenPostCopyMigrator) State(string) (domain.State, domain.Reason, error) {
+	return domain.Paused, domain.ReasonPostcopyFailed, nil
+}
+
+// TestABrokenPostCopyIsResumed: a migration that broke in post-copy is resumed over new
+// connections, and succeeds when a resume does; after postCopyResumes failed resumes it fails.
+func TestABrokenPostCopyIsResumed(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		resumesFailing int
+		wantResumes    int
+		wantErr        bool
+	}{
+		{"the first resume finishes it", 0, 1, false},
+		{"the third resume finishes it", 2, 3, false},
+		{"every resume fails: the migration fails", postCopyResumes, postCopyResumes, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := &brokenPostCopyMigrator{postCopy: make(chan struct{}), resumesFailing: tc.resumesFailing}
+			clk := clocktesting.NewFakeClock(time.Now())
+			c := ConvergingMigration{
+				Migrator: fake, Domain: "ns_vm", Allowed: Allowed{PostCopy: true}, Deadline: clk.Now().Add(8 * time.Second),
+				Options: domain.MigrateOptions{AllowPostCopy: true}, Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			}
+			got, ok := migrateStepping(context.Background(), clk, c)
+			if !ok {
+				t.Fatal("MigrateConverging did not return")
+			}
+			if got.mode != v1alpha1.MigrationModePostCopy || (got.err != nil) != tc.wantErr || fake.resumes != tc.wantResumes {
+				t.Errorf("MigrateConverging() = %s, %v after %d resumes; want PostCopy, error %v, after %d", got.mode, got.err, fake.resumes, tc.wantErr, tc.wantResumes)
+			}
+		})
+	}
+}
+
 func (s *stuckMigrator) LoadQEMUCapabilities() error { return nil }
 func (s *stuckMigrator) Session() bool               { return true }
 

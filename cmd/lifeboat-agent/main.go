@@ -26,6 +26,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/agent/deviceplugin"
 	"github.com/lifeboat-vm/lifeboat/agent/nodecert"
 	"github.com/lifeboat-vm/lifeboat/agent/notifyserver"
+	"github.com/lifeboat-vm/lifeboat/agent/pressure"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	migrationinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
@@ -40,6 +41,7 @@ type options struct {
 	kubeconfig, nodeName, nodeAddress, runDir, listen, kubeletConfig string
 	healthListen                                                     string
 	devicePluginDir, kubeletPodsDir, certDir, namespace              string
+	procRoot, cgroupRoot                                             string
 	workers, deviceSlots                                             int
 	maxPodGracePeriod                                                int64
 	podDirResync                                                     time.Duration
@@ -55,7 +57,7 @@ func main() {
 	flag.StringVar(&o.listen, "listen", "127.0.0.1:8185", "address of /metrics and /healthz; loopback by default, as the metrics tell what every VM on the node does")
 	flag.StringVar(&o.healthListen, "healthz-listen", "", "another address serving /healthz only, for the kubelet's probe (e.g. \":8186\"); empty: none")
 	flag.IntVar(&o.workers, "workers", 4, "reconcile workers")
-	flag.StringVar(&o.kubeletConfig, "kubelet-config", "", "the node kubelet's KubeletConfiguration file, read for evictionMaxPodGracePeriod")
+	flag.StringVar(&o.kubeletConfig, "kubelet-config", "", "the node kubelet's KubeletConfiguration file, read for evictionMaxPodGracePeriod and the memory.available eviction thresholds")
 	flag.Int64Var(&o.maxPodGracePeriod, "eviction-max-pod-grace-period", -1,
 		"the node kubelet's evictionMaxPodGracePeriod in seconds, if --kubelet-config is not given; -1 means unknown (the pod's grace period is assumed)")
 	flag.DurationVar(&o.podDirResync, "launcher-dir-resync", 10*time.Second, "how often every launcher directory link is checked against the pods")
@@ -64,6 +66,8 @@ func main() {
 	flag.IntVar(&o.deviceSlots, "device-slots", 110, "how many pods on the node may hold each device (the kubelet's default maxPods)")
 	flag.StringVar(&o.certDir, "cert-dir", "/var/lib/lifeboat/pki", "where the node's migration certificate and key are kept (requested from lifeboat's signer and renewed before they expire)")
 	flag.StringVar(&o.namespace, "namespace", "lifeboat-system", "lifeboat's namespace, whose ConfigMap "+migrationtls.CAConfigMap+" holds the migration CA")
+	flag.StringVar(&o.procRoot, "proc-root", "/proc", "the node's /proc, read for the node's memory capacity (MemTotal)")
+	flag.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "the node's root cgroup file system, read for memory.available as the kubelet computes it")
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("node", o.nodeName)
@@ -111,6 +115,11 @@ func run(o options, log *slog.Logger) error {
 		return err
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	thresholds, err := kubeletMemoryThresholds(o)
+	if err != nil {
+		return err
+	}
+	pressure.RegisterMetrics(reg, func() (pressure.Memory, error) { return pressure.ReadMemory(o.procRoot, o.cgroupRoot) }, thresholds)
 	// Each factory's field selector applies to every type in it: the node's VMIs, the
 	// migrations leaving it and those reaching it (a field selector cannot say "or"), and the
 	// configuration unfiltered.
@@ -199,6 +208,23 @@ func kubeletMaxPodGracePeriod(o options) (*int64, error) {
 		return &o.maxPodGracePeriod, nil
 	}
 	return nil, nil
+}
+
+// kubeletMemoryThresholds are the kubelet's memory.available thresholds from --kubelet-config;
+// none when it is not given.
+func kubeletMemoryThresholds(o options) (pressure.Thresholds, error) {
+	if o.kubeletConfig == "" {
+		return pressure.Thresholds{}, nil
+	}
+	data, err := os.ReadFile(o.kubeletConfig)
+	if err != nil {
+		return pressure.Thresholds{}, err
+	}
+	t, err := pressure.ThresholdsFromKubeletConfig(data)
+	if err != nil {
+		return pressure.Thresholds{}, fmt.Errorf("%s: %w", o.kubeletConfig, err)
+	}
+	return t, nil
 }
 
 // launcherExit reads, from the kubelet's record of its pod, how the launcher of a VMI on this

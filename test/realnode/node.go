@@ -429,35 +429,43 @@ func (n *Node) CrossMemorySoftThreshold(ctx context.Context, margin int64, chang
 // read from the kubelet's summary API. It is read directly: the API server's node proxy
 // refuses loopback addresses.
 func (n *Node) MemoryAvailable(ctx context.Context) (int64, error) {
+	available, _, err := n.MemoryAvailableAt(ctx)
+	return available, err
+}
+
+// MemoryAvailableAt is MemoryAvailable with the time the kubelet's statistics were taken: the
+// kubelet serves figures cAdvisor gathered up to its housekeeping interval ago.
+func (n *Node) MemoryAvailableAt(ctx context.Context) (int64, time.Time, error) {
 	url := fmt.Sprintf("https://%s/stats/summary", net.JoinHostPort(n.cfg.Address, strconv.Itoa(int(n.KubeletConfig.Port))))
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return 0, err
+		return 0, time.Time{}, err
 	}
 	// The kubelet serves with a certificate it signed itself.
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	resp, err := client.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("reading node %s's summary: %w", n.cfg.Name, err)
+		return 0, time.Time{}, fmt.Errorf("reading node %s's summary: %w", n.cfg.Name, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("reading node %s's summary: %s", n.cfg.Name, resp.Status)
+		return 0, time.Time{}, fmt.Errorf("reading node %s's summary: %s", n.cfg.Name, resp.Status)
 	}
 	var summary struct {
 		Node struct {
 			Memory struct {
-				AvailableBytes *int64 `json:"availableBytes"`
+				Time           time.Time `json:"time"`
+				AvailableBytes *int64    `json:"availableBytes"`
 			} `json:"memory"`
 		} `json:"node"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&summary); err != nil {
-		return 0, err
+		return 0, time.Time{}, err
 	}
 	if summary.Node.Memory.AvailableBytes == nil {
-		return 0, fmt.Errorf("node %s's summary has no memory.availableBytes yet", n.cfg.Name)
+		return 0, time.Time{}, fmt.Errorf("node %s's summary has no memory.availableBytes yet", n.cfg.Name)
 	}
-	return *summary.Node.Memory.AvailableBytes, nil
+	return *summary.Node.Memory.AvailableBytes, summary.Node.Memory.Time, nil
 }
 
 // LogTail is the end of a component's log ("kubelet" or "containerd").
