@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/lifeboat-vm/lifeboat/agent/pressure"
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
@@ -65,6 +66,12 @@ type Config struct {
 	// pods' volumes are; PodDirResync is how often every link is checked again.
 	KubeletPodsDir string
 	PodDirResync   time.Duration
+	// Memory reads the node's memory.available signal (pressure.ReadMemory); nil turns
+	// node-pressure relief off. Thresholds are the kubelet's, and PodWorkingSet reads a pod's
+	// working set by UID (pressure.PodWorkingSet), false when it cannot.
+	Memory        func() (pressure.Memory, error)
+	Thresholds    pressure.Thresholds
+	PodWorkingSet func(podUID string) (uint64, bool)
 	// ServeNotify serves a launcher's notify socket at path, for the VMI with vmiUID, until ctx
 	// ends (notifyserver.Server.Serve).
 	ServeNotify func(ctx context.Context, path, vmiUID string) error
@@ -220,6 +227,9 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 		go wait.UntilWithContext(ctx, a.runWorker, time.Second)
 	}
 	go a.migrations.run(ctx)
+	if a.cfg.Memory != nil {
+		go a.runRelief(ctx)
+	}
 	if a.cfg.PodInformer != nil {
 		dirs := &podDirs{a: a, notify: map[string]*notifyServing{}}
 		go dirs.run(ctx, a.cfg.PodDirResync)

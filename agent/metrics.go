@@ -18,6 +18,10 @@ type Metrics struct {
 	PodNetworks *prometheus.CounterVec
 	// MigrationConnectionsRefused counts connections to target proxies whose TLS handshake failed.
 	MigrationConnectionsRefused prometheus.Counter
+	// ReliefDecisions counts node-pressure relief decisions by result; ReliefAvailable is the
+	// node's memory.available at each decision.
+	ReliefDecisions *prometheus.CounterVec
+	ReliefAvailable prometheus.Histogram
 }
 
 // NewMetrics registers the agent's metrics.
@@ -51,7 +55,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_migration_connections_refused_total",
 			Help: "Connections to this node's migration target proxies refused at the TLS handshake: no certificate, another node's or CA's, or another migration's.",
 		}),
+		ReliefDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_agent_node_pressure_relief_total",
+			Help: "VMs node-pressure relief marked to move before the kubelet evicts (result marked), and decisions that could not free enough memory (result insufficient).",
+		}, []string{"result"}),
+		ReliefAvailable: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "lifeboat_agent_node_pressure_relief_memory_available_bytes",
+			Help:    "The node's memory.available when node-pressure relief decided to move VMs.",
+			Buckets: prometheus.ExponentialBuckets(64<<20, 2, 10),
+		}),
 	}
-	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherDirsRemoved, m.PodNetworks, m.MigrationConnectionsRefused)
+	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherDirsRemoved, m.PodNetworks, m.MigrationConnectionsRefused,
+		m.ReliefDecisions, m.ReliefAvailable)
 	return m
 }

@@ -190,3 +190,34 @@ lifeboat_agent_node_memory_eviction_threshold_bytes{threshold="soft"} 2.14748364
 		t.Error(err)
 	}
 }
+
+func TestPodWorkingSet(t *testing.T) {
+	const uid = "0b6c2a3e-1f2d-4c5b-9a8e-7d6c5b4a3f21"
+	for _, tc := range []struct {
+		name  string
+		files map[string]string
+	}{
+		{"cgroupfs, v1, burstable", map[string]string{
+			"memory/kubepods/burstable/pod" + uid + "/memory.usage_in_bytes": "1073741824\n",
+			"memory/kubepods/burstable/pod" + uid + "/memory.stat":           "total_inactive_file 268435456\n",
+		}},
+		{"systemd, v2, best effort", map[string]string{
+			"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0b6c2a3e_1f2d_4c5b_9a8e_7d6c5b4a3f21.slice/memory.current": "1073741824\n",
+			"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0b6c2a3e_1f2d_4c5b_9a8e_7d6c5b4a3f21.slice/memory.stat":    "anon 1\ninactive_file 268435456\n",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			for name, content := range tc.files {
+				write(t, filepath.Join(root, name), content)
+			}
+			got, ok := PodWorkingSet(root, uid)
+			if !ok || got != 768*mib {
+				t.Errorf("PodWorkingSet() = %d MiB, %v; want 768 MiB, true", got/mib, ok)
+			}
+		})
+	}
+	if _, ok := PodWorkingSet(t.TempDir(), uid); ok {
+		t.Error("PodWorkingSet() found a pod with no cgroup")
+	}
+}

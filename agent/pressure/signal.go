@@ -124,3 +124,55 @@ func memTotal(meminfo []byte) (uint64, error) {
 	}
 	return 0, fmt.Errorf("meminfo has no MemTotal")
 }
+
+// podCgroupPatterns are where the kubelet puts a pod's cgroup, relative to the memory hierarchy's
+// root: cgroupfs and systemd drivers, every QoS class. %s is the pod UID, and for systemd the
+// UID with dashes as underscores.
+var podCgroupPatterns = []string{
+	"kubepods/pod%[1]s", "kubepods/burstable/pod%[1]s", "kubepods/besteffort/pod%[1]s",
+	"kubepods.slice/kubepods-pod%[2]s.slice",
+	"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%[2]s.slice",
+	"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod%[2]s.slice",
+}
+
+// PodWorkingSet is a pod's memory working set as the kubelet ranks it (usage less inactive
+// file pages), read from the pod's cgroup under cgroupRoot; false when the pod has no cgroup
+// there (another runtime layout, or a node the kubelet does not run).
+func PodWorkingSet(cgroupRoot, podUID string) (uint64, bool) {
+	for _, base := range []string{filepath.Join(cgroupRoot, "memory"), cgroupRoot} {
+		for _, p := range podCgroupPatterns {
+			dir := filepath.Join(base, fmt.Sprintf(p, podUID, strings.ReplaceAll(podUID, "-", "_")))
+			if ws, ok := cgroupWorkingSet(dir); ok {
+				return ws, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// cgroupWorkingSet reads a v1 (memory.usage_in_bytes, total_inactive_file) or v2
+// (memory.current, inactive_file) cgroup's working set.
+func cgroupWorkingSet(dir string) (uint64, bool) {
+	for _, f := range []struct{ usage, inactive string }{
+		{"memory.usage_in_bytes", "total_inactive_file"}, {"memory.current", "inactive_file"},
+	} {
+		usageFile, err := os.ReadFile(filepath.Join(dir, f.usage))
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join(dir, "memory.stat"))
+		if err != nil {
+			return 0, false
+		}
+		usage, err := strconv.ParseUint(strings.TrimSpace(string(usageFile)), 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		fields, err := statFields(stat, f.inactive)
+		if err != nil {
+			return 0, false
+		}
+		return usage - min(usage, fields[f.inactive]), true
+	}
+	return 0, false
+}

@@ -119,7 +119,8 @@ func run(o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	pressure.RegisterMetrics(reg, func() (pressure.Memory, error) { return pressure.ReadMemory(o.procRoot, o.cgroupRoot) }, thresholds)
+	readMemory := func() (pressure.Memory, error) { return pressure.ReadMemory(o.procRoot, o.cgroupRoot) }
+	pressure.RegisterMetrics(reg, readMemory, thresholds)
 	// Each factory's field selector applies to every type in it: the node's VMIs, the
 	// migrations leaving it and those reaching it (a field selector cannot say "or"), and the
 	// configuration unfiltered.
@@ -154,6 +155,9 @@ func run(o options, log *slog.Logger) error {
 		KubeletPodsDir:    o.kubeletPodsDir,
 		PodDirResync:      o.podDirResync,
 		ServeNotify:       notifyServer.Serve,
+		Memory:            readMemory,
+		Thresholds:        thresholds,
+		PodWorkingSet:     func(uid string) (uint64, bool) { return pressure.PodWorkingSet(o.cgroupRoot, uid) },
 	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs(),
 		[]migrationinformers.VirtualMachineInstanceMigrationInformer{outbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations(), inbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
 	if err != nil {

@@ -240,16 +240,19 @@ func earliestDeadline(a, b Candidate) int {
 	return a.Deadline.Time.Compare(b.Deadline.Time)
 }
 
-// causePriority: node pressure and deleted pods first (the kubelet will kill), then drains, then the rest.
+// causePriority: node pressure and deleted pods first (the kubelet will kill), then relief (which
+// keeps the kubelet from having to), then drains, then the rest.
 func causePriority(a, b Candidate) int {
 	rank := func(c v1alpha1.MigrationCause) int {
 		switch c {
 		case v1alpha1.MigrationCauseNodePressure, v1alpha1.MigrationCausePodDeleted:
 			return 0
-		case v1alpha1.MigrationCauseDrain:
+		case v1alpha1.MigrationCauseNodePressureRelief:
 			return 1
+		case v1alpha1.MigrationCauseDrain:
+			return 2
 		}
-		return 2
+		return 3
 	}
 	return cmp.Compare(rank(a.Cause), rank(b.Cause))
 }

@@ -106,11 +106,11 @@ func TestPlan(t *testing.T) {
 				markedVMI("a", "n1", "Drain", 0, withStrategy(v1alpha1.EvictionStrategyLiveMigrateIfPossible)),
 				markedVMI("b", "n1", "Drain", 0, withStrategy(v1alpha1.EvictionStrategyLiveMigrateIfPossible), notMigratable),
 			}, want: []string{"a:Drain"}},
-		{name: "earliest deadline first, then node pressure before drains before the rest",
+		{name: "earliest deadline first, then node pressure before relief before drains before the rest",
 			vmis: []*v1alpha1.VirtualMachineInstance{
-				markedVMI("api", "n1", "APIEviction", 0), markedVMI("drain", "n2", "Drain", 0),
+				markedVMI("api", "n1", "APIEviction", 0), markedVMI("drain", "n2", "Drain", 0), markedVMI("relief", "n5", "NodePressureRelief", 0),
 				markedVMI("late", "n3", "NodePressure", 90), markedVMI("soon", "n4", "NodePressure", 20),
-			}, want: []string{"soon:NodePressure", "late:NodePressure", "drain:Drain", "api:APIEviction"}},
+			}, want: []string{"soon:NodePressure", "late:NodePressure", "relief:NodePressureRelief", "drain:Drain", "api:APIEviction"}},
 		{name: "at most parallelOutboundMigrationsPerNode leave one node",
 			vmis: []*v1alpha1.VirtualMachineInstance{
 				markedVMI("a", "n1", "NodePressure", 10), markedVMI("b", "n1", "NodePressure", 20), markedVMI("c", "n1", "NodePressure", 30), markedVMI("d", "n2", "NodePressure", 40),

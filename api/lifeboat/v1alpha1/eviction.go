@@ -28,12 +28,15 @@ var EvictionStrategies = []EvictionStrategy{
 }
 
 // MigrationCause records why a migration exists (seed 001's open question).
-// +kubebuilder:validation:Enum=NodePressure;APIEviction;EvictionRequest;Drain;PodDeleted;Manual
+// +kubebuilder:validation:Enum=NodePressure;NodePressureRelief;APIEviction;EvictionRequest;Drain;PodDeleted;Manual
 type MigrationCause string
 
 const (
 	// MigrationCauseNodePressure: the kubelet's eviction manager sent the launcher SIGTERM.
 	MigrationCauseNodePressure MigrationCause = "NodePressure"
+	// MigrationCauseNodePressureRelief: the node's agent moves the VM before the kubelet has to
+	// evict anything, its memory.available having come within the relief margin of the threshold.
+	MigrationCauseNodePressureRelief MigrationCause = "NodePressureRelief"
 	// MigrationCauseAPIEviction: someone called the pods/eviction subresource.
 	MigrationCauseAPIEviction MigrationCause = "APIEviction"
 	// MigrationCauseEvictionRequest: a lifecycle.k8s.io EvictionRequest named the VM's pod.
@@ -51,7 +54,7 @@ const (
 // else is taken for a person's migration (Manual).
 func (c MigrationCause) Recorded() bool {
 	switch c {
-	case MigrationCauseNodePressure, MigrationCauseAPIEviction, MigrationCauseEvictionRequest, MigrationCauseDrain, MigrationCausePodDeleted:
+	case MigrationCauseNodePressure, MigrationCauseNodePressureRelief, MigrationCauseAPIEviction, MigrationCauseEvictionRequest, MigrationCauseDrain, MigrationCausePodDeleted:
 		return true
 	}
 	return false
