@@ -112,6 +112,12 @@ type testNode struct {
 // startNodes starts n emulated nodes, each with its agent.
 func startNodes(t testing.TB, n int, configure ...func(*node.Config)) []*testNode {
 	t.Helper()
+	return startNodesWithAgentArgs(t, n, nil, configure...)
+}
+
+// startNodesWithAgentArgs is startNodes whose agents also get agentArgs(node)'s flags.
+func startNodesWithAgentArgs(t testing.TB, n int, agentArgs func(*node.Node) []string, configure ...func(*node.Config)) []*testNode {
+	t.Helper()
 	withLauncher := func(c *node.Config) {
 		c.Binaries = map[string]string{"lifeboat-launcher": filepath.Join(bins, "lifeboat-launcher")}
 		c.Capacity = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")}
@@ -129,14 +135,18 @@ func startNodes(t testing.TB, n int, configure ...func(*node.Config)) []*testNod
 	for _, n := range node.StartN(context.Background(), t, cluster.Kube, n, configure...) {
 		port := freePort(t, n.Address())
 		tn := &testNode{Node: n, metrics: fmt.Sprintf("http://%s:%d/metrics", n.Address(), port)}
-		tn.agent = startProc(t, "lifeboat-agent", "--kubeconfig", cluster.Kubeconfig, "--node-name", n.Name(),
+		args := []string{"--kubeconfig", cluster.Kubeconfig, "--node-name", n.Name(),
 			"--eviction-max-pod-grace-period", strconv.FormatInt(maxGrace[n.Name()], 10), "--node-address", n.Address(),
 			"--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", fmt.Sprintf("%s:%d", n.Address(), port),
 			"--kubelet-pods-dir", n.HostPath("/var/lib/kubelet/pods"), "--launcher-dir-resync", "1s",
 			"--cert-dir", filepath.Join(n.HostPath("/var/run/lifeboat"), "pki"),
 			// Emulated nodes have no kubelet device manager; the machine's own directory may
 			// belong to the real test node's kubelet.
-			"--device-plugin-dir=")
+			"--device-plugin-dir="}
+		if agentArgs != nil {
+			args = append(args, agentArgs(n)...)
+		}
+		tn.agent = startProc(t, "lifeboat-agent", args...)
 		out = append(out, tn)
 		t.Cleanup(func() {
 			if t.Failed() {
