@@ -1,6 +1,7 @@
 package migration
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +38,7 @@ func TestNext(t *testing.T) {
 		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: "no nodes fit"}}
 		return p
 	}
+	failed := []string{"MigrationFailed"}
 	cases := []struct {
 		name       string
 		m          *v1alpha1.VirtualMachineInstanceMigration
@@ -44,31 +46,45 @@ func TestNext(t *testing.T) {
 		target     *corev1.Pod
 		wantPhase  v1alpha1.VirtualMachineInstanceMigrationPhase
 		wantAction Action
-		wantReason string // part of the failure reason
+		wantReason string // part of the failure reason; none when empty
+		wantEvents []string
 	}{
-		{"new: create the target pod", mig(""), running, nil, v1alpha1.MigrationPending, CreateTargetPod, ""},
+		{"new: create the target pod", mig(""), running, nil, v1alpha1.MigrationPending, CreateTargetPod, "", nil},
 		{"a VM its agent found not live-migratable: Failed before any target pod, with the reason", mig(""), unmovable, nil, v1alpha1.MigrationFailed, NoAction,
-			`cannot be live-migrated (DisksNotLiveMigratable): persistentVolumeClaim "db"`},
-		{"target pod exists: Scheduling", mig(v1alpha1.MigrationPending), running, pod("", corev1.PodPending), v1alpha1.MigrationScheduling, NoAction, ""},
-		{"target pod on a node: Scheduled", mig(v1alpha1.MigrationScheduling), running, pod("b", corev1.PodPending), v1alpha1.MigrationScheduled, NoAction, ""},
-		{"target launcher runs: the target agent prepares", mig(v1alpha1.MigrationScheduled), running, pod("b", corev1.PodRunning), v1alpha1.MigrationPreparingTarget, NoAction, ""},
-		{"the agents' phases are theirs", mig(v1alpha1.MigrationRunning), running, pod("b", corev1.PodRunning), v1alpha1.MigrationRunning, NoAction, ""},
-		{"VMI no longer running: Failed", mig(v1alpha1.MigrationScheduling), stopped, pod("", corev1.PodPending), v1alpha1.MigrationFailed, DeleteTargetPod, "not Running"},
-		{"VMI gone: Failed", mig(v1alpha1.MigrationPending), nil, nil, v1alpha1.MigrationFailed, NoAction, "does not exist"},
-		{"target pod failed: Failed, pod removed", mig(v1alpha1.MigrationPreparingTarget), running, pod("b", corev1.PodFailed), v1alpha1.MigrationFailed, DeleteTargetPod, "target pod target failed"},
-		{"target pod deleted mid-way: Failed", mig(v1alpha1.MigrationTargetReady), running, nil, v1alpha1.MigrationFailed, NoAction, "deleted"},
-		{"failed by an agent: the target pod goes", mig(v1alpha1.MigrationFailed), running, pod("b", corev1.PodRunning), v1alpha1.MigrationFailed, DeleteTargetPod, ""},
-		{"a target the scheduler cannot place, past its limit: Failed with the scheduler's words", stale(mig(v1alpha1.MigrationScheduling)), running, unschedulablePod(), v1alpha1.MigrationFailed, DeleteTargetPod, "no nodes fit"},
-		{"succeeded: nothing", mig(v1alpha1.MigrationSucceeded), running, pod("b", corev1.PodRunning), v1alpha1.MigrationSucceeded, NoAction, ""},
+			`cannot be live-migrated (DisksNotLiveMigratable): persistentVolumeClaim "db"`, failed},
+		{"target pod exists: Scheduling", mig(v1alpha1.MigrationPending), running, pod("", corev1.PodPending), v1alpha1.MigrationScheduling, NoAction, "", []string{"TargetPodCreated"}},
+		{"target pod on a node: Scheduled", mig(v1alpha1.MigrationScheduling), running, pod("b", corev1.PodPending), v1alpha1.MigrationScheduled, NoAction, "", []string{"TargetScheduled"}},
+		{"target launcher runs: the target agent prepares", mig(v1alpha1.MigrationScheduled), running, pod("b", corev1.PodRunning), v1alpha1.MigrationPreparingTarget, NoAction, "", []string{"PreparingTarget"}},
+		{"the agents' phases are theirs", mig(v1alpha1.MigrationRunning), running, pod("b", corev1.PodRunning), v1alpha1.MigrationRunning, NoAction, "", nil},
+		{"VMI no longer running: Failed", mig(v1alpha1.MigrationScheduling), stopped, pod("", corev1.PodPending), v1alpha1.MigrationFailed, DeleteTargetPod, "not Running", failed},
+		{"VMI gone: Failed", mig(v1alpha1.MigrationPending), nil, nil, v1alpha1.MigrationFailed, NoAction, "does not exist", failed},
+		{"target pod failed: Failed, pod removed", mig(v1alpha1.MigrationPreparingTarget), running, pod("b", corev1.PodFailed), v1alpha1.MigrationFailed, DeleteTargetPod, "target pod target failed", failed},
+		{"target pod deleted mid-way: Failed", mig(v1alpha1.MigrationTargetReady), running, nil, v1alpha1.MigrationFailed, NoAction, "deleted", failed},
+		{"failed by an agent: the target pod goes", mig(v1alpha1.MigrationFailed), running, pod("b", corev1.PodRunning), v1alpha1.MigrationFailed, DeleteTargetPod, "", nil},
+		{"a target the scheduler cannot place, past its limit: Failed with the scheduler's words", stale(mig(v1alpha1.MigrationScheduling)), running, unschedulablePod(), v1alpha1.MigrationFailed, DeleteTargetPod, "no nodes fit", failed},
+		{"succeeded: nothing", mig(v1alpha1.MigrationSucceeded), running, pod("b", corev1.PodRunning), v1alpha1.MigrationSucceeded, NoAction, "", nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			status, action, _ := Next(tc.m, tc.vmi, tc.target, LimitsFrom(nil), now)
+			status, action, events := Next(tc.m, tc.vmi, tc.target, LimitsFrom(nil), now)
 			if status.Phase != tc.wantPhase || action != tc.wantAction {
 				t.Errorf("phase %s action %d, want %s %d", status.Phase, action, tc.wantPhase, tc.wantAction)
 			}
-			if !strings.Contains(status.FailureReason, tc.wantReason) {
+			switch {
+			case tc.wantReason == "" && status.FailureReason != "":
+				t.Errorf("failure reason %q, want none", status.FailureReason)
+			case !strings.Contains(status.FailureReason, tc.wantReason):
 				t.Errorf("failure reason %q lacks %q", status.FailureReason, tc.wantReason)
+			}
+			var reasons []string
+			for _, e := range events {
+				reasons = append(reasons, e.Reason)
+				if e.Reason == "MigrationFailed" && (e.Type != corev1.EventTypeWarning || e.Message != status.FailureReason) {
+					t.Errorf("Event %+v: want a Warning whose message is the failure reason %q", e, status.FailureReason)
+				}
+			}
+			if !slices.Equal(reasons, tc.wantEvents) {
+				t.Errorf("Events %v, want %v", reasons, tc.wantEvents)
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package responder
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -208,9 +209,13 @@ func TestDeclinesAVMWithStrategyNone(t *testing.T) {
 	if !owned {
 		t.Errorf("field manager %s must own lifeboat's entry: %+v", FieldManager, ev.ManagedFields)
 	}
-	if got := waitVMI(t, v, "no mark", func(*v1alpha1.VirtualMachineInstance) bool { return true }); got.Status.EvacuationNodeName != "" {
-		t.Errorf("a declined VM must not be marked: %+v", got.Status)
-	}
+	kubewait.Consistently(t, 2*time.Second, "a declined VM never marked", func(ctx context.Context) error {
+		got, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(v.Namespace).Get(ctx, v.Name, metav1.GetOptions{})
+		if err == nil && got.Status.EvacuationNodeName != "" {
+			return fmt.Errorf("marked: %+v", got.Status)
+		}
+		return nil
+	})
 	waitEvent(t, v.Namespace, erc.Name, ReasonDeclined)
 	if n := testutil.ToFloat64(metrics.Answered.WithLabelValues(OutcomeDeclined)); n != 1 {
 		t.Errorf("evictions answered declined = %v, want 1", n)

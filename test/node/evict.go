@@ -47,12 +47,16 @@ func (n *Node) EvictPod(ctx context.Context, namespace, name string) error {
 	n.cfg.Logger.Info("Evicting pod", "pod", klog.KObj(pod), "gracePeriod", grace, "message", message)
 	rec.evict(&eviction{gracePeriod: grace, message: message})
 	n.pods.queue.Add(podKey(pod))
-	return n.pods.waitTerminal(ctx, pod)
+	// The containers are killed when the grace period ends; the pod's status follows at once.
+	return n.pods.waitTerminal(ctx, pod, time.Duration(grace)*time.Second+terminalAfterKill)
 }
 
-// waitTerminal waits until pod is in a terminal phase or gone.
-func (c *podController) waitTerminal(ctx context.Context, pod *corev1.Pod) error {
-	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+// terminalAfterKill bounds how long after its grace period an evicted pod takes to be terminal.
+const terminalAfterKill = time.Minute
+
+// waitTerminal waits, at most timeout, until pod is in a terminal phase or gone.
+func (c *podController) waitTerminal(ctx context.Context, pod *corev1.Pod, timeout time.Duration) error {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		current, err := c.pods.Pods(pod.Namespace).Get(pod.Name)
 		switch {
 		case apierrors.IsNotFound(err):
@@ -63,7 +67,7 @@ func (c *podController) waitTerminal(ctx context.Context, pod *corev1.Pod) error
 		return current.UID != pod.UID || isTerminal(current.Status.Phase), nil
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for pod %s to stop: %w", klog.KObj(pod), err)
+		return fmt.Errorf("waiting %s for evicted pod %s to be terminal (phase Succeeded or Failed) or gone: %w", timeout, klog.KObj(pod), err)
 	}
 	return nil
 }
