@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 
 	"github.com/lifeboat-vm/lifeboat/agent/pressure"
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
@@ -53,8 +54,10 @@ type Config struct {
 	Recorder          record.EventRecorder
 	Metrics           *Metrics
 	Log               *slog.Logger
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
+	// Now is the clock; nil means time.Now. Clock runs a migration's timers (its convergence
+	// loop's ticks, the wait for the launcher's last report); nil means the real clock.
+	Now   func() time.Time
+	Clock clock.WithTicker
 	// LauncherExit reads the exit code of the launcher of the VMI with uid on this node, nil
 	// while it runs; a restarted agent uses it to learn how a migration it lost track of ended.
 	LauncherExit func(ctx context.Context, namespace, vmiUID string) (*int32, error)
@@ -112,6 +115,9 @@ func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.Virtual
 	migrationInformers []lifeboatinformers.VirtualMachineInstanceMigrationInformer) (*Agent, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	a := &Agent{
 		cfg: cfg, lifeboat: lb, informer: vmis.Informer(),

@@ -11,8 +11,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/clock"
 
 	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
@@ -127,10 +125,11 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	}
 	// NotMigratable let only ReadWriteMany claims through as disks that stay in place.
 	opts.SharedDisks = HasClaims(vmi)
-	start := time.Now()
+	clk := m.a.cfg.Clock
+	start := clk.Now()
 	var published time.Time
 	c := ConvergingMigration{
-		Migrator: mg, Domain: name, Options: opts, Allowed: allowed, Clock: clock.RealClock{}, Log: log,
+		Migrator: mg, Domain: name, Options: opts, Allowed: allowed, Clock: clk, Log: log,
 		Cancelled: func() bool {
 			if m.markCleared(mig, string(vmi.UID)) {
 				log.Info("the evacuation mark was cleared: cancelling the migration")
@@ -143,8 +142,8 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 			_ = m.updateMigration(context.Background(), mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) { x.Status.Mode = next })
 		},
 		Progressed: func(stats domain.JobStats) {
-			if time.Since(published) >= progressWriteInterval {
-				published = time.Now()
+			if clk.Since(published) >= progressWriteInterval {
+				published = clk.Now()
 				m.publishProgress(mig, &stats)
 			}
 		},
@@ -181,20 +180,25 @@ func (m *migrations) leftByMigration(uid string, start time.Time) bool {
 		at, ok := store.Load(uid)
 		return ok && !at.(time.Time).Before(start)
 	}
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, launcherReportWait, true, func(context.Context) (bool, error) {
-		if since(&m.a.migratedAway) {
-			return true, nil
+	clk := m.a.cfg.Clock
+	timeout := clk.After(launcherReportWait)
+	tick := clk.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		switch {
+		case since(&m.a.migratedAway):
+			return true
+		case since(&m.a.reportsEnded):
+			return false
 		}
-		if since(&m.a.reportsEnded) {
-			return false, errNoReport
+		select {
+		case <-timeout:
+			return false
+		case <-tick.C():
 		}
-		return false, nil
-	})
-	return err == nil
+	}
 }
 
-// errNoReport: the source launcher's reports ended without saying its guest left.
-var errNoReport = errors.New("the source launcher's reports ended without a migration")
 
 // tightened follows the VMI's evacuation deadline from the source node while the migration runs:
 // a SIGTERM that comes during a migration without a deadline (or with a later one) sets an

@@ -180,9 +180,10 @@ func failedMigrationResumes(t *testing.T, allowPostCopy bool) *record.FakeRecord
 	client := lifeboatfake.NewSimpleClientset(vmi, mig, config)
 	recorder := record.NewFakeRecorder(100)
 	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
+	clk := clocktesting.NewFakeClock(time.Now())
 	a, err := New(Config{
 		NodeName: "source", Recorder: recorder, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister(),
+		Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister(), Clock: clk,
 	}, client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
 		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
 	if err != nil {
@@ -194,9 +195,23 @@ func failedMigrationResumes(t *testing.T, allowPostCopy bool) *record.FakeRecord
 	informers.WaitForCacheSync(ctx.Done())
 
 	fake := &stuckMigrator{suspended: make(chan struct{})}
-	runCtx, stop := context.WithTimeout(ctx, 30*time.Second)
-	defer stop()
-	a.migrations.runSource(runCtx, mig, vmi, fake)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.migrations.runSource(ctx, mig, vmi, fake)
+	}()
+	// The migration's clock moves a tick at a time until it has run its course.
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		select {
+		case <-done:
+			return true, nil
+		default:
+			clk.Step(progressInterval)
+			return false, nil
+		}
+	}); err != nil {
+		t.Fatal("the migration did not end within 10 s of real time")
+	}
 
 	if !fake.resumed {
 		t.Error("the guest paused for the migration was not resumed after it failed")
