@@ -199,7 +199,6 @@ func (m *migrations) leftByMigration(uid string, start time.Time) bool {
 	}
 }
 
-
 // tightened follows the VMI's evacuation deadline from the source node while the migration runs:
 // a SIGTERM that comes during a migration without a deadline (or with a later one) sets an
 // earlier one, which the migration must now meet. It records each earlier deadline on the
