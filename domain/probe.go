@@ -80,22 +80,35 @@ func ProbeKVM(ctx context.Context, conn *Conn, kernel, initrd string) (bool, err
 		dom.Free()
 	}()
 
-	probeCtx, cancel := context.WithTimeout(ctx, probeTimeout)
+	printed, err := consolePrinted(ctx, console, probeTimeout)
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("probing KVM: %w", err)
+	case printed:
+		log.Info("KVM is usable: a KVM guest printed on its serial console")
+	default:
+		log.Info("KVM is not usable: a KVM guest printed nothing on its serial console; guests will run under TCG",
+			"waited", probeTimeout, "hint", "nested KVM can start QEMU and a BIOS yet hang a Linux kernel in its decompressor")
+	}
+	return printed, nil
+}
+
+// consolePrinted waits, at most timeout, until the console log file has something in it. It
+// returns false when the time is up and an error only when ctx ends.
+func consolePrinted(ctx context.Context, console string, timeout time.Duration) (bool, error) {
+	probeCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	ticker := time.NewTicker(100 * time.Millisecond)
 	defer ticker.Stop()
 	for {
 		if fi, err := os.Stat(console); err == nil && fi.Size() > 0 {
-			log.Info("KVM is usable: a KVM guest printed on its serial console")
 			return true, nil
 		}
 		select {
 		case <-probeCtx.Done():
 			if ctx.Err() != nil {
-				return false, fmt.Errorf("probing KVM: %w", ctx.Err())
+				return false, ctx.Err()
 			}
-			log.Info("KVM is not usable: a KVM guest printed nothing on its serial console; guests will run under TCG",
-				"waited", probeTimeout, "hint", "nested KVM can start QEMU and a BIOS yet hang a Linux kernel in its decompressor")
 			return false, nil
 		case <-ticker.C:
 		}

@@ -3,6 +3,7 @@ package domain
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -40,6 +41,33 @@ func TestProbeKVM(t *testing.T) {
 		d.Free()
 	}
 
+}
+
+// The probe's verdict is what the guest's console shows: a guest that prints (here a console
+// written to, as QEMU writes a kernel's first lines) proves KVM; one silent until the timeout does not.
+func TestTheProbeAcceptsAGuestThatPrintsOnly(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	printing := filepath.Join(t.TempDir(), "console.log")
+	go func() {
+		time.Sleep(300 * time.Millisecond) // the guest's boot, before its first line
+		_ = os.WriteFile(printing, []byte("Linux version 6.1.0\n"), 0o644)
+	}()
+	if ok, err := consolePrinted(ctx, printing, 5*time.Second); err != nil || !ok {
+		t.Errorf("consolePrinted() on a console that gets a line = %v, %v; want true", ok, err)
+	}
+	silent := filepath.Join(t.TempDir(), "console.log")
+	if err := os.WriteFile(silent, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := consolePrinted(ctx, silent, 500*time.Millisecond); err != nil || ok {
+		t.Errorf("consolePrinted() on a silent console = %v, %v; want false", ok, err)
+	}
+	cancelled, stop := context.WithCancel(ctx)
+	stop()
+	if _, err := consolePrinted(cancelled, silent, time.Second); err == nil {
+		t.Error("consolePrinted() with its context ended: want an error")
+	}
 }
 
 func TestResolveAccelerationKeepsExplicitChoices(t *testing.T) {
