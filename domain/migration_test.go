@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -180,18 +181,62 @@ func TestCancelledMigrationLeavesTheGuestOnTheSource(t *testing.T) {
 }
 
 // testAcceleration is how the migration tests run their guests: $LIFEBOAT_TEST_ACCELERATION
-// (kvm or tcg), TCG by default, since KVM cannot boot Linux on the development machines.
+// (kvm or tcg), else KVM where a KVM guest boots here (domain.ProbeKVM), else TCG (KVM cannot
+// boot Linux on the development machines). So a test that needs KVM skips only where KVM
+// cannot run it.
 func testAcceleration(t *testing.T) domain.Acceleration {
 	t.Helper()
 	env := os.Getenv("LIFEBOAT_TEST_ACCELERATION")
 	if env == "" {
-		return domain.TCG
+		a, err := probedAcceleration(t)
+		if err != nil {
+			t.Fatalf("probing KVM: %v", err)
+		}
+		return a
 	}
 	a, err := domain.ParseAcceleration(env)
 	if err != nil || a == domain.Auto {
 		t.Fatalf("LIFEBOAT_TEST_ACCELERATION=%q: want kvm or tcg", env)
 	}
 	return a
+}
+
+// probedAcceleration is probeAcceleration's answer, probed once per test binary.
+var probedAcceleration = func() func(t *testing.T) (domain.Acceleration, error) {
+	var once sync.Once
+	var a domain.Acceleration
+	var err error
+	return func(t *testing.T) (domain.Acceleration, error) {
+		once.Do(func() { a, err = probeAcceleration(t) })
+		return a, err
+	}
+}()
+
+// probeAcceleration is KVM where a KVM guest prints on this machine, TCG where it does not or
+// there is no /dev/kvm, asked of a private daemon of its own.
+func probeAcceleration(t *testing.T) (domain.Acceleration, error) {
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		return domain.TCG, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "kvm-probe")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	d, err := domain.StartLibvirtd(ctx, domain.Config{Dir: dir})
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = d.Stop() }()
+	c, err := domain.Connect(d.Socket())
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	boot := domain.GuestVMI(t, "probe").Spec.Boot
+	return domain.ResolveAcceleration(ctx, c, domain.Auto, boot.Kernel, boot.Initrd)
 }
 
 // firstPassMigration starts migrating the named dirtyingGuest at nonConvergingCap, a
