@@ -155,6 +155,9 @@ func waitVMI(t *testing.T, v *v1alpha1.VirtualMachineInstance, what string, cond
 		return cond(got), nil
 	})
 	if err != nil {
+		if last == nil {
+			t.Fatalf("VMI %s: want %s; it could not be read within 30s", v.Name, what)
+		}
 		t.Fatalf("VMI %s: want %s; last status %+v", v.Name, what, last.Status)
 	}
 	return last
