@@ -135,8 +135,18 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.initialise(ctx); err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(cfg.Progress, "real node %s Ready at %s (state in %s)\n", cfg.Name, cfg.Address, dir)
+	fmt.Fprintf(cfg.Progress, "real node %s Ready at %s (cgroup %s, kubelet cgroup driver %s; state in %s)\n",
+		cfg.Name, cfg.Address, CgroupHierarchy(), n.KubeletConfig.CgroupDriver, dir)
 	return n, nil
+}
+
+// CgroupHierarchy is the machine's cgroup hierarchy, "v2" (unified) or "v1", which the kubelet
+// and lifeboat's agent (agent/pressure) read their memory figures from.
+func CgroupHierarchy() string {
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return "v2"
+	}
+	return "v1"
 }
 
 func (c Config) validate() error {
