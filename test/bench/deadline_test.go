@@ -271,7 +271,7 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 		b.Fatalf("the guest does not dirty its memory as asked (%d bytes at %d bytes/s):\n%s", size, cell.dirtyRate, console)
 	}
 
-	watch := watchCounters(ctx, p.Src.Console(), p.Dst.Console())
+	watch := guest.WatchCounters(ctx, matrixTick, func() []string { return []string{p.Src.Console(), p.Dst.Console()} })
 	rec := &recordingMigrator{Migrator: p.Src.Conn}
 	c := agent.ConvergingMigration{
 		Migrator: rec, Domain: name, Options: p.Options(0), Clock: clock.RealClock{},
@@ -316,47 +316,6 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 // matrixTick is how often the matrix's guests print their counter: the precision of the
 // downtime they are seen to have.
 const matrixTick = 50 * time.Millisecond
-
-// counterPoll is how often watchCounters reads the consoles.
-const counterPoll = 5 * time.Millisecond
-
-// watchCounters notes when each of the guest's counters first appears on either console, until
-// the returned function is called; that returns the longest the counter stood still beyond its
-// tick: the downtime an observer of the guest saw, to the tick and the polling.
-func watchCounters(ctx context.Context, consoles ...string) func() time.Duration {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan time.Duration, 1)
-	go func() {
-		last, lastAt, worst := 0, time.Time{}, time.Duration(0)
-		t := time.NewTicker(counterPoll)
-		defer t.Stop()
-		for {
-			now := time.Now()
-			n := 0
-			for _, c := range consoles {
-				if k, ok := protocol.LastCounter(readOrEmpty(c)); ok {
-					n = max(n, k)
-				}
-			}
-			if n > last {
-				if last > 0 {
-					worst = max(worst, now.Sub(lastAt)-time.Duration(n-last)*matrixTick)
-				}
-				last, lastAt = n, now
-			}
-			select {
-			case <-ctx.Done():
-				done <- worst
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	return func() time.Duration {
-		cancel()
-		return <-done
-	}
-}
 
 // matrixGuest fills dirtySize of the cell's memory and keeps rewriting it at the cell's dirty rate.
 func matrixGuest(img guest.Image, cell matrixCell) *v1alpha1.VirtualMachineInstance {

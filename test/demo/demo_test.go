@@ -48,7 +48,7 @@ func TestDemoClusterMovesTheVMOnADrain(t *testing.T) {
 	}
 	// The guest answers through its Service before the eviction, and the client that asked all
 	// through the migration saw one boot of it.
-	for _, want := range []string{"lifeboat-guest user-data: #cloud-config", "lifeboat-guest disk vda: journal 1..5 intact", "the VM never stopped", "evicting pod default/", "drained",
+	for _, want := range []string{"lifeboat-guest user-data: #cloud-config", "lifeboat-guest disk vda: journal 1..5 intact", "without a reboot", "the guest stood still for", "evicting pod default/", "drained",
 		"default/demo answers: lifeboat-guest boot ", "answered, from 1 boot(s) of the guest",
 		"VM default/demo: Running, ready true, run strategy Always, 0 restart(s)"} {
 		if !strings.Contains(out, want) {

@@ -132,6 +132,15 @@ func follow(ctx context.Context, dir, ref string, timeout time.Duration) error {
 		return err
 	}
 	from, to := start.Status.NodeName, ""
+	root, err := readNodesRoot(dir)
+	if err != nil {
+		return err
+	}
+	// The guest's counter on every node's console for this VMI: how long it stood still.
+	stood := guest.WatchCounters(ctx, guestTick, func() []string {
+		paths, _ := filepath.Glob(consolePath(root, "*", string(start.UID)))
+		return paths
+	})
 	var deadline *metav1.Time // the kubelet's SIGKILL, as the migrations record it
 	fmt.Printf("following VMI %s/%s, running on %s\n", ns, name, from)
 	migrations := lb.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns)
@@ -182,7 +191,7 @@ func follow(ctx context.Context, dir, ref string, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	if err := counterGoesOn(ctx, dir, string(start.UID), from, to); err != nil {
+	if err := counterGoesOn(ctx, root, string(start.UID), from, to, stood); err != nil {
 		return err
 	}
 	return sourceLauncherEnded(ctx, kube, ns, string(start.UID), from, deadline)
@@ -222,13 +231,13 @@ func sourceLauncherEnded(ctx context.Context, kube kubernetes.Interface, ns, uid
 	return nil
 }
 
+// guestTick is how often the demo's guest prints its counter (the test guest's default).
+const guestTick = time.Second
+
 // counterGoesOn shows that the guest did not reboot: the counter it printed on the source node
-// goes on, from where it was, on the target.
-func counterGoesOn(ctx context.Context, dir, uid, from, to string) error {
-	root, err := readNodesRoot(dir)
-	if err != nil {
-		return err
-	}
+// goes on, from where it was, on the target; and says how long the counter stood still (stood
+// is guest.WatchCounters' stop), which is how long the guest was stopped, as its console shows.
+func counterGoesOn(ctx context.Context, root, uid, from, to string, stood func() time.Duration) error {
 	b, err := os.ReadFile(consolePath(root, from, uid))
 	if err != nil {
 		return err
@@ -236,12 +245,15 @@ func counterGoesOn(ctx context.Context, dir, uid, from, to string) error {
 	before := guest.Counter(string(b))
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	console, err := guest.WaitForConsole(ctx, consolePath(root, to, uid), fmt.Sprintf("a counter above %d", before), func(c string) bool {
-		return guest.Counter(c) > before
+	// Two counters on: the watch has seen the first for certain.
+	console, err := guest.WaitForConsole(ctx, consolePath(root, to, uid), fmt.Sprintf("a counter above %d", before+1), func(c string) bool {
+		return guest.Counter(c) > before+1
 	})
 	if err != nil {
 		return err
 	}
-	fmt.Printf("the guest's counter was at %d on %s when it left; on %s it goes on at %d: the VM never stopped\n", before, from, to, guest.Counter(console))
+	fmt.Printf("the guest's counter was at %d on %s when it left; on %s it goes on at %d, without a reboot\n", before, from, to, guest.Counter(console))
+	fmt.Printf("the guest stood still for %s at most: its counter's longest silence beyond its %s tick, read from its consoles every 5 ms\n",
+		stood().Round(time.Millisecond), guestTick)
 	return nil
 }
