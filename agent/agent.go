@@ -75,6 +75,9 @@ type Config struct {
 	Memory        func() (pressure.Memory, error)
 	Thresholds    pressure.Thresholds
 	PodWorkingSet func(podUID string) (uint64, bool)
+	// LabelNode sets (true) or removes (false) the node's label LabelMemoryPressureRelief, which
+	// keeps migrations from targeting it while relief finds it short of memory.
+	LabelNode func(ctx context.Context, relieving bool) error
 	// ServeNotify serves a launcher's notify socket at path, for the VMI with vmiUID, until ctx
 	// ends (notifyserver.Server.Serve).
 	ServeNotify func(ctx context.Context, path, vmiUID string) error
@@ -97,6 +100,9 @@ type Agent struct {
 	// reportsEnded holds, by VMI UID, when a launcher's notify connection last ended: nothing it
 	// reported before is still unread then.
 	reportsEnded sync.Map
+	// relieving is the node's LabelMemoryPressureRelief as this agent last set it; nil until it has.
+	// Only the relief goroutine uses it.
+	relieving *bool
 	// signalled holds, by VMI UID, the SIGTERM a launcher reported (a *signal), which its domain's
 	// metadata may not show yet: libvirt holds that write while a migration runs.
 	signalled sync.Map

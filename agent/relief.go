@@ -32,6 +32,7 @@ func (a *Agent) runRelief(ctx context.Context) {
 func (a *Agent) relieve(ctx context.Context) {
 	config := a.eviction().Config
 	if config == nil || config.Spec.NodePressureRelief == nil || !config.Spec.NodePressureRelief.Enabled {
+		a.labelRelieving(ctx, false)
 		return
 	}
 	margin := defaultReliefMargin
@@ -45,6 +46,14 @@ func (a *Agent) relieve(ctx context.Context) {
 	}
 	vmis, pods := a.reliefCandidates(config)
 	r := pressure.Relieve(mem, a.cfg.Thresholds, uint64(margin.Value()), pods)
+	// The label comes off a little above the line, so that a node hovering at it does not flap.
+	line, ok := pressure.Line(mem.Capacity, a.cfg.Thresholds, uint64(margin.Value()))
+	switch {
+	case r.Short > 0:
+		a.labelRelieving(ctx, true)
+	case !ok || mem.Available() >= line+uint64(margin.Value())/8:
+		a.labelRelieving(ctx, false)
+	}
 	if len(r.Move) == 0 {
 		return
 	}
@@ -75,6 +84,20 @@ func (a *Agent) relieve(ctx context.Context) {
 		a.cfg.Recorder.Event(vmi, corev1.EventTypeNormal, string(v1alpha1.MigrationCauseNodePressureRelief), msg)
 		a.cfg.Log.Info("marked for node-pressure relief", "vmi", vmi.Namespace+"/"+vmi.Name, "memoryAvailable", mem.Available(), "usage", p.Usage)
 	}
+}
+
+// labelRelieving sets or removes the node's LabelMemoryPressureRelief when it differs from what
+// this agent last set (after a start: always, so a stale label from before goes).
+func (a *Agent) labelRelieving(ctx context.Context, on bool) {
+	if a.cfg.LabelNode == nil || a.relieving != nil && *a.relieving == on {
+		return
+	}
+	if err := a.cfg.LabelNode(ctx, on); err != nil {
+		a.cfg.Log.Warn("labelling the node for node-pressure relief", "relieving", on, "err", err)
+		return
+	}
+	a.relieving = &on
+	a.cfg.Log.Info("node-pressure relief label", "label", v1alpha1.LabelMemoryPressureRelief, "set", on)
 }
 
 // reliefCandidates are the running VMIs of the node as the kubelet's ranking sees their pods,

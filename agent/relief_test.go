@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 
@@ -46,9 +47,10 @@ func TestReliefMarksTheVMsTheKubeletWouldEvictFirst(t *testing.T) {
 		name       string
 		enabled    bool
 		wantMarked []string
+		wantLabels []bool // the node label's changes
 	}{
-		{"relief on: the largest movable VM", true, []string{"big"}},
-		{"relief off: nothing", false, nil},
+		{"relief on: the largest movable VM, and the node labelled", true, []string{"big"}, []bool{true}},
+		{"relief off: nothing, and a label from before removed", false, nil, []bool{false}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			config := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}}
@@ -63,12 +65,14 @@ func TestReliefMarksTheVMsTheKubeletWouldEvictFirst(t *testing.T) {
 			informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
 			// 1.3 GiB available: 200 MiB short of the soft threshold (1 GiB) plus the margin.
 			mem := pressure.Memory{Capacity: 16 * gib, WorkingSet: 16*gib - 1331<<20}
+			var labels []bool
 			a, err := New(Config{
 				NodeName: "node-a", Recorder: recorder, Metrics: metrics, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 				Configs:       informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister(),
 				Memory:        func() (pressure.Memory, error) { return mem, nil },
 				Thresholds:    pressure.Thresholds{Soft: pressure.Threshold{Bytes: gib}},
 				PodWorkingSet: func(string) (uint64, bool) { return 0, false },
+				LabelNode:     func(_ context.Context, on bool) error { labels = append(labels, on); return nil },
 			}, client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
 				[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
 			if err != nil {
@@ -80,6 +84,23 @@ func TestReliefMarksTheVMsTheKubeletWouldEvictFirst(t *testing.T) {
 			informers.WaitForCacheSync(ctx.Done())
 
 			a.relieve(ctx)
+			// A second round, once the agent's cache has the marks, changes nothing: a marked VM is
+			// still moving (relief waits for it) and the label is set.
+			if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+				marked := 0
+				for _, obj := range a.informer.GetStore().List() {
+					if obj.(*v1alpha1.VirtualMachineInstance).MarkedForEvacuation() {
+						marked++
+					}
+				}
+				return marked == len(tc.wantMarked), nil
+			}); err != nil {
+				t.Fatalf("the agent's cache never showed %d marked VMs", len(tc.wantMarked))
+			}
+			a.relieve(ctx)
+			if !slices.Equal(labels, tc.wantLabels) {
+				t.Errorf("node label changes %v, want %v", labels, tc.wantLabels)
+			}
 
 			list, err := client.LifeboatV1alpha1().VirtualMachineInstances("ns").List(ctx, metav1.ListOptions{})
 			if err != nil {

@@ -117,6 +117,19 @@ func (p Pod) exceedsRequest() int {
 
 func (p Pod) aboveRequest() int64 { return int64(p.Usage) - int64(p.Request) }
 
+// Line is the memory.available below which relief acts on a node with capacity: the kubelet's
+// soft threshold (its hard one where there is no soft) plus margin; false when it has neither.
+func Line(capacity uint64, t Thresholds, margin uint64) (uint64, bool) {
+	threshold := t.Soft
+	if !threshold.Set() {
+		threshold = t.Hard
+	}
+	if !threshold.Set() {
+		return 0, false
+	}
+	return threshold.Of(capacity) + margin, true
+}
+
 // Relief is a relief decision: the VMs to move, and how far below the relief line the node is.
 type Relief struct {
 	Move []Pod
@@ -134,14 +147,10 @@ type Relief struct {
 // moving a VM (its memory is not freed until the migration ends), and never picks a VM that
 // cannot live-migrate.
 func Relieve(mem Memory, t Thresholds, margin uint64, pods []Pod) Relief {
-	threshold := t.Soft
-	if !threshold.Set() {
-		threshold = t.Hard
-	}
-	if !threshold.Set() {
+	line, ok := Line(mem.Capacity, t, margin)
+	if !ok {
 		return Relief{Enough: true}
 	}
-	line := threshold.Of(mem.Capacity) + margin
 	available := mem.Available()
 	if available >= line {
 		return Relief{Enough: true}

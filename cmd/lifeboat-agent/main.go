@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -158,6 +160,7 @@ func run(o options, log *slog.Logger) error {
 		Memory:            readMemory,
 		Thresholds:        thresholds,
 		PodWorkingSet:     func(uid string) (uint64, bool) { return pressure.PodWorkingSet(o.cgroupRoot, uid) },
+		LabelNode:         labelNode(kubeClient, o.nodeName),
 	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs(),
 		[]migrationinformers.VirtualMachineInstanceMigrationInformer{outbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations(), inbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
 	if err != nil {
@@ -212,6 +215,23 @@ func kubeletMaxPodGracePeriod(o options) (*int64, error) {
 		return &o.maxPodGracePeriod, nil
 	}
 	return nil, nil
+}
+
+// labelNode sets or removes the node's LabelMemoryPressureRelief by a merge patch of that label
+// alone (all manifests/agent-node-restriction.yaml lets an agent change).
+func labelNode(kube kubernetes.Interface, node string) func(ctx context.Context, relieving bool) error {
+	return func(ctx context.Context, relieving bool) error {
+		value := any(nil)
+		if relieving {
+			value = "true"
+		}
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{v1alpha1.LabelMemoryPressureRelief: value}}})
+		if err != nil {
+			return err
+		}
+		_, err = kube.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
+		return err
+	}
 }
 
 // kubeletMemoryThresholds are the kubelet's memory.available thresholds from --kubelet-config;

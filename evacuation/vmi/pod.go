@@ -253,7 +253,8 @@ func withDevices(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, r corev1
 }
 
 // NewTargetPod builds the launcher pod that receives a VMI in a migration: the VMI's launcher pod,
-// named for the migration, told to wait for the guest, and kept off the source node.
+// named for the migration, told to wait for the guest, and kept off the source node and off nodes
+// whose agents find them short of memory (LabelMemoryPressureRelief).
 func NewTargetPod(vmi *v1alpha1.VirtualMachineInstance, m *v1alpha1.VirtualMachineInstanceMigration, opts PodOptions, allowed []string) (*corev1.Pod, error) {
 	pod, err := NewLauncherPod(vmi, opts, allowed)
 	if err != nil {
@@ -265,9 +266,10 @@ func NewTargetPod(vmi *v1alpha1.VirtualMachineInstance, m *v1alpha1.VirtualMachi
 	c.Env = append(c.Env, corev1.EnvVar{Name: launcher.EnvMigrationTarget, Value: string(m.UID)})
 	pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-			MatchExpressions: []corev1.NodeSelectorRequirement{{
-				Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpNotIn, Values: []string{vmi.Status.NodeName},
-			}},
+			MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpNotIn, Values: []string{vmi.Status.NodeName}},
+				{Key: v1alpha1.LabelMemoryPressureRelief, Operator: corev1.NodeSelectorOpDoesNotExist},
+			},
 		}}},
 	}}
 	return pod, nil

@@ -454,3 +454,22 @@ func TestGuestRunningIn(t *testing.T) {
 		}
 	}
 }
+
+// A migration's target pod goes neither to the VM's node nor to a node that node-pressure relief
+// finds short of memory.
+func TestTheTargetPodAvoidsTheSourceAndNodesUnderRelief(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "ns", UID: "u1"}}
+	vmi.Status.NodeName = "source"
+	m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "m", UID: "m1"}}
+	pod, err := NewTargetPod(vmi, m, PodOptions{Image: "img", Acceleration: "tcg"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+		{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpNotIn, Values: []string{"source"}},
+		{Key: v1alpha1.LabelMemoryPressureRelief, Operator: corev1.NodeSelectorOpDoesNotExist},
+	}}}}
+	if a := pod.Spec.Affinity; a == nil || a.NodeAffinity == nil || !apiequality.Semantic.DeepEqual(a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution, want) {
+		t.Errorf("target pod affinity %+v, want required %+v", pod.Spec.Affinity, want)
+	}
+}

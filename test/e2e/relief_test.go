@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -92,6 +93,13 @@ func TestReliefMovesAVMBeforeTheKubeletHasToEvict(t *testing.T) {
 	waitCounterPast(t, target.consolePath(moved), before+2, 30*time.Second)
 	waitEvent(t, metav1.NamespaceDefault, source.Name(), string(v1alpha1.MigrationCauseNodePressureRelief), 10*time.Second)
 	waitEvent(t, ns, vmi.Name, string(v1alpha1.MigrationCauseNodePressureRelief), 10*time.Second)
+	// The source, short of memory, is labelled so that no migration targets it; the target is not.
+	for n, want := range map[string]string{source.Name(): "true", target.Name(): ""} {
+		node, err := cluster.Kube.CoreV1().Nodes().Get(context.Background(), n, metav1.GetOptions{})
+		if err != nil || node.Labels[v1alpha1.LabelMemoryPressureRelief] != want {
+			t.Errorf("node %s: %v, label %s=%q, want %q", n, err, v1alpha1.LabelMemoryPressureRelief, node.Labels[v1alpha1.LabelMemoryPressureRelief], want)
+		}
+	}
 	if got := source.metric(t, `lifeboat_agent_node_pressure_relief_total{result="marked"}`); got != 1 {
 		t.Errorf("lifeboat_agent_node_pressure_relief_total{result=\"marked\"} = %v on %s, want 1", got, source.Name())
 	}

@@ -2,10 +2,13 @@ package manifests
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
@@ -167,4 +170,53 @@ func TestTheControllerCreatesOnlyLauncherPods(t *testing.T) {
 	for _, r := range refusals {
 		wantForbidden(t, "the controller creating "+r.name, create(ctx, r.pod, false), r.says)
 	}
+}
+
+// TestAnAgentChangesOnlyItsNodesReliefLabel: node-pressure relief lets an agent set and remove
+// lifeboat.dev/memory-pressure-relief on its own Node; every other node, every other label and
+// the Node's spec are refused with a message saying so.
+func TestAnAgentChangesOnlyItsNodesReliefLabel(t *testing.T) {
+	install(t)
+	nodeA, nodeB := createNode(t, "relief-a"), createNode(t, "relief-b")
+	nodeClient := func(node *corev1.Node) kubernetes.Interface {
+		cfg := rest.AnonymousClientConfig(cluster.Config)
+		cfg.BearerToken = tokenFor(t, agentSA, node)
+		return kubernetes.NewForConfigOrDie(cfg)
+	}
+	agentA := nodeClient(nodeA)
+	patch := func(c kubernetes.Interface, node string, change map[string]any, dryRun bool) error {
+		b, err := json.Marshal(change)
+		if err != nil {
+			return err
+		}
+		opts := metav1.PatchOptions{}
+		if dryRun {
+			opts.DryRun = []string{metav1.DryRunAll}
+		}
+		_, err = c.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, b, opts)
+		return err
+	}
+	label := func(key string, value any) map[string]any {
+		return map[string]any{"metadata": map[string]any{"labels": map[string]any{key: value}}}
+	}
+	waitEnforced(t, "node A's agent labelling node B", func(context.Context) error {
+		return patch(agentA, nodeB.Name, label(v1alpha1.LabelMemoryPressureRelief, "true"), true)
+	})
+
+	if err := patch(agentA, nodeA.Name, label(v1alpha1.LabelMemoryPressureRelief, "true"), false); err != nil {
+		t.Errorf("node A's agent setting its node's relief label: %v", err)
+	}
+	if n, err := cluster.Kube.CoreV1().Nodes().Get(t.Context(), nodeA.Name, metav1.GetOptions{}); err != nil || n.Labels[v1alpha1.LabelMemoryPressureRelief] != "true" {
+		t.Errorf("node A after its agent labelled it: %v, labels %v", err, n.Labels)
+	}
+	if err := patch(agentA, nodeA.Name, label(v1alpha1.LabelMemoryPressureRelief, nil), false); err != nil {
+		t.Errorf("node A's agent removing its node's relief label: %v", err)
+	}
+	wantForbidden(t, "node A's agent labelling node B", patch(agentA, nodeB.Name, label(v1alpha1.LabelMemoryPressureRelief, "true"), false),
+		"the agent of node relief-a may not write node relief-b")
+	only := "the agent of node relief-a may change only the label lifeboat.dev/memory-pressure-relief of its node"
+	wantForbidden(t, "node A's agent setting another label on its node", patch(agentA, nodeA.Name, label(v1alpha1.LabelKVMNode, "true"), false), only)
+	wantForbidden(t, "node A's agent cordoning its node", patch(agentA, nodeA.Name, map[string]any{"spec": map[string]any{"unschedulable": true}}, false), only)
+	wantForbidden(t, "an agent token bound to no node", patch(nodeClient(nil), nodeA.Name, label(v1alpha1.LabelMemoryPressureRelief, "true"), false),
+		"the agent's token names no node")
 }

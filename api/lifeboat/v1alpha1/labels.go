@@ -12,6 +12,10 @@ const (
 	RoleLauncher = "launcher"
 	// LabelKVMNode marks the nodes lifeboat runs VMs on.
 	LabelKVMNode = "lifeboat.dev/kvm"
+	// LabelMemoryPressureRelief is "true" on a Node whose agent finds its memory.available
+	// within the node-pressure relief margin: migrations do not target it, so VMs moved off one
+	// node under pressure do not land on another.
+	LabelMemoryPressureRelief = "lifeboat.dev/memory-pressure-relief"
 	// LabelEvacuation is "true" on the migrations the evacuation controller makes for a mark.
 	LabelEvacuation = "lifeboat.dev/evacuation"
 	// AnnotationCause and AnnotationDeadline (RFC 3339) on a new migration say why it is made and
