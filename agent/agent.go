@@ -95,7 +95,8 @@ type Agent struct {
 	launchers map[string]*launcher // by VMI UID
 
 	migrations *migrations
-	// migratedAway holds, by VMI UID, when a launcher reported its guest left by migration.
+	// migratedAway holds, by VMI UID, when a launcher reported its guest left by migration; it is
+	// forgotten a while after the launcher's directory goes.
 	migratedAway sync.Map
 	// reportsEnded holds, by VMI UID, when a launcher's notify connection last ended: nothing it
 	// reported before is still unread then.
@@ -259,6 +260,11 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 			a.forget(uid)
 			a.signalled.Delete(uid)
 			a.reportsEnded.Delete(uid)
+			// A migration that just ended may still read the launcher's last report
+			// (leftByMigration waits launcherReportWait for it): forget it after that.
+			if at, ok := a.migratedAway.Load(uid); ok {
+				time.AfterFunc(2*launcherReportWait, func() { a.migratedAway.CompareAndDelete(uid, at) })
+			}
 		}
 	}
 }
