@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
@@ -168,4 +169,66 @@ func TestDrainedNoneVMStartsAgainOnAnotherNode(t *testing.T) {
 	waitVM(t, ns, vm.Name, 30*time.Second, "Running with one restart", func(v *v1alpha1.VirtualMachine) bool {
 		return v.Status.PrintableStatus == v1alpha1.PrintableStatusRunning && v.Status.Restarts == 1
 	})
+}
+
+// An Always VM whose controller is killed as its instance is evicted, and started again once the
+// instance has ended, is restarted once: one new instance, one restart counted, and never two
+// instances at once.
+func TestAControllerKilledMidRestartRestartsTheVMOnce(t *testing.T) {
+	controller := startController(t)
+	nodes := startNodes(t, 1)
+	ns := testNamespace(t)
+	vm := newVM("restarted", v1alpha1.RunStrategyAlways)
+	allowNodePaths(t, &v1alpha1.VirtualMachineInstance{Spec: vm.Spec.Template.Spec})
+	if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(ns).Create(context.Background(), vm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	first := waitVMI(t, ns, vm.Name, bootTimeout, "Running", running)
+	waitCounterPast(t, nodes[0].consolePath(first), 1, bootTimeout)
+
+	// Every instance the VM ever has, as the API server reports them.
+	w, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Watch(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	// The controller dies as the node evicts the VM: the instance ends while no controller runs,
+	// and the one that starts finds the VM to restart.
+	controller.kill()
+	evict(t, nodes[0], first)
+	waitVMI(t, ns, vm.Name, time.Minute, "the first instance ended", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.UID == first.UID && (v.Status.Phase == v1alpha1.VMISucceeded || v.Status.Phase == v1alpha1.VMIFailed)
+	})
+	controller.start(t)
+
+	again := waitVMI(t, ns, vm.Name, 2*bootTimeout, "a new instance running", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.UID != first.UID && running(v)
+	})
+	v := waitVM(t, ns, vm.Name, bootTimeout, "Running with one restart", func(v *v1alpha1.VirtualMachine) bool {
+		return v.Status.PrintableStatus == v1alpha1.PrintableStatusRunning && v.Status.Restarts == 1
+	})
+	// The watch saw exactly two instances, and the second only once the first was gone.
+	seen, firstGone := map[types.UID]bool{}, false
+	for len(w.ResultChan()) > 0 || !seen[again.UID] {
+		select {
+		case e := <-w.ResultChan():
+			vmi, ok := e.Object.(*v1alpha1.VirtualMachineInstance)
+			if !ok {
+				continue
+			}
+			if e.Type == watch.Deleted && vmi.UID == first.UID {
+				firstGone = true
+			}
+			if vmi.UID != first.UID && !seen[vmi.UID] && !firstGone {
+				t.Errorf("instance %s appeared while the first, %s, was still there", vmi.UID, first.UID)
+			}
+			seen[vmi.UID] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the watch did not report instance %s within 10s", again.UID)
+		}
+	}
+	delete(seen, first.UID)
+	if len(seen) != 1 || v.Status.InstanceName != vm.Name {
+		t.Errorf("instances after the first: %v, want only %s; VM status %+v", seen, again.UID, v.Status)
+	}
 }
