@@ -195,10 +195,9 @@ func TestAControllerKilledMidRestartRestartsTheVMOnce(t *testing.T) {
 	// The controller dies as the node evicts the VM: the instance ends while no controller runs,
 	// and the one that starts finds the VM to restart.
 	controller.kill()
-	evict(t, nodes[0], first)
-	waitVMI(t, ns, vm.Name, time.Minute, "the first instance ended", func(v *v1alpha1.VirtualMachineInstance) bool {
-		return v.UID == first.UID && (v.Status.Phase == v1alpha1.VMISucceeded || v.Status.Phase == v1alpha1.VMIFailed)
-	})
+	if err := evict(t, nodes[0], first)(); err != nil {
+		t.Fatalf("the first instance's launcher pod did not end: %v", err)
+	}
 	controller.start(t)
 
 	again := waitVMI(t, ns, vm.Name, 2*bootTimeout, "a new instance running", func(v *v1alpha1.VirtualMachineInstance) bool {
