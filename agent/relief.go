@@ -127,8 +127,10 @@ func (a *Agent) reliefCandidates(config *v1alpha1.LifeboatConfig) (map[string]*v
 			if pod.Spec.Priority != nil {
 				p.Priority = *pod.Spec.Priority
 			}
-			if ws, ok := a.cfg.PodWorkingSet(string(pod.UID)); ok {
-				p.Usage = ws
+			if a.cfg.PodWorkingSet != nil {
+				if ws, ok := a.cfg.PodWorkingSet(string(pod.UID)); ok {
+					p.Usage = ws
+				}
 			}
 		}
 		pods = append(pods, p)
