@@ -41,17 +41,16 @@ type ConvergingMigration struct {
 func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.MigrationMode, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- c.Migrator.Migrate(ctx, c.Domain, c.Options) }()
-
 	// QEMU's page sampling tells the guest's dirty rate during the first pass, where libvirt's
-	// figure is not there yet. It must start before the migration (libvirt holds the call
+	// figure is not there yet. It must start before the migration does (libvirt holds the call
 	// while a migration runs); its result is read during it.
 	est := &dirtyRateEstimate{}
 	if err := c.Migrator.StartDirtyRateCalc(c.Domain, dirtyRateSample, domain.DirtyRatePageSampling); err != nil {
 		c.Log.Info("the guest's dirty rate cannot be estimated; the first pass is judged blind", "err", err)
 		est.unavailable = true
 	}
+	done := make(chan error, 1)
+	go func() { done <- c.Migrator.Migrate(ctx, c.Domain, c.Options) }()
 	mode, escalated := v1alpha1.MigrationModePreCopy, c.Clock.Now()
 	var transferring time.Time // when libvirt first measured a transfer rate
 	ticker := c.Clock.NewTicker(progressInterval)
