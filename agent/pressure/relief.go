@@ -143,9 +143,9 @@ type Relief struct {
 // Relieve decides which VMs to move off a node whose memory.available (mem) has come within
 // margin of the kubelet's soft threshold (its hard one where there is no soft): those the
 // kubelet would evict first among the movable ones, just enough of them for the node to be
-// back above the line once they are gone. It decides nothing while an earlier relief is still
-// moving a VM (its memory is not freed until the migration ends), and never picks a VM that
-// cannot live-migrate.
+// back above the line once they are gone. It decides nothing while a VM of the node is moving
+// (marked or migrating, for relief or another cause: its memory is not freed until it has left),
+// and never picks a VM that cannot live-migrate.
 func Relieve(mem Memory, t Thresholds, margin uint64, pods []Pod) Relief {
 	line, ok := Line(mem.Capacity, t, margin)
 	if !ok {
