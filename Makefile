@@ -32,7 +32,7 @@ DEMO_DIR  ?= $(CURDIR)/.demo/cluster
 DEMO_NODES ?= /tmp/lifeboat-demo
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: deps all generate verify-generated lint test bench bench-deadline bench-drain bench-density bench-network bench-transport test-security binaries lifeboat-bins demo demo-down clean images manifests-check e2e
+.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-density bench-network bench-transport test-security binaries lifeboat-bins demo demo-down clean images manifests-check e2e
 
 all: test
 
@@ -126,6 +126,16 @@ bench-transport: deps
 	  $(GO) test -run '^$$' -bench 'BenchmarkMigrationTransport|BenchmarkStream' -benchtime=1x -timeout 0 ./test/bench/ ./agent/migrationproxy/ || exit 1; \
 	done | tee "$$out" && \
 	$(BENCHSTAT) -col /transport "$$out"; rm -f "$$out"
+
+# Every table of docs/benchmarks.md, one benchmark after another (several hours on 2 cores; run
+# nothing else meanwhile): each target prints its own table or benchstat's.
+bench-report:
+	$(MAKE) bench
+	$(MAKE) bench-deadline BENCH_COUNT=3
+	$(MAKE) bench-drain BENCH_COUNT=3
+	$(MAKE) bench-density
+	$(MAKE) bench-network
+	$(MAKE) bench-transport
 
 # The Debian layer of the agent and launcher images is built once with mmdebstrap and cached (test/images).
 IMAGES_DIR ?= $(CURDIR)/.images
