@@ -76,7 +76,7 @@ binaries: deps
 	$(GO) run ./test/cmd/lifeboat-cluster build
 
 # Tests that need a KVM host (or, for TCG, QEMU >= 9.0) skip elsewhere; they are listed here, never skipped silently.
-KVM_ONLY_TESTS := TestPostCopyFinishesANonConvergingMigration|TestMigrationPastTheFirstPassMovesADirtyingGuestIntact
+KVM_ONLY_TESTS := TestPostCopyFinishesANonConvergingMigration|TestMigrationPastTheFirstPassMovesADirtyingGuestIntact|TestPostCopyResumesAfterTheConnectionBreaks
 
 test: deps verify-generated lint binaries
 	$(GO) test -count=1 -timeout 30m ./...
