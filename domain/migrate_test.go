@@ -17,6 +17,8 @@ func TestMigrateFlags(t *testing.T) {
 		{name: "auto-converge", opts: MigrateOptions{AutoConverge: true}, want: always | libvirt.MIGRATE_AUTO_CONVERGE},
 		{name: "post-copy allowed", opts: MigrateOptions{AllowPostCopy: true}, want: always | libvirt.MIGRATE_POSTCOPY},
 		{name: "both", opts: MigrateOptions{AutoConverge: true, AllowPostCopy: true}, want: always | libvirt.MIGRATE_AUTO_CONVERGE | libvirt.MIGRATE_POSTCOPY},
+		// A resume is a post-copy migration's, whatever the options it started with.
+		{name: "post-copy resumed", opts: MigrateOptions{PostCopyResume: true}, want: always | libvirt.MIGRATE_POSTCOPY | libvirt.MIGRATE_POSTCOPY_RESUME},
 		// Only the top image (the overlay): the backing containerDisk image is on the target too.
 		{name: "disks to copy", opts: MigrateOptions{DisksURI: "unix:///d/migration-nbd.sock"}, want: always | libvirt.MIGRATE_NON_SHARED_INC},
 		// libvirt takes a local file system for unshared; a ReadWriteMany claim is shared by contract.
