@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -44,15 +45,14 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 	// QEMU's page sampling tells the guest's dirty rate during the first pass, where libvirt's
 	// figure is not there yet. It must start before the migration does (libvirt holds the call
 	// while a migration runs); its result is read during it.
-	est := &dirtyRateEstimate{}
+	st := &loopState{}
 	if err := c.Migrator.StartDirtyRateCalc(c.Domain, dirtyRateSample, domain.DirtyRatePageSampling); err != nil {
 		c.Log.Info("the guest's dirty rate cannot be estimated; the first pass is judged blind", "err", err)
-		est.unavailable = true
+		st.est.unavailable = true
 	}
 	done := make(chan error, 1)
 	go func() { done <- c.Migrator.Migrate(ctx, c.Domain, c.Options) }()
 	mode, escalated := v1alpha1.MigrationModePreCopy, c.Clock.Now()
-	var transferring time.Time // when libvirt first measured a transfer rate
 	ticker := c.Clock.NewTicker(progressInterval)
 	defer ticker.Stop()
 	cancelled := false
@@ -72,7 +72,7 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 		if cancelled {
 			continue
 		}
-		next, err := c.step(mode, c.Clock.Since(escalated), &transferring, est)
+		next, err := c.step(mode, c.Clock.Since(escalated), st)
 		if err != nil {
 			c.Log.Warn("escalating the migration", "to", next, "err", err)
 			continue
@@ -90,7 +90,7 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 // step reads the job's progress and applies the convergence policy's next mode. The policy's
 // Elapsed counts from the first measured transfer, not from the job's start (libvirt's
 // elapsed time): the destination QEMU's start-up comes first and says nothing of convergence.
-func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation time.Duration, transferring *time.Time, est *dirtyRateEstimate) (v1alpha1.MigrationMode, error) {
+func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation time.Duration, st *loopState) (v1alpha1.MigrationMode, error) {
 	stats, err := c.Migrator.JobStats(c.Domain)
 	if err != nil || stats.Type != domain.JobUnbounded {
 		return mode, nil // not started yet, or over: nothing to steer
@@ -98,16 +98,16 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 	if c.Progressed != nil {
 		c.Progressed(stats)
 	}
-	if stats.MemoryBandwidth > 0 && transferring.IsZero() {
-		*transferring = c.Clock.Now()
+	if stats.MemoryBandwidth > 0 && st.transferring.IsZero() {
+		st.transferring = c.Clock.Now()
 	}
-	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: stats.MemoryBandwidth, SinceEscalation: sinceEscalation,
-		FirstPass: stats.MemoryIteration <= 1, Total: stats.DataTotal}
-	if !transferring.IsZero() {
-		p.Elapsed = c.Clock.Since(*transferring)
+	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: st.rates.add(stats.MemoryBandwidth),
+		SinceEscalation: sinceEscalation, FirstPass: stats.MemoryIteration <= 1, Total: stats.DataTotal}
+	if !st.transferring.IsZero() {
+		p.Elapsed = c.Clock.Since(st.transferring)
 	}
 	if p.FirstPass {
-		p.DirtyRate, p.Estimated = c.estimate(est)
+		p.DirtyRate, p.Estimated = c.estimate(&st.est)
 	}
 	if deadline := c.deadline(); !deadline.IsZero() {
 		p.HasDeadline, p.TimeLeft = true, deadline.Sub(c.Clock.Now())
@@ -136,6 +136,39 @@ func (c ConvergingMigration) deadline() time.Time {
 		return t
 	}
 	return d
+}
+
+// loopState is what the convergence loop carries from one reading of the job to the next.
+type loopState struct {
+	transferring time.Time // when libvirt first measured a transfer rate
+	est          dirtyRateEstimate
+	rates        recentRates
+}
+
+// bandwidthWindow is how many of libvirt's transfer-rate readings the policy sees at once
+// (2.5 s of them): one reading can dip far below the rate (the deadline matrix saw an idle 1 GiB
+// guest with a minute to spare paused on one), and a dip must not send the migration to its
+// last resort; a drop that lasts is in the median within a second and a half.
+const bandwidthWindow = 5
+
+// recentRates keeps the last bandwidthWindow non-zero transfer rates.
+type recentRates struct{ samples []uint64 }
+
+// add records rate (zero, "not measured yet", is not recorded) and returns the median of the
+// recent ones; zero while there is none.
+func (r *recentRates) add(rate uint64) uint64 {
+	if rate > 0 {
+		r.samples = append(r.samples, rate)
+		if len(r.samples) > bandwidthWindow {
+			r.samples = r.samples[1:]
+		}
+	}
+	if len(r.samples) == 0 {
+		return 0
+	}
+	sorted := slices.Clone(r.samples)
+	slices.Sort(sorted)
+	return sorted[len(sorted)/2]
 }
 
 // dirtyRateSample is how long QEMU's page-sampling measurement lasts: libvirt's shortest, so

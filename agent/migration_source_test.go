@@ -361,3 +361,71 @@ func TestMigrationSettings(t *testing.T) {
 		})
 	}
 }
+
+// dipMigrator is an idle 1 GiB guest's first pass at 64 MiB/s, whose transfer-rate reading
+// dips to 1 MiB/s once, as the deadline matrix saw under load; the migration ends after 20 reads.
+type dipMigrator struct {
+	stuckMigrator
+	mu    sync.Mutex
+	reads int
+	done  chan struct{}
+}
+
+func (d *dipMigrator) Migrate(ctx context.Context, _ string, _ domain.MigrateOptions) error {
+	select {
+	case <-d.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (d *dipMigrator) JobStats(string) (domain.JobStats, error) {
+	const mib = 1 << 20
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.reads++
+	if d.reads == 20 {
+		close(d.done)
+	}
+	rate := uint64(64 * mib)
+	if d.reads == 8 {
+		rate = mib
+	}
+	return domain.JobStats{Type: domain.JobUnbounded, DataTotal: 1024 * mib, DataRemaining: uint64(900-32*d.reads) * mib,
+		MemoryBandwidth: rate, MemoryIteration: 1}, nil
+}
+
+func (d *dipMigrator) StartDirtyRateCalc(string, time.Duration, domain.DirtyRateMode) error { return nil }
+func (d *dipMigrator) DirtyRate(string) (uint64, bool, error)                             { return 0, true, nil }
+
+// TestOneDipInTheTransferRateDoesNotPauseTheGuest: the policy judges the median of the recent
+// transfer-rate readings, so one reading far below the rate does not send an idle guest with a
+// minute to spare to its last resort.
+func TestOneDipInTheTransferRateDoesNotPauseTheGuest(t *testing.T) {
+	fake := &dipMigrator{done: make(chan struct{})}
+	clk := clocktesting.NewFakeClock(time.Now())
+	c := ConvergingMigration{
+		Migrator: fake, Domain: "ns_vm", Allowed: Allowed{AutoConverge: true, Pause: true}, Deadline: clk.Now().Add(time.Minute),
+		Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Escalated: func(m v1alpha1.MigrationMode) { t.Errorf("escalated to %s on one low reading", m) },
+	}
+	got, ok := migrateStepping(context.Background(), clk, c)
+	if !ok {
+		t.Fatal("MigrateConverging did not return")
+	}
+	if got.err != nil || got.mode != v1alpha1.MigrationModePreCopy {
+		t.Errorf("MigrateConverging() = %s, %v; want PreCopy, nil", got.mode, got.err)
+	}
+}
+
+func TestRecentRatesMedian(t *testing.T) {
+	var r recentRates
+	for _, tc := range []struct{ add, want uint64 }{
+		{0, 0}, {10, 10}, {0, 10}, {30, 30}, {20, 20}, {1, 20}, {40, 20}, {50, 30}, {60, 40},
+	} {
+		if got := r.add(tc.add); got != tc.want {
+			t.Errorf("add(%d) = %d, want %d (samples %v)", tc.add, got, tc.want, r.samples)
+		}
+	}
+}
