@@ -396,8 +396,10 @@ func (d *dipMigrator) JobStats(string) (domain.JobStats, error) {
 		MemoryBandwidth: rate, MemoryIteration: 1}, nil
 }
 
-func (d *dipMigrator) StartDirtyRateCalc(string, time.Duration, domain.DirtyRateMode) error { return nil }
-func (d *dipMigrator) DirtyRate(string) (uint64, bool, error)                             { return 0, true, nil }
+func (d *dipMigrator) StartDirtyRateCalc(string, time.Duration, domain.DirtyRateMode) error {
+	return nil
+}
+func (d *dipMigrator) DirtyRate(string) (uint64, bool, error) { return 0, true, nil }
 
 // TestOneDipInTheTransferRateDoesNotPauseTheGuest: the policy judges the median of the recent
 // transfer-rate readings, so one reading far below the rate does not send an idle guest with a
