@@ -39,6 +39,17 @@ func LinkedPod(pods []*corev1.Pod) (pod *corev1.Pod, ok bool) {
 	return pod, pod != nil
 }
 
+// linkedPod is LinkedPod among the pods of the PodInformer that run the VMI with uid on this node.
+func (a *Agent) linkedPod(uid string) (*corev1.Pod, bool) {
+	var pods []*corev1.Pod
+	for _, obj := range a.cfg.PodInformer.GetStore().List() {
+		if p, ok := obj.(*corev1.Pod); ok && p.Labels[v1alpha1.LabelVMIUID] == uid && p.Spec.NodeName == a.cfg.NodeName {
+			pods = append(pods, p)
+		}
+	}
+	return LinkedPod(pods)
+}
+
 // podDirs keeps DomainsDir's links and the notify sockets in step with the pod informer.
 type podDirs struct {
 	a *Agent
@@ -109,14 +120,8 @@ func (d *podDirs) sync(ctx context.Context, uid string) {
 	d.syncing.Lock()
 	defer d.syncing.Unlock()
 	log := d.a.cfg.Log.With("vmiUID", uid)
-	var pods []*corev1.Pod
-	for _, obj := range d.a.cfg.PodInformer.GetStore().List() {
-		if p, ok := obj.(*corev1.Pod); ok && p.Labels[v1alpha1.LabelVMIUID] == uid && p.Spec.NodeName == d.a.cfg.NodeName {
-			pods = append(pods, p)
-		}
-	}
 	link := filepath.Join(d.a.cfg.DomainsDir, uid)
-	pod, ok := LinkedPod(pods)
+	pod, ok := d.a.linkedPod(uid)
 	if !ok {
 		d.stopNotify(uid)
 		if fi, err := os.Lstat(link); err == nil && fi.Mode().Type() == fs.ModeSymlink {

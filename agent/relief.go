@@ -143,13 +143,7 @@ func (a *Agent) launcherPod(uid string) *corev1.Pod {
 	if a.cfg.PodInformer == nil {
 		return nil
 	}
-	var pods []*corev1.Pod
-	for _, obj := range a.cfg.PodInformer.GetStore().List() {
-		if p, ok := obj.(*corev1.Pod); ok && p.Labels[v1alpha1.LabelVMIUID] == uid && p.Spec.NodeName == a.cfg.NodeName {
-			pods = append(pods, p)
-		}
-	}
-	pod, ok := LinkedPod(pods)
+	pod, ok := a.linkedPod(uid)
 	if !ok || len(pod.Spec.Containers) == 0 {
 		return nil
 	}
