@@ -47,23 +47,18 @@ func (a *Agent) relieve(ctx context.Context) {
 	vmis, pods := a.reliefCandidates(config)
 	r := pressure.Relieve(mem, a.cfg.Thresholds, uint64(margin.Value()), pods)
 	// The label comes off a little above the line, so that a node hovering at it does not flap.
-	line, ok := pressure.Line(mem.Capacity, a.cfg.Thresholds, uint64(margin.Value()))
 	switch {
 	case r.Short > 0:
 		a.labelRelieving(ctx, true)
-	case !ok || mem.Available() >= line+uint64(margin.Value())/8:
+	case r.Line == 0 || mem.Available() >= r.Line+uint64(margin.Value())/8:
 		a.labelRelieving(ctx, false)
 	}
 	if len(r.Move) == 0 {
 		return
 	}
 	a.cfg.Metrics.ReliefAvailable.Observe(float64(mem.Available()))
-	threshold := a.cfg.Thresholds.Soft
-	if !threshold.Set() {
-		threshold = a.cfg.Thresholds.Hard
-	}
 	why := fmt.Sprintf("memory.available on node %s is %s, within %s of the kubelet's eviction threshold %s",
-		a.cfg.NodeName, quantity(mem.Available()), margin.String(), quantity(threshold.Of(mem.Capacity)))
+		a.cfg.NodeName, quantity(mem.Available()), margin.String(), quantity(a.cfg.Thresholds.Acting().Of(mem.Capacity)))
 	if !r.Enough {
 		a.cfg.Metrics.ReliefDecisions.WithLabelValues("insufficient").Inc()
 		why += fmt.Sprintf("; moving every VM that can move frees less than the %s needed", quantity(r.Short))

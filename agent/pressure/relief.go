@@ -117,22 +117,21 @@ func (p Pod) exceedsRequest() int {
 
 func (p Pod) aboveRequest() int64 { return int64(p.Usage) - int64(p.Request) }
 
-// Line is the memory.available below which relief acts on a node with capacity: the kubelet's
-// soft threshold (its hard one where there is no soft) plus margin; false when it has neither.
-func Line(capacity uint64, t Thresholds, margin uint64) (uint64, bool) {
-	threshold := t.Soft
-	if !threshold.Set() {
-		threshold = t.Hard
+// Acting is the threshold relief keeps the node above: the soft one, or the hard one where
+// there is no soft; unset when the kubelet has neither.
+func (t Thresholds) Acting() Threshold {
+	if t.Soft.Set() {
+		return t.Soft
 	}
-	if !threshold.Set() {
-		return 0, false
-	}
-	return threshold.Of(capacity) + margin, true
+	return t.Hard
 }
 
 // Relief is a relief decision: the VMs to move, and how far below the relief line the node is.
 type Relief struct {
 	Move []Pod
+	// Line is the memory.available below which relief acts: the acting threshold plus the
+	// margin; zero when the kubelet has no threshold.
+	Line uint64
 	// Short is how much memory.available lacks to reach the soft threshold plus the margin;
 	// zero when the node is above that line.
 	Short uint64
@@ -147,15 +146,16 @@ type Relief struct {
 // (marked or migrating, for relief or another cause: its memory is not freed until it has left),
 // and never picks a VM that cannot live-migrate.
 func Relieve(mem Memory, t Thresholds, margin uint64, pods []Pod) Relief {
-	line, ok := Line(mem.Capacity, t, margin)
-	if !ok {
+	threshold := t.Acting()
+	if !threshold.Set() {
 		return Relief{Enough: true}
 	}
+	line := threshold.Of(mem.Capacity) + margin
 	available := mem.Available()
 	if available >= line {
-		return Relief{Enough: true}
+		return Relief{Line: line, Enough: true}
 	}
-	r := Relief{Short: line - available}
+	r := Relief{Line: line, Short: line - available}
 	if slices.ContainsFunc(pods, func(p Pod) bool { return p.Moving }) {
 		return r
 	}
