@@ -89,7 +89,7 @@ func run(o options, log *slog.Logger) error {
 	if o.deviceSlots <= 0 {
 		return fmt.Errorf("--device-slots=%d: must be positive", o.deviceSlots)
 	}
-	maxGrace, err := kubeletMaxPodGracePeriod(o)
+	maxGrace, thresholds, err := kubeletSettings(o)
 	if err != nil {
 		return err
 	}
@@ -117,10 +117,6 @@ func run(o options, log *slog.Logger) error {
 		return err
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	thresholds, err := kubeletMemoryThresholds(o)
-	if err != nil {
-		return err
-	}
 	readMemory := func() (pressure.Memory, error) { return pressure.ReadMemory(o.procRoot, o.cgroupRoot) }
 	pressure.RegisterMetrics(reg, readMemory, thresholds)
 	// Each factory's field selector applies to every type in it: the node's VMIs, the
@@ -198,23 +194,28 @@ func run(o options, log *slog.Logger) error {
 	return err
 }
 
-// kubeletMaxPodGracePeriod is the kubelet's evictionMaxPodGracePeriod from the flags, nil if unknown.
-func kubeletMaxPodGracePeriod(o options) (*int64, error) {
-	if o.kubeletConfig != "" {
-		data, err := os.ReadFile(o.kubeletConfig)
-		if err != nil {
-			return nil, err
+// kubeletSettings are the kubelet's evictionMaxPodGracePeriod (nil if unknown) and memory.available
+// thresholds (none without --kubelet-config), from its configuration file, read once.
+func kubeletSettings(o options) (*int64, pressure.Thresholds, error) {
+	if o.kubeletConfig == "" {
+		if o.maxPodGracePeriod >= 0 {
+			return &o.maxPodGracePeriod, pressure.Thresholds{}, nil
 		}
-		v, err := agent.MaxPodGracePeriodFromKubeletConfig(data)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", o.kubeletConfig, err)
-		}
-		return &v, nil
+		return nil, pressure.Thresholds{}, nil
 	}
-	if o.maxPodGracePeriod >= 0 {
-		return &o.maxPodGracePeriod, nil
+	data, err := os.ReadFile(o.kubeletConfig)
+	if err != nil {
+		return nil, pressure.Thresholds{}, err
 	}
-	return nil, nil
+	maxGrace, err := agent.MaxPodGracePeriodFromKubeletConfig(data)
+	if err != nil {
+		return nil, pressure.Thresholds{}, fmt.Errorf("%s: %w", o.kubeletConfig, err)
+	}
+	thresholds, err := pressure.ThresholdsFromKubeletConfig(data)
+	if err != nil {
+		return nil, pressure.Thresholds{}, fmt.Errorf("%s: %w", o.kubeletConfig, err)
+	}
+	return &maxGrace, thresholds, nil
 }
 
 // labelNode sets or removes the node's LabelMemoryPressureRelief by a merge patch of that label
@@ -232,23 +233,6 @@ func labelNode(kube kubernetes.Interface, node string) func(ctx context.Context,
 		_, err = kube.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
 		return err
 	}
-}
-
-// kubeletMemoryThresholds are the kubelet's memory.available thresholds from --kubelet-config;
-// none when it is not given.
-func kubeletMemoryThresholds(o options) (pressure.Thresholds, error) {
-	if o.kubeletConfig == "" {
-		return pressure.Thresholds{}, nil
-	}
-	data, err := os.ReadFile(o.kubeletConfig)
-	if err != nil {
-		return pressure.Thresholds{}, err
-	}
-	t, err := pressure.ThresholdsFromKubeletConfig(data)
-	if err != nil {
-		return pressure.Thresholds{}, fmt.Errorf("%s: %w", o.kubeletConfig, err)
-	}
-	return t, nil
 }
 
 // launcherExit reads, from the kubelet's record of its pod, how the launcher of a VMI on this
