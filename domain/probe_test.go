@@ -49,10 +49,9 @@ func TestTheProbeAcceptsAGuestThatPrintsOnly(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	printing := filepath.Join(t.TempDir(), "console.log")
-	go func() {
-		time.Sleep(300 * time.Millisecond) // the guest's boot, before its first line
-		_ = os.WriteFile(printing, []byte("Linux version 6.1.0\n"), 0o644)
-	}()
+	// The guest's first line comes a moment after the probe starts watching, as after a boot.
+	late := time.AfterFunc(300*time.Millisecond, func() { _ = os.WriteFile(printing, []byte("Linux version 6.1.0\n"), 0o644) })
+	defer late.Stop()
 	if ok, err := consolePrinted(ctx, printing, 5*time.Second); err != nil || !ok {
 		t.Errorf("consolePrinted() on a console that gets a line = %v, %v; want true", ok, err)
 	}
