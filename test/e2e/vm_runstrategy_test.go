@@ -208,7 +208,7 @@ func TestAControllerKilledMidRestartRestartsTheVMOnce(t *testing.T) {
 	})
 	// The watch saw exactly two instances, and the second only once the first was gone.
 	seen, firstGone := map[types.UID]bool{}, false
-	for len(w.ResultChan()) > 0 || !seen[again.UID] {
+	for !seen[again.UID] {
 		select {
 		case e := <-w.ResultChan():
 			vmi, ok := e.Object.(*v1alpha1.VirtualMachineInstance)
