@@ -317,3 +317,13 @@ func (w *guestWatch) check(t *testing.T) {
 	}
 	t.Logf("%d samples of where the guest runs, never on two nodes at once", w.samples)
 }
+
+// waitMigrationEnded waits for the VMI's migration to reach a final phase. The VMI's status and the
+// migration's are written by different agents, so a VMI seen on its new node does not mean its
+// migration's status says so yet.
+func waitMigrationEnded(t *testing.T, vmi *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineInstanceMigration {
+	t.Helper()
+	return waitMigrationOf(t, vmi, "ended", func(m *v1alpha1.VirtualMachineInstanceMigration) bool {
+		return m.Status.Phase == v1alpha1.MigrationSucceeded || m.Status.Phase == v1alpha1.MigrationFailed
+	})
+}

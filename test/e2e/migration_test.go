@@ -58,7 +58,7 @@ func TestNodePressureLiveMigratesTheVM(t *testing.T) {
 	if s := moved.Status.MigrationState; s.Cause != v1alpha1.MigrationCauseNodePressure || s.SourceNode != source.Name() || s.TargetNode != target.Name() {
 		t.Errorf("migration state %+v: want cause NodePressure from %s to %s", s, source.Name(), target.Name())
 	}
-	m := waitMigration(t, moved)
+	m := waitMigrationEnded(t, moved)
 	if m.Status.Phase != v1alpha1.MigrationSucceeded || m.Status.Mode == "" {
 		t.Errorf("migration %s: phase %s mode %q, want Succeeded with its mode", m.Name, m.Status.Phase, m.Status.Mode)
 	}

@@ -86,7 +86,7 @@ func TestReliefMovesAVMBeforeTheKubeletHasToEvict(t *testing.T) {
 	if s := moved.Status.MigrationState; s.Cause != v1alpha1.MigrationCauseNodePressureRelief || s.SourceNode != source.Name() {
 		t.Errorf("migration state %+v: want cause NodePressureRelief from %s", s, source.Name())
 	}
-	m := waitMigration(t, moved)
+	m := waitMigrationEnded(t, moved)
 	if m.Status.Phase != v1alpha1.MigrationSucceeded || m.Status.Deadline != nil || m.Status.Mode != v1alpha1.MigrationModePreCopy {
 		t.Errorf("migration %s: phase %s, deadline %v, mode %s; want Succeeded without a deadline, by pre-copy", m.Name, m.Status.Phase, m.Status.Deadline, m.Status.Mode)
 	}
