@@ -259,7 +259,8 @@ func (m *migrations) prepareTarget(ctx context.Context, mig *v1alpha1.VirtualMac
 	m.active[string(mig.UID)] = am
 	m.mu.Unlock()
 
-	mig.Status.TargetProxy = &v1alpha1.MigrationProxy{Libvirt: libvirt.Addr().String(), Memory: memory.Addr().String(), Disks: disks.Addr().String()}
+	mig.Status.TargetProxy = &v1alpha1.MigrationProxy{Libvirt: libvirt.Addr().String(), Memory: memory.Addr().String(), Disks: disks.Addr().String(),
+		PostCopy: m.a.podHasDevice(mig.Namespace, mig.Status.TargetPod, v1alpha1.DeviceUserFaultFD)}
 	setMigrationPhase(mig, v1alpha1.MigrationTargetReady)
 	if _, err := m.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(mig.Namespace).UpdateStatus(ctx, mig, metav1.UpdateOptions{}); err != nil {
 		m.finish(string(mig.UID))

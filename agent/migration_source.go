@@ -108,13 +108,14 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	name := domain.DomainName(vmi.Namespace, vmi.Name)
 	allowed, bandwidth := MigrationSettings(m.a.eviction().Config, vmi)
 	log := m.a.cfg.Log.With("migration", mig.Namespace+"/"+mig.Name, "vmi", vmi.Name)
-	if allowed.PostCopy && mg.Session() {
-		// Post-copy needs a userfaultfd that handles the kernel's faults, which an unprivileged
-		// launcher's QEMU cannot make until its pod is given /dev/userfaultfd (issue 25): the
-		// migration plans without it rather than fail at the switch.
+	if allowed.PostCopy && mg.Session() && (mig.Status.TargetProxy == nil || !mig.Status.TargetProxy.PostCopy) {
+		// The target's QEMU takes the guest's page faults through a userfaultfd that handles the
+		// kernel's faults too, which an unprivileged launcher has only from /dev/userfaultfd: the
+		// migration plans without post-copy rather than fail at the switch.
 		allowed.PostCopy = false
-		log.Info("post-copy is allowed but unavailable to unprivileged launchers; the migration plans without it")
-		m.a.cfg.Recorder.Event(mig, corev1.EventTypeNormal, "PostCopyUnavailable", "post-copy is allowed, but the launchers have no userfaultfd: converging with auto-converge and a pause instead")
+		log.Info("post-copy is allowed but the target launcher has no userfaultfd; the migration plans without it")
+		m.a.cfg.Recorder.Event(mig, corev1.EventTypeNormal, "PostCopyUnavailable",
+			"post-copy is allowed, but the target launcher has no "+v1alpha1.DeviceUserFaultFD+" (not every node offers it): converging without post-copy")
 	}
 	// The launcher's libvirt sees its directory at the path in the pod, not at the agent's.
 	podDir := contract.PodRunDir
@@ -313,12 +314,7 @@ func MigrationSettings(config *v1alpha1.LifeboatConfig, vmi *v1alpha1.VirtualMac
 	if c.AllowAutoConverge != nil {
 		allowed.AutoConverge = *c.AllowAutoConverge
 	}
-	if c.AllowPostCopy != nil {
-		allowed.PostCopy = *c.AllowPostCopy
-	}
-	if vmi != nil && vmi.Spec.Migration != nil && vmi.Spec.Migration.AllowPostCopy != nil && !*vmi.Spec.Migration.AllowPostCopy {
-		allowed.PostCopy = false
-	}
+	allowed.PostCopy = v1alpha1.PostCopyAllowed(config, vmi)
 	if c.AllowPause != nil {
 		allowed.Pause = *c.AllowPause
 	}

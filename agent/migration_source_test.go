@@ -25,17 +25,24 @@ import (
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
-// stuckMigrator is a migration that cannot converge and fails once the guest is paused.
+// stuckMigrator is a migration that cannot converge: it fails once the guest is paused, and
+// ends once switched to post-copy.
 type stuckMigrator struct {
 	mu                         sync.Mutex
-	suspended                  chan struct{}
+	suspended, postCopied      chan struct{}
 	resumed, postCopyRequested bool
+}
+
+func newStuckMigrator() *stuckMigrator {
+	return &stuckMigrator{suspended: make(chan struct{}), postCopied: make(chan struct{})}
 }
 
 func (s *stuckMigrator) Migrate(ctx context.Context, _ string, _ domain.MigrateOptions) error {
 	select {
 	case <-s.suspended:
 		return errors.New("the connection to the target broke")
+	case <-s.postCopied:
+		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -50,6 +57,7 @@ func (s *stuckMigrator) StartPostCopy(string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.postCopyRequested = true
+	close(s.postCopied)
 	return nil
 }
 
@@ -147,32 +155,64 @@ func (s *stuckMigrator) Resume(string) error {
 	return nil
 }
 
-// TestAFailedMigrationResumesAGuestItPaused: a migration that would miss its deadline is paused
-// to converge (post-copy not allowed, or allowed but unavailable to unprivileged launchers,
-// which the Event says); when it fails anyway, the guest runs on at the source.
-func TestAFailedMigrationResumesAGuestItPaused(t *testing.T) {
-	for _, allowPostCopy := range []bool{false, true} {
-		t.Run(fmt.Sprintf("allowPostCopy=%v", allowPostCopy), func(t *testing.T) {
-			recorder := failedMigrationResumes(t, allowPostCopy)
+// TestAMigrationThatWouldMissItsDeadlineEscalates: a migration that would miss its deadline is
+// switched to post-copy where it is allowed and the target launcher has a userfaultfd; otherwise
+// (post-copy not allowed, or the target without the device, which an Event says) the guest is
+// paused to converge, and when the migration fails anyway it runs on at the source.
+func TestAMigrationThatWouldMissItsDeadlineEscalates(t *testing.T) {
+	for _, tc := range []struct {
+		allowPostCopy, targetPostCopy bool
+		wantUnavailableEvent          bool
+		wantPhase                     v1alpha1.VirtualMachineInstanceMigrationPhase
+		wantMode                      v1alpha1.MigrationMode
+	}{
+		{false, false, false, v1alpha1.MigrationFailed, v1alpha1.MigrationModePaused},
+		{false, true, false, v1alpha1.MigrationFailed, v1alpha1.MigrationModePaused},
+		{true, false, true, v1alpha1.MigrationFailed, v1alpha1.MigrationModePaused},
+		{true, true, false, v1alpha1.MigrationSucceeded, v1alpha1.MigrationModePostCopy},
+	} {
+		t.Run(fmt.Sprintf("allowPostCopy=%v,targetPostCopy=%v", tc.allowPostCopy, tc.targetPostCopy), func(t *testing.T) {
+			fake := newStuckMigrator()
+			recorder, mig, vmi := runStuckMigration(t, fake, tc.allowPostCopy, tc.targetPostCopy)
 			var events []string
 			for len(recorder.Events) > 0 {
 				events = append(events, <-recorder.Events)
 			}
-			unavailable := slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, "PostCopyUnavailable") })
-			if unavailable != allowPostCopy {
-				t.Errorf("events %q: want a PostCopyUnavailable Event exactly when post-copy is allowed", events)
+			if unavailable := slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, "PostCopyUnavailable") }); unavailable != tc.wantUnavailableEvent {
+				t.Errorf("events %q: want a PostCopyUnavailable Event: %v", events, tc.wantUnavailableEvent)
+			}
+			if mig.Status.Phase != tc.wantPhase || mig.Status.Mode != tc.wantMode {
+				t.Errorf("migration: phase %s mode %s reason %q; want %s, %s", mig.Status.Phase, mig.Status.Mode, mig.Status.FailureReason, tc.wantPhase, tc.wantMode)
+			}
+			if fake.postCopyRequested != (tc.wantMode == v1alpha1.MigrationModePostCopy) {
+				t.Errorf("post-copy requested: %v, want %v", fake.postCopyRequested, tc.wantMode == v1alpha1.MigrationModePostCopy)
+			}
+			if tc.wantPhase != v1alpha1.MigrationFailed {
+				return
+			}
+			if !fake.resumed {
+				t.Error("the guest paused for the migration was not resumed after it failed")
+			}
+			if mig.Status.FailureReason == "" {
+				t.Error("a failed migration says why: failureReason is empty")
+			}
+			if vmi.Status.NodeName != "source" || !vmi.Status.MigrationState.Failed {
+				t.Errorf("VMI after a failed migration: node %q, migrationState %+v; want still on source, failed", vmi.Status.NodeName, vmi.Status.MigrationState)
 			}
 		})
 	}
 }
 
-func failedMigrationResumes(t *testing.T, allowPostCopy bool) *record.FakeRecorder {
+// runStuckMigration runs the source side of a migration of a 1 GiB guest that cannot converge
+// before its deadline through fake, and returns the Events and the migration and VMI it left.
+func runStuckMigration(t *testing.T, fake *stuckMigrator, allowPostCopy, targetPostCopy bool) (*record.FakeRecorder, *v1alpha1.VirtualMachineInstanceMigration, *v1alpha1.VirtualMachineInstance) {
 	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm"}}
 	vmi.Status.Phase, vmi.Status.NodeName = v1alpha1.VMIRunning, "source"
 	mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"},
 		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
 	mig.Status = v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: v1alpha1.MigrationRunning, SourceNode: "source", TargetNode: "target",
-		Cause: v1alpha1.MigrationCauseNodePressure, Deadline: ptr.To(metav1.NewTime(time.Now().Add(20 * time.Second)))}
+		Cause: v1alpha1.MigrationCauseNodePressure, Deadline: ptr.To(metav1.NewTime(time.Now().Add(20 * time.Second))),
+		TargetProxy: &v1alpha1.MigrationProxy{Libvirt: "127.0.0.2:1", Memory: "127.0.0.2:2", PostCopy: targetPostCopy}}
 	vmi.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationName: "mig", MigrationUID: "uid-mig"}
 	config := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}}
 	config.Spec.Migrations = v1alpha1.MigrationsConfig{AllowAutoConverge: ptr.To(false), AllowPostCopy: ptr.To(allowPostCopy), AllowPause: ptr.To(true)}
@@ -194,7 +234,6 @@ func failedMigrationResumes(t *testing.T, allowPostCopy bool) *record.FakeRecord
 	informers.Start(ctx.Done())
 	informers.WaitForCacheSync(ctx.Done())
 
-	fake := &stuckMigrator{suspended: make(chan struct{})}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -212,22 +251,15 @@ func failedMigrationResumes(t *testing.T, allowPostCopy bool) *record.FakeRecord
 	}); err != nil {
 		t.Fatal("the migration did not end within 10 s of real time")
 	}
-
-	if !fake.resumed {
-		t.Error("the guest paused for the migration was not resumed after it failed")
+	gotMig, err := client.LifeboatV1alpha1().VirtualMachineInstanceMigrations("ns").Get(ctx, "mig", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if fake.postCopyRequested {
-		t.Error("post-copy was used although the configuration does not allow it or the launchers cannot")
+	gotVMI, err := client.LifeboatV1alpha1().VirtualMachineInstances("ns").Get(ctx, "vm", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	got, err := client.LifeboatV1alpha1().VirtualMachineInstanceMigrations("ns").Get(ctx, "mig", metav1.GetOptions{})
-	if err != nil || got.Status.Phase != v1alpha1.MigrationFailed || got.Status.Mode != v1alpha1.MigrationModePaused || got.Status.FailureReason == "" {
-		t.Errorf("migration: %v, phase %s mode %s reason %q; want Failed, Paused, with a reason", err, got.Status.Phase, got.Status.Mode, got.Status.FailureReason)
-	}
-	v, err := client.LifeboatV1alpha1().VirtualMachineInstances("ns").Get(ctx, "vm", metav1.GetOptions{})
-	if err != nil || v.Status.NodeName != "source" || !v.Status.MigrationState.Failed {
-		t.Errorf("VMI after a failed migration: %v, node %q, migrationState %+v; want still on source, failed", err, v.Status.NodeName, v.Status.MigrationState)
-	}
-	return recorder
+	return recorder, gotMig, gotVMI
 }
 
 type convergeResult struct {
@@ -260,7 +292,7 @@ func migrateStepping(ctx context.Context, clk *clocktesting.FakeClock, c Converg
 // KubeVirt-style timeout in the benchmarks) is aborted at the next tick and never escalated,
 // though it would miss its deadline.
 func TestCancelledMigrationIsNotEscalated(t *testing.T) {
-	fake := &stuckMigrator{suspended: make(chan struct{})}
+	fake := newStuckMigrator()
 	clk := clocktesting.NewFakeClock(time.Now())
 	asked := 0
 	c := ConvergingMigration{
@@ -305,7 +337,7 @@ func (s *slowStartMigrator) JobStats(name string) (domain.JobStats, error) {
 // the transfer began, not from the job's start, which includes the destination's start-up.
 func TestConvergenceWarmUpCountsFromTheTransfer(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
-	mg := &slowStartMigrator{stuckMigrator: stuckMigrator{suspended: make(chan struct{})}, clk: clk}
+	mg := &slowStartMigrator{stuckMigrator: *newStuckMigrator(), clk: clk}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	escalated := make(chan time.Time, 1)

@@ -50,6 +50,25 @@ func (a *Agent) linkedPod(uid string) (*corev1.Pod, bool) {
 	return LinkedPod(pods)
 }
 
+// podHasDevice says whether this node's pod namespace/name asks for the device resource: the
+// kubelet runs a pod only with the devices it asks for allocated.
+func (a *Agent) podHasDevice(namespace, name string, resource corev1.ResourceName) bool {
+	if a.cfg.PodInformer == nil {
+		return false
+	}
+	obj, ok, err := a.cfg.PodInformer.GetStore().GetByKey(namespace + "/" + name)
+	p, isPod := obj.(*corev1.Pod)
+	if err != nil || !ok || !isPod || p.Spec.NodeName != a.cfg.NodeName {
+		return false
+	}
+	for _, c := range p.Spec.Containers {
+		if q, ok := c.Resources.Limits[resource]; ok && !q.IsZero() {
+			return true
+		}
+	}
+	return false
+}
+
 // podDirs keeps DomainsDir's links and the notify sockets in step with the pod informer.
 type podDirs struct {
 	a *Agent

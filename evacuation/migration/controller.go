@@ -41,6 +41,7 @@ type Controller struct {
 	configs    lifeboatlisters.LifeboatConfigLister
 	pods       corelisters.PodLister
 	budgets    policylisters.PodDisruptionBudgetLister
+	nodes      corelisters.NodeLister
 	synced     []cache.InformerSynced
 	queue      workqueue.TypedRateLimitingInterface[string]
 	recorder   record.EventRecorder
@@ -48,15 +49,17 @@ type Controller struct {
 	log        *slog.Logger
 }
 
-// New wires the controller to its informers; the pod informer should hold launcher pods.
+// New wires the controller to its informers; the pod informer should hold launcher pods, the
+// node informer the cluster's nodes (read for the devices they offer target pods).
 func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations lifeboatinformers.VirtualMachineInstanceMigrationInformer,
 	vmis lifeboatinformers.VirtualMachineInstanceInformer, configs lifeboatinformers.LifeboatConfigInformer, pods coreinformers.PodInformer,
-	budgets cache.SharedIndexInformer, recorder record.EventRecorder, opts vmi.PodOptions, log *slog.Logger) *Controller {
+	budgets, nodes cache.SharedIndexInformer, recorder record.EventRecorder, opts vmi.PodOptions, log *slog.Logger) *Controller {
 	c := &Controller{
 		kube: kube, lifeboat: lb, migrations: migrations.Lister(), vmis: vmis.Lister(), configs: configs.Lister(), pods: pods.Lister(),
 		budgets: policylisters.NewPodDisruptionBudgetLister(budgets.GetIndexer()),
+		nodes:   corelisters.NewNodeLister(nodes.GetIndexer()),
 		synced: []cache.InformerSynced{migrations.Informer().HasSynced, vmis.Informer().HasSynced, configs.Informer().HasSynced,
-			pods.Informer().HasSynced, budgets.HasSynced},
+			pods.Informer().HasSynced, budgets.HasSynced, nodes.HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "migration"}),
 		recorder: recorder, opts: opts, log: log.With("controller", "migration"),
 	}
@@ -181,7 +184,12 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 			// The disruption controller grows the budget first; its change brings us back.
 			break
 		}
-		pod, err := vmi.NewTargetPod(v, m, c.opts, vmi.AllowedNodeDirectories(c.configs))
+		nodes, err := c.nodes.List(labels.Everything())
+		if err != nil {
+			return 0, err
+		}
+		postCopy := PostCopyTarget(v1alpha1.PostCopyAllowed(c.config(), v), nodes, v.Status.NodeName)
+		pod, err := vmi.NewTargetPod(v, m, c.opts, vmi.AllowedNodeDirectories(c.configs), postCopy)
 		var refused *vmi.RefusedError
 		if errors.As(err, &refused) {
 			// The guest stays where it runs: the admin no longer allows its node paths.

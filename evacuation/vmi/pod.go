@@ -240,11 +240,21 @@ func withDevices(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, r corev1
 	if _, ok, _ := v1alpha1.PodInterface(&vmi.Spec); ok {
 		devices = append(devices, v1alpha1.DeviceTun)
 	}
+	return addDevices(r, devices...)
+}
+
+// addDevices asks for one of each device, as requests and limits (extended resources must be both).
+func addDevices(r corev1.ResourceRequirements, devices ...string) corev1.ResourceRequirements {
 	if len(devices) == 0 {
 		return r
 	}
 	one := resource.MustParse("1")
-	r.Limits = corev1.ResourceList{}
+	if r.Requests == nil {
+		r.Requests = corev1.ResourceList{}
+	}
+	if r.Limits == nil {
+		r.Limits = corev1.ResourceList{}
+	}
 	for _, d := range devices {
 		r.Requests[corev1.ResourceName(d)] = one
 		r.Limits[corev1.ResourceName(d)] = one
@@ -254,8 +264,9 @@ func withDevices(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, r corev1
 
 // NewTargetPod builds the launcher pod that receives a VMI in a migration: the VMI's launcher pod,
 // named for the migration, told to wait for the guest, and kept off the source node and off nodes
-// whose agents find them short of memory (LabelMemoryPressureRelief).
-func NewTargetPod(vmi *v1alpha1.VirtualMachineInstance, m *v1alpha1.VirtualMachineInstanceMigration, opts PodOptions, allowed []string) (*corev1.Pod, error) {
+// whose agents find them short of memory (LabelMemoryPressureRelief). With postCopy it also asks
+// for a userfaultfd, which its QEMU needs to receive the guest in post-copy (see PostCopyTarget).
+func NewTargetPod(vmi *v1alpha1.VirtualMachineInstance, m *v1alpha1.VirtualMachineInstanceMigration, opts PodOptions, allowed []string, postCopy bool) (*corev1.Pod, error) {
 	pod, err := NewLauncherPod(vmi, opts, allowed)
 	if err != nil {
 		return nil, err
@@ -263,6 +274,9 @@ func NewTargetPod(vmi *v1alpha1.VirtualMachineInstance, m *v1alpha1.VirtualMachi
 	pod.Name = TargetPodName(vmi, m)
 	pod.Labels[launcher.LabelMigrationUID] = string(m.UID)
 	c := &pod.Spec.Containers[0]
+	if postCopy {
+		c.Resources = addDevices(c.Resources, v1alpha1.DeviceUserFaultFD)
+	}
 	c.Env = append(c.Env, corev1.EnvVar{Name: launcher.EnvMigrationTarget, Value: string(m.UID)})
 	pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{

@@ -146,7 +146,7 @@ func TestNoLauncherPodForANodePathNotAllowed(t *testing.T) {
 	if pod != nil || !errors.As(err, &refused) || !strings.Contains(refused.Reason, `boot.disk "/dev/sda"`) {
 		t.Errorf("a VMI with the node's /dev/sda as a disk got pod %v and error %v; want no pod and a refusal naming boot.disk", pod, err)
 	}
-	if pod, err := NewTargetPod(vmi, m, opts, allowed); pod != nil || !errors.As(err, &refused) {
+	if pod, err := NewTargetPod(vmi, m, opts, allowed, false); pod != nil || !errors.As(err, &refused) {
 		t.Errorf("a migration target of that VMI got pod %v and error %v; want no pod and a refusal", pod, err)
 	}
 }
@@ -220,7 +220,7 @@ func TestLauncherPodDeclaresTheEvictionResponderOnlyWhenServed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		target, err := NewTargetPod(vmi, m, opts, nil)
+		target, err := NewTargetPod(vmi, m, opts, nil, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -250,6 +250,41 @@ func TestLauncherPodAsksForKVMOnlyWhenItMustUseIt(t *testing.T) {
 		got := inRequests && inLimits && req.Value() == 1 && limit.Value() == 1
 		if got != tc.want || (!tc.want && (inRequests || inLimits)) {
 			t.Errorf("acceleration %s: %s requests %v limits %v, want asked for: %v", tc.acceleration, v1alpha1.DeviceKVM, r.Requests, r.Limits, tc.want)
+		}
+	}
+}
+
+// A target pod asks for a userfaultfd only when the migration may go post-copy; a source pod never does.
+func TestOnlyAPostCopyTargetAsksForAUserfaultfd(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "ns", UID: "u1"}}
+	m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "m", UID: "m1"}}
+	opts := PodOptions{Image: "img", Acceleration: "kvm"}
+	source, err := NewLauncherPod(vmi, opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		pod  func() (*corev1.Pod, error)
+		what string
+		want bool
+	}{
+		{func() (*corev1.Pod, error) { return source, nil }, "source", false},
+		{func() (*corev1.Pod, error) { return NewTargetPod(vmi, m, opts, nil, false) }, "target without post-copy", false},
+		{func() (*corev1.Pod, error) { return NewTargetPod(vmi, m, opts, nil, true) }, "post-copy target", true},
+	} {
+		pod, err := tc.pod()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := pod.Spec.Containers[0].Resources
+		req, inRequests := r.Requests[v1alpha1.DeviceUserFaultFD]
+		limit, inLimits := r.Limits[v1alpha1.DeviceUserFaultFD]
+		if got := inRequests && inLimits && req.Value() == 1 && limit.Value() == 1; got != tc.want || (!tc.want && (inRequests || inLimits)) {
+			t.Errorf("%s: %s requests %v limits %v, want asked for: %v", tc.what, v1alpha1.DeviceUserFaultFD, r.Requests, r.Limits, tc.want)
+		}
+		// The KVM device stays asked for beside it.
+		if _, ok := r.Limits[v1alpha1.DeviceKVM]; !ok {
+			t.Errorf("%s: %s no longer asked for: %v", tc.what, v1alpha1.DeviceKVM, r.Limits)
 		}
 	}
 }
@@ -401,7 +436,8 @@ func TestLauncherPodsAreRestricted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	target, err := NewTargetPod(vmi, &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "m", UID: "9f"}}, opts, nil)
+	// A target that may receive the guest in post-copy asks for a userfaultfd and stays restricted.
+	target, err := NewTargetPod(vmi, &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "m", UID: "9f"}}, opts, nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -461,7 +497,7 @@ func TestTheTargetPodAvoidsTheSourceAndNodesUnderRelief(t *testing.T) {
 	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "ns", UID: "u1"}}
 	vmi.Status.NodeName = "source"
 	m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "m", UID: "m1"}}
-	pod, err := NewTargetPod(vmi, m, PodOptions{Image: "img", Acceleration: "tcg"}, nil)
+	pod, err := NewTargetPod(vmi, m, PodOptions{Image: "img", Acceleration: "tcg"}, nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}

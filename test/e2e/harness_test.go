@@ -126,6 +126,9 @@ func startNodesWithAgentArgs(t testing.TB, n int, agentArgs func(*node.Node) []s
 		c.Images = imageStore
 		// What the agent's device plugin serves on a node with the device.
 		c.Devices = map[corev1.ResourceName]string{v1alpha1.DeviceTun: "/dev/net/tun"}
+		if _, err := os.Stat(userfaultfdDevice); err == nil {
+			c.Devices[v1alpha1.DeviceUserFaultFD] = userfaultfdDevice
+		}
 	}
 	var out []*testNode
 	// The agent is told the same evictionMaxPodGracePeriod as its node's kubelet.
@@ -173,6 +176,9 @@ func (n *testNode) dumpContainerLogs(t testing.TB) {
 // evictionMaxPodGracePeriod is the emulated kubelets' setting, which their agents are told:
 // short, so a test can watch a marked VM's deadline pass.
 const evictionMaxPodGracePeriod = 12
+
+// userfaultfdDevice is the device a post-copy target's QEMU takes the guest's page faults through.
+const userfaultfdDevice = "/dev/userfaultfd"
 
 // shortTempDir is a node root short enough for the unix sockets under it: a socket path may
 // not exceed 107 bytes, and t.TempDir's names, which include the test's, can take most of that.

@@ -18,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -25,6 +26,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
+	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 )
 
 // probeEnv makes the e2e binary a socket probe (see maybeRunProbe): it holds the paths to dial.
@@ -146,25 +148,7 @@ func TestRestrictedLaunchersRunMoveAndReachOnlyTheirOwnSockets(t *testing.T) {
 	setConfig(t, true, func(c *v1alpha1.LifeboatConfig) { c.Spec.AllowedNodeDirectories = nil })
 	startController(t)
 	source := startNodes(t, 1)[0]
-	ns := testNamespace(t)
-	namespaces := cluster.Kube.CoreV1().Namespaces()
-	n, err := namespaces.Get(context.Background(), ns, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
-	if _, err := namespaces.Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// The API server enforces the level: a privileged pod is refused there.
-	privileged := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "privileged"},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x", SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}}},
-	}
-	if _, err := cluster.Kube.CoreV1().Pods(ns).Create(context.Background(), privileged, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "restricted") {
-		t.Fatalf("a privileged pod in the namespace: %v; want it refused by Pod Security (restricted)", err)
-	}
-
+	ns := restrictedNamespace(t)
 	var vmis []*v1alpha1.VirtualMachineInstance
 	for _, name := range []string{"one", "other"} {
 		if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Create(context.Background(),
@@ -228,12 +212,86 @@ func TestRestrictedLaunchersRunMoveAndReachOnlyTheirOwnSockets(t *testing.T) {
 		return v.Status.NodeName == target.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
 	})
 	waitCounterPast(t, target.consolePath(moved), before, time.Minute)
-	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
 		p, err := cluster.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(one.UID) + "," + launcher.LabelMigrationUID})
 		return err == nil && len(p.Items) == 1 && p.Items[0].Spec.NodeName == target.Name(), nil
 	})
 	if err != nil {
 		t.Errorf("the VM's target pod on %s, admitted under restricted, was not found: %v", target.Name(), err)
+	}
+}
+
+// restrictedNamespace is a test namespace that enforces Pod Security "restricted", checked by
+// the API server's refusal of a privileged pod there.
+func restrictedNamespace(t *testing.T) string {
+	t.Helper()
+	ns := testNamespace(t)
+	namespaces := cluster.Kube.CoreV1().Namespaces()
+	n, err := namespaces.Get(context.Background(), ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Labels["pod-security.kubernetes.io/enforce"] = "restricted"
+	if _, err := namespaces.Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	privileged := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "privileged"},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x", SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}}},
+	}
+	if _, err := cluster.Kube.CoreV1().Pods(ns).Create(context.Background(), privileged, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "restricted") {
+		t.Fatalf("a privileged pod in the namespace: %v; want it refused by Pod Security (restricted)", err)
+	}
+	return ns
+}
+
+// TestARestrictedVMIsReceivedInPostCopy: post-copy without privilege. Both nodes offer
+// devices.lifeboat.dev/userfaultfd, so a node-pressure migration's target pod asks for one and is
+// admitted under "restricted"; the migration cannot converge before the kubelet's deadline by
+// pre-copy (4 MiB/s for a 256 MiB guest, no auto-converge, no pause), so the policy switches it
+// to post-copy, which the unprivileged target QEMU receives through /dev/userfaultfd, and the
+// guest counts on on the other node.
+func TestARestrictedVMIsReceivedInPostCopy(t *testing.T) {
+	if _, err := os.Stat(userfaultfdDevice); err != nil {
+		t.Skipf("needs %s (Linux 6.1 or later): %v", userfaultfdDevice, err)
+	}
+	setConfig(t, true, func(c *v1alpha1.LifeboatConfig) {
+		c.Spec.AllowedNodeDirectories = nil
+		c.Spec.Migrations.BandwidthPerMigration = ptr.To(resource.MustParse("4Mi"))
+		c.Spec.Migrations.AllowAutoConverge, c.Spec.Migrations.AllowPause = ptr.To(false), ptr.To(false)
+		c.Spec.Migrations.AllowPostCopy = ptr.To(true)
+	})
+	startController(t)
+	nodes := startNodes(t, 2)
+	ns := restrictedNamespace(t)
+	vmi := createVMI(t, ns, newVMI("post-copied", strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.Memory = resource.MustParse("256Mi")
+		v.Spec.Boot.Cmdline += " " + protocol.DirtyParam + "=64M " + protocol.DirtyRateParam + "=8M"
+	}))
+	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
+	source := nodeOf(t, nodes, vmi)
+	before := waitCounterPast(t, source.consolePath(vmi), 0, bootTimeout)
+
+	evicted := evict(t, source, vmi)
+	moved := waitVMI(t, ns, vmi.Name, evictionMaxPodGracePeriod*time.Second, "the VM on the other node within the kubelet's grace period", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.NodeName != "" && v.Status.NodeName != source.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
+	})
+	target := nodeOf(t, nodes, moved)
+	waitCounterPast(t, target.consolePath(moved), before+2, 30*time.Second)
+	m := waitMigrationEnded(t, moved)
+	if m.Status.Phase != v1alpha1.MigrationSucceeded || m.Status.Mode != v1alpha1.MigrationModePostCopy || m.Status.TargetProxy == nil || !m.Status.TargetProxy.PostCopy {
+		t.Errorf("migration %s: phase %s, mode %s, target proxy %+v; want Succeeded by PostCopy, the target able to receive it", m.Name, m.Status.Phase, m.Status.Mode, m.Status.TargetProxy)
+	}
+	targetPod, err := cluster.Kube.CoreV1().Pods(ns).Get(context.Background(), m.Status.TargetPod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := targetPod.Spec.Containers[0].Resources.Limits[v1alpha1.DeviceUserFaultFD]; !ok {
+		t.Errorf("target pod %s asks for %v, want %s among them", targetPod.Name, targetPod.Spec.Containers[0].Resources.Limits, v1alpha1.DeviceUserFaultFD)
+	}
+	checkUnprivileged(t, targetPod, false)
+	if err := evicted(); err != nil {
+		t.Fatalf("the eviction: %v", err)
 	}
 }
 

@@ -29,6 +29,15 @@ func EffectiveEvictionStrategy(vmi *VirtualMachineInstance, config *LifeboatConf
 	return EvictionStrategyNone
 }
 
+// PostCopyAllowed says whether the VMI's migrations may switch to post-copy: the cluster's
+// spec.migrations.allowPostCopy (off when unset), unless the VMI opts out.
+func PostCopyAllowed(config *LifeboatConfig, vmi *VirtualMachineInstance) bool {
+	if config == nil || config.Spec.Migrations.AllowPostCopy == nil || !*config.Spec.Migrations.AllowPostCopy {
+		return false
+	}
+	return vmi == nil || vmi.Spec.Migration == nil || vmi.Spec.Migration.AllowPostCopy == nil || *vmi.Spec.Migration.AllowPostCopy
+}
+
 // FeatureGateEnabled reports whether the cluster's configuration turns gate on; config may be nil.
 func FeatureGateEnabled(config *LifeboatConfig, gate FeatureGate) bool {
 	if config == nil {

@@ -45,4 +45,7 @@ const (
 	DeviceResourcePrefix = "devices.lifeboat.dev/"
 	DeviceKVM            = DeviceResourcePrefix + "kvm"
 	DeviceTun            = DeviceResourcePrefix + "tun"
+	// DeviceUserFaultFD lets an unprivileged QEMU take the kernel's page faults, which a
+	// migration target needs for post-copy.
+	DeviceUserFaultFD = DeviceResourcePrefix + "userfaultfd"
 )

@@ -134,6 +134,11 @@ type MigrationProxy struct {
 	// guest writes in its pod (containerDisk overlays).
 	// +optional
 	Disks string `json:"disks,omitempty"`
+	// PostCopy is true when the target launcher was given a userfaultfd (devices.lifeboat.dev/userfaultfd),
+	// which its QEMU needs to receive a guest in post-copy; without it the migration converges
+	// without post-copy.
+	// +optional
+	PostCopy bool `json:"postCopy,omitempty"`
 }
 
 // MigrationPhaseTransition is when a migration entered a phase.
