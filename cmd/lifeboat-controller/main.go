@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 
@@ -35,6 +36,8 @@ type options struct {
 	podOpts       vmi.PodOptions
 	workers       int
 	metricsListen string
+	// metricsInsecure serves metrics over plain HTTP without authentication (loopback only).
+	metricsInsecure bool
 	heartbeat     responder.Settings
 	hook          webhookFlags
 	leader        election
@@ -49,7 +52,8 @@ func main() {
 	flag.StringVar(&o.podOpts.Image, "launcher-image", "lifeboat.dev/lifeboat-launcher:dev", "image of launcher pods")
 	flag.StringVar(&o.podOpts.Acceleration, "acceleration", "auto", "guest acceleration launchers use: kvm, tcg, or auto (KVM only if a probe boot proves it works)")
 	flag.IntVar(&o.workers, "workers", 4, "workers per controller")
-	flag.StringVar(&o.metricsListen, "metrics-listen", "", `address to serve Prometheus metrics on (/metrics), e.g. ":8080"; empty: none`)
+	flag.StringVar(&o.metricsListen, "metrics-listen", "", `address to serve Prometheus metrics on (/metrics, HTTPS, to callers allowed to get /metrics), e.g. ":8080"; empty: none`)
+	flag.BoolVar(&o.metricsInsecure, "metrics-insecure", false, "serve metrics over plain HTTP without authentication; only with a loopback --metrics-listen")
 	heartbeat := flag.Duration("eviction-heartbeat-interval", time.Minute,
 		"how often the EvictionRequest responder reports progress on an Eviction when nothing changes (20s to 3m)")
 	flag.BoolVar(&o.podOpts.HostNetwork, "launcher-host-network", false, "run launcher pods in their node's network namespace (for nodes without a pod network)")
@@ -73,6 +77,9 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	case "kvm", "tcg", "auto":
 	default:
 		return fmt.Errorf("--acceleration=%q: want kvm, tcg or auto", podOpts.Acceleration)
+	}
+	if err := checkMetricsListen(o.metricsListen, o.metricsInsecure); err != nil {
+		return err
 	}
 	if err := o.heartbeat.Validate(); err != nil {
 		return fmt.Errorf("--eviction-heartbeat-interval: %w", err)
@@ -114,6 +121,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, budgets, nodes, recorder, podOpts, log)
 	disruptionController := disruption.New(kubeClient, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), pods, budgets, recorder, log)
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cancelController := cancellation.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), recorder, cancellation.NewMetrics(reg), log)
 	vmController := vm.New(lb, lbv1.VirtualMachines(), lbv1.VirtualMachineInstances(), pods, recorder, reg, log)
 	if o.nodeCertValidity < time.Minute {
@@ -158,7 +166,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 		controllers = append(controllers, func(ctx context.Context) error { return r.Run(ctx, workers) })
 	}
 	if o.metricsListen != "" {
-		always = append(always, func(ctx context.Context) error { return serveMetrics(ctx, o.metricsListen, reg) })
+		always = append(always, func(ctx context.Context) error { return serveMetrics(ctx, o.metricsListen, o.metricsInsecure, reg, kubeClient, log) })
 	}
 	kubeInformers.Start(ctx.Done())
 	claimInformers.Start(ctx.Done())

@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -14,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/lifeboat-vm/lifeboat/cmd/internal/serve"
 	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
@@ -73,9 +77,35 @@ func (f *webhookFlags) options() (webhook.Options, error) {
 	return opts, nil
 }
 
-// serveMetrics serves the registry's metrics on address until ctx ends.
-func serveMetrics(ctx context.Context, address string, reg *prometheus.Registry) error {
+// serveMetrics serves the registry's metrics on address until ctx ends: with insecure, plain HTTP
+// to anyone who can connect, which only a loopback address keeps to the pod; otherwise HTTPS with
+// a certificate of its own, to callers the API server authenticates and authorizes.
+func serveMetrics(ctx context.Context, address string, insecure bool, reg *prometheus.Registry, kube kubernetes.Interface, log *slog.Logger) error {
+	var handler http.Handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	var tlsConfig *tls.Config
+	if !insecure {
+		var err error
+		if tlsConfig, err = serve.SelfSignedTLS("lifeboat-controller"); err != nil {
+			return fmt.Errorf("the metrics' serving certificate: %w", err)
+		}
+		handler = serve.Authorized(handler, kube, log)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	return serve.HTTP(ctx, address, mux)
+	mux.Handle("/metrics", handler)
+	return serve.HTTPS(ctx, address, mux, tlsConfig)
+}
+
+// checkMetricsListen refuses plain, unauthenticated metrics on anything but a loopback address.
+func checkMetricsListen(address string, insecure bool) error {
+	if address == "" || !insecure {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return fmt.Errorf("--metrics-listen=%q: %w", address, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return fmt.Errorf("--metrics-listen=%q with --metrics-insecure: plain, unauthenticated metrics are served on a loopback address only (such as 127.0.0.1:8080)", address)
+	}
+	return nil
 }

@@ -45,7 +45,7 @@ func startControllerWithWebhook(t *testing.T) *webhookController {
 	}
 	c.proc = startProc(t, "lifeboat-controller", "--kubeconfig", cluster.Kubeconfig, "--acceleration", "tcg",
 		"--webhook-listen", fmt.Sprintf("127.0.0.1:%d", hookPort), "--webhook-url", c.url, "--webhook-client-ca", cluster.CAFile(),
-		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", metricsPort))
+		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", metricsPort), "--metrics-insecure")
 	t.Cleanup(func() {
 		_ = cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(context.Background(), webhook.ConfigurationName, metav1.DeleteOptions{})
 	})

@@ -53,6 +53,7 @@ var wantObjects = []string{
 	"ValidatingAdmissionPolicy lifeboat-cancel-evacuation",
 	"ValidatingAdmissionPolicyBinding lifeboat-cancel-evacuation",
 	"ClusterRole lifeboat-evacuation-canceller",
+	"ClusterRole lifeboat-metrics-reader",
 	"ValidatingAdmissionPolicy lifeboat-agent-vmis",
 	"ValidatingAdmissionPolicyBinding lifeboat-agent-vmis",
 	"ValidatingAdmissionPolicy lifeboat-agent-migrations",

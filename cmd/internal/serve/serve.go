@@ -4,6 +4,7 @@ package serve
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -13,9 +14,17 @@ import (
 
 // HTTP serves handler on address until ctx ends.
 func HTTP(ctx context.Context, address string, handler http.Handler) error {
+	return HTTPS(ctx, address, handler, nil)
+}
+
+// HTTPS serves handler on address with tlsConfig (plain HTTP when nil) until ctx ends.
+func HTTPS(ctx context.Context, address string, handler http.Handler, tlsConfig *tls.Config) error {
 	l, err := net.Listen("tcp", address)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", address, err)
+	}
+	if tlsConfig != nil {
+		l = tls.NewListener(l, tlsConfig)
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}

@@ -97,7 +97,7 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 	}
 	controller, err := startChild(cp.Dir, filepath.Join(o.bin, "lifeboat-controller"),
 		"--kubeconfig", cp.Kubeconfig, "--acceleration", o.acceleration,
-		"--webhook-listen", hook, "--webhook-url", "https://"+hook+webhook.Path, "--webhook-client-ca", cp.CAFile(), "--metrics-listen", metrics)
+		"--webhook-listen", hook, "--webhook-url", "https://"+hook+webhook.Path, "--webhook-client-ca", cp.CAFile(), "--metrics-listen", metrics, "--metrics-insecure")
 	if err != nil {
 		return nil, stop, err
 	}
