@@ -38,9 +38,9 @@ type options struct {
 	metricsListen string
 	// metricsInsecure serves metrics over plain HTTP without authentication (loopback only).
 	metricsInsecure bool
-	heartbeat     responder.Settings
-	hook          webhookFlags
-	leader        election
+	heartbeat       responder.Settings
+	hook            webhookFlags
+	leader          election
 	// namespace keeps the migration CA; node certificates live at most nodeCertValidity.
 	namespace        string
 	nodeCertValidity time.Duration
@@ -166,7 +166,9 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 		controllers = append(controllers, func(ctx context.Context) error { return r.Run(ctx, workers) })
 	}
 	if o.metricsListen != "" {
-		always = append(always, func(ctx context.Context) error { return serveMetrics(ctx, o.metricsListen, o.metricsInsecure, reg, kubeClient, log) })
+		always = append(always, func(ctx context.Context) error {
+			return serveMetrics(ctx, o.metricsListen, o.metricsInsecure, reg, kubeClient, log)
+		})
 	}
 	kubeInformers.Start(ctx.Done())
 	claimInformers.Start(ctx.Done())

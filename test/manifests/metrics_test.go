@@ -40,7 +40,9 @@ func TestTheControllersMetricsAnswerOnlyCallersAllowedToReadThem(t *testing.T) {
 		if _, err := cluster.Kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = cluster.Kube.CoreV1().ServiceAccounts(ns).Delete(context.Background(), sa, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = cluster.Kube.CoreV1().ServiceAccounts(ns).Delete(context.Background(), sa, metav1.DeleteOptions{})
+		})
 		tr, err := cluster.Kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa,
 			&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}, metav1.CreateOptions{})
 		if err != nil {
