@@ -54,8 +54,9 @@ var lifeboatImages = sync.OnceValues(func() ([]string, error) {
 	return archives, nil
 })
 
-// startRealNode starts the real node with lifeboat's images imported, labelled for VMs.
-func startRealNode(t *testing.T) *realnode.Node {
+// startRealNode starts the real node with lifeboat's images imported, labelled for VMs, its
+// kubelet configured further by configure.
+func startRealNode(t *testing.T, configure ...func(*kubeletv1beta1.KubeletConfiguration)) *realnode.Node {
 	t.Helper()
 	archives, err := lifeboatImages()
 	if err != nil {
@@ -64,7 +65,12 @@ func startRealNode(t *testing.T) *realnode.Node {
 	n, err := realnode.Start(t.Context(), realnode.Config{
 		Name: realNodeName, Address: realNodeAddress, Kubeconfig: cluster.Kubeconfig, Client: cluster.Kube,
 		Labels: map[string]string{node.KVMLabel: "true"}, Images: archives, Progress: os.Stderr,
-		Kubelet: func(c *kubeletv1beta1.KubeletConfiguration) { c.EvictionMaxPodGracePeriod = realMaxGrace },
+		Kubelet: func(c *kubeletv1beta1.KubeletConfiguration) {
+			c.EvictionMaxPodGracePeriod = realMaxGrace
+			for _, f := range configure {
+				f(c)
+			}
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -225,28 +231,34 @@ func realVM(t *testing.T, gateOn bool) (*realnode.Node, *testNode, *v1alpha1.Vir
 	real := startRealNode(t)
 	deployLifeboat(t, real)
 	setConfig(t, gateOn)
-	ns := testNamespace(t)
-	vmi := createVMI(t, ns, newVMI("real", strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
+	vmi, before := realNodeVM(t, real, testNamespace(t), "real")
+	// The target joins only now, so that the VM could start nowhere else.
+	target := startNodes(t, 1)[0]
+	return real, target, vmi, before
+}
+
+// realNodeVM starts a LiveMigrate VM on the real node, which must be the only node that can take
+// it, and returns it once its guest counts, with the counter.
+func realNodeVM(t *testing.T, real *realnode.Node, ns, name string) (*v1alpha1.VirtualMachineInstance, int) {
+	t.Helper()
+	vmi := createVMI(t, ns, newVMI(name, strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
 		// Node files, which the lab admin allows: Debian 12's containerd (1.6) cannot mount
 		// image volumes (containerd 2.1 can), so the real node cannot pull the guest's kernel image.
 		v.Spec.Boot = nodeBoot()
 		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](realMaxGrace - 15)
 	}))
 	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
-	if vmi.Status.NodeName != realNodeName {
-		t.Fatalf("the VM must start on the real node, the only one: %s", describe(vmi))
+	if vmi.Status.NodeName != real.Name() {
+		t.Fatalf("the VM must start on the real node, the only one that can take it: %s", describe(vmi))
 	}
 	pod := launcherPod(t, vmi)
 	checkUnprivileged(t, pod, true)
-	before := waitCounterPast(t, realConsolePath(real, pod), 0, bootTimeout)
-	// The target joins only now, so that the VM could start nowhere else.
-	target := startNodes(t, 1)[0]
-	return real, target, vmi, before
+	return vmi, waitCounterPast(t, realConsolePath(real, pod), 0, bootTimeout)
 }
 
-// pressure makes the real node's memory.available fall below its kubelet's evictionSoft
+// crossSoftThreshold makes the real node's memory.available fall below its kubelet's evictionSoft
 // threshold for longer than its evictionSoftGracePeriod (5 s).
-func pressure(t *testing.T, n *realnode.Node) {
+func crossSoftThreshold(t *testing.T, n *realnode.Node) {
 	t.Helper()
 	available, threshold, err := n.CrossMemorySoftThreshold(t.Context(), 2<<30, func(c *kubeletv1beta1.KubeletConfiguration) {
 		c.EvictionSoftGracePeriod = map[string]string{"memory.available": "5s"}
@@ -359,7 +371,7 @@ func podCondition(p *corev1.Pod, typ corev1.PodConditionType) *corev1.PodConditi
 func TestRealNodePressureLiveMigratesTheVM(t *testing.T) {
 	real, target, vmi, before := realVM(t, true)
 	sourcePod := launcherPod(t, vmi)
-	pressure(t, real)
+	crossSoftThreshold(t, real)
 	evicted := kubeletEviction(t, sourcePod, 2*time.Minute)
 
 	moved := waitVMI(t, vmi.Namespace, vmi.Name, realMaxGrace*time.Second, "the VM on the other node",
@@ -387,7 +399,7 @@ func TestRealNodePressureLiveMigratesTheVM(t *testing.T) {
 func TestRealNodePressureShutsTheVMDownWithTheGateOff(t *testing.T) {
 	real, _, vmi, _ := realVM(t, false)
 	sourcePod := launcherPod(t, vmi)
-	pressure(t, real)
+	crossSoftThreshold(t, real)
 	evicted := kubeletEviction(t, sourcePod, 2*time.Minute)
 
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
