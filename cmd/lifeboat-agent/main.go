@@ -31,11 +31,11 @@ import (
 	"github.com/lifeboat-vm/lifeboat/agent/pressure"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	migrationinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/kube"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
-	"github.com/lifeboat-vm/lifeboat/cmd/internal/kube"
 	"github.com/lifeboat-vm/lifeboat/cmd/internal/serve"
 )
 

@@ -18,9 +18,9 @@ import (
 	"k8s.io/client-go/informers"
 
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	"github.com/lifeboat-vm/lifeboat/api/kube"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
-	"github.com/lifeboat-vm/lifeboat/cmd/internal/kube"
 	"github.com/lifeboat-vm/lifeboat/evacuation/cancellation"
 	"github.com/lifeboat-vm/lifeboat/evacuation/disruption"
 	"github.com/lifeboat-vm/lifeboat/evacuation/evacuate"

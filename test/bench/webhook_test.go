@@ -24,11 +24,11 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	lbkube "github.com/lifeboat-vm/lifeboat/api/kube"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
@@ -42,12 +42,14 @@ import (
 func BenchmarkWebhookEvictions(b *testing.B) {
 	const n = 100
 	ctx, cp := startControlPlane(b)
-	// The evictor and the webhook may send as fast as they like, as lifeboat-controller may (kube.ClientQPS).
+	// The evictor sends as fast as it likes; the webhook's clients have lifeboat-controller's limits.
 	cfg := rest.CopyConfig(cp.Config)
 	cfg.QPS, cfg.Burst = 1000, 1000
 	kube := kubernetes.NewForConfigOrDie(cfg)
 	lb := lifeboatclient.NewForConfigOrDie(cfg)
-	startWebhook(ctx, b, kube, lb, cp.CAFile())
+	hookCfg := rest.CopyConfig(cp.Config)
+	hookCfg.QPS, hookCfg.Burst = lbkube.ClientQPS, lbkube.ClientBurst
+	startWebhook(ctx, b, kubernetes.NewForConfigOrDie(hookCfg), lifeboatclient.NewForConfigOrDie(hookCfg), cp.CAFile())
 
 	for i := 0; b.Loop(); i++ {
 		ns := fmt.Sprintf("bench-%d", i)
@@ -92,8 +94,14 @@ func startWebhook(ctx context.Context, b *testing.B, kube kubernetes.Interface, 
 	lbInformers := lifeboatinformers.NewSharedInformerFactory(lb, 0)
 	lbv1 := lbInformers.Lifeboat().V1alpha1()
 	url := "https://" + addr + webhook.Path
+	// The recorder lifeboat-controller uses: each mark's Event is written to the API server.
+	recorder, stopRecorder, err := lbkube.Recorder(ctx, kube, "lifeboat-controller", "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(stopRecorder)
 	hook, err := webhook.New(kube, lb, kubeInformers.Core().V1().Pods(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(),
-		&record.FakeRecorder{}, webhook.Options{Listen: addr, Endpoint: webhook.Endpoint{URL: url}, CertValidity: time.Hour,
+		recorder, webhook.Options{Listen: addr, Endpoint: webhook.Endpoint{URL: url}, CertValidity: time.Hour,
 			ClientCAs: caPool(b, clusterCA), ClientNames: []string{controlplane.WebhookClientName}},
 		prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {

@@ -1,4 +1,4 @@
-// Package kube is the API wiring lifeboat's commands share: clients and an event recorder.
+// Package kube is the API wiring lifeboat's commands (and the benchmarks that stand in for them) share: clients and an event recorder.
 package kube
 
 import (
