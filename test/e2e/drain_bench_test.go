@@ -149,21 +149,45 @@ func markForDrain(b testing.TB, ns string, vmis []*v1alpha1.VirtualMachineInstan
 	return marked
 }
 
-// drainWatch notes when the watches first see each step of each VM's migration, by VMI name.
+// drainWatch notes when the watches first see each step of each migration attempt.
 type drainWatch struct {
-	source string
-	mu     sync.Mutex
-	phases map[string]map[v1alpha1.VirtualMachineInstanceMigrationPhase]time.Time
-	vmim   map[string]time.Time // migration created
-	podOf  map[string]string    // the migration's target pod
-	pods   map[string]time.Time // by pod name: created
-	moved  map[string]time.Time // the VMI seen on another node
-	failed []string
+	source   string
+	mu       sync.Mutex
+	attempts map[string]*drainAttempt // by migration name
+	vmim     map[string]time.Time     // by VMI name: its first migration created
+	pods     map[string]time.Time     // by pod name: created
+	moved    map[string]time.Time     // by VMI name: seen on another node
+}
+
+// drainAttempt is one migration of a VM: a retried VM has a failed one before the one that succeeded.
+type drainAttempt struct {
+	vmi, pod, failure string
+	created           time.Time
+	phases            map[v1alpha1.VirtualMachineInstanceMigrationPhase]time.Time
+}
+
+// ended is when the attempt succeeded or failed, and whether it did.
+func (a *drainAttempt) ended() (time.Time, bool) {
+	for _, p := range []v1alpha1.VirtualMachineInstanceMigrationPhase{v1alpha1.MigrationSucceeded, v1alpha1.MigrationFailed} {
+		if t, ok := a.phases[p]; ok {
+			return t, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// succeeded is the VMI's attempt that succeeded, or nil.
+func (w *drainWatch) succeeded(vmi string) *drainAttempt {
+	for _, a := range w.attempts {
+		if _, ok := a.phases[v1alpha1.MigrationSucceeded]; ok && a.vmi == vmi {
+			return a
+		}
+	}
+	return nil
 }
 
 func watchDrain(b testing.TB, ns, source string) *drainWatch {
-	w := &drainWatch{source: source, phases: map[string]map[v1alpha1.VirtualMachineInstanceMigrationPhase]time.Time{},
-		vmim: map[string]time.Time{}, podOf: map[string]string{}, pods: map[string]time.Time{}, moved: map[string]time.Time{}}
+	w := &drainWatch{source: source, attempts: map[string]*drainAttempt{}, vmim: map[string]time.Time{}, pods: map[string]time.Time{}, moved: map[string]time.Time{}}
 	lb := lifeboatinformers.NewSharedInformerFactoryWithOptions(cluster.Lifeboat, 0, lifeboatinformers.WithNamespace(ns))
 	kube := informers.NewSharedInformerFactoryWithOptions(cluster.Kube, 0, informers.WithNamespace(ns))
 	_, _ = lb.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -188,18 +212,22 @@ func (w *drainWatch) migration(obj any) {
 	vmi := m.Spec.VMIName
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := w.vmim[vmi]; !ok {
-		w.vmim[vmi] = now
-		w.phases[vmi] = map[v1alpha1.VirtualMachineInstanceMigrationPhase]time.Time{}
-	}
-	if _, ok := w.phases[vmi][m.Status.Phase]; !ok {
-		w.phases[vmi][m.Status.Phase] = now
-		if m.Status.Phase == v1alpha1.MigrationFailed {
-			w.failed = append(w.failed, fmt.Sprintf("%s: %s", m.Name, m.Status.FailureReason))
+	a, ok := w.attempts[m.Name]
+	if !ok {
+		a = &drainAttempt{vmi: vmi, created: now, phases: map[v1alpha1.VirtualMachineInstanceMigrationPhase]time.Time{}}
+		w.attempts[m.Name] = a
+		if _, ok := w.vmim[vmi]; !ok {
+			w.vmim[vmi] = now
 		}
 	}
+	if _, ok := a.phases[m.Status.Phase]; !ok {
+		a.phases[m.Status.Phase] = now
+	}
+	if m.Status.Phase == v1alpha1.MigrationFailed {
+		a.failure = m.Status.FailureReason
+	}
 	if m.Status.TargetPod != "" {
-		w.podOf[vmi] = m.Status.TargetPod
+		a.pod = m.Status.TargetPod
 	}
 }
 
@@ -224,8 +252,8 @@ func (w *drainWatch) pod(obj any) {
 func (w *drainWatch) count() (moved, succeeded int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, ph := range w.phases {
-		if _, ok := ph[v1alpha1.MigrationSucceeded]; ok {
+	for _, a := range w.attempts {
+		if _, ok := a.phases[v1alpha1.MigrationSucceeded]; ok {
 			succeeded++
 		}
 	}
@@ -260,14 +288,17 @@ func libvirtEnds(b testing.TB, agentLog string) map[string]time.Time {
 func (w *drainWatch) report(b *testing.B, marked, libvirtEnd map[string]time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.failed) > 0 {
-		b.Logf("failed attempts (retried): %v", w.failed)
-	}
+	w.reportAttempts(b, len(marked))
 	first := slices.MinFunc(mapValues(marked), time.Time.Compare)
 	var last time.Time
+	// Each VM's stages are those of its attempt that succeeded; retries are reported apart.
 	var migration, markToVMIM, vmimToPod, podToReady, readyToRunning, endToVMI []time.Duration
 	for vmi := range marked {
-		ph := w.phases[vmi]
+		a := w.succeeded(vmi)
+		if a == nil {
+			b.Fatalf("no migration of %s succeeded", vmi)
+		}
+		ph := a.phases
 		end, ok := libvirtEnd[vmi]
 		if !ok {
 			b.Fatalf("the source agent's log says nothing of the end of %s's migration", vmi)
@@ -276,8 +307,8 @@ func (w *drainWatch) report(b *testing.B, marked, libvirtEnd map[string]time.Tim
 			last = w.moved[vmi]
 		}
 		migration = append(migration, end.Sub(ph[v1alpha1.MigrationRunning]))
-		vmimToPod = append(vmimToPod, w.pods[w.podOf[vmi]].Sub(w.vmim[vmi]))
-		podToReady = append(podToReady, ph[v1alpha1.MigrationTargetReady].Sub(w.pods[w.podOf[vmi]]))
+		vmimToPod = append(vmimToPod, w.pods[a.pod].Sub(a.created))
+		podToReady = append(podToReady, ph[v1alpha1.MigrationTargetReady].Sub(w.pods[a.pod]))
 		readyToRunning = append(readyToRunning, ph[v1alpha1.MigrationRunning].Sub(ph[v1alpha1.MigrationTargetReady]))
 		endToVMI = append(endToVMI, w.moved[vmi].Sub(end))
 	}
@@ -307,6 +338,31 @@ func (w *drainWatch) report(b *testing.B, marked, libvirtEnd map[string]time.Tim
 	w.printTimeline(first, libvirtEnd)
 }
 
+// reportAttempts reports the migration attempts on their own: how many, how many were retries
+// (attempts beyond one per VM), and how long an attempt took from its creation to its end.
+func (w *drainWatch) reportAttempts(b *testing.B, vms int) {
+	var took []time.Duration
+	var failed []string
+	for name, a := range w.attempts {
+		end, ok := a.ended()
+		if !ok {
+			continue
+		}
+		took = append(took, end.Sub(a.created))
+		if a.failure != "" {
+			failed = append(failed, fmt.Sprintf("%s (%s) after %s", name, a.failure, end.Sub(a.created).Round(time.Millisecond)))
+		}
+	}
+	retries := len(w.attempts) - vms
+	b.ReportMetric(float64(retries), "retries/drain")
+	fmt.Printf("drain: attempts %d for %d VMs, %d retried; time per attempt median %s, max %s\n",
+		len(w.attempts), vms, retries, medianDuration(took), slices.Max(took))
+	slices.Sort(failed)
+	for _, f := range failed {
+		fmt.Printf("drain: failed attempt %s\n", f)
+	}
+}
+
 // printTimeline prints each VM's steps in seconds since the first mark, in the order their
 // migrations were created.
 func (w *drainWatch) printTimeline(first time.Time, libvirtEnd map[string]time.Time) {
@@ -314,8 +370,9 @@ func (w *drainWatch) printTimeline(first time.Time, libvirtEnd map[string]time.T
 	at := func(t time.Time) string { return fmt.Sprintf("%6.1f", t.Sub(first).Seconds()) }
 	fmt.Println("drain: vmi       vmim  t-pod  ready running libvirt-end  moved succeeded")
 	for _, v := range vmis {
-		ph := w.phases[v]
-		fmt.Printf("drain: %-8s %s %s %s %s %s %s %s\n", v, at(w.vmim[v]), at(w.pods[w.podOf[v]]), at(ph[v1alpha1.MigrationTargetReady]),
+		a := w.succeeded(v)
+		ph := a.phases
+		fmt.Printf("drain: %-8s %s %s %s %s %s %s %s\n", v, at(a.created), at(w.pods[a.pod]), at(ph[v1alpha1.MigrationTargetReady]),
 			at(ph[v1alpha1.MigrationRunning]), at(libvirtEnd[v]), at(w.moved[v]), at(ph[v1alpha1.MigrationSucceeded]))
 	}
 }
@@ -332,7 +389,7 @@ func (w *drainWatch) queueFree(marked map[string]time.Time) []time.Duration {
 	var freed []time.Time
 	for vmi := range marked {
 		order = append(order, created{vmi, w.vmim[vmi]})
-		freed = append(freed, w.phases[vmi][v1alpha1.MigrationSucceeded])
+		freed = append(freed, w.succeeded(vmi).phases[v1alpha1.MigrationSucceeded])
 	}
 	slices.SortFunc(order, func(a, b created) int { return a.at.Compare(b.at) })
 	slices.SortFunc(freed, time.Time.Compare)
