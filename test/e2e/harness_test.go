@@ -248,6 +248,11 @@ func testNamespace(t testing.TB) string {
 		if t.Failed() {
 			dumpEvents(t, ns.Name)
 		}
+		// A VM outlives its test otherwise: its run strategy would start its instance again on the
+		// next test's nodes, under the next test's controller.
+		if err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(ns.Name).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+			t.Errorf("deleting the VMs of namespace %s: %v", ns.Name, err)
+		}
 	})
 	return ns.Name
 }
