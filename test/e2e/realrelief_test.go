@@ -31,8 +31,8 @@ const (
 )
 
 // memoryHog holds memory in this process. The kubelet's memory.available counts every process on
-// the machine (it is computed from the root cgroup), so growing the hog is the node's memory use
-// growing, at a rate the test chooses, with no pod the kubelet could evict for it.
+// the machine (it is computed from the root cgroup), so the hog is how the test moves the node's
+// memory use, with no pod the kubelet could evict for it.
 type memoryHog struct{ chunks [][]byte }
 
 // add takes one more chunk and touches each of its pages, so that they are resident.
@@ -44,33 +44,52 @@ func (h *memoryHog) add() {
 	h.chunks = append(h.chunks, b)
 }
 
-// fillTo grows the hog at once until memory.available is within a chunk above target.
-func (h *memoryHog) fillTo(t *testing.T, target uint64) {
-	t.Helper()
-	for nodeMemoryAvailable(t) > target+hogChunk {
-		h.add()
-	}
+// pop gives one chunk back to the machine.
+func (h *memoryHog) pop() {
+	h.chunks = h.chunks[:len(h.chunks)-1]
+	debug.FreeOSMemory()
 }
 
-// grow adds total bytes at hogRate, until done or ctx ends.
-func (h *memoryHog) grow(ctx context.Context, total uint64) {
-	tick := time.NewTicker(time.Duration(float64(time.Second) * hogChunk / hogRate))
-	defer tick.Stop()
-	for added := uint64(0); added < total; added += hogChunk {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			h.add()
-		}
-	}
-}
-
-// release gives the memory back to the machine.
+// release gives all the memory back to the machine.
 func (h *memoryHog) release() {
 	h.chunks = nil
 	runtime.GC()
 	debug.FreeOSMemory()
+}
+
+// follow keeps memory.available plus vmUsage (the working set of the VM's pods on the real node)
+// at plan(time since the start), within a chunk, until ctx ends. That sum is what the real node
+// would have free without its VMs: the VM leaving the node adds its memory to memory.available,
+// while the test's other processes (the emulated node that receives the VM runs on this machine
+// too) and the kernel's ageing of file pages are made up for by the hog, as if they were on
+// another machine.
+func (h *memoryHog) follow(ctx context.Context, plan func(time.Duration) uint64, vmUsage func() uint64) {
+	start := time.Now()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		want := plan(time.Since(start))
+	adjust:
+		for range 256 {
+			m, err := pressure.ReadMemory("/proc", "/sys/fs/cgroup")
+			if err != nil {
+				break
+			}
+			switch have := m.Available() + vmUsage(); {
+			case have > want+hogChunk/2:
+				h.add()
+			case have+hogChunk/2 < want && len(h.chunks) > 0:
+				h.pop()
+			default:
+				break adjust
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // nodeMemoryAvailable is the machine's memory.available as the kubelet and the agent compute it
@@ -140,10 +159,11 @@ type pressedRun struct {
 	lowest    uint64
 }
 
-// pressRealNode puts the real node just above the relief line (threshold + margin) and then
-// grows its memory use at hogRate by the margin and half of what the VM's pod uses: without a
-// move the node ends half the VM's pod below the kubelet's threshold, and with the VM moved away
-// half of it above. It returns once the VM runs on target, moved for cause.
+// pressRealNode presses the real node as its own memory use growing at hogRate would: from just
+// above the relief line (threshold + margin) down by the margin and half of what the VM's pod
+// uses. Without a move, memory.available ends half the VM's pod below the kubelet's threshold;
+// with the VM moved away, half of it above. It returns once the VM runs on target, moved for
+// cause, and the kubelet has had time to act on the lowest point.
 func pressRealNode(t *testing.T, real *realnode.Node, target *testNode, vmi *v1alpha1.VirtualMachineInstance, before int, threshold uint64, cause v1alpha1.MigrationCause) pressedRun {
 	t.Helper()
 	pod := launcherPod(t, vmi)
@@ -151,17 +171,47 @@ func pressRealNode(t *testing.T, real *realnode.Node, target *testNode, vmi *v1a
 	if !ok || usage < 128<<20 {
 		t.Fatalf("the VM's pod %s has a working set of %d MiB (found: %v); the test needs at least 128 MiB to tell a move from noise", pod.Name, usage>>20, ok)
 	}
-	hog := &memoryHog{}
-	defer hog.release()
-	hog.fillTo(t, threshold+reliefMargin+64<<20)
+	vmUsage := func() uint64 {
+		ws, _ := pressure.PodWorkingSet("/sys/fs/cgroup", string(pod.UID))
+		return ws
+	}
+	from := threshold + reliefMargin + 64<<20 + usage
+	to := threshold + usage/2
+	ramp := time.Duration(float64(from-to) / hogRate * float64(time.Second))
+	plan := func(d time.Duration) uint64 {
+		if d >= ramp {
+			return to
+		}
+		return from - uint64(d.Seconds()*hogRate)
+	}
 	since := time.Now()
 	lowest := lowestAvailable(t)
 	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	grown := make(chan struct{})
+	hog := &memoryHog{}
+	following := make(chan struct{})
 	go func() {
-		defer close(grown)
-		hog.grow(ctx, 64<<20+reliefMargin+usage/2)
+		defer close(following)
+		hog.follow(ctx, plan, vmUsage)
+	}()
+	defer func() {
+		cancel()
+		<-following
+		hog.release()
+	}()
+	// What the test and the kubelet see, every 10 s, for whoever reads the log of a failure.
+	go func() {
+		tick := time.NewTicker(10 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			kubelet, at, err := real.MemoryAvailableAt(ctx)
+			t.Logf("memory.available: %d MiB here, the kubelet's %d MiB at %s (%v); the VM's pod on %s uses %d MiB; threshold %d MiB",
+				nodeMemoryAvailable(t)>>20, kubelet>>20, at.Format("15:04:05"), err, real.Name(), vmUsage()>>20, threshold>>20)
+		}
 	}()
 	moved := waitVMI(t, vmi.Namespace, vmi.Name, 3*time.Minute, "the VM on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.Status.NodeName == target.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
@@ -171,11 +221,16 @@ func pressRealNode(t *testing.T, real *realnode.Node, target *testNode, vmi *v1a
 	}
 	waitCounterPast(t, target.consolePath(moved), before+2, 30*time.Second)
 	run := pressedRun{downtime: arrivalDowntime(t, target, launcherPodOn(t, moved, target.Name()))}
-	<-grown
+	if rest := ramp - time.Since(since); rest > 0 {
+		t.Logf("the node's memory use grows for %s more", rest.Round(time.Second))
+		<-time.After(rest)
+	}
 	// The kubelet's eviction manager looks every 10 s and evicts after the soft grace period
-	// (5 s): what it saw of the grown node, it has acted on within 20 s.
+	// (5 s): what it saw of the pressed node, it has acted on within 20 s.
 	kubewait.Consistently(t, 20*time.Second, "the node's evictions counted", func(ctx context.Context) error {
-		n, err := kubeletEvictions(ctx, since)
+		// Not bounded by the window: a List that the client's rate limiter would let through only
+		// after it is not a failure to count.
+		n, err := kubeletEvictions(context.WithoutCancel(ctx), since)
 		if err == nil {
 			run.evictions = n
 		}
