@@ -313,7 +313,7 @@ func TestCancelledMigrationIsNotEscalated(t *testing.T) {
 // slowStartMigrator is a migration that cannot converge and whose destination takes a while
 // to start: libvirt's first reads show the job's time running but no transfer yet.
 type slowStartMigrator struct {
-	stuckMigrator
+	*stuckMigrator
 	clk          *clocktesting.FakeClock
 	mu           sync.Mutex
 	reads        int
@@ -337,7 +337,7 @@ func (s *slowStartMigrator) JobStats(name string) (domain.JobStats, error) {
 // the transfer began, not from the job's start, which includes the destination's start-up.
 func TestConvergenceWarmUpCountsFromTheTransfer(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
-	mg := &slowStartMigrator{stuckMigrator: *newStuckMigrator(), clk: clk}
+	mg := &slowStartMigrator{stuckMigrator: newStuckMigrator(), clk: clk}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	escalated := make(chan time.Time, 1)
