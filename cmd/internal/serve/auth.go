@@ -22,12 +22,17 @@ import (
 // few seconds costs the API server a review every decisionTTL, not one per scrape.
 const decisionTTL = 10 * time.Second
 
+// maxReviews bounds the reviews in flight: a flood of made-up tokens must not take the client's
+// share of the API server (and its rate limiter) from the controllers that share it.
+const maxReviews = 4
+
 // Authorized serves next only to callers the API server knows: a bearer token that a TokenReview
 // authenticates (401 otherwise), whose user a SubjectAccessReview allows to get the request's
 // path as a non-resource URL (403 otherwise), as the Kubernetes components protect /metrics. A
 // cluster admin grants it with a ClusterRole rule such as nonResourceURLs [/metrics], verbs [get].
 func Authorized(next http.Handler, kube kubernetes.Interface, log *slog.Logger) http.Handler {
 	decisions := cache.NewLRUExpireCache(1024)
+	reviews := make(chan struct{}, maxReviews)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || token == "" {
@@ -37,7 +42,14 @@ func Authorized(next http.Handler, kube kubernetes.Interface, log *slog.Logger) 
 		key := sha256.Sum256([]byte(r.URL.Path + "\x00" + token))
 		code, cached := decisions.Get(key)
 		if !cached {
+			select {
+			case reviews <- struct{}{}:
+			default:
+				http.Error(w, "Too many callers are being reviewed; try again", http.StatusTooManyRequests)
+				return
+			}
 			code = decide(r.Context(), kube, token, r.URL.Path, log)
+			<-reviews
 			if code != http.StatusServiceUnavailable {
 				decisions.Add(key, code, decisionTTL)
 			}
