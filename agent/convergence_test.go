@@ -36,6 +36,16 @@ func TestNextMode(t *testing.T) {
 	idle.Remaining, idle.Estimated, idle.TimeLeft = 900*mib, true, 27*time.Second
 	halfCap := idle
 	halfCap.DirtyRate = 32 * mib // with the margin: 640 MiB rewritten in the first pass, 27 s to send them
+	// 900 MiB take 14 s at 64 MiB/s: with 22 s left, 5 s of margin and 3 s to the next step, a
+	// pause could wait no longer.
+	halfCapPauseDue := halfCap
+	halfCapPauseDue.TimeLeft = 22 * time.Second
+	// Past the first pass, auto-converging: 900 MiB to go, rewritten at 32 MiB/s, sent at 64 MiB/s
+	// (28 s to converge, 22 s of budget).
+	throttled := halfCap
+	throttled.FirstPass, throttled.Estimated, throttled.Elapsed, throttled.SinceEscalation = false, false, 10*time.Second, 5*time.Second
+	throttledPauseDue := throttled
+	throttledPauseDue.TimeLeft = 22 * time.Second
 	halfCapLong := halfCap
 	halfCapLong.TimeLeft = 57 * time.Second
 	overCapLong := halfCapLong
@@ -55,7 +65,12 @@ func TestNextMode(t *testing.T) {
 		{"blind first pass with time for a second: pre-copy goes on", v1alpha1.MigrationModePreCopy, blindWithTime, noPostCopy, v1alpha1.MigrationModePreCopy},
 		{"blind first pass, nothing beyond pre-copy allowed: pre-copy goes on", v1alpha1.MigrationModePreCopy, blind, Allowed{}, v1alpha1.MigrationModePreCopy},
 		{"estimated idle first pass that fits: pre-copy goes on, no pause", v1alpha1.MigrationModePreCopy, idle, noPostCopy, v1alpha1.MigrationModePreCopy},
-		{"estimated first pass whose rewrites do not fit: the last resort now", v1alpha1.MigrationModePreCopy, halfCap, noPostCopy, v1alpha1.MigrationModePaused},
+		{"estimated first pass whose rewrites do not fit, the pause not due yet: auto-converge first", v1alpha1.MigrationModePreCopy, halfCap, noPostCopy, v1alpha1.MigrationModeAutoConverge},
+		{"estimated first pass whose rewrites do not fit: post-copy now", v1alpha1.MigrationModePreCopy, halfCap, all, v1alpha1.MigrationModePostCopy},
+		{"what remains fills the budget but one step: the pause now", v1alpha1.MigrationModePreCopy, halfCapPauseDue, noPostCopy, v1alpha1.MigrationModePaused},
+		{"auto-converging too slowly, what remains still fits with a step to spare: no pause yet", v1alpha1.MigrationModeAutoConverge, throttled, noPostCopy, v1alpha1.MigrationModeAutoConverge},
+		{"auto-converging too slowly, what remains fills the budget but one step: the pause now", v1alpha1.MigrationModeAutoConverge, throttledPauseDue, noPostCopy, v1alpha1.MigrationModePaused},
+		{"auto-converging too slowly: post-copy", v1alpha1.MigrationModeAutoConverge, throttled, all, v1alpha1.MigrationModePostCopy},
 		{"estimated first pass whose rewrites fit a longer deadline: pre-copy goes on", v1alpha1.MigrationModePreCopy, halfCapLong, noPostCopy, v1alpha1.MigrationModePreCopy},
 		{"estimated first pass that cannot converge: auto-converge before the pass ends", v1alpha1.MigrationModePreCopy, overCapLong, noPostCopy, v1alpha1.MigrationModeAutoConverge},
 		{"no transfer figures yet: nothing to project from", v1alpha1.MigrationModePreCopy, connecting, all, v1alpha1.MigrationModePreCopy},
