@@ -11,6 +11,7 @@
 #   make bench-drain     drain throughput: 10 VMs leaving one node through the real cluster (3 min a run)
 #   make bench-density   memory each VM costs its node beyond the guest's, by process (1 and 2 vCPUs)
 #   make bench-transport one migration over plain TCP and over TLS 1.3, interleaved (issue 18)
+#   make bench-relief    node-pressure relief on and off on the real kubelet, 3 runs (4 min a run)
 #   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
 #   make manifests-check  apply manifests/ to a local control plane and check every object
 #   make e2e         lifeboat deployed from manifests/ on a real kubelet, whose soft eviction it turns into a live migration
@@ -32,7 +33,7 @@ DEMO_DIR  ?= $(CURDIR)/.demo/cluster
 DEMO_NODES ?= /tmp/lifeboat-demo
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-density bench-network bench-transport test-security binaries lifeboat-bins demo demo-down clean images manifests-check e2e
+.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-density bench-network bench-transport bench-relief test-security binaries lifeboat-bins demo demo-down clean images manifests-check e2e
 
 all: test
 
@@ -136,6 +137,11 @@ bench-report:
 	$(MAKE) bench-density
 	$(MAKE) bench-network
 	$(MAKE) bench-transport
+	$(MAKE) bench-relief
+
+# Node-pressure relief on the real kubelet, on and off in each run: every run prints its table.
+bench-relief: binaries
+	set -o pipefail; $(GO) test -count=3 -timeout 40m -v -run '^TestRealNodeReliefMovesTheVMBeforeTheKubeletMustEvict$$' ./test/e2e/ | grep -E '^ +realrelief_test.go:[0-9]+: (\||kubelet soft)|^(---|ok|FAIL)'
 
 # The Debian layer of the agent and launcher images is built once with mmdebstrap and cached (test/images).
 IMAGES_DIR ?= $(CURDIR)/.images
