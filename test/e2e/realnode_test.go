@@ -56,7 +56,7 @@ var lifeboatImages = sync.OnceValues(func() ([]string, error) {
 
 // startRealNode starts the real node with lifeboat's images imported, labelled for VMs, its
 // kubelet configured further by configure.
-func startRealNode(t *testing.T, configure ...func(*kubeletv1beta1.KubeletConfiguration)) *realnode.Node {
+func startRealNode(t testing.TB, configure ...func(*kubeletv1beta1.KubeletConfiguration)) *realnode.Node {
 	t.Helper()
 	archives, err := lifeboatImages()
 	if err != nil {
@@ -137,7 +137,7 @@ patches:
 // deployLifeboat applies manifests/, through the test overlay, with server-side apply, and waits
 // for the agent and the controller to be Ready on the real node. Cleanup removes what it made but
 // the CRDs, which the rest of the package uses. It returns the agent's /metrics URL.
-func deployLifeboat(t *testing.T, n *realnode.Node) string {
+func deployLifeboat(t testing.TB, n *realnode.Node) string {
 	t.Helper()
 	root, err := controlplane.RepoRoot()
 	if err != nil {
@@ -182,7 +182,7 @@ func deployLifeboat(t *testing.T, n *realnode.Node) string {
 
 // dumpContainerLogs shows the end of every container log on the real node, for a failed test;
 // it must run before the pods are deleted, which deletes their logs.
-func dumpContainerLogs(t *testing.T, n *realnode.Node) {
+func dumpContainerLogs(t testing.TB, n *realnode.Node) {
 	logs := n.ContainerLogs(40)
 	names := make([]string, 0, len(logs))
 	for name := range logs {
@@ -195,7 +195,7 @@ func dumpContainerLogs(t *testing.T, n *realnode.Node) {
 }
 
 // waitReadyPod waits until a pod with the label selector runs Ready on the real node.
-func waitReadyPod(t *testing.T, ns, selector string, timeout time.Duration) {
+func waitReadyPod(t testing.TB, ns, selector string, timeout time.Duration) {
 	t.Helper()
 	var last string
 	err := wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
@@ -239,7 +239,7 @@ func realVM(t *testing.T, gateOn bool) (*realnode.Node, *testNode, *v1alpha1.Vir
 
 // realNodeVM starts a LiveMigrate VM on the real node, which must be the only node that can take
 // it, and returns it once its guest counts, with the counter.
-func realNodeVM(t *testing.T, real *realnode.Node, ns, name string) (*v1alpha1.VirtualMachineInstance, int) {
+func realNodeVM(t testing.TB, real *realnode.Node, ns, name string) (*v1alpha1.VirtualMachineInstance, int) {
 	t.Helper()
 	vmi := createVMI(t, ns, newVMI(name, strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
 		// Node files, which the lab admin allows: Debian 12's containerd (1.6) cannot mount

@@ -94,7 +94,7 @@ func (h *memoryHog) follow(ctx context.Context, plan func(time.Duration) uint64,
 
 // nodeMemoryAvailable is the machine's memory.available as the kubelet and the agent compute it
 // (pressure.ReadMemory, which test/realnode shows to agree with the kubelet's within 16 MiB).
-func nodeMemoryAvailable(t *testing.T) uint64 {
+func nodeMemoryAvailable(t testing.TB) uint64 {
 	t.Helper()
 	m, err := pressure.ReadMemory("/proc", "/sys/fs/cgroup")
 	if err != nil {
@@ -105,7 +105,7 @@ func nodeMemoryAvailable(t *testing.T) uint64 {
 
 // lowestAvailable samples memory.available every 100 ms until the returned function is called,
 // which returns the lowest value seen.
-func lowestAvailable(t *testing.T) func() uint64 {
+func lowestAvailable() func() uint64 {
 	var mu sync.Mutex
 	lowest := uint64(1<<64 - 1)
 	stop, done := make(chan struct{}), make(chan struct{})
@@ -164,7 +164,7 @@ type pressedRun struct {
 // uses. Without a move, memory.available ends half the VM's pod below the kubelet's threshold;
 // with the VM moved away, half of it above. It returns once the VM runs on target, moved for
 // cause, and the kubelet has had time to act on the lowest point.
-func pressRealNode(t *testing.T, real *realnode.Node, target *testNode, vmi *v1alpha1.VirtualMachineInstance, before int, threshold uint64, cause v1alpha1.MigrationCause) pressedRun {
+func pressRealNode(t testing.TB, real *realnode.Node, target *testNode, vmi *v1alpha1.VirtualMachineInstance, before int, threshold uint64, cause v1alpha1.MigrationCause) pressedRun {
 	t.Helper()
 	pod := launcherPod(t, vmi)
 	usage, ok := pressure.PodWorkingSet("/sys/fs/cgroup", string(pod.UID))
@@ -185,7 +185,7 @@ func pressRealNode(t *testing.T, real *realnode.Node, target *testNode, vmi *v1a
 		return from - uint64(d.Seconds()*hogRate)
 	}
 	since := time.Now()
-	lowest := lowestAvailable(t)
+	lowest := lowestAvailable()
 	ctx, cancel := context.WithCancel(t.Context())
 	hog := &memoryHog{}
 	following := make(chan struct{})
@@ -248,9 +248,32 @@ func pressRealNode(t *testing.T, real *realnode.Node, target *testNode, vmi *v1a
 // threshold, the kubelet evicts the VM's pod and lifeboat live-migrates it within the grace
 // period. Both report the kubelet's evictions, the VM's downtime and the lowest memory.available.
 func TestRealNodeReliefMovesTheVMBeforeTheKubeletMustEvict(t *testing.T) {
+	on, off, threshold := reliefOnAndOff(t)
+	mib := func(b uint64) int64 { return int64(b) >> 20 }
+	t.Logf("kubelet soft threshold memory.available < %d MiB, relief margin %d MiB, growth %d MiB/s", mib(threshold), mib(reliefMargin), mib(hogRate))
+	t.Logf("| relief | kubelet evictions | VM downtime (libvirt) | lowest memory.available | vs threshold |")
+	for _, r := range []struct {
+		name string
+		run  pressedRun
+	}{{"on", on}, {"off", off}} {
+		t.Logf("| %s | %d | %s | %d MiB | %+d MiB |", r.name, r.run.evictions, r.run.downtime.Round(time.Millisecond), mib(r.run.lowest), mib(r.run.lowest)-mib(threshold))
+	}
+	if on.evictions != 0 || on.lowest <= threshold {
+		t.Errorf("with relief on: %d kubelet evictions, lowest memory.available %d MiB; want none, and never down to the threshold %d MiB", on.evictions, mib(on.lowest), mib(threshold))
+	}
+	if off.evictions < 1 || off.lowest >= threshold {
+		t.Errorf("with relief off: %d kubelet evictions, lowest memory.available %d MiB; want the threshold %d MiB crossed and the VM's pod evicted", off.evictions, mib(off.lowest), mib(threshold))
+	}
+}
+
+// reliefOnAndOff presses the real node with relief on, then with relief off and a second VM (see
+// TestRealNodeReliefMovesTheVMBeforeTheKubeletMustEvict), and returns both runs and the kubelet's
+// soft threshold.
+func reliefOnAndOff(t testing.TB) (on, off pressedRun, threshold uint64) {
+	t.Helper()
 	// The kubelet's soft threshold lies 4 GiB under what the machine has free now: what the node,
 	// lifeboat and the VMs take before the test presses it leaves it far above.
-	threshold := nodeMemoryAvailable(t) - 4<<30
+	threshold = nodeMemoryAvailable(t) - 4<<30
 	real := startRealNode(t, func(c *kubeletv1beta1.KubeletConfiguration) {
 		c.EvictionSoft = map[string]string{"memory.available": resource.NewQuantity(int64(threshold), resource.BinarySI).String()}
 	})
@@ -267,27 +290,30 @@ func TestRealNodeReliefMovesTheVMBeforeTheKubeletMustEvict(t *testing.T) {
 	if avail := nodeMemoryAvailable(t); avail < threshold+reliefMargin+256<<20 {
 		t.Fatalf("memory.available is %d MiB after the setup, too close to the relief line %d MiB to press the node from above it", avail>>20, (threshold+reliefMargin)>>20)
 	}
-	on := pressRealNode(t, real, target, relieved, before, threshold, v1alpha1.MigrationCauseNodePressureRelief)
+	on = pressRealNode(t, real, target, relieved, before, threshold, v1alpha1.MigrationCauseNodePressureRelief)
 
 	setConfig(t, true, relief(false))
 	cordon(t, target.Name(), true)
 	evicted, before := realNodeVM(t, real, ns, "evicted")
 	cordon(t, target.Name(), false)
-	off := pressRealNode(t, real, target, evicted, before, threshold, v1alpha1.MigrationCauseNodePressure)
+	off = pressRealNode(t, real, target, evicted, before, threshold, v1alpha1.MigrationCauseNodePressure)
 
-	mib := func(b uint64) int64 { return int64(b) >> 20 }
-	t.Logf("kubelet soft threshold memory.available < %d MiB, relief margin %d MiB, growth %d MiB/s", mib(threshold), mib(reliefMargin), mib(hogRate))
-	t.Logf("| relief | kubelet evictions | VM downtime (libvirt) | lowest memory.available | vs threshold |")
-	for _, r := range []struct {
-		name string
-		run  pressedRun
-	}{{"on", on}, {"off", off}} {
-		t.Logf("| %s | %d | %s | %d MiB | %+d MiB |", r.name, r.run.evictions, r.run.downtime.Round(time.Millisecond), mib(r.run.lowest), mib(r.run.lowest)-mib(threshold))
-	}
-	if on.evictions != 0 || on.lowest <= threshold {
-		t.Errorf("with relief on: %d kubelet evictions, lowest memory.available %d MiB; want none, and never down to the threshold %d MiB", on.evictions, mib(on.lowest), mib(threshold))
-	}
-	if off.evictions < 1 || off.lowest >= threshold {
-		t.Errorf("with relief off: %d kubelet evictions, lowest memory.available %d MiB; want the threshold %d MiB crossed and the VM's pod evicted", off.evictions, mib(off.lowest), mib(threshold))
+	return on, off, threshold
+}
+
+// BenchmarkRealNodeRelief reports TestRealNodeReliefMovesTheVMBeforeTheKubeletMustEvict's figures
+// as metrics, one pressing with relief on and one off per iteration, so that benchstat computes
+// their medians over -count runs (make bench-relief).
+func BenchmarkRealNodeRelief(b *testing.B) {
+	for b.Loop() {
+		on, off, threshold := reliefOnAndOff(b)
+		for _, r := range []struct {
+			name string
+			run  pressedRun
+		}{{"on", on}, {"off", off}} {
+			b.ReportMetric(float64(r.run.evictions), "evictions-relief-"+r.name)
+			b.ReportMetric(float64(r.run.downtime.Milliseconds()), "ms-downtime-relief-"+r.name)
+			b.ReportMetric(float64(int64(r.run.lowest)-int64(threshold))/(1<<20), "MiB-lowest-above-threshold-relief-"+r.name)
+		}
 	}
 }

@@ -298,7 +298,7 @@ func TestARestrictedVMIsReceivedInPostCopy(t *testing.T) {
 // checkUnprivileged checks, in /proc, that the launcher of pod runs as the launchers' user with
 // no capability and no way to gain one; with seccomp, also that a seccomp filter confines it
 // (a real node's runtime applies RuntimeDefault; the emulated node applies no profile).
-func checkUnprivileged(t *testing.T, pod *corev1.Pod, seccomp bool) {
+func checkUnprivileged(t testing.TB, pod *corev1.Pod, seccomp bool) {
 	t.Helper()
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", launcherPID(t, pod)))
 	if err != nil {
