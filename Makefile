@@ -98,8 +98,13 @@ BENCH_COUNT ?= 1
 bench-deadline: deps
 	$(GO) test -run '^$$' -bench BenchmarkDeadlineMatrix -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/bench/
 
+# The benchmark prints its stages while it runs, between a result's name and its figures; the
+# name is put back on each result line so that benchstat reads every run.
 bench-drain: binaries
-	$(GO) test -run '^$$' -bench BenchmarkDrainThroughput -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/e2e/
+	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
+	$(GO) test -run '^$$' -bench BenchmarkDrainThroughput -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/e2e/ | tee /dev/stderr | \
+	  awk '/^Benchmark/ {name = $$1; if (/ns\/op/) print; next} /^ +[0-9]+\t.*ns\/op/ {print name $$0; next} /^(goos|goarch|pkg|cpu):/' > "$$out"; \
+	$(BENCHSTAT) "$$out"
 
 # What a VM costs its node beyond its guest's memory, by process (docs/benchmarks.md): 6 runs (benchstat's minimum for a confidence interval).
 BENCHSTAT := $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
