@@ -98,12 +98,14 @@ BENCH_COUNT ?= 1
 bench-deadline: deps
 	$(GO) test -run '^$$' -bench BenchmarkDeadlineMatrix -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/bench/
 
-# The benchmark prints its stages while it runs, between a result's name and its figures; the
-# name is put back on each result line so that benchstat reads every run.
+# The e2e benchmarks print progress while they run, between a result's name and its figures:
+# BENCH_RESULTS puts the name back on each result line so that benchstat reads every run.
+BENCH_RESULTS := awk '/^Benchmark/ {name = $$1; if (/ns\/op/) print; next} /^ +[0-9]+\t.*ns\/op/ {print name $$0; next} /^(goos|goarch|pkg|cpu):/'
+
 bench-drain: binaries
 	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
 	$(GO) test -run '^$$' -bench BenchmarkDrainThroughput -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/e2e/ | tee /dev/stderr | \
-	  awk '/^Benchmark/ {name = $$1; if (/ns\/op/) print; next} /^ +[0-9]+\t.*ns\/op/ {print name $$0; next} /^(goos|goarch|pkg|cpu):/' > "$$out"; \
+	  $(BENCH_RESULTS) > "$$out"; \
 	$(BENCHSTAT) "$$out"
 
 # What a VM costs its node beyond its guest's memory, by process (docs/benchmarks.md): 6 runs (benchstat's minimum for a confidence interval).
@@ -146,9 +148,10 @@ bench-report:
 
 # Node-pressure relief on the real kubelet, on and off in each run: benchstat's medians of 3 runs.
 bench-relief: binaries
-	@out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
-	$(GO) test -run '^$$' -bench BenchmarkRealNodeRelief -benchtime=1x -count=3 -timeout 0 ./test/e2e/ > "$$out" || { tail -50 "$$out"; exit 1; }; \
-	grep -E '^Benchmark' "$$out"; $(BENCHSTAT) "$$out"
+	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
+	$(GO) test -run '^$$' -bench BenchmarkRealNodeRelief -benchtime=1x -count=3 -timeout 0 ./test/e2e/ | tee /dev/stderr | \
+	  $(BENCH_RESULTS) > "$$out"; \
+	$(BENCHSTAT) "$$out"
 
 # The Debian layer of the agent and launcher images is built once with mmdebstrap and cached (test/images).
 IMAGES_DIR ?= $(CURDIR)/.images
