@@ -193,13 +193,16 @@ func pressRealNode(t testing.TB, real *realnode.Node, target *testNode, vmi *v1a
 		defer close(following)
 		hog.follow(ctx, plan, vmUsage)
 	}()
+	logging := make(chan struct{})
 	defer func() {
 		cancel()
 		<-following
+		<-logging
 		hog.release()
 	}()
 	// What the test and the kubelet see, every 10 s, for whoever reads the log of a failure.
 	go func() {
+		defer close(logging)
 		tick := time.NewTicker(10 * time.Second)
 		defer tick.Stop()
 		for {
@@ -208,9 +211,10 @@ func pressRealNode(t testing.TB, real *realnode.Node, target *testNode, vmi *v1a
 				return
 			case <-tick.C:
 			}
+			here, _ := pressure.ReadMemory("/proc", "/sys/fs/cgroup")
 			kubelet, at, err := real.MemoryAvailableAt(ctx)
 			t.Logf("memory.available: %d MiB here, the kubelet's %d MiB at %s (%v); the VM's pod on %s uses %d MiB; threshold %d MiB",
-				nodeMemoryAvailable(t)>>20, kubelet>>20, at.Format("15:04:05"), err, real.Name(), vmUsage()>>20, threshold>>20)
+				here.Available()>>20, kubelet>>20, at.Format("15:04:05"), err, real.Name(), vmUsage()>>20, threshold>>20)
 		}
 	}()
 	moved := waitVMI(t, vmi.Namespace, vmi.Name, 3*time.Minute, "the VM on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
