@@ -71,11 +71,11 @@ func (h *memoryHog) follow(ctx context.Context, plan func(time.Duration) uint64,
 		want := plan(time.Since(start))
 	adjust:
 		for range 256 {
-			m, err := pressure.ReadMemory("/proc", "/sys/fs/cgroup")
+			available, err := memoryAvailable()
 			if err != nil {
 				break
 			}
-			switch have := m.Available() + vmUsage(); {
+			switch have := available + vmUsage(); {
 			case have > want+hogChunk/2:
 				h.add()
 			case have+hogChunk/2 < want && len(h.chunks) > 0:
@@ -92,15 +92,21 @@ func (h *memoryHog) follow(ctx context.Context, plan func(time.Duration) uint64,
 	}
 }
 
-// nodeMemoryAvailable is the machine's memory.available as the kubelet and the agent compute it
+// memoryAvailable is the machine's memory.available as the kubelet and the agent compute it
 // (pressure.ReadMemory, which test/realnode shows to agree with the kubelet's within 16 MiB).
+func memoryAvailable() (uint64, error) {
+	m, err := pressure.ReadMemory("/proc", "/sys/fs/cgroup")
+	return m.Available(), err
+}
+
+// nodeMemoryAvailable is memoryAvailable on the test's goroutine, failing the test on an error.
 func nodeMemoryAvailable(t testing.TB) uint64 {
 	t.Helper()
-	m, err := pressure.ReadMemory("/proc", "/sys/fs/cgroup")
+	available, err := memoryAvailable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m.Available()
+	return available
 }
 
 // lowestAvailable samples memory.available every 100 ms until the returned function is called,
@@ -114,9 +120,9 @@ func lowestAvailable() func() uint64 {
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			if m, err := pressure.ReadMemory("/proc", "/sys/fs/cgroup"); err == nil {
+			if available, err := memoryAvailable(); err == nil {
 				mu.Lock()
-				lowest = min(lowest, m.Available())
+				lowest = min(lowest, available)
 				mu.Unlock()
 			}
 			select {
@@ -211,10 +217,10 @@ func pressRealNode(t testing.TB, real *realnode.Node, target *testNode, vmi *v1a
 				return
 			case <-tick.C:
 			}
-			here, _ := pressure.ReadMemory("/proc", "/sys/fs/cgroup")
+			here, _ := memoryAvailable()
 			kubelet, at, err := real.MemoryAvailableAt(ctx)
 			t.Logf("memory.available: %d MiB here, the kubelet's %d MiB at %s (%v); the VM's pod on %s uses %d MiB; threshold %d MiB",
-				here.Available()>>20, kubelet>>20, at.Format("15:04:05"), err, real.Name(), vmUsage()>>20, threshold>>20)
+				here>>20, kubelet>>20, at.Format("15:04:05"), err, real.Name(), vmUsage()>>20, threshold>>20)
 		}
 	}()
 	moved := waitVMI(t, vmi.Namespace, vmi.Name, 3*time.Minute, "the VM on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
