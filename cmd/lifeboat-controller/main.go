@@ -115,6 +115,8 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	claimInformers := informers.NewSharedInformerFactory(kubeClient, 0)
 	vmiController := vmi.New(kubeClient, lb, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods,
 		claimInformers.Core().V1().PersistentVolumeClaims(), recorder, podOpts, log)
+	mountFailures := vmi.NewMountFailureInformers(kubeClient)
+	vmiController.RelayMountFailures(mountFailures.Core().V1().Events())
 	nodes, boundPods := evacuate.NewCapacityInformers(kubeClient)
 	evacuationController := evacuate.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), nodes, boundPods, recorder, log)
 	budgets := disruption.NewBudgetInformer(kubeClient)
@@ -172,6 +174,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	}
 	kubeInformers.Start(ctx.Done())
 	claimInformers.Start(ctx.Done())
+	mountFailures.Start(ctx.Done())
 	csrInformers.Start(ctx.Done())
 	lbInformers.Start(ctx.Done())
 	go budgets.RunWithContext(ctx)

@@ -11,13 +11,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 	"github.com/lifeboat-vm/lifeboat/test/images"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
@@ -134,6 +137,14 @@ func TestCloudInitUserDataFromASecret(t *testing.T) {
 	e := waitEvent(t, ns, pod.Name, "FailedMount", 30*time.Second)
 	if !strings.Contains(e.Message, `secret "seed"`) {
 		t.Errorf("FailedMount %q does not name the missing Secret", e.Message)
+	}
+	// A user looks at the VMI, not its pod: the controller relays the kubelet's word to it.
+	e = kubewait.Event(t, cluster.Kube, ns, fields.Set{"involvedObject.kind": "VirtualMachineInstance", "involvedObject.name": v.Name, "reason": vmi.ReasonFailedMount}, 30*time.Second)
+	if !strings.Contains(e.Message, `secret "seed"`) || !strings.Contains(e.Message, pod.Name) || e.Type != corev1.EventTypeWarning {
+		t.Errorf("the VMI's %s Event %q (%s) does not name the missing Secret and the pod", e.Reason, e.Message, e.Type)
+	}
+	if got := getVMI(t, ns, v.Name).Status.Phase; got == v1alpha1.VMIRunning {
+		t.Errorf("VMI phase %s while its Secret is missing, want it waiting", got)
 	}
 
 	const first = "#cloud-config with a password"

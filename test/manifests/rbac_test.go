@@ -86,6 +86,7 @@ var rbacCases = []struct {
 	{"controller sets the cause and deadline of its migrations", controllerSA, access{verb: "set-cause", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations", namespace: "ns"}, true},
 	{"controller may not cancel evacuations", controllerSA, access{verb: "cancel-evacuation", group: "lifeboat.dev", resource: "virtualmachineinstances", namespace: "ns", name: "vm"}, false},
 	{"controller may not read a VM's user-data Secret", controllerSA, access{verb: "get", resource: "secrets", namespace: "ns", name: "seed"}, false},
+	{"controller watches the kubelet's FailedMount Events, to name a missing Secret on its VMI", controllerSA, access{verb: "watch", resource: "events"}, true},
 	{"agent may not set a migration's cause", agentSA, access{verb: "set-cause", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations", namespace: "ns"}, false},
 	{"controller may not evict pods", controllerSA, access{verb: "create", resource: "pods", subresource: "eviction", namespace: "ns", name: "p"}, false},
 	{"controller creates a VM's instance", controllerSA, access{verb: "create", group: "lifeboat.dev", resource: "virtualmachineinstances", namespace: "ns"}, true},
