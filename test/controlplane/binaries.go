@@ -17,6 +17,7 @@ import (
 const (
 	KubernetesVersion = "v1.37.1"
 	EtcdVersion       = "v3.7.3"
+	ContainerdVersion = "v2.2.9"
 )
 
 // Binaries are the paths of the built control plane commands.
@@ -55,6 +56,8 @@ type build struct {
 	module  string // tools module directory, relative to the repository root
 	pkg     string
 	ldflags string
+	tags    string
+	noCgo   bool
 }
 
 // EnsureBinaries returns the control plane binaries, building the missing ones from the
@@ -102,6 +105,27 @@ func EnsureKubeProxy(ctx context.Context, progress io.Writer) (string, error) {
 	}
 	proxy := filepath.Join(k8sDir, "kube-proxy")
 	return proxy, ensure(ctx, progress, []build{kubernetesBuild(proxy, "kube-proxy")})
+}
+
+// EnsureContainerd returns the directory holding containerd, its runc shim
+// (containerd-shim-runc-v2, which containerd finds beside itself) and ctr, of ContainerdVersion,
+// built from test/tools/containerd: the real node's runtime, which mounts image volumes.
+func EnsureContainerd(ctx context.Context, progress io.Writer) (string, error) {
+	cacheDir, err := cache.Dir()
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(cacheDir, "containerd-"+ContainerdVersion)
+	var builds []build
+	for _, command := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
+		builds = append(builds, build{
+			out: filepath.Join(dir, command), module: "test/tools/containerd", pkg: "github.com/containerd/containerd/v2/cmd/" + command,
+			ldflags: "-X github.com/containerd/containerd/v2/version.Version=" + ContainerdVersion,
+			// Pure Go: the snapshotters that need C libraries (btrfs, devmapper, zfs) are not used.
+			tags: "no_btrfs no_devmapper no_zfs", noCgo: true,
+		})
+	}
+	return dir, ensure(ctx, progress, builds)
 }
 
 func binaryDirs() (k8sDir, etcdDir string, err error) {
@@ -168,9 +192,15 @@ func goBuild(ctx context.Context, root string, b build, progress io.Writer) erro
 	}
 	fmt.Fprintf(progress, "building %s (once; cached in %s)\n", b.pkg, filepath.Dir(b.out))
 	tmp := b.out + ".partial"
-	args := []string{"build", "-buildvcs=false", "-trimpath", "-ldflags", strings.TrimSpace("-s -w " + b.ldflags), "-o", tmp, b.pkg}
-	cmd := exec.CommandContext(ctx, "go", args...)
+	args := []string{"build", "-buildvcs=false", "-trimpath", "-ldflags", strings.TrimSpace("-s -w " + b.ldflags)}
+	if b.tags != "" {
+		args = append(args, "-tags", b.tags)
+	}
+	cmd := exec.CommandContext(ctx, "go", append(args, "-o", tmp, b.pkg)...)
 	cmd.Dir = filepath.Join(root, b.module)
+	if b.noCgo {
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	}
 	cmd.Stdout = progress
 	cmd.Stderr = progress
 	if err := cmd.Run(); err != nil {

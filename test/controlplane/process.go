@@ -25,12 +25,21 @@ type Process struct {
 // StartProcess starts path with args in dir, logging to dir/<name>.log and recording its pid in
 // dir/pids, so that a sweep can end it if the test binary dies first.
 func StartProcess(dir, name, path string, args ...string) (*Process, error) {
+	return StartProcessWithEnv(dir, name, nil, path, args...)
+}
+
+// StartProcessWithEnv is StartProcess with env added to the test binary's environment (a later
+// entry wins over an earlier one of the same name).
+func StartProcessWithEnv(dir, name string, env []string, path string, args ...string) (*Process, error) {
 	logPath := filepath.Join(dir, name+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(path, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.Dir = dir

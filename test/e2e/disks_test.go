@@ -102,10 +102,17 @@ func TestAVMOfImagesMovesWithWhatItWroteToItsDisk(t *testing.T) {
 		return v.Status.NodeName != "" && v.Status.NodeName != source.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
 	})
 	target := nodeOf(t, nodes, moved)
-	// On the target, the journal read back from the disk holds what was written on the source.
+	journalIntact(t, target.consolePath(moved), before)
+}
+
+// journalIntact waits until the guest's console at path shows a journal line past before (the
+// counter before the migration), read back from its disk, and no error: every entry written on
+// the source is on the disk the target reads.
+func journalIntact(t *testing.T, path string, before int) {
+	t.Helper()
 	var last string
-	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		b, _ := os.ReadFile(target.consolePath(moved))
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		b, _ := os.ReadFile(path)
 		last = string(b)
 		n, ok := protocol.LastJournal(last, "vda")
 		return ok && n > before, nil

@@ -41,7 +41,8 @@ const (
 	realMaxGrace = 60
 )
 
-// lifeboatImages builds lifeboat's images once for the package, into the directory of its binaries.
+// lifeboatImages builds lifeboat's images and the test guest's once for the package, into the
+// directory of its binaries.
 var lifeboatImages = sync.OnceValues(func() ([]string, error) {
 	dir := filepath.Join(bins, "images")
 	if err := images.Build(context.Background(), dir, os.Stderr); err != nil {
@@ -50,6 +51,18 @@ var lifeboatImages = sync.OnceValues(func() ([]string, error) {
 	var archives []string
 	for _, c := range images.Components {
 		archives = append(archives, filepath.Join(dir, c.Archive()))
+	}
+	// The test guest's kernel and disk images, which the real node's VMs boot from.
+	guestImages, err := images.GuestImages(image)
+	if err != nil {
+		return nil, err
+	}
+	for ref, img := range guestImages {
+		archive := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(ref)+".oci.tar")
+		if err := images.WriteArchive(archive, img, ref); err != nil {
+			return nil, err
+		}
+		archives = append(archives, archive)
 	}
 	return archives, nil
 })
@@ -241,10 +254,9 @@ func realVM(t *testing.T, gateOn bool) (*realnode.Node, *testNode, *v1alpha1.Vir
 // it, and returns it once its guest counts, with the counter.
 func realNodeVM(t testing.TB, real *realnode.Node, ns, name string) (*v1alpha1.VirtualMachineInstance, int) {
 	t.Helper()
-	vmi := createVMI(t, ns, newVMI(name, strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
-		// Node files, which the lab admin allows: Debian 12's containerd (1.6) cannot mount
-		// image volumes (containerd 2.1 can), so the real node cannot pull the guest's kernel image.
-		v.Spec.Boot = nodeBoot()
+	// As a user writes it: the kernel from an image and a containerDisk, both image volumes that
+	// the node's containerd mounts; the guest keeps its journal on the disk's overlay.
+	vmi := createVMI(t, ns, newVMI(name, strategy(v1alpha1.EvictionStrategyLiveMigrate), withContainerDisk, func(v *v1alpha1.VirtualMachineInstance) {
 		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](realMaxGrace - 15)
 	}))
 	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
@@ -381,6 +393,7 @@ func TestRealNodePressureLiveMigratesTheVM(t *testing.T) {
 	t.Logf("migrated from %s to %s %s after the eviction (mode %s)", real.Name(), target.Name(),
 		time.Since(evicted).Round(time.Second), moved.Status.MigrationState.Mode)
 	waitCounterPast(t, target.consolePath(moved), before+2, 30*time.Second)
+	journalIntact(t, target.consolePath(moved), before)
 	if s := moved.Status.MigrationState; s.Cause != v1alpha1.MigrationCauseNodePressure || s.SourceNode != real.Name() {
 		t.Errorf("migration state %+v: want cause NodePressure from %s", s, real.Name())
 	}

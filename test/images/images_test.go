@@ -20,6 +20,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/google/go-containerregistry/pkg/v1/validate"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 )
 
 // out holds the archives Build writes, once for all tests of the package.
@@ -172,11 +174,6 @@ func unpack(t *testing.T, img v1.Image) string {
 
 // containerd, as a node runs it, imports every archive under the image's name and unpacks it.
 func TestContainerdImports(t *testing.T) {
-	for _, bin := range []string{"containerd", "ctr"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Fatalf("needs %s (Debian package containerd, which .ci/run installs): %v", bin, err)
-		}
-	}
 	if os.Getuid() != 0 {
 		t.Fatal("containerd needs root (the README's prerequisites)")
 	}
@@ -222,13 +219,18 @@ func TestContainerdImports(t *testing.T) {
 // test and returns a ctr bound to it.
 func startContainerd(t *testing.T) func(args ...string) (string, error) {
 	t.Helper()
+	// The real test node's containerd (test/realnode), built from the pinned Go modules.
+	bin, err := controlplane.EnsureContainerd(t.Context(), os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// Short: the socket path may not exceed 107 bytes.
 	dir, err := os.MkdirTemp("", "lbctd")
 	if err != nil {
 		t.Fatal(err)
 	}
 	socket := filepath.Join(dir, "c.sock")
-	config := fmt.Sprintf(`version = 2
+	config := fmt.Sprintf(`version = 3
 root = %q
 state = %q
 disabled_plugins = ["io.containerd.grpc.v1.cri"]
@@ -244,7 +246,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("containerd", "--config", filepath.Join(dir, "config.toml"))
+	cmd := exec.Command(filepath.Join(bin, "containerd"), "--config", filepath.Join(dir, "config.toml"))
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -261,7 +263,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 		_ = os.RemoveAll(dir)
 	})
 	ctr := func(args ...string) (string, error) {
-		out, err := exec.Command("ctr", append([]string{"--address", socket}, args...)...).CombinedOutput()
+		out, err := exec.Command(filepath.Join(bin, "ctr"), append([]string{"--address", socket}, args...)...).CombinedOutput()
 		return string(out), err
 	}
 	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {

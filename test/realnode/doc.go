@@ -1,5 +1,6 @@
-// Package realnode runs a real Kubernetes node for lifeboat's tests: Debian's containerd and
-// runc, a loopback-only CNI configuration, a pause image built here and imported (there is no
+// Package realnode runs a real Kubernetes node for lifeboat's tests: containerd 2.x built from
+// the pinned Go modules (it mounts image volumes, which Debian 12's 1.6 cannot), Debian's runc,
+// a loopback-only CNI configuration, a pause image built here and imported (there is no
 // registry), and kubelet v1.37.1 built from the pinned Go modules like the control plane
 // (test/controlplane). Everything lives in the node's own directory and is torn down by Stop.
 //

@@ -61,6 +61,8 @@ type Node struct {
 	KubeletConfig kubeletv1beta1.KubeletConfiguration
 
 	kubeletBin string
+	// runtimeDir holds containerd, its shim and ctr (controlplane.EnsureContainerd).
+	runtimeDir string
 	socket     string
 	containerd *controlplane.Process
 	kubelet    *controlplane.Process
@@ -91,6 +93,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
+	runtimeDir, err := controlplane.EnsureContainerd(ctx, cfg.Progress)
+	if err != nil {
+		return nil, err
+	}
 	// A kubelet owns the machine's kubepods cgroups: real nodes run one at a time, across test
 	// binaries too. The lock dies with its holder, so what is found under it was left by a test
 	// binary that was killed, and is swept.
@@ -105,7 +111,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		unlock()
 		return nil, err
 	}
-	n := &Node{cfg: cfg, Dir: dir, kubeletBin: kubelet, socket: filepath.Join(dir, "containerd.sock"), unlock: unlock}
+	n := &Node{cfg: cfg, Dir: dir, kubeletBin: kubelet, runtimeDir: runtimeDir, socket: filepath.Join(dir, "containerd.sock"), unlock: unlock}
 	defer func() {
 		if err != nil {
 			n.Stop()
@@ -157,9 +163,9 @@ func (c Config) validate() error {
 	if c.Name == "" || c.Kubeconfig == "" || c.Client == nil {
 		errs = append(errs, errors.New("a real node needs a name, a kubeconfig and a client"))
 	}
-	for _, bin := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", filepath.Join(cniBinDir, "loopback")} {
+	for _, bin := range []string{"runc", filepath.Join(cniBinDir, "loopback")} {
 		if _, err := exec.LookPath(bin); err != nil {
-			errs = append(errs, fmt.Errorf("%s is missing (Debian: apt-get install containerd runc containernetworking-plugins): %w", bin, err))
+			errs = append(errs, fmt.Errorf("%s is missing (Debian: apt-get install runc containernetworking-plugins): %w", bin, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -193,7 +199,7 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	// restrict_oom_score_adj: this machine withholds CAP_SYS_RESOURCE even from root, so runc
 	// cannot give a container a lower oom_score_adj than containerd's own (the sandbox's -998
 	// fails with "can't get final child's PID from pipe"); containerd raises such requests to its own.
-	config := fmt.Sprintf(`version = 2
+	config := fmt.Sprintf(`version = 3
 root = %[1]q
 state = %[2]q
 [grpc]
@@ -204,18 +210,19 @@ state = %[2]q
   address = ""
 [plugins."io.containerd.internal.v1.opt"]
   path = %[4]q
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %[5]q
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = %[5]q
+[plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
   # Devices from device plugins owned by the container's user, as docs/security.md asks of nodes
   # whose launchers (never root) get a root-only device such as /dev/userfaultfd.
   device_ownership_from_security_context = true
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = %[6]q
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = [%[6]q]
     conf_dir = %[7]q
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
       SystemdCgroup = false
 `, filepath.Join(n.Dir, "containerd", "root"), filepath.Join(n.Dir, "containerd", "state"), n.socket,
 		filepath.Join(n.Dir, "containerd", "opt"), PauseImage, cniBinDir, cniDir)
@@ -224,7 +231,9 @@ state = %[2]q
 		return err
 	}
 	var err error
-	if n.containerd, err = controlplane.StartProcess(n.Dir, "containerd", "containerd", "--config", path); err != nil {
+	// The shim of the same build first: containerd looks for it on PATH before beside itself.
+	env := []string{"PATH=" + n.runtimeDir + string(os.PathListSeparator) + os.Getenv("PATH")}
+	if n.containerd, err = controlplane.StartProcessWithEnv(n.Dir, "containerd", env, filepath.Join(n.runtimeDir, "containerd"), "--config", path); err != nil {
 		return err
 	}
 	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -238,7 +247,7 @@ state = %[2]q
 
 // Ctr runs containerd's ctr against the node's containerd, in the kubelet's namespace.
 func (n *Node) Ctr(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", n.socket, "--namespace", "k8s.io"}, args...)...)
+	cmd := exec.CommandContext(ctx, filepath.Join(n.runtimeDir, "ctr"), append([]string{"--address", n.socket, "--namespace", "k8s.io"}, args...)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, out)
