@@ -122,7 +122,9 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	destURI, migrateURI := domain.ProxiedURIs(podDir, mg.Session())
 	opts := domain.MigrateOptions{DestURI: destURI, MigrateURI: migrateURI, Bandwidth: bandwidth, AutoConverge: allowed.AutoConverge, AllowPostCopy: allowed.PostCopy}
 	if CopiesDisks(vmi) {
-		opts.DisksURI = domain.ProxiedDisksURI(podDir)
+		// Synchronous writes: a guest writing its disk faster than the copy would otherwise keep
+		// the memory transfer from starting before any deadline (the deadline matrix's disk cells).
+		opts.DisksURI, opts.SynchronousDiskWrites = domain.ProxiedDisksURI(podDir), true
 	}
 	// NotMigratable let only ReadWriteMany claims through as disks that stay in place.
 	opts.SharedDisks = HasClaims(vmi)

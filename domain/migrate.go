@@ -61,6 +61,11 @@ type MigrateOptions struct {
 	// writable disk that is not shared (containerDisk overlays) to the destination, whose own
 	// overlay on the same backing image receives it; the images below are on both nodes already.
 	DisksURI string
+	// SynchronousDiskWrites mirrors the guest's writes to the copied disks synchronously (QEMU's
+	// write-blocking mirror) once the copy has begun: a write completes when both nodes have it.
+	// Without it, a guest that writes faster than the copy moves keeps the copy from ever catching
+	// up, and the memory transfer, which starts only once it has, never starts.
+	SynchronousDiskWrites bool
 	// SharedDisks says the writable disks that are not copied are on storage both nodes share,
 	// attached shareable and uncached (ReadWriteMany claims): Kubernetes vouches for the sharing,
 	// and libvirt, which recognises only some shared file systems, is told not to check it again.
@@ -86,6 +91,9 @@ func migrateFlags(opts MigrateOptions) libvirt.DomainMigrateFlags {
 	}
 	if opts.DisksURI != "" {
 		flags |= libvirt.MIGRATE_NON_SHARED_INC
+		if opts.SynchronousDiskWrites {
+			flags |= libvirt.MIGRATE_NON_SHARED_SYNCHRONOUS_WRITES
+		}
 	}
 	if opts.SharedDisks {
 		flags |= libvirt.MIGRATE_UNSAFE

@@ -21,6 +21,9 @@ func TestMigrateFlags(t *testing.T) {
 		{name: "post-copy resumed", opts: MigrateOptions{PostCopyResume: true}, want: always | libvirt.MIGRATE_POSTCOPY | libvirt.MIGRATE_POSTCOPY_RESUME},
 		// Only the top image (the overlay): the backing containerDisk image is on the target too.
 		{name: "disks to copy", opts: MigrateOptions{DisksURI: "unix:///d/migration-nbd.sock"}, want: always | libvirt.MIGRATE_NON_SHARED_INC},
+		{name: "disks to copy, writes mirrored synchronously", opts: MigrateOptions{DisksURI: "unix:///d/migration-nbd.sock", SynchronousDiskWrites: true},
+			want: always | libvirt.MIGRATE_NON_SHARED_INC | libvirt.MIGRATE_NON_SHARED_SYNCHRONOUS_WRITES},
+		{name: "synchronous writes without disks to copy mean nothing", opts: MigrateOptions{SynchronousDiskWrites: true}, want: always},
 		// libvirt takes a local file system for unshared; a ReadWriteMany claim is shared by contract.
 		{name: "disks on shared claims", opts: MigrateOptions{SharedDisks: true}, want: always | libvirt.MIGRATE_UNSAFE},
 	}

@@ -53,6 +53,22 @@ var (
 	matrixGraces   = []time.Duration{15 * time.Second, 30 * time.Second, 60 * time.Second}
 )
 
+// The disk-writing guests: a 256 MiB guest whose memory stays still writes a containerDisk's
+// overlay at a fraction of matrixCap (diskFactors), round diskSpan of the disk, so that a
+// migration copies the overlay (libvirt's non-shared-disk copy over NBD, through the proxies)
+// while the guest keeps changing it.
+const (
+	diskMemory = 256 * mib
+	diskSpan   = 128 * mib
+	// diskImageSize is the containerDisk's image: the span after the journal, and some room.
+	diskImageSize = protocol.DiskWriteOffset + diskSpan + 16*mib
+)
+
+var diskFactors = []struct {
+	name     string
+	num, den uint64
+}{{"0.5x", 1, 2}, {"1.5x", 3, 2}}
+
 // KubeVirt's migration defaults: no auto-converge, no post-copy, and the migration is aborted
 // after completionTimeoutPerGiB per GB of guest memory (rounded up, as KubeVirt's
 // getVMIMigrationDataSize does with ScaledValue(Giga)) or after progressTimeout without progress.
@@ -80,26 +96,34 @@ func BenchmarkDeadlineMatrix(b *testing.B) {
 	}
 	for _, mem := range matrixMemories {
 		for _, f := range dirtyFactors {
-			rate := matrixCap * f.num / f.den
-			cell := matrixCell{memory: mem, dirtyRate: rate, factor: f.name}
-			for _, kv := range kubevirtPolicies {
-				b.Run(fmt.Sprintf("mem=%dMi/dirty=%s/policy=%s", mem/mib, f.name, kv), func(b *testing.B) {
-					for b.Loop() {
-						matrix.add(cell, kv, migrateOnce(b, img, cell, kubevirtPolicy(mem, kv == policyKubeVirtTuned)))
-					}
-				})
+			cell := matrixCell{memory: mem, dirtyRate: matrixCap * f.num / f.den, factor: f.name}
+			runCell(b, img, cell, fmt.Sprintf("mem=%dMi/dirty=%s", mem/mib, f.name))
+		}
+	}
+	for _, f := range diskFactors {
+		cell := matrixCell{memory: diskMemory, factor: dirtyFactors[0].name, diskRate: matrixCap * f.num / f.den, diskFactor: f.name}
+		runCell(b, img, cell, fmt.Sprintf("mem=%dMi/dirty=%s/disk=%s", diskMemory/mib, cell.factor, f.name))
+	}
+}
+
+// runCell migrates cell's guest with KubeVirt's policies, then with lifeboat's at each grace.
+func runCell(b *testing.B, img guest.Image, cell matrixCell, name string) {
+	for _, kv := range kubevirtPolicies {
+		b.Run(fmt.Sprintf("%s/policy=%s", name, kv), func(b *testing.B) {
+			for b.Loop() {
+				matrix.add(cell, kv, migrateOnce(b, img, cell, kubevirtPolicy(cell.memory, kv == policyKubeVirtTuned)))
 			}
-			for _, grace := range matrixGraces {
-				c := cell
-				c.grace = grace
-				for _, lb := range lifeboatPolicies {
-					b.Run(fmt.Sprintf("mem=%dMi/dirty=%s/grace=%s/policy=%s", mem/mib, f.name, grace, lb), func(b *testing.B) {
-						for b.Loop() {
-							matrix.add(c, lb, migrateOnce(b, img, c, lifeboatPolicy(grace, lb == policyLifeboatPostCopy)))
-						}
-					})
+		})
+	}
+	for _, grace := range matrixGraces {
+		c := cell
+		c.grace = grace
+		for _, lb := range lifeboatPolicies {
+			b.Run(fmt.Sprintf("%s/grace=%s/policy=%s", name, grace, lb), func(b *testing.B) {
+				for b.Loop() {
+					matrix.add(c, lb, migrateOnce(b, img, c, lifeboatPolicy(grace, lb == policyLifeboatPostCopy)))
 				}
-			}
+			})
 		}
 	}
 }
@@ -123,7 +147,45 @@ var (
 type matrixCell struct {
 	memory, dirtyRate uint64
 	factor            string
-	grace             time.Duration
+	// diskRate is how fast the guest writes its containerDisk (diskSpan of it); 0 for no disk.
+	diskRate   uint64
+	diskFactor string
+	grace      time.Duration
+}
+
+// medianRate is the median of rates, 0 for none.
+func medianRate(rates []int64) uint64 {
+	if len(rates) == 0 {
+		return 0
+	}
+	rates = slices.Clone(rates)
+	slices.Sort(rates)
+	return uint64(rates[len(rates)/2])
+}
+
+// guestString is the memory column of the table: the guest's memory, and the disk it writes:
+// the rate asked and the median of the rates its passes over the disk had before the migrations.
+func (c matrixCell) guestString(runs []outcome) string {
+	if c.diskRate == 0 {
+		return fmt.Sprintf("%d MiB", c.memory/mib)
+	}
+	median := func(f func(outcome) uint64) uint64 {
+		v := collect(runs, f)
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	return fmt.Sprintf("%d MiB, disk %d MiB written at %s = %d MiB/s (seen %d MiB/s before the migration, %d during)", c.memory/mib, diskSpan/mib,
+		c.diskFactor, c.diskRate/mib, median(func(o outcome) uint64 { return o.diskSeen })/mib, median(func(o outcome) uint64 { return o.diskDuring })/mib)
+}
+
+// bound is the shortest a migration of the cell can take at matrixCap: its memory, and the
+// overlay's span, which the guest has written whole before the migration starts.
+func (c matrixCell) bound() time.Duration {
+	bytes := c.memory
+	if c.diskRate > 0 {
+		bytes += diskSpan
+	}
+	return time.Duration(float64(bytes) / matrixCap * float64(time.Second))
 }
 
 // policy turns a migration into a ConvergingMigration: its allowed modes, deadline and abort rule.
@@ -139,6 +201,8 @@ func lifeboatPolicy(grace time.Duration, postCopy bool) policy {
 		allowed, bandwidth := agent.MigrationSettings(config, nil)
 		c.Allowed, c.Options.Bandwidth = allowed, bandwidth
 		c.Options.AutoConverge, c.Options.AllowPostCopy = allowed.AutoConverge, allowed.PostCopy
+		// As the agent's runSource does: copied disks mirror the guest's writes synchronously.
+		c.Options.SynchronousDiskWrites = c.Options.DisksURI != ""
 		c.Deadline = start.Add(grace)
 	}
 }
@@ -256,6 +320,9 @@ type outcome struct {
 	guestDowntime time.Duration
 	estimate      uint64
 	estimated     bool
+	// diskSeen and diskDuring are the median rates of the guest's passes over its disk that
+	// ended before the migration and while it ran (on the source): what the copy cost the guest.
+	diskSeen, diskDuring uint64
 }
 
 // migrateOnce boots the cell's guest on a fresh pair of daemons and migrates it with pol.
@@ -264,13 +331,26 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	ctx, cancel := context.WithTimeout(b.Context(), 5*time.Minute)
 	defer cancel()
 	vmi := matrixGuest(img, cell)
+	if cell.diskRate > 0 {
+		p.WithContainerDisk(b, vmi, "data", diskImageSize)
+	}
 	name := p.RunGuest(b, ctx, vmi, domain.TCG)
 	size := int64(dirtySize(cell.memory))
 	// The guest has printed whether it dirties its memory before it counts.
 	if console := readOrEmpty(p.Src.Console()); !guest.HasLine(console, protocol.Dirtying(size, int64(cell.dirtyRate))) {
 		b.Fatalf("the guest does not dirty its memory as asked (%d bytes at %d bytes/s):\n%s", size, cell.dirtyRate, console)
 	}
+	if cell.diskRate > 0 {
+		// The whole span written once: the overlay the migration copies is as large as it gets.
+		if _, err := guest.WaitForConsole(ctx, p.Src.Console(), "the first pass over the disk", func(out string) bool {
+			_, ok := protocol.LastDiskPass(out, matrixDisk)
+			return ok
+		}); err != nil {
+			b.Fatalf("the guest does not write its disk as asked (%d bytes at %d bytes/s): %v\n%s", diskSpan, cell.diskRate, err, readOrEmpty(p.Src.Console()))
+		}
+	}
 
+	_, passRates := protocol.DiskPasses(readOrEmpty(p.Src.Console()), matrixDisk)
 	watch := guest.WatchCounters(ctx, matrixTick, func() []string { return []string{p.Src.Console(), p.Dst.Console()} })
 	rec := &recordingMigrator{Migrator: p.Src.Conn}
 	c := agent.ConvergingMigration{
@@ -286,6 +366,8 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 
 	o := outcome{finished: err == nil, total: end.Sub(start), modes: modes, maxDirty: rec.maxDirty, slowestRead: rec.slowestRead,
 		estimate: rec.estimate, estimated: rec.estimated}
+	_, allRates := protocol.DiskPasses(readOrEmpty(p.Src.Console()), matrixDisk)
+	o.diskSeen, o.diskDuring = medianRate(passRates), medianRate(allRates[len(passRates):])
 	if len(rec.rates) > 0 {
 		slices.Sort(rec.rates)
 		o.transferRate = rec.rates[len(rec.rates)/2]
@@ -305,11 +387,11 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 		// Paused to converge: the guest stood still from then until it ran on the destination.
 		o.downtime = max(o.downtime, end.Sub(rec.pausedAt))
 	}
-	o.guestAfterward = guestAfterward(ctx, p)
+	o.guestAfterward = guestAfterward(ctx, p, cell)
 	o.guestDowntime = watch()
-	b.Logf("%s in %s (transfer from %s), downtime %s (libvirt's %s), dirty rate estimated %d MiB/s (%v), seen %d MiB/s, transfer rate %d MiB/s, slowest statistics read %s, guest afterwards: %s",
+	b.Logf("%s in %s (transfer from %s), downtime %s (libvirt's %s), dirty rate estimated %d MiB/s (%v), seen %d MiB/s, disk written at %d MiB/s before and %d MiB/s during, transfer rate %d MiB/s, slowest statistics read %s, guest afterwards: %s",
 		modeString(o.modes), o.total.Round(10*time.Millisecond), o.setup.Round(100*time.Millisecond), o.guestDowntime.Round(time.Millisecond), o.downtime.Round(time.Millisecond),
-		o.estimate/mib, o.estimated, o.maxDirty/mib, o.transferRate/mib, o.slowestRead.Round(time.Millisecond), o.guestAfterward)
+		o.estimate/mib, o.estimated, o.maxDirty/mib, o.diskSeen/mib, o.diskDuring/mib, o.transferRate/mib, o.slowestRead.Round(time.Millisecond), o.guestAfterward)
 	return o
 }
 
@@ -317,10 +399,17 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 // downtime they are seen to have.
 const matrixTick = 50 * time.Millisecond
 
-// matrixGuest fills dirtySize of the cell's memory and keeps rewriting it at the cell's dirty rate.
+// matrixDisk is the disk the matrix's guest writes: its first (virtio) disk.
+const matrixDisk = "vda"
+
+// matrixGuest fills dirtySize of the cell's memory and keeps rewriting it at the cell's dirty
+// rate, and writes its disk at the cell's disk rate.
 func matrixGuest(img guest.Image, cell matrixCell) *v1alpha1.VirtualMachineInstance {
 	cmdline := fmt.Sprintf("%s %s=%d %s=%d %s=%s", guest.Cmdline, protocol.DirtyParam, dirtySize(cell.memory), protocol.DirtyRateParam, cell.dirtyRate,
 		protocol.TickParam, matrixTick)
+	if cell.diskRate > 0 {
+		cmdline += fmt.Sprintf(" %s=%d %s=%d", protocol.DiskRateParam, cell.diskRate, protocol.DiskSpanParam, diskSpan)
+	}
 	return &v1alpha1.VirtualMachineInstance{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: "matrix", UID: types.UID(uuid.NewString())},
 		Spec: v1alpha1.VirtualMachineInstanceSpec{
@@ -331,22 +420,47 @@ func matrixGuest(img guest.Image, cell matrixCell) *v1alpha1.VirtualMachineInsta
 }
 
 // guestAfterward tells whether the guest counts on at the destination, or panicked (under TCG,
-// a guest that writes memory can arrive damaged; see domain's migration tests).
-func guestAfterward(ctx context.Context, p migrationpair.Pair) string {
+// a guest that writes memory can arrive damaged; see domain's migration tests). A guest writing
+// its disk must also finish a pass over it there, each block checked before it is written again:
+// "disk intact", or "disk damaged" with the guest's error line, or "disk stalled".
+func guestAfterward(ctx context.Context, p migrationpair.Pair, cell matrixCell) string {
 	last, _ := protocol.LastCounter(readOrEmpty(p.Src.Console()))
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	wait := 10 * time.Second
+	if cell.diskRate > 0 {
+		// Two passes at the asked rate: the one under way when the guest arrived, and the next.
+		wait += 2 * time.Duration(float64(diskSpan)/float64(cell.diskRate)*float64(time.Second))
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	out, err := guest.WaitForConsole(ctx, p.Dst.Console(), "a counter or a panic", func(out string) bool {
 		n, ok := protocol.LastCounter(out)
-		return ok && n > last+1 || strings.Contains(out, "Kernel panic")
+		if cell.diskRate > 0 && !strings.Contains(out, protocol.ErrorPrefix) {
+			ok = ok && hasPassAfter(out, p.Src.Console())
+		}
+		return ok && n > last+1 || strings.Contains(out, "Kernel panic") || strings.Contains(out, protocol.ErrorPrefix)
 	})
 	switch {
 	case strings.Contains(out, "Kernel panic"):
 		return "panicked"
+	case strings.Contains(out, protocol.ErrorPrefix):
+		return "disk damaged"
+	case err != nil && cell.diskRate > 0:
+		return "disk stalled"
 	case err != nil:
 		return "silent"
+	case cell.diskRate > 0:
+		return "counting, disk intact"
 	}
 	return "counting"
+}
+
+// hasPassAfter reports whether the destination's console shows the end of the pass after the
+// one under way at the migration: by then every block, including those the source wrote last,
+// was read back on the destination and found as the source left it.
+func hasPassAfter(dst, srcConsole string) bool {
+	last, _ := protocol.LastDiskPass(readOrEmpty(srcConsole), matrixDisk)
+	n, ok := protocol.LastDiskPass(dst, matrixDisk)
+	return ok && n >= last+2
 }
 
 func readOrEmpty(path string) string {
@@ -410,7 +524,7 @@ func (r *matrixResults) print(w io.Writer) {
 			runs[p] = r.runs[matrixKey{c, p}]
 			all = append(all, runs[p]...)
 		}
-		bound := time.Duration(float64(k.cell.memory) / matrixCap * float64(time.Second))
+		bound := k.cell.bound()
 		seen := slices.Max(collect(all, func(o outcome) uint64 { return o.maxDirty }))
 		estimates := collect(slices.DeleteFunc(slices.Clone(all), func(o outcome) bool { return !o.estimated }), func(o outcome) uint64 { return o.estimate })
 		estimate := "–"
@@ -423,8 +537,8 @@ func (r *matrixResults) print(w io.Writer) {
 			if len(o) == 0 {
 				continue
 			}
-			fmt.Fprintf(w, "| %d MiB | %s = %d / %s / %d MiB/s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
-				k.cell.memory/mib, k.cell.factor, k.cell.dirtyRate/mib, estimate, seen/mib, k.cell.grace, fits(bound, k.cell.grace), p,
+			fmt.Fprintf(w, "| %s | %s = %d / %s / %d MiB/s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+				k.cell.guestString(all), k.cell.factor, k.cell.dirtyRate/mib, estimate, seen/mib, k.cell.grace, fits(bound, k.cell.grace), p,
 				inTime(o, k.cell.grace), medianTotal(o), guestDowntimes(o), medianDowntime(o), modeSet(o), guestSet(o))
 		}
 	}

@@ -14,12 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lifeboat-vm/lifeboat/agent"
 	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
 	"github.com/lifeboat-vm/lifeboat/domain"
+	"github.com/lifeboat-vm/lifeboat/launcher/vmdisks"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/images"
 	"github.com/lifeboat-vm/lifeboat/test/nodecert"
 )
 
@@ -93,6 +96,11 @@ type Pair struct {
 	VMIDir   string
 	Src, Dst Node
 	links    *links
+	// images holds the containerDisk images both nodes share, as both pull the same image:
+	// <volume>/disk/data.raw.
+	images string
+	// copyDisks is set once RunGuest gave the guest a disk whose overlay a migration copies.
+	copyDisks *bool
 }
 
 // links are the connections the source node's proxies dialed to the target's.
@@ -143,7 +151,7 @@ func NewWith(t testing.TB, transport Transport) Pair {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(vmiDir) })
-	p := Pair{VMIDir: vmiDir, Src: startNode(t, vmiDir), Dst: startNode(t, vmiDir), links: &links{}}
+	p := Pair{VMIDir: vmiDir, Src: startNode(t, vmiDir), Dst: startNode(t, vmiDir), links: &links{}, images: t.TempDir(), copyDisks: new(bool)}
 	p.startProxies(t, transport)
 	return p
 }
@@ -154,6 +162,7 @@ func (p Pair) startProxies(t testing.TB, transport Transport) {
 	routes := []struct{ name, target string }{
 		{domain.MigrationLibvirtSocket, p.Dst.Daemon.Socket()},
 		{domain.MigrationQEMUSocket, filepath.Join(p.Dst.Dir, domain.MigrationQEMUSocket)},
+		{domain.MigrationNBDSocket, filepath.Join(p.Dst.Dir, domain.MigrationNBDSocket)},
 	}
 	const migrationUID = "pair"
 	ca := nodecert.NewCA(t)
@@ -203,17 +212,68 @@ func (p Pair) startProxies(t testing.TB, transport Transport) {
 	}
 }
 
-// Options are the MigrateOptions of a migration through the proxies, with the given cap.
+// Options are the MigrateOptions of a migration through the proxies, with the given cap; the
+// guest's containerDisk overlays are copied through the proxies too, as agents do.
 func (p Pair) Options(bandwidth uint64) domain.MigrateOptions {
 	dest, mig := domain.ProxiedURIs(p.VMIDir, p.Src.Conn.Session())
-	return domain.MigrateOptions{DestURI: dest, MigrateURI: mig, Bandwidth: bandwidth}
+	opts := domain.MigrateOptions{DestURI: dest, MigrateURI: mig, Bandwidth: bandwidth}
+	if *p.copyDisks {
+		opts.DisksURI = domain.ProxiedDisksURI(p.VMIDir)
+	}
+	return opts
+}
+
+// WithContainerDisk gives vmi a writable containerDisk volume named volume whose image is a raw
+// disk of size bytes (sparse, the test disk's label at its start), which both nodes see, as
+// both would pull the same image.
+func (p Pair) WithContainerDisk(t testing.TB, vmi *v1alpha1.VirtualMachineInstance, volume string, size int64) {
+	t.Helper()
+	dir := filepath.Join(p.images, volume, "disk")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, "data.raw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(images.GuestDiskLabel); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	vmi.Spec.Disks = append(vmi.Spec.Disks, v1alpha1.Disk{Name: volume})
+	vmi.Spec.Volumes = append(vmi.Spec.Volumes, v1alpha1.Volume{Name: volume, ContainerDisk: &v1alpha1.ContainerDiskSource{Image: "pair/" + volume}})
+}
+
+// prepareDisks makes vmi's disks ready on node n as its launcher does (vmdisks), and returns
+// them at the paths its daemon sees: a target's overlay is empty, for the migration to fill.
+func (p Pair) prepareDisks(t testing.TB, ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, n Node) []domain.Disk {
+	t.Helper()
+	prepared, err := vmdisks.Prepare(ctx, vmi.Spec, nil, vmdisks.Identity{UID: string(vmi.UID), Name: vmi.Name},
+		vmdisks.Dirs{ContainerDisks: p.images, State: n.Dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range prepared.Disks {
+		rel, err := filepath.Rel(n.Dir, prepared.Disks[i].Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prepared.Disks[i].Path = filepath.Join(p.VMIDir, rel)
+	}
+	return prepared.Disks
 }
 
 // RunGuest starts vmi on the source node with its console in the VMI directory, and waits
-// until it counts; it returns the domain's name.
+// until it counts; it returns the domain's name. Its disks are prepared on both nodes first.
 func (p Pair) RunGuest(t testing.TB, ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, acceleration domain.Acceleration) string {
 	t.Helper()
-	xml, err := domain.DomainXML(vmi, domain.XMLOptions{Acceleration: acceleration, ConsoleLog: filepath.Join(p.VMIDir, "console.log")})
+	disks := p.prepareDisks(t, ctx, vmi, p.Src)
+	p.prepareDisks(t, ctx, vmi, p.Dst)
+	*p.copyDisks = agent.CopiesDisks(vmi)
+	xml, err := domain.DomainXML(vmi, domain.XMLOptions{Acceleration: acceleration, ConsoleLog: filepath.Join(p.VMIDir, "console.log"), Disks: disks})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 type params struct {
 	dirty     int64 // bytes of memory to allocate and write
 	dirtyRate int64 // bytes per second of that memory to keep rewriting
+	diskRate  int64 // bytes per second to write to the first writable disk
+	diskSpan  int64 // bytes of that disk the writes go round
 	tick      time.Duration
 }
 
@@ -36,6 +38,10 @@ func parseCmdline(cmdline string) (params, []error) {
 			into = &p.dirty
 		case protocol.DirtyRateParam:
 			into = &p.dirtyRate
+		case protocol.DiskRateParam:
+			into = &p.diskRate
+		case protocol.DiskSpanParam:
+			into = &p.diskSpan
 		default:
 			continue
 		}
@@ -49,6 +55,9 @@ func parseCmdline(cmdline string) (params, []error) {
 	if p.dirtyRate > 0 && p.dirty == 0 {
 		errs = append(errs, fmt.Errorf("%s needs %s: there is no memory to rewrite", protocol.DirtyRateParam, protocol.DirtyParam))
 		p.dirtyRate = 0
+	}
+	if p.diskRate > 0 && p.diskSpan < protocol.DiskBlock {
+		p.diskSpan = protocol.DiskBlock
 	}
 	return p, errs
 }

@@ -18,6 +18,8 @@ func TestParseCmdline(t *testing.T) {
 		{name: "bad size is reported and ignored", cmdline: "lifeboat.dirty=lots lifeboat.dirtyrate=1M", want: params{}, errs: 2},
 		{name: "rate without memory", cmdline: "lifeboat.dirtyrate=1M", want: params{}, errs: 1},
 		{name: "key without value", cmdline: "lifeboat.dirty", want: params{}, errs: 1},
+		{name: "disk writes", cmdline: "lifeboat.diskrate=4M lifeboat.diskspan=256M", want: params{diskRate: 4 << 20, diskSpan: 256 << 20}},
+		{name: "disk writes over one block at least", cmdline: "lifeboat.diskrate=4M", want: params{diskRate: 4 << 20, diskSpan: 1 << 20}},
 		{name: "a finer tick", cmdline: "lifeboat.tick=50ms", want: params{tick: 50 * time.Millisecond}},
 		{name: "bad tick is reported and ignored", cmdline: "lifeboat.tick=-1s lifeboat.tick=often", want: params{}, errs: 2},
 	}

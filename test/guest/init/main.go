@@ -49,6 +49,15 @@ func main() {
 			con.println(protocol.Dirtying(params.dirty, params.dirtyRate))
 		}
 	}
+	if params.diskRate > 0 {
+		if journal == "" {
+			con.errorf("%s: there is no writable disk to write", protocol.DiskRateParam)
+		} else if err := startDiskWriting(con, journal, params.diskSpan, params.diskRate); err != nil {
+			con.errorf("disk %s: %v", journal, err)
+		} else {
+			con.println(protocol.DiskWriting(journal, params.diskSpan, params.diskRate))
+		}
+	}
 	if err := startNetwork(con); err != nil {
 		con.errorf("network: %v", err)
 	}

@@ -5,6 +5,7 @@ package protocol
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -33,6 +34,12 @@ const (
 	// TickParam is how often the guest prints its counter, a Go duration (a second when
 	// unset): lifeboat.tick=50ms. A fine tick shows a pause of the guest to that precision.
 	TickParam = "lifeboat.tick"
+	// DiskRateParam is how many bytes per second the guest writes to its first writable disk
+	// (see DiskWriteOffset), with the same suffixes: lifeboat.diskrate=8M.
+	DiskRateParam = "lifeboat.diskrate"
+	// DiskSpanParam is how much of that disk the writes go round, with the same suffixes
+	// (DiskBlock when unset): lifeboat.diskspan=256M.
+	DiskSpanParam = "lifeboat.diskspan"
 )
 
 // ModulesFile lists, one absolute path a line and dependencies first, the kernel modules
@@ -136,6 +143,55 @@ func LastJournal(console, dev string) (int, bool) {
 		}
 	}
 	return last, found
+}
+
+// Disk writing: with DiskRateParam, init writes DiskBlock-sized blocks of its first writable disk
+// from DiskWriteOffset on, in order and wrapping round at DiskSpanParam, at the asked rate, each
+// with direct I/O (not through the guest's page cache, so that the writes dirty the disk, not the
+// guest's memory). Each block carries a stamp (pass and block number); before a block is written
+// again it is read back and its stamp checked, so a write a migration lost or replayed shows as an
+// error line. Every full pass prints DiskPass.
+const (
+	DiskWriteOffset = 1 << 20
+	DiskBlock       = 1 << 20
+)
+
+// DiskWriting is the line the guest prints once it starts writing span bytes of dev at rate bytes/s.
+func DiskWriting(dev string, span, rate int64) string {
+	return fmt.Sprintf("%s%s: writing %d bytes at %d bytes/s", DiskPrefix, dev, span, rate)
+}
+
+// DiskPass is the line saying pass n over dev's span was written, every block of it checked
+// first, at rate bytes per second (from the pass's start to its end, by the guest's clock).
+func DiskPass(dev string, n int, rate int64) string {
+	return fmt.Sprintf("%s%s: pass %d written at %d bytes/s, every block checked", DiskPrefix, dev, n, rate)
+}
+
+// DiskPasses returns the pass numbers and rates of the DiskPass lines for dev in console, in
+// the order printed.
+func DiskPasses(console, dev string) (passes []int, rates []int64) {
+	prefix := DiskPrefix + dev + ": pass "
+	for _, line := range strings.Split(console, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimRight(line, "\r"), prefix)
+		if !ok {
+			continue
+		}
+		var n int
+		var rate int64
+		if _, err := fmt.Sscanf(rest, "%d written at %d bytes/s, every block checked", &n, &rate); err == nil {
+			passes, rates = append(passes, n), append(rates, rate)
+		}
+	}
+	return passes, rates
+}
+
+// LastDiskPass returns the highest n of the DiskPass lines for dev in console, and false if none.
+func LastDiskPass(console, dev string) (int, bool) {
+	passes, _ := DiskPasses(console, dev)
+	if len(passes) == 0 {
+		return 0, false
+	}
+	return slices.Max(passes), true
 }
 
 // The guest's network: with a network card, init asks DHCP for its address and answers on

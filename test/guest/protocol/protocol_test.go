@@ -1,6 +1,9 @@
 package protocol
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 func TestParseSize(t *testing.T) {
 	tests := []struct {
@@ -60,5 +63,18 @@ func TestLastJournal(t *testing.T) {
 	}
 	if _, ok := LastJournal(Counter(3), "vda"); ok {
 		t.Error("a console without journal lines has none")
+	}
+}
+
+func TestLastDiskPass(t *testing.T) {
+	console := DiskPass("vda", 1, 100) + "\n" + Counter(6) + "\r\n" + DiskPass("vdb", 7, 5) + "\n" + DiskPass("vda", 3, 300) + "\r\n" + Journal("vda", 10) + "\n"
+	if n, ok := LastDiskPass(console, "vda"); !ok || n != 3 {
+		t.Errorf("LastDiskPass(vda) = %d, %v; want 3", n, ok)
+	}
+	if passes, rates := DiskPasses(console, "vda"); !slices.Equal(passes, []int{1, 3}) || !slices.Equal(rates, []int64{100, 300}) {
+		t.Errorf("DiskPasses(vda) = %v, %v; want [1 3], [100 300]", passes, rates)
+	}
+	if _, ok := LastDiskPass(Journal("vda", 5), "vda"); ok {
+		t.Error("a console without pass lines has none")
 	}
 }
