@@ -56,6 +56,8 @@ type Disk struct {
 	// are attached shareable and uncached, so a migration leaves them in place and neither QEMU
 	// holds writes the other cannot see.
 	Shared bool
+	// Block disks are a block device (a Block-mode claim), not a file.
+	Block bool
 }
 
 // DomainName is the libvirt name of a VMI's domain. Kubernetes names cannot contain "_",
@@ -217,6 +219,9 @@ func addDisks(dom *libvirtxml.Domain, disks []Disk, bootFirst bool) error {
 			Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: d.Format},
 			Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: d.Path}},
 			Target: &libvirtxml.DomainDiskTarget{Dev: p + string(rune('a'+next[bus])), Bus: string(bus)},
+		}
+		if d.Block {
+			disk.Source = &libvirtxml.DomainDiskSource{Block: &libvirtxml.DomainDiskSourceBlock{Dev: d.Path}}
 		}
 		next[bus]++
 		if d.ReadOnly {

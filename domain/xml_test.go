@@ -61,7 +61,7 @@ func TestDomainXMLGolden(t *testing.T) {
 		},
 		{
 			// A containerDisk's overlay boots (no kernel), a SATA data disk, a read-only seed, a
-			// ReadWriteMany claim's disk (shareable, uncached).
+			// ReadWriteMany claim's disk (shareable, uncached), a Block claim's device.
 			golden: "disks-tcg.xml",
 			vmi:    vmi(func(v *v1alpha1.VirtualMachineInstance) { v.Spec.Boot = v1alpha1.BootSource{} }),
 			opts: XMLOptions{Acceleration: TCG, ConsoleLog: "/var/log/lifeboat/web.console", Disks: []Disk{
@@ -69,6 +69,7 @@ func TestDomainXMLGolden(t *testing.T) {
 				{Path: "/var/run/lifeboat-vm/state/data.qcow2", Format: "qcow2", Bus: v1alpha1.DiskBusSATA},
 				{Path: "/var/run/lifeboat-vm/state/cloudinit.iso", Format: "raw", Bus: v1alpha1.DiskBusVirtio, ReadOnly: true},
 				{Path: "/var/run/lifeboat-vm/claims/shared/disk.img", Format: "raw", Shared: true},
+				{Path: "/var/run/lifeboat-vm/claim-devices/raw", Format: "raw", Block: true, Shared: true},
 			}},
 		},
 		{

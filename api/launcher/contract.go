@@ -44,6 +44,9 @@ const (
 	// is its ClaimDiskFile.
 	ClaimsDir     = VMDir + "/claims"
 	ClaimDiskFile = "disk.img"
+	// ClaimDevicesDir holds the block device of each Block-mode persistentVolumeClaim volume,
+	// named as the volume: the claim is the disk.
+	ClaimDevicesDir = VMDir + "/claim-devices"
 	// SecretsDir holds one Secret volume per cloudInitNoCloud volume with a userDataSecretRef,
 	// named as the volume.
 	SecretsDir = VMDir + "/secrets"

@@ -35,6 +35,6 @@ func main() {
 		os.Exit(contract.ExitFailed)
 	}
 	cfg.RunDir, cfg.Log = *runDir, log
-	cfg.Disks = vmdisks.Dirs{KernelBoot: contract.KernelBootDir, ContainerDisks: contract.ContainerDisksDir, State: contract.StateDir, Claims: contract.ClaimsDir, Secrets: contract.SecretsDir}
+	cfg.Disks = vmdisks.Dirs{KernelBoot: contract.KernelBootDir, ContainerDisks: contract.ContainerDisksDir, State: contract.StateDir, Claims: contract.ClaimsDir, ClaimDevices: contract.ClaimDevicesDir, Secrets: contract.SecretsDir}
 	os.Exit(launcher.Run(context.Background(), cfg, sigterm))
 }

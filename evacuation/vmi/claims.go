@@ -14,8 +14,6 @@ import (
 const (
 	// ReasonClaimNotFound: a persistentVolumeClaim volume names a claim the namespace lacks.
 	ReasonClaimNotFound = "ClaimNotFound"
-	// ReasonClaimNotSupported: a claim lifeboat cannot use as a disk (a Block volume).
-	ReasonClaimNotSupported = "ClaimNotSupported"
 )
 
 // ClaimError is a claim that keeps the VMI from having a pod until it changes.
@@ -24,8 +22,8 @@ type ClaimError struct{ Reason, Message string }
 func (e *ClaimError) Error() string { return e.Message }
 
 // ClaimStatuses are the VolumeStatus of the VMI's persistentVolumeClaim volumes, from their
-// claims as get finds them (by name, in the VMI's namespace). A claim that does not exist or
-// is a Block volume is a *ClaimError. A claim not bound yet is fine: the scheduler binds it
+// claims as get finds them (by name, in the VMI's namespace). A claim that does not exist is a
+// *ClaimError. A claim not bound yet is fine: the scheduler binds it
 // with the pod (WaitForFirstConsumer), and its requested access modes are what it will have.
 func ClaimStatuses(vmi *v1alpha1.VirtualMachineInstance, get func(name string) (*corev1.PersistentVolumeClaim, error)) ([]v1alpha1.VolumeStatus, error) {
 	var out []v1alpha1.VolumeStatus
@@ -40,9 +38,6 @@ func ClaimStatuses(vmi *v1alpha1.VirtualMachineInstance, get func(name string) (
 		}
 		if err != nil {
 			return nil, err
-		}
-		if claim.Spec.VolumeMode != nil && *claim.Spec.VolumeMode == corev1.PersistentVolumeBlock {
-			return nil, &ClaimError{ReasonClaimNotSupported, fmt.Sprintf("volume %q: persistentVolumeClaim %q is a Block volume; lifeboat takes file-system claims (the disk is their disk.img)", v.Name, name)}
 		}
 		modes := claim.Status.AccessModes
 		if len(modes) == 0 {

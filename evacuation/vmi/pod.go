@@ -116,7 +116,7 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 		cpus = 1
 	}
 	volumes, mounts, dirs := launcherVolumes(vmi, allowed)
-	vmVols, vmMounts := vmVolumes(vmi)
+	vmVols, vmMounts, vmDevices := vmVolumes(vmi)
 	volumes, mounts = append(volumes, vmVols...), append(mounts, vmMounts...)
 	allowedEnv, err := json.Marshal(dirs)
 	if err != nil {
@@ -165,7 +165,8 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 					corev1.ResourceMemory: memory,
 					corev1.ResourceCPU:    *resource.NewMilliQuantity(int64(cpus)*CPURequestPerVCPUMilli, resource.DecimalSI),
 				}}),
-				VolumeMounts: mounts,
+				VolumeMounts:  mounts,
+				VolumeDevices: vmDevices,
 				// A launcher that refuses its VMI (a boot file's symlink out of its directory) says
 				// why in its last log line; the kubelet makes that the VMI's failure message.
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
@@ -370,9 +371,10 @@ func coveredBy(d string, dirs map[string]bool) bool {
 
 // vmVolumes are the VM's own volumes in its pod: the images of its kernel and containerDisks as
 // image volumes (the kubelet pulls them as it pulls container images, and mounts them read-only),
-// its claims, the Secrets of its cloud-init user data, and an emptyDir for the disks the launcher
-// writes. None of them is a node path.
-func vmVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []corev1.VolumeMount) {
+// its claims (a Block-mode claim, as the VMI's status records it, as a device), the Secrets of its
+// cloud-init user data, and an emptyDir for the disks the launcher writes. None of them is a node path.
+func vmVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []corev1.VolumeMount, []corev1.VolumeDevice) {
+	var devices []corev1.VolumeDevice
 	volumes := []corev1.Volume{{Name: "vm-state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	mounts := []corev1.VolumeMount{{Name: "vm-state", MountPath: launcher.StateDir}}
 	image := func(name, reference string, policy corev1.PullPolicy, at string) {
@@ -392,6 +394,10 @@ func vmVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []corev1.
 			volumes = append(volumes, corev1.Volume{Name: PodVolumePrefix + v.Name, VolumeSource: corev1.VolumeSource{
 				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: v.PersistentVolumeClaim.ClaimName},
 			}})
+			if v1alpha1.BlockClaim(vmi.Status.VolumeStatus, v.Name) {
+				devices = append(devices, corev1.VolumeDevice{Name: PodVolumePrefix + v.Name, DevicePath: path.Join(launcher.ClaimDevicesDir, v.Name)})
+				continue
+			}
 			mounts = append(mounts, corev1.VolumeMount{Name: PodVolumePrefix + v.Name, MountPath: path.Join(launcher.ClaimsDir, v.Name)})
 		case v.CloudInitNoCloud != nil && v.CloudInitNoCloud.UserDataSecretRef != nil:
 			volumes = append(volumes, corev1.Volume{Name: PodVolumePrefix + v.Name, VolumeSource: corev1.VolumeSource{
@@ -400,7 +406,7 @@ func vmVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []corev1.
 			mounts = append(mounts, corev1.VolumeMount{Name: PodVolumePrefix + v.Name, MountPath: path.Join(launcher.SecretsDir, v.Name), ReadOnly: true})
 		}
 	}
-	return volumes, mounts
+	return volumes, mounts, devices
 }
 
 // PodVolumePrefix names a VMI volume's volume in the launcher pod, apart from lifeboat's own.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -407,8 +408,50 @@ func TestClaimStatuses(t *testing.T) {
 		!strings.Contains(err.Error(), `persistentVolumeClaim "missing" does not exist in namespace ns`) {
 		t.Errorf("a missing claim: %v, want %s naming it", err, ReasonClaimNotFound)
 	}
-	if _, err := ClaimStatuses(withClaims("raw"), get); !errors.As(err, &claimErr) || claimErr.Reason != ReasonClaimNotSupported {
-		t.Errorf("a Block claim: %v, want %s", err, ReasonClaimNotSupported)
+	raw, err := ClaimStatuses(withClaims("raw"), get)
+	if err != nil || !v1alpha1.BlockClaim(raw, "v-raw") || v1alpha1.BlockClaim(got, "v-bound") {
+		t.Errorf("a Block claim: %+v, %v; want it recorded as Block, and only it", raw, err)
+	}
+}
+
+// TestABlockClaimIsADeviceOfThePod: a Block-mode claim reaches the launcher as a device (the
+// claim is the disk), a file-system claim as a mount holding disk.img.
+func TestABlockClaimIsADeviceOfThePod(t *testing.T) {
+	block := corev1.PersistentVolumeBlock
+	vmi := &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Name: "vm1", Namespace: "ns", UID: "0a1b"},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{
+			Memory: resource.MustParse("256Mi"),
+			Boot:   v1alpha1.BootSource{Container: &v1alpha1.KernelBootContainer{Image: "example.org/kernel:1", KernelPath: "/vmlinuz"}},
+			Disks:  []v1alpha1.Disk{{Name: "raw"}, {Name: "files"}},
+			Volumes: []v1alpha1.Volume{
+				{Name: "raw", PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimSource{ClaimName: "c-raw"}},
+				{Name: "files", PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimSource{ClaimName: "c-files"}},
+			},
+		},
+		Status: v1alpha1.VirtualMachineInstanceStatus{VolumeStatus: []v1alpha1.VolumeStatus{
+			{Name: "raw", PersistentVolumeClaimInfo: &v1alpha1.PersistentVolumeClaimInfo{ClaimName: "c-raw", VolumeMode: &block}},
+			{Name: "files", PersistentVolumeClaimInfo: &v1alpha1.PersistentVolumeClaimInfo{ClaimName: "c-files"}},
+		}},
+	}
+	pod, err := NewLauncherPod(vmi, PodOptions{Image: "launcher", Acceleration: "tcg"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pod.Spec.Containers[0]
+	want := []corev1.VolumeDevice{{Name: PodVolumePrefix + "raw", DevicePath: launcher.ClaimDevicesDir + "/raw"}}
+	if !reflect.DeepEqual(c.VolumeDevices, want) {
+		t.Errorf("volumeDevices = %+v, want %+v", c.VolumeDevices, want)
+	}
+	for _, m := range c.VolumeMounts {
+		if m.Name == PodVolumePrefix+"raw" {
+			t.Errorf("the Block claim is also mounted: %+v", m)
+		}
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == PodVolumePrefix+"files" && m.MountPath == launcher.ClaimsDir+"/files"
+	}) {
+		t.Errorf("the file-system claim is not mounted at %s/files: %+v", launcher.ClaimsDir, c.VolumeMounts)
 	}
 }
 

@@ -6,12 +6,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	diskfs "github.com/diskfs/go-diskfs"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
 func write(t *testing.T, path, data string) {
@@ -215,5 +219,39 @@ func TestSecretUserDataTakesKubeVirtsKeys(t *testing.T) {
 	}
 	if _, err := secretUserData(none); err == nil || !strings.Contains(err.Error(), `none of the keys ["userdata" "userData"]`) {
 		t.Errorf("a Secret without the key: %v, want an error naming the keys", err)
+	}
+}
+
+// TestABlockClaimIsTheDeviceTheKubeletGave: a Block claim's disk is the device at its path, raw
+// and shared when ReadWriteMany; anything but a block device there is refused.
+func TestABlockClaimIsTheDeviceTheKubeletGave(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("making a device node needs root (the README's prerequisites)")
+	}
+	block := corev1.PersistentVolumeBlock
+	spec := v1alpha1.VirtualMachineInstanceSpec{
+		Disks:   []v1alpha1.Disk{{Name: "raw"}},
+		Volumes: []v1alpha1.Volume{{Name: "raw", PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimSource{ClaimName: "c"}}},
+	}
+	claims := []v1alpha1.VolumeStatus{{Name: "raw", PersistentVolumeClaimInfo: &v1alpha1.PersistentVolumeClaimInfo{
+		ClaimName: "c", VolumeMode: &block, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}}}}
+	dirs := Dirs{ClaimDevices: t.TempDir()}
+	device := filepath.Join(dirs.ClaimDevices, "raw")
+	// The first loop device's numbers (7, 0); the node is never opened here.
+	if err := unix.Mknod(device, unix.S_IFBLK|0o600, int(unix.Mkdev(7, 0))); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Prepare(t.Context(), spec, claims, Identity{}, dirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []domain.Disk{{Path: device, Format: "raw", Block: true, Shared: true}}; !reflect.DeepEqual(got.Disks, want) {
+		t.Errorf("disks = %+v, want %+v", got.Disks, want)
+	}
+
+	dirs.ClaimDevices = t.TempDir()
+	write(t, filepath.Join(dirs.ClaimDevices, "raw"), "a file, not a device")
+	if _, err := Prepare(t.Context(), spec, claims, Identity{}, dirs); err == nil || !strings.Contains(err.Error(), "is not a block device") {
+		t.Errorf("a file where the device should be: %v; want it refused", err)
 	}
 }

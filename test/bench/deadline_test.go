@@ -378,6 +378,7 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 		if !errors.Is(err, context.Canceled) {
 			b.Logf("the migration failed: %v", err)
 		}
+		o.guestAfterward = "not moved"
 		return o
 	}
 	if s, err := p.Dst.Conn.CompletedJobStats(name); err == nil {

@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +16,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/images"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
@@ -24,8 +29,40 @@ import (
 // shared storage (an NFS export, a Ceph volume) on one machine.
 func createClaim(t *testing.T, ns, name string, mode corev1.PersistentVolumeAccessMode) {
 	t.Helper()
+	createClaimOf(t, ns, name, mode, corev1.PersistentVolumeFilesystem, corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: vmDir(t)}}, nil)
+}
+
+// createBlockClaim makes a Block-mode claim in ns, bound to a PersistentVolume that is a loop
+// device of this machine (on a 64 MiB file starting with the test disk's label), which every
+// emulated node sees: shared block storage (a SAN LUN, an RBD image) on one machine.
+func createBlockClaim(t *testing.T, ns, name string, mode corev1.PersistentVolumeAccessMode) {
+	t.Helper()
+	backing := filepath.Join(t.TempDir(), "lun.img")
+	if err := os.WriteFile(backing, []byte(images.GuestDiskLabel), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(backing, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", backing).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v: %s", err, out)
+	}
+	device := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "--detach", device).Run() })
+	// A local volume must name its nodes: every node of the cluster, as shared storage would.
+	anyNode := &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+		MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpExists}},
+	}}}}
+	createClaimOf(t, ns, name, mode, corev1.PersistentVolumeBlock, corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: device}}, anyNode)
+}
+
+// createClaimOf makes a PersistentVolume of source and a claim in ns bound to it, with one access
+// mode and the volume mode.
+func createClaimOf(t *testing.T, ns, name string, mode corev1.PersistentVolumeAccessMode, volumeMode corev1.PersistentVolumeMode,
+	source corev1.PersistentVolumeSource, affinity *corev1.VolumeNodeAffinity) {
+	t.Helper()
 	ctx := context.Background()
-	dir := vmDir(t)
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{Name: ns + "-" + name},
 		Spec: corev1.PersistentVolumeSpec{
@@ -33,7 +70,9 @@ func createClaim(t *testing.T, ns, name string, mode corev1.PersistentVolumeAcce
 			AccessModes:                   []corev1.PersistentVolumeAccessMode{mode},
 			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
 			StorageClassName:              "manual",
-			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}},
+			VolumeMode:                    &volumeMode,
+			PersistentVolumeSource:        source,
+			NodeAffinity:                  affinity,
 			ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: name},
 		},
 	}
@@ -48,6 +87,7 @@ func createClaim(t *testing.T, ns, name string, mode corev1.PersistentVolumeAcce
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{mode},
 			StorageClassName: ptr.To("manual"),
+			VolumeMode:       &volumeMode,
 			VolumeName:       pv.Name,
 			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("64Mi")}},
 		},
@@ -100,6 +140,43 @@ func TestAVMOnASharedClaimWaitsForItThenMovesWithIt(t *testing.T) {
 	}
 	source := nodeOf(t, nodes, v)
 	before := waitJournal(t, source.consolePath(v), 0, bootTimeout)
+
+	evict(t, source, v)
+	moved := waitVMI(t, ns, v.Name, grace*time.Second, "the VM on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.NodeName != "" && v.Status.NodeName != source.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
+	})
+	waitJournal(t, nodeOf(t, nodes, moved).consolePath(moved), before, 30*time.Second)
+}
+
+// TestAVMOnASharedBlockClaimMovesWithIt: a ReadWriteMany Block claim is the VM's disk itself (a
+// device in the launcher pod, owned by its unprivileged user); the guest keeps its journal there,
+// and a node-pressure eviction live-migrates it with the disk staying where it is.
+func TestAVMOnASharedBlockClaimMovesWithIt(t *testing.T) {
+	const grace = 60
+	setConfig(t, true)
+	startController(t)
+	nodes := startNodes(t, 2, func(c *node.Config) { c.EvictionMaxPodGracePeriod = grace })
+	ns := testNamespace(t)
+	createBlockClaim(t, ns, "lun", corev1.ReadWriteMany)
+	v := createVMI(t, ns, newVMI("block", withClaimDisk("lun"), strategy(v1alpha1.EvictionStrategyLiveMigrate),
+		func(v *v1alpha1.VirtualMachineInstance) { v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](grace) }))
+	v = waitVMI(t, ns, v.Name, bootTimeout, "Running and LiveMigratable", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return running(v) && meta.IsStatusConditionTrue(v.Status.Conditions, v1alpha1.VMIConditionLiveMigratable)
+	})
+	if !v1alpha1.BlockClaim(v.Status.VolumeStatus, "data") {
+		t.Errorf("status.volumeStatus %+v: want the claim recorded as Block", v.Status.VolumeStatus)
+	}
+	pod := launcherPod(t, v)
+	if devices := pod.Spec.Containers[0].VolumeDevices; len(devices) != 1 || devices[0].DevicePath != launcher.ClaimDevicesDir+"/data" {
+		t.Errorf("the launcher's volumeDevices are %+v, want the claim at %s/data", devices, launcher.ClaimDevicesDir)
+	}
+	source := nodeOf(t, nodes, v)
+	before := waitJournal(t, source.consolePath(v), 0, bootTimeout)
+	// Printed at boot, before the journal.
+	console, err := os.ReadFile(source.consolePath(v))
+	if err != nil || !guest.HasLine(string(console), protocol.Disk("vda", images.GuestDiskLabel)) {
+		t.Errorf("the guest does not see the block device's label (%v):\n%s", err, console)
+	}
 
 	evict(t, source, v)
 	moved := waitVMI(t, ns, v.Name, grace*time.Second, "the VM on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {

@@ -2,16 +2,21 @@ package e2e
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	lifecyclev1alpha1 "k8s.io/api/lifecycle/v1alpha1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/responder"
+	"github.com/lifeboat-vm/lifeboat/test/evictionrequest"
 )
 
 func newVM(name string, strategy v1alpha1.RunStrategy) *v1alpha1.VirtualMachine {
@@ -230,4 +235,56 @@ func TestAControllerKilledMidRestartRestartsTheVMOnce(t *testing.T) {
 	if len(seen) != 1 || v.Status.InstanceName != vm.Name {
 		t.Errorf("instances after the first: %v, want only %s; VM status %+v", seen, again.UID, v.Status)
 	}
+}
+
+// Seed 000's None row through the EvictionRequest API: lifeboat, the pod's first responder,
+// declines (it does not move None VMs) and completes at once, naming the next step; the
+// evictionrequest controller's imperative eviction then evicts the pod, the guest shuts down,
+// and Always starts the VM again, on another node, since its node is cordoned.
+func TestEvictionRequestedNoneVMStartsAgainOnAnotherNode(t *testing.T) {
+	setConfig(t, false)
+	startControllerWithWebhook(t)
+	startNodes(t, 2)
+	ns := testNamespace(t)
+	vm := newVM("requested", v1alpha1.RunStrategyAlways)
+	if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(ns).Create(context.Background(), vm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	first := waitVMI(t, ns, vm.Name, bootTimeout, "Running", running)
+	setUnschedulable(t, first.Status.NodeName, true)
+	t.Cleanup(func() { setUnschedulable(t, first.Status.NodeName, false) })
+
+	ctx := context.Background()
+	pod := launcherPod(t, first)
+	erc, err := evictionrequest.Request(ctx, cluster.Kube, pod, requester)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := erc.Wait(ctx, time.Minute, "lifeboat's completionTime", func(ev *lifecyclev1alpha1.Eviction) bool { return responder.Entry(ev).CompletionTime != nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg := ptr.Deref(responder.Entry(ev).Message, ""); !strings.Contains(msg, "eviction strategy None") || !strings.Contains(msg, "the next responder evicts pod "+pod.Name) {
+		t.Errorf("lifeboat's completion message %q: want it to say it does not move a None VM and what comes next", msg)
+	}
+	if migrations, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).List(ctx, metav1.ListOptions{}); err != nil || len(migrations.Items) != 0 {
+		t.Errorf("a None VM is never migrated: %v, %d migrations", err, len(migrations.Items))
+	}
+	next, err := erc.Advance(ctx)
+	if err != nil || next != lifecyclev1alpha1.EvictionResponderImperativeEviction {
+		t.Fatalf("after lifeboat completed, the next responder must be the imperative eviction: %q, %v", next, err)
+	}
+	// The imperative eviction is the eviction API, which the evictionrequest controller calls.
+	if code, msg := evictPod(t, pod, false); code != 201 {
+		t.Fatalf("the imperative eviction of the None VM's pod: %d %s; want it granted", code, msg)
+	}
+	again := waitVMI(t, ns, vm.Name, 2*bootTimeout, "a new instance running", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.UID != first.UID && running(v)
+	})
+	if again.Status.NodeName == first.Status.NodeName {
+		t.Errorf("the VM started again on its cordoned node %s", again.Status.NodeName)
+	}
+	waitVM(t, ns, vm.Name, 30*time.Second, "Running with one restart", func(v *v1alpha1.VirtualMachine) bool {
+		return v.Status.PrintableStatus == v1alpha1.PrintableStatusRunning && v.Status.Restarts == 1
+	})
 }

@@ -17,6 +17,8 @@ type shimDevice struct {
 	Path  string `json:"path"`
 	Major uint32 `json:"major"`
 	Minor uint32 `json:"minor"`
+	// Block is a block device (a Block-mode claim's volumeDevice); otherwise a character device.
+	Block bool `json:"block,omitempty"`
 }
 
 // containerDevices are the devices of the extended resources c asks for that the node has
@@ -46,6 +48,27 @@ func containerDevices(devices map[corev1.ResourceName]string, c *corev1.Containe
 	return out, nil
 }
 
+// claimDevices are the block devices of c's volumeDevices, at their devicePath: the devices of
+// the claims' PersistentVolumes (prepareVolumes resolved them), as the kubelet maps Block volumes.
+func claimDevices(l layout, pod *corev1.Pod, c *corev1.Container) ([]shimDevice, error) {
+	var out []shimDevice
+	for _, d := range c.VolumeDevices {
+		source := l.api.known(pod, d.Name)
+		if source == "" {
+			return nil, fmt.Errorf("volumeDevice %q: no Block persistentVolumeClaim volume of that name was prepared", d.Name)
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(source, &st); err != nil {
+			return nil, fmt.Errorf("volumeDevice %q: %w", d.Name, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+			return nil, fmt.Errorf("volumeDevice %q: %s is not a block device", d.Name, source)
+		}
+		out = append(out, shimDevice{Path: d.DevicePath, Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev), Block: true})
+	}
+	return out, nil
+}
+
 // makeDevices makes each device in a tmpfs mounted at staging (a directory of the pod's, seen
 // only in the container's mount namespace) and binds it at its path, owned by the container's
 // user, read-write for it and its group only.
@@ -61,7 +84,11 @@ func makeDevices(devices []shimDevice, staging string, user credentials) error {
 	}
 	for i, d := range devices {
 		node := filepath.Join(staging, fmt.Sprint(i))
-		if err := unix.Mknod(node, unix.S_IFCHR|0o660, int(unix.Mkdev(d.Major, d.Minor))); err != nil {
+		kind := uint32(unix.S_IFCHR)
+		if d.Block {
+			kind = unix.S_IFBLK
+		}
+		if err := unix.Mknod(node, kind|0o660, int(unix.Mkdev(d.Major, d.Minor))); err != nil {
 			return fmt.Errorf("making %s: %w", d.Path, err)
 		}
 		if err := os.Chown(node, int(user.UID), int(user.GID)); err != nil {

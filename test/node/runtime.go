@@ -256,6 +256,11 @@ func (r *podRuntime) exec(pod *corev1.Pod, c *corev1.Container, env []string, mo
 	if err != nil {
 		return nil, err
 	}
+	blocks, err := claimDevices(r.layout, pod, c)
+	if err != nil {
+		return nil, err
+	}
+	devices = append(devices, blocks...)
 	spec := shimSpec{Path: path, Args: args, Env: env, Dir: cmp.Or(c.WorkingDir, "/"), Mounts: mounts, User: user, Devices: devices, NetNS: netns,
 		DeviceDir: filepath.Join(r.layout.podDir(pod.UID), "devices", c.Name)}
 	return startProcess(spec, r.layout.logPath(pod.Namespace, pod.Name, pod.UID, c.Name, restartCount))

@@ -103,6 +103,15 @@ func prepareVolumes(l layout, pod *corev1.Pod, c *corev1.Container) error {
 			return fmt.Errorf("volume %q: %w", v.Name, err)
 		}
 	}
+	for _, d := range c.VolumeDevices {
+		i := slices.IndexFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == d.Name })
+		if i < 0 || pod.Spec.Volumes[i].PersistentVolumeClaim == nil {
+			return fmt.Errorf("volumeDevice %q: want a persistentVolumeClaim volume of that name", d.Name)
+		}
+		if err := l.api.resolve(pod, &pod.Spec.Volumes[i]); err != nil {
+			return fmt.Errorf("volume %q: %w", d.Name, err)
+		}
+	}
 	return nil
 }
 

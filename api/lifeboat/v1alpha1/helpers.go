@@ -75,3 +75,10 @@ func ReadWriteMany(statuses []VolumeStatus, volume string) (recorded, rwx bool) 
 	info := ClaimInfo(statuses, volume)
 	return info != nil, info != nil && slices.Contains(info.AccessModes, corev1.ReadWriteMany)
 }
+
+// BlockClaim reports whether statuses record volume's claim as a Block volume: the claim is the
+// disk itself, a device in the launcher pod, rather than a file system holding a disk.img.
+func BlockClaim(statuses []VolumeStatus, volume string) bool {
+	info := ClaimInfo(statuses, volume)
+	return info != nil && info.VolumeMode != nil && *info.VolumeMode == corev1.PersistentVolumeBlock
+}
