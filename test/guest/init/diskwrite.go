@@ -70,8 +70,8 @@ func (w *diskWriter) run(con *console, dev string, rate int64) {
 			if block == blocks-1 {
 				now := time.Now()
 				if !failed {
-					rate := float64(blocks*protocol.DiskBlock) / now.Sub(passStart).Seconds()
-					con.println(protocol.DiskPass(dev, int(pass), int64(rate)))
+					achieved := float64(blocks*protocol.DiskBlock) / now.Sub(passStart).Seconds()
+					con.println(protocol.DiskPass(dev, int(pass), int64(achieved)))
 				}
 				passStart = now
 			}
