@@ -56,11 +56,10 @@ func TestNewLauncherPod(t *testing.T) {
 		t.Errorf("restart policy = %s: a launcher must never be restarted under a running guest", pod.Spec.RestartPolicy)
 	}
 	c := pod.Spec.Containers[0]
-	wantMem := resource.MustParse("1Gi")
-	wantMem.Add(resource.MustParse("160Mi"))
-	wantMem.Add(*resource.NewQuantity(1<<30*2/100, resource.BinarySI))
+	// 1 GiB of guest, 172 MiB fixed, 8 MiB for each of 2 vCPUs, 2 MiB of page tables per GiB.
+	wantMem := resource.MustParse("1214Mi")
 	if got := c.Resources.Requests[corev1.ResourceMemory]; got.Cmp(wantMem) != 0 {
-		t.Errorf("memory request = %s, want %s (guest + 160Mi + 2%%)", got.String(), wantMem.String())
+		t.Errorf("memory request = %s, want %s (guest + 172Mi + 8Mi per vCPU + guest/512)", got.String(), wantMem.String())
 	}
 	if got := c.Resources.Requests[corev1.ResourceCPU]; got.MilliValue() != 200 {
 		t.Errorf("cpu request = %s, want 200m for 2 vCPUs", got.String())

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -51,13 +52,9 @@ func BenchmarkDensity(b *testing.B) {
 			var launcher, libvirtd, qemu, total, pss []float64
 			for b.Loop() {
 				for _, v := range vmis {
-					pod := launcherPod(b, v)
-					l := processMem(b, podProcess(pod, "lifeboat-launcher"))
-					d := processMem(b, podProcess(pod, "libvirtd"))
-					qp := qemuPID(b, v)
-					q, guest := processMem(b, qp), guestMem(b, qp, v.Spec.Memory)
-					launcher, libvirtd, qemu = append(launcher, l.rss), append(libvirtd, d.rss), append(qemu, q.rss-guest.rss)
-					total, pss = append(total, l.rss+d.rss+q.rss-guest.rss), append(pss, l.pss+d.pss+q.pss-guest.pss)
+					o := measureOverhead(b, v)
+					launcher, libvirtd, qemu = append(launcher, o.launcher.rss), append(libvirtd, o.libvirtd.rss), append(qemu, o.qemu.rss)
+					total, pss = append(total, o.total().rss), append(pss, o.total().pss)
 				}
 			}
 			b.ReportMetric(median(launcher), "launcher-MiB/VM")
@@ -66,6 +63,27 @@ func BenchmarkDensity(b *testing.B) {
 			b.ReportMetric(median(total), "overhead-MiB/VM")
 			b.ReportMetric(median(pss), "overhead-PSS-MiB/VM")
 		})
+	}
+}
+
+// overhead is what a VM's pod holds besides the guest's RAM: its launcher, its libvirtd, and QEMU
+// less the guest RAM it touched (QEMU's RSS minus the RSS of its guest RAM mapping).
+type overhead struct{ launcher, libvirtd, qemu mem }
+
+func (o overhead) total() mem {
+	return mem{o.launcher.rss + o.libvirtd.rss + o.qemu.rss, o.launcher.pss + o.libvirtd.pss + o.qemu.pss}
+}
+
+// measureOverhead reads the overhead of v's pod from /proc.
+func measureOverhead(b testing.TB, v *v1alpha1.VirtualMachineInstance) overhead {
+	b.Helper()
+	pod := launcherPod(b, v)
+	qp := qemuPID(b, v)
+	q, guest := processMem(b, qp), guestMem(b, qp, v.Spec.Memory)
+	return overhead{
+		launcher: processMem(b, podProcess(pod, "lifeboat-launcher")),
+		libvirtd: processMem(b, podProcess(pod, "libvirtd")),
+		qemu:     mem{q.rss - guest.rss, q.pss - guest.pss},
 	}
 }
 
@@ -176,4 +194,43 @@ func median(xs []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// TestTheLauncherPodAsksForWhatItUses: the launcher pod's memory request is the guest's memory
+// plus an overhead computed per term (fixed, per vCPU, per GiB of guest memory: vmi.MemoryRequest),
+// and that overhead covers what the pod really holds besides the guest's RAM, measured as
+// BenchmarkDensity measures it (RSS of the launcher, its libvirtd, and QEMU less its guest RAM),
+// with at most overheadMargin to spare: the kubelet's eviction manager ranks pods by their usage
+// above their requests, so a request below the truth makes a VM the first pod evicted, and one far
+// above it wastes the node. Three VMs, so that each term is exercised: 1 and 2 vCPUs at 256 MiB,
+// and 1 vCPU at 1 GiB.
+func TestTheLauncherPodAsksForWhatItUses(t *testing.T) {
+	const overheadMargin = 24.0 // MiB
+	setConfig(t, false)
+	startController(t)
+	n := startNodes(t, 1)[0]
+	ns := testNamespace(t)
+	shapes := []struct {
+		cpus   int32
+		memory string
+	}{{1, "256Mi"}, {2, "256Mi"}, {1, "1Gi"}}
+	vmis := make([]*v1alpha1.VirtualMachineInstance, len(shapes))
+	for i, s := range shapes {
+		vmis[i] = createVMI(t, ns, newVMI(fmt.Sprintf("sized-%d", i), func(v *v1alpha1.VirtualMachineInstance) {
+			v.Spec.CPUs, v.Spec.Memory = s.cpus, resource.MustParse(s.memory)
+		}))
+	}
+	for i, v := range vmis {
+		v = waitVMI(t, ns, v.Name, 2*bootTimeout, "phase Running", running)
+		waitCounterPast(t, n.consolePath(v), 1, 2*bootTimeout)
+		used := measureOverhead(t, v).total().rss
+		request := launcherPod(t, v).Spec.Containers[0].Resources.Requests[corev1.ResourceMemory]
+		asked := float64(request.Value()-v.Spec.Memory.Value()) / (1 << 20)
+		t.Logf("%d vCPU, %s: the pod asks for %.1f MiB beyond the guest's memory and holds %.1f MiB (launcher, libvirtd, QEMU less guest RAM)",
+			shapes[i].cpus, shapes[i].memory, asked, used)
+		if asked < used || asked > used+overheadMargin {
+			t.Errorf("%d vCPU, %s: the pod asks for %.1f MiB beyond the guest's memory, holds %.1f MiB; want between what it holds and %.0f MiB more",
+				shapes[i].cpus, shapes[i].memory, asked, used, overheadMargin)
+		}
+	}
 }
