@@ -259,21 +259,3 @@ func (c *Conn) Resume(name string) error {
 	}
 	return nil
 }
-
-// SetMaxDowntime sets how long the named domain's migration may pause the guest for the
-// final copy. A longer downtime lets a migration finish whose guest dirties memory nearly
-// as fast as it is sent, without post-copy or pausing.
-func (c *Conn) SetMaxDowntime(name string, downtime time.Duration) error {
-	if downtime < time.Millisecond {
-		return fmt.Errorf("setting the maximum migration downtime of domain %q: %s is less than libvirt's unit, a millisecond", name, downtime)
-	}
-	dom, err := c.lookup(name)
-	if err != nil {
-		return err
-	}
-	defer dom.Free()
-	if err := dom.MigrateSetMaxDowntime(uint64(downtime.Milliseconds()), 0); err != nil {
-		return fmt.Errorf("setting the maximum migration downtime of domain %q to %s: %w", name, downtime, err)
-	}
-	return nil
-}
