@@ -88,15 +88,15 @@ func Prepare(ctx context.Context, spec v1alpha1.VirtualMachineInstanceSpec, clai
 
 func prepareVolume(ctx context.Context, v v1alpha1.Volume, claims []v1alpha1.VolumeStatus, id Identity, dirs Dirs) (domain.Disk, error) {
 	switch {
-	case v.PersistentVolumeClaim != nil && v1alpha1.BlockClaim(claims, v.Name):
-		_, shared := v1alpha1.ReadWriteMany(claims, v.Name)
-		device := filepath.Join(dirs.ClaimDevices, v.Name)
-		if err := isBlockDevice(device); err != nil {
-			return domain.Disk{}, fmt.Errorf("persistentVolumeClaim %q: %w", v.PersistentVolumeClaim.ClaimName, err)
-		}
-		return domain.Disk{Path: device, Format: "raw", Block: true, Shared: shared}, nil
 	case v.PersistentVolumeClaim != nil:
 		_, shared := v1alpha1.ReadWriteMany(claims, v.Name)
+		if v1alpha1.BlockClaim(claims, v.Name) {
+			device := filepath.Join(dirs.ClaimDevices, v.Name)
+			if err := isBlockDevice(device); err != nil {
+				return domain.Disk{}, fmt.Errorf("persistentVolumeClaim %q: %w", v.PersistentVolumeClaim.ClaimName, err)
+			}
+			return domain.Disk{Path: device, Format: "raw", Block: true, Shared: shared}, nil
+		}
 		var capacity int64
 		if info := v1alpha1.ClaimInfo(claims, v.Name); info != nil {
 			capacity = info.Capacity.Storage().Value()
@@ -226,9 +226,6 @@ func qemuImg(ctx context.Context, args ...string) ([]byte, error) {
 // fill it (KubeVirt's default, 5.5%): the file system's own structures need room.
 const fileSystemOverhead = 0.055
 
-// ensureClaimDisk makes disk.img on a claim that has none: a sparse raw image filling the claim
-// (its capacity, or its file system where that is smaller or the capacity unknown), less the
-// file system's overhead, in whole MiB. An existing one is the user's data and is kept as it is.
 // isBlockDevice checks that the kubelet gave the pod a block device at path for a Block claim.
 func isBlockDevice(path string) error {
 	info, err := os.Stat(path)
@@ -241,6 +238,9 @@ func isBlockDevice(path string) error {
 	return nil
 }
 
+// ensureClaimDisk makes disk.img on a claim that has none: a sparse raw image filling the claim
+// (its capacity, or its file system where that is smaller or the capacity unknown), less the
+// file system's overhead, in whole MiB. An existing one is the user's data and is kept as it is.
 func ensureClaimDisk(path string, capacity int64) error {
 	// Not followed: whoever else mounts the claim could make disk.img a symlink to a file of the
 	// launcher's (another VM's socket, the node's run directory) or a device node.

@@ -226,7 +226,7 @@ func TestSecretUserDataTakesKubeVirtsKeys(t *testing.T) {
 // and shared when ReadWriteMany; anything but a block device there is refused.
 func TestABlockClaimIsTheDeviceTheKubeletGave(t *testing.T) {
 	if os.Getuid() != 0 {
-		t.Skip("making a device node needs root (the README's prerequisites)")
+		t.Fatal("making a device node needs root (the README's prerequisites)")
 	}
 	block := corev1.PersistentVolumeBlock
 	spec := v1alpha1.VirtualMachineInstanceSpec{

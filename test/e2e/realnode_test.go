@@ -393,7 +393,7 @@ func TestRealNodePressureLiveMigratesTheVM(t *testing.T) {
 	t.Logf("migrated from %s to %s %s after the eviction (mode %s)", real.Name(), target.Name(),
 		time.Since(evicted).Round(time.Second), moved.Status.MigrationState.Mode)
 	waitCounterPast(t, target.consolePath(moved), before+2, 30*time.Second)
-	journalIntact(t, target.consolePath(moved), before)
+	waitJournal(t, target.consolePath(moved), before, 30*time.Second)
 	if s := moved.Status.MigrationState; s.Cause != v1alpha1.MigrationCauseNodePressure || s.SourceNode != real.Name() {
 		t.Errorf("migration state %+v: want cause NodePressure from %s", s, real.Name())
 	}

@@ -64,7 +64,7 @@ func cloudMmdebstrapArgs(out string) []string {
 		`--customize-hook=chroot "$1" grub-mkimage -O i386-pc -o ` + cloudCoreImage + ` -p "(hd0,msdos1)/boot/grub" biosdisk part_msdos ext2`,
 		`--customize-hook=echo debian > "$1"/etc/hostname`,
 		`--customize-hook=rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*`,
-		suite, out, mirror, "deb " + strings.Replace(mirror, "/debian", "/debian-security", 1) + " " + suite + "-security main",
+		suite, out, mirror, securitySource,
 	}
 }
 
@@ -181,6 +181,7 @@ func assembleDisk(ctx context.Context, progress io.Writer, root, raw string) err
 	return f.Close()
 }
 
+// run runs a build step with its output to progress and timestamps fixed (SOURCE_DATE_EPOCH).
 func run(ctx context.Context, progress io.Writer, name string, args ...string) error {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+sourceDateEpoch)

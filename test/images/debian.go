@@ -51,9 +51,12 @@ func mmdebstrapArgs(out string) []string {
 		fmt.Sprintf(`--customize-hook=chroot "$1" useradd --non-unique --uid %d --gid %d --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin lifeboat-launcher`, launcher.UID, launcher.GID),
 		// Logs and caches of the build itself (apt, dpkg) are not part of the image.
 		`--customize-hook=rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*`,
-		suite, out, mirror, "deb " + strings.Replace(mirror, "/debian", "/debian-security", 1) + " " + suite + "-security main",
+		suite, out, mirror, securitySource,
 	}
 }
+
+// securitySource is the apt source of Debian's security updates, besides the mirror.
+var securitySource = "deb " + strings.Replace(mirror, "/debian", "/debian-security", 1) + " " + suite + "-security main"
 
 // DebianRootfs returns the path of the Debian rootfs tarball, building it with mmdebstrap
 // (Debian package mmdebstrap) the first time, then from the cache: $LIFEBOAT_CACHE/images/.
@@ -80,12 +83,9 @@ func DebianRootfs(ctx context.Context, progress io.Writer) (string, error) {
 	}
 	fmt.Fprintf(progress, "building the images' Debian %s rootfs with mmdebstrap (%s) into %s\n", suite, strings.Join(debianPackages, " "), path)
 	tmp := path + ".tmp"
-	cmd := exec.CommandContext(ctx, "mmdebstrap", mmdebstrapArgs(tmp)...)
-	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+sourceDateEpoch)
-	cmd.Stdout, cmd.Stderr = progress, progress
-	if err := cmd.Run(); err != nil {
+	if err := run(ctx, progress, "mmdebstrap", mmdebstrapArgs(tmp)...); err != nil {
 		_ = os.Remove(tmp)
-		return "", fmt.Errorf("mmdebstrap: %w", err)
+		return "", err
 	}
 	return path, os.Rename(tmp, path)
 }
