@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -316,8 +317,8 @@ func TestExamples(t *testing.T) {
 		privileged := source.DeepCopy()
 		privileged.Name = "privileged"
 		privileged.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
-		if _, err := cluster.Kube.CoreV1().Pods(ns.Name).Create(context.Background(), privileged, dryRun); !apierrors.IsForbidden(err) {
-			t.Errorf("a privileged launcher pod in the restricted namespace: %v, want Forbidden", err)
+		if _, err := cluster.Kube.CoreV1().Pods(ns.Name).Create(context.Background(), privileged, dryRun); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `violates PodSecurity "restricted`) {
+			t.Errorf("a privileged launcher pod in the restricted namespace: %v, want it refused by Pod Security restricted", err)
 		}
 	})
 

@@ -79,7 +79,7 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 		return err
 	}
 	mark := func(v *v1alpha1.VirtualMachineInstance) { v.Status.EvacuationNodeName = v.Status.NodeName }
-	waitEnforced(t, "node B's agent marking node A's VMI", func(ctx context.Context) error { return writeVMI(agentB, true, mark) })
+	waitEnforced(t, "node B's agent marking node A's VMI", "the agent of node restrict-b may not write VMI vm", func(ctx context.Context) error { return writeVMI(agentB, true, mark) })
 
 	if err := writeVMI(agentA, false, mark); err != nil {
 		t.Errorf("node A's agent marking its own VMI: %v", err)
@@ -146,7 +146,7 @@ func TestTheControllerCreatesOnlyLauncherPods(t *testing.T) {
 		return err
 	}
 	tokenPod := launcherPod(func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = nil })
-	waitEnforced(t, "a pod with a service account token", func(ctx context.Context) error { return create(ctx, tokenPod, true) })
+	waitEnforced(t, "a pod with a service account token", "carries no service account token", func(ctx context.Context) error { return create(ctx, tokenPod, true) })
 
 	if err := create(ctx, launcherPod(func(*corev1.Pod) {}), false); err != nil {
 		t.Errorf("the controller creating a launcher pod: %v", err)
@@ -199,7 +199,7 @@ func TestAnAgentChangesOnlyItsNodesReliefLabel(t *testing.T) {
 	label := func(key string, value any) map[string]any {
 		return map[string]any{"metadata": map[string]any{"labels": map[string]any{key: value}}}
 	}
-	waitEnforced(t, "node A's agent labelling node B", func(context.Context) error {
+	waitEnforced(t, "node A's agent labelling node B", "the agent of node relief-a may not write node relief-b", func(context.Context) error {
 		return patch(agentA, nodeB.Name, label(v1alpha1.LabelMemoryPressureRelief, "true"), true)
 	})
 
