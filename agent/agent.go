@@ -98,9 +98,8 @@ type Agent struct {
 	// migratedAway holds, by VMI UID, when a launcher reported its guest left by migration; it is
 	// forgotten a while after the launcher's directory goes.
 	migratedAway sync.Map
-	// reportsEnded holds, by VMI UID, when a launcher's notify connection last ended: nothing it
-	// reported before is still unread then.
-	reportsEnded sync.Map
+	// notifyConns says whether a launcher's reports have all been read.
+	notifyConns *notifyConns
 	// relieving is the node's LabelMemoryPressureRelief as this agent last set it; nil until it has.
 	// Only the relief goroutine uses it.
 	relieving *bool
@@ -129,7 +128,7 @@ func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.Virtual
 	a := &Agent{
 		cfg: cfg, lifeboat: lb, informer: vmis.Informer(),
 		queue:     workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "agent"}),
-		launchers: map[string]*launcher{},
+		launchers: map[string]*launcher{}, notifyConns: newNotifyConns(),
 	}
 	if err := a.informer.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
 		return []string{string(obj.(metav1.Object).GetUID())}, nil
@@ -214,15 +213,25 @@ func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 	if m.Kind == notify.KindDomainGone && m.Reason == notify.ReasonMigrated {
 		a.migratedAway.Store(m.VMI.UID, m.Time)
 	}
+	if m.Kind == notify.KindHello {
+		a.notifyConns.opened(m.VMI.UID)
+	}
 	if m.Kind == notify.KindGracefulShutdown {
 		a.signalled.Store(m.VMI.UID, &signal{at: m.Time, deadline: m.Time.Add(time.Duration(m.PodGracePeriodSeconds) * time.Second)})
 	}
 	a.queue.Add(m.VMI.UID)
 }
 
+// migratedAwaySince reports whether the VMI's launcher said its guest left by migration at or
+// after start.
+func (a *Agent) migratedAwaySince(uid string, start time.Time) bool {
+	at, ok := a.migratedAway.Load(uid)
+	return ok && !at.(time.Time).Before(start)
+}
+
 // HandleNotifyEnd is the notify server's end handler: the launcher's reports have all been read.
 func (a *Agent) HandleNotifyEnd(vmiUID string) {
-	a.reportsEnded.Store(vmiUID, time.Now())
+	a.notifyConns.ended(vmiUID)
 }
 
 // Run discovers launchers and reconciles until ctx ends.
@@ -259,12 +268,13 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 		case uid := <-gone:
 			a.forget(uid)
 			a.signalled.Delete(uid)
-			a.reportsEnded.Delete(uid)
-			// A migration that just ended may still read the launcher's last report
+			// A migration that just ended may still read what the launcher last reported
 			// (leftByMigration waits launcherReportWait for it): forget it after that.
-			if at, ok := a.migratedAway.Load(uid); ok {
-				time.AfterFunc(2*launcherReportWait, func() { a.migratedAway.CompareAndDelete(uid, at) })
-			}
+			at, _ := a.migratedAway.Load(uid)
+			time.AfterFunc(2*launcherReportWait, func() {
+				a.migratedAway.CompareAndDelete(uid, at)
+				a.notifyConns.forget(uid)
+			})
 		}
 	}
 }

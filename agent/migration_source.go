@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -176,22 +175,19 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 
 // leftByMigration waits briefly for the source launcher's last report and tells whether it said
 // its guest left by migration since start. The wait ends early when the launcher's notify
-// connection has ended since start without that report: a launcher killed mid-migration (a hard
-// eviction) says nothing more, and its VM is recorded lost at once rather than after the wait.
+// connections have all ended without that report: a launcher killed mid-migration or just before
+// it (a hard eviction) says nothing more, and its VM is recorded lost at once rather than after
+// the wait.
 func (m *migrations) leftByMigration(uid string, start time.Time) bool {
-	since := func(store *sync.Map) bool {
-		at, ok := store.Load(uid)
-		return ok && !at.(time.Time).Before(start)
-	}
 	clk := m.a.cfg.Clock
 	timeout := clk.After(launcherReportWait)
 	tick := clk.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		switch {
-		case since(&m.a.migratedAway):
+		case m.a.migratedAwaySince(uid, start):
 			return true
-		case since(&m.a.reportsEnded):
+		case m.a.notifyConns.allRead(uid):
 			return false
 		}
 		select {
