@@ -119,14 +119,13 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	// The launcher's libvirt sees its directory at the path in the pod, not at the agent's.
 	podDir := contract.PodRunDir
 	destURI, migrateURI := domain.ProxiedURIs(podDir, mg.Session())
-	opts := domain.MigrateOptions{DestURI: destURI, MigrateURI: migrateURI, Bandwidth: bandwidth, AutoConverge: allowed.AutoConverge, AllowPostCopy: allowed.PostCopy}
+	opts := domain.MigrateOptions{DestURI: destURI, MigrateURI: migrateURI}
 	if CopiesDisks(vmi) {
-		// Synchronous writes: a guest writing its disk faster than the copy would otherwise keep
-		// the memory transfer from starting before any deadline (the deadline matrix's disk cells).
-		opts.DisksURI, opts.SynchronousDiskWrites = domain.ProxiedDisksURI(podDir), true
+		opts.DisksURI = domain.ProxiedDisksURI(podDir)
 	}
 	// NotMigratable let only ReadWriteMany claims through as disks that stay in place.
 	opts.SharedDisks = HasClaims(vmi)
+	opts = WithConvergence(opts, allowed, bandwidth)
 	clk := m.a.cfg.Clock
 	start := clk.Now()
 	var published time.Time
@@ -299,6 +298,17 @@ func (m *migrations) record(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *
 		return
 	}
 	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeWarning, "MigrationFailed", "%s; the guest keeps running on node %s", reason, mig.Status.SourceNode)
+}
+
+// WithConvergence is o with what the convergence policy sets on libvirt's migration: the
+// bandwidth cap, auto-converge and post-copy as allowed, and synchronous writes where disks are
+// copied (a guest writing its disk faster than the copy would otherwise keep the memory transfer
+// from starting before any deadline: the deadline matrix's disk cells). The agent and the
+// deadline matrix both migrate with it, so the matrix measures what the agent does.
+func WithConvergence(o domain.MigrateOptions, allowed Allowed, bandwidth uint64) domain.MigrateOptions {
+	o.Bandwidth, o.AutoConverge, o.AllowPostCopy = bandwidth, allowed.AutoConverge, allowed.PostCopy
+	o.SynchronousDiskWrites = o.DisksURI != ""
+	return o
 }
 
 // MigrationSettings are the LifeboatConfig's convergence switches and bandwidth cap, with the

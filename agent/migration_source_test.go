@@ -463,3 +463,28 @@ func TestRecentRatesMedian(t *testing.T) {
 		}
 	}
 }
+
+func TestWithConvergence(t *testing.T) {
+	base := domain.MigrateOptions{DestURI: "d", MigrateURI: "m"}
+	withDisks := base
+	withDisks.DisksURI = "n"
+	cases := []struct {
+		name      string
+		in        domain.MigrateOptions
+		allowed   Allowed
+		bandwidth uint64
+		want      domain.MigrateOptions
+	}{
+		{"defaults, no disks copied", base, Allowed{AutoConverge: true, Pause: true}, 0,
+			domain.MigrateOptions{DestURI: "d", MigrateURI: "m", AutoConverge: true}},
+		{"post-copy allowed and a cap", base, Allowed{PostCopy: true}, 64 << 20,
+			domain.MigrateOptions{DestURI: "d", MigrateURI: "m", AllowPostCopy: true, Bandwidth: 64 << 20}},
+		{"disks copied: their writes mirrored synchronously", withDisks, Allowed{AutoConverge: true}, 0,
+			domain.MigrateOptions{DestURI: "d", MigrateURI: "m", DisksURI: "n", AutoConverge: true, SynchronousDiskWrites: true}},
+	}
+	for _, tc := range cases {
+		if got := WithConvergence(tc.in, tc.allowed, tc.bandwidth); got != tc.want {
+			t.Errorf("%s: WithConvergence() = %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}

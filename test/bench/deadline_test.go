@@ -199,10 +199,7 @@ func lifeboatPolicy(grace time.Duration, postCopy bool) policy {
 		config.Spec.Migrations.BandwidthPerMigration = ptr.To(resource.MustParse(fmt.Sprintf("%dMi", matrixCap/mib)))
 		config.Spec.Migrations.AllowPostCopy = ptr.To(postCopy)
 		allowed, bandwidth := agent.MigrationSettings(config, nil)
-		c.Allowed, c.Options.Bandwidth = allowed, bandwidth
-		c.Options.AutoConverge, c.Options.AllowPostCopy = allowed.AutoConverge, allowed.PostCopy
-		// As the agent's runSource does: copied disks mirror the guest's writes synchronously.
-		c.Options.SynchronousDiskWrites = c.Options.DisksURI != ""
+		c.Allowed, c.Options = allowed, agent.WithConvergence(c.Options, allowed, bandwidth)
 		c.Deadline = start.Add(grace)
 	}
 }
