@@ -17,8 +17,12 @@ type XMLOptions struct {
 	// Acceleration is KVM or TCG; resolve Auto with ResolveAcceleration first.
 	Acceleration Acceleration
 	// ConsoleLog is the file the guest's serial console is written to. The agent and
-	// tests read the guest's output there; nothing else is attached to the console.
+	// tests read the guest's output there.
 	ConsoleLog string
+	// ConsoleSocket, if set, is a unix socket QEMU listens on for the serial console (one
+	// client at a time: `kubectl lifeboat console`); everything the guest prints still goes to
+	// ConsoleLog too, written by QEMU itself (the launcher's libvirt has no virtlogd).
+	ConsoleSocket string
 	// DiskFormat is the format of spec.boot.disk, "qcow2" or "raw". Empty means by the
 	// file's extension: .qcow2 is qcow2, anything else raw.
 	DiskFormat string
@@ -129,10 +133,7 @@ func DomainXML(vmi *v1alpha1.VirtualMachineInstance, opts XMLOptions) (string, e
 		OnReboot:   "restart",
 		OnCrash:    "destroy",
 		Devices: &libvirtxml.DomainDeviceList{
-			Serials: []libvirtxml.DomainSerial{{
-				Source: &libvirtxml.DomainChardevSource{File: &libvirtxml.DomainChardevSourceFile{Path: opts.ConsoleLog}},
-				Target: &libvirtxml.DomainSerialTarget{Port: &port},
-			}},
+			Serials: []libvirtxml.DomainSerial{serial(opts, port)},
 			// No balloon: lifeboat sizes guests by their pod's memory request, and every
 			// device is one more thing a migration must carry.
 			MemBalloon: &libvirtxml.DomainMemBalloon{Model: "none"},
@@ -237,4 +238,17 @@ func addDisks(dom *libvirtxml.Domain, disks []Disk, bootFirst bool) error {
 		dom.Devices.Disks = append(dom.Devices.Disks, disk)
 	}
 	return nil
+}
+
+// serial is the guest's serial console: a file, or a socket whose output is logged to that file.
+func serial(opts XMLOptions, port uint) libvirtxml.DomainSerial {
+	s := libvirtxml.DomainSerial{
+		Source: &libvirtxml.DomainChardevSource{File: &libvirtxml.DomainChardevSourceFile{Path: opts.ConsoleLog}},
+		Target: &libvirtxml.DomainSerialTarget{Port: &port},
+	}
+	if opts.ConsoleSocket != "" {
+		s.Source = &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind", Path: opts.ConsoleSocket}}
+		s.Log = &libvirtxml.DomainChardevLog{File: opts.ConsoleLog}
+	}
+	return s
 }

@@ -78,7 +78,8 @@ func TestDomainXMLGolden(t *testing.T) {
 			vmi: vmi(func(v *v1alpha1.VirtualMachineInstance) {
 				v.Spec.Boot = v1alpha1.BootSource{Container: &v1alpha1.KernelBootContainer{Image: "example.org/k", KernelPath: "/boot/vmlinuz"}, Cmdline: "console=ttyS0"}
 			}),
-			opts: XMLOptions{Acceleration: TCG, ConsoleLog: "/var/log/lifeboat/web.console",
+			// As the launcher writes it: the console on a socket, logged to a file.
+			opts: XMLOptions{Acceleration: TCG, ConsoleLog: "/var/run/lifeboat-vm/run/console.log", ConsoleSocket: "/var/run/lifeboat-vm/run/console.sock",
 				Kernel: "/var/run/lifeboat-vm/kernel-boot/boot/vmlinuz", Initrd: "/var/run/lifeboat-vm/kernel-boot/boot/initrd.img"},
 		},
 	}

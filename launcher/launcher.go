@@ -283,7 +283,7 @@ func startGuest(ctx context.Context, conn *domain.Conn, cfg Config, dir string, 
 		return fmt.Errorf("choosing the acceleration: %w", err)
 	}
 	xml, err := domain.DomainXML(vmi, domain.XMLOptions{
-		Acceleration: accel, ConsoleLog: filepath.Join(dir, contract.ConsoleLog),
+		Acceleration: accel, ConsoleLog: filepath.Join(dir, contract.ConsoleLog), ConsoleSocket: filepath.Join(dir, contract.ConsoleSocket),
 		Kernel: prepared.Kernel, Initrd: prepared.Initrd, Disks: prepared.Disks, Interface: iface,
 	})
 	if err != nil {

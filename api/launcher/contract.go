@@ -18,9 +18,14 @@ const (
 	DomainsDir = RunDir + "/domains"
 	// RunVolume is the launcher pod's emptyDir volume mounted at PodRunDir.
 	RunVolume = "run"
-	// LibvirtSocket, ConsoleLog and NotifySocketName are the file names inside a launcher's directory.
+	// LibvirtSocket, ConsoleLog, ConsoleSocket and NotifySocketName are the file names inside a
+	// launcher's directory. ConsoleSocket is the serial console QEMU serves to one client at a
+	// time (`lifeboat-launcher console`, run in the pod by `kubectl lifeboat console`);
+	// ConsoleLock is held by that client.
 	LibvirtSocket    = "libvirt-sock"
 	ConsoleLog       = "console.log"
+	ConsoleSocket    = "console.sock"
+	ConsoleLock      = "console.lock"
 	NotifySocketName = "notify.sock"
 	// UID and GID are the user and group the launcher container runs as (KubeVirt's qemu user,
 	// 107): never root. The pod's fsGroup is GID, so its volumes are the launcher's to write.

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -21,6 +22,7 @@ import (
 
 type client struct {
 	lb        lifeboatclient.Interface
+	kube      kubernetes.Interface
 	namespace string
 	out       io.Writer
 }

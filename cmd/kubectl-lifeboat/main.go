@@ -6,8 +6,9 @@
 //	kubectl lifeboat migrate VM          live-migrate it now (a migration with cause Manual)
 //	kubectl lifeboat evacuate-cancel VM  cancel its evacuation (needs the cancel-evacuation permission)
 //	kubectl lifeboat status VM           the VM, its instance and its evacuation story
+//	kubectl lifeboat console VM          the guest's serial console (Ctrl+] leaves; needs pods/exec)
 //
-// Flags (before or after the command): --kubeconfig, --context, -n/--namespace, as kubectl's.
+// Flags (before or after the command): --kubeconfig, --context, -n/--namespace, --as, as kubectl's.
 package main
 
 import (
@@ -19,12 +20,13 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 )
 
-const usage = `usage: kubectl lifeboat COMMAND VM [-n NAMESPACE] [--kubeconfig FILE] [--context NAME]
+const usage = `usage: kubectl lifeboat COMMAND VM [-n NAMESPACE] [--kubeconfig FILE] [--context NAME] [--as USER]
 
 commands:
   start            start the VM
@@ -33,6 +35,7 @@ commands:
   migrate          live-migrate the VM to another node now
   evacuate-cancel  cancel the VM's evacuation from its node
   status           show the VM, its instance and its evacuation story
+  console          connect to the VM's serial console (Ctrl+] leaves; needs create on pods/exec)
 `
 
 func main() {
@@ -49,6 +52,7 @@ func run(args []string, out io.Writer) error {
 	kubeconfig := flags.String("kubeconfig", "", "the kubeconfig file")
 	flags.StringVar(&overrides.CurrentContext, "context", "", "the kubeconfig context")
 	flags.StringVarP(&overrides.Context.Namespace, "namespace", "n", "", "the VM's namespace")
+	flags.StringVar(&overrides.AuthInfo.Impersonate, "as", "", "the user to act as")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -72,9 +76,17 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	kube, err := kubernetes.NewForConfig(rest)
+	if err != nil {
+		return err
+	}
+	c := &client{lb: lb, kube: kube, namespace: namespace, out: out}
+	if command == "console" {
+		// A session lasts as long as its user wants.
+		return c.console(context.Background(), rest, name, os.Stdin, os.Stderr)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c := &client{lb: lb, namespace: namespace, out: out}
 	switch command {
 	case "start":
 		return c.start(ctx, name)

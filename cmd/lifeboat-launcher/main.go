@@ -1,10 +1,14 @@
 // Command lifeboat-launcher is the main process of a VM pod. Its exit code says how the VM
 // ended (see api/launcher): 0 powered off, 1 launcher failure, 2 destroyed, 3 crashed.
+//
+// `lifeboat-launcher console`, run in the pod (`kubectl lifeboat console` does it through
+// pods/exec), connects the caller's stdin and stdout to the guest's serial console.
 package main
 
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -17,6 +21,13 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "console" {
+		if err := launcher.Console(contract.PodRunDir, os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "lifeboat-launcher console:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	runDir := flag.String("run-dir", contract.PodRunDir, "where the pod mounts its run volume, which the agent reaches too")
 	accel := flag.String("acceleration", "auto", "kvm, tcg, or auto (KVM only after a probe boot proves it works)")
 	flag.Parse()

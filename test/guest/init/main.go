@@ -1,17 +1,19 @@
 // Command init is the test guest's /init: a static program that runs as PID 1 in a
 // Linux guest booted from the lifeboat test image. It prints a ready line and then a
 // counter every second on the serial console, can keep a chosen amount of memory dirty
-// at a chosen rate (kernel command line, see package protocol), and powers the guest off
-// when the ACPI power button is pressed.
+// at a chosen rate (kernel command line, see package protocol), answers each line typed on
+// its console, and powers the guest off when the ACPI power button is pressed.
 //
 // PID 1 must never exit (the kernel would panic), so every failure is printed and init
 // goes on counting.
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,6 +63,7 @@ func main() {
 	if err := startNetwork(con); err != nil {
 		con.errorf("network: %v", err)
 	}
+	goSafely(con, "console input", func() { answerInput(con, os.Stdin) })
 	con.println(protocol.Ready)
 	tick := time.Second
 	if params.tick > 0 {
@@ -86,6 +89,14 @@ func count(con *console, journal string, tick time.Duration) {
 		} else if n%protocol.JournalEvery == 0 {
 			con.println(protocol.Journal(journal, n))
 		}
+	}
+}
+
+// answerInput answers every line typed on the console (the terminal echoes it as typed, too).
+func answerInput(con *console, in io.Reader) {
+	lines := bufio.NewScanner(in)
+	for lines.Scan() {
+		con.println(protocol.Heard(strings.TrimRight(lines.Text(), "\r")))
 	}
 }
 

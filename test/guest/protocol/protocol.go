@@ -21,6 +21,9 @@ const (
 	PowerButton = "lifeboat-guest power button: shutting down"
 	// ErrorPrefix starts a line that reports something init could not do; it keeps running.
 	ErrorPrefix = "lifeboat-guest error: "
+	// HeardPrefix starts the guest's answer to a line typed on its serial console, followed
+	// by that line: what a console session can check reached the guest.
+	HeardPrefix = "lifeboat-guest heard "
 )
 
 // Kernel command-line parameters the guest understands.
@@ -49,6 +52,9 @@ const ModulesFile = "/etc/lifeboat-guest/modules"
 
 // Counter formats the counter line for n.
 func Counter(n int) string { return CounterPrefix + strconv.Itoa(n) }
+
+// Heard is the guest's answer to the console input line.
+func Heard(line string) string { return HeardPrefix + line }
 
 // Dirtying is the line the guest prints once its dirty memory is allocated.
 func Dirtying(size, rate int64) string {
