@@ -4,6 +4,7 @@ package kube
 import (
 	"context"
 	"fmt"
+	"net/http"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -22,7 +23,8 @@ const (
 	ClientBurst = 200
 )
 
-// Clients connects with the kubeconfig file, or in-cluster when it is empty.
+// Clients connects with the kubeconfig file, or in-cluster when it is empty. Every request they
+// make is counted in RequestsMetric.
 func Clients(kubeconfig string) (kubernetes.Interface, lifeboatclient.Interface, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
@@ -31,6 +33,7 @@ func Clients(kubeconfig string) (kubernetes.Interface, lifeboatclient.Interface,
 	// client-go's default (5 requests/s) would queue the eviction webhook's marks behind each other
 	// during a drain; the API server's own priority and fairness protects it.
 	cfg.QPS, cfg.Burst = ClientQPS, ClientBurst
+	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper { return countingTransport{next} })
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, nil, err

@@ -111,6 +111,7 @@ func run(o options, log *slog.Logger) error {
 	defer stopRecorder()
 
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(kube.RequestsMetric)
 	// Migration streams between nodes are TLS with this node's certificate (agent/nodecert).
 	certs, err := nodecert.Start(ctx, kubeClient, o.nodeName, o.certDir, o.namespace, reg)
 	if err != nil {
