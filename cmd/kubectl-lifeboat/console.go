@@ -7,14 +7,14 @@ import (
 	"os"
 
 	"golang.org/x/term"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/httpstream"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/streaming/pkg/httpstream"
 
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -40,12 +40,11 @@ func (c *client) console(ctx context.Context, config *rest.Config, name string, 
 	if err != nil {
 		return err
 	}
-	kube, err := kubernetes.NewForConfig(config)
-	if err != nil {
+	if err := c.mayExec(ctx, pod, name); err != nil {
 		return err
 	}
 	tty := term.IsTerminal(int(in.Fd()))
-	req := kube.CoreV1().RESTClient().Post().Resource("pods").Namespace(pod.Namespace).Name(pod.Name).SubResource("exec").
+	req := c.kube.CoreV1().RESTClient().Post().Resource("pods").Namespace(pod.Namespace).Name(pod.Name).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{
 			Container: contract.ContainerName, Command: []string{contract.Command, "console"},
 			Stdin: true, Stdout: true, Stderr: true, TTY: tty,
@@ -61,12 +60,8 @@ func (c *client) console(ctx context.Context, config *rest.Config, name string, 
 		}
 		defer func() { _ = term.Restore(int(in.Fd()), old) }()
 	}
-	fmt.Fprintf(errOut, "connected to the serial console of VM %s/%s (pod %s on node %s); Ctrl+] leaves\r\n", c.namespace, name, pod.Name, pod.Spec.NodeName)
+	fmt.Fprintf(errOut, "connecting to the serial console of VM %s/%s (pod %s on node %s); Ctrl+] leaves\r\n", c.namespace, name, pod.Name, pod.Spec.NodeName)
 	err = exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: in, Stdout: c.out, Stderr: errOut, Tty: tty})
-	if apierrors.IsForbidden(err) {
-		return fmt.Errorf("you may not open the console of VM %s/%s: it takes create on pods/exec in namespace %s (check with kubectl auth can-i create pods --subresource=exec -n %s): %w",
-			c.namespace, name, c.namespace, c.namespace, err)
-	}
 	if err != nil {
 		return fmt.Errorf("the console of VM %s/%s (pod %s): %w", c.namespace, name, pod.Name, err)
 	}
@@ -108,6 +103,24 @@ func executor(config *rest.Config, req *rest.Request) (remotecommand.Executor, e
 	return remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
 		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
 	})
+}
+
+// mayExec asks the API server whether the caller may exec into the pod, so that a refusal says
+// which permission it takes (the streaming upgrade's own refusal reaches client-go as text).
+func (c *client) mayExec(ctx context.Context, pod *corev1.Pod, name string) error {
+	review, err := c.kube.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+		Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Namespace: pod.Namespace, Verb: "create", Resource: "pods", Subresource: "exec", Name: pod.Name,
+		}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("asking whether you may open the console of VM %s/%s: %w", c.namespace, name, err)
+	}
+	if !review.Status.Allowed {
+		return fmt.Errorf("you may not open the console of VM %s/%s: it takes create on pods/exec in namespace %s (kubectl auth can-i create pods --subresource=exec -n %s says no)",
+			c.namespace, name, c.namespace, c.namespace)
+	}
+	return nil
 }
 
 func phaseOrNone(p v1alpha1.VirtualMachineInstancePhase) string {

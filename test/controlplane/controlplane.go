@@ -252,6 +252,9 @@ func (cp *ControlPlane) startAPIServer(etcdURL string) error {
 		"--service-account-signing-key-file", cp.pki.SAKey,
 		"--service-cluster-ip-range", serviceCIDR,
 		"--authorization-mode", "Node,RBAC",
+		// Nodes' names resolve nowhere here; kubeadm's clusters prefer the InternalIP too. The API
+		// server dials the kubelet for exec, logs and port-forward.
+		"--kubelet-preferred-address-types", "InternalIP,Hostname",
 		// Launcher pods are privileged (libvirtd's mount namespace, /dev/kvm), as in kubeadm's clusters.
 		"--allow-privileged=true",
 		"--feature-gates", "EvictionRequestAPI=true",

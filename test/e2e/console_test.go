@@ -66,17 +66,19 @@ func startConsole(t *testing.T, args ...string) *consoleSession {
 func (s *consoleSession) waitLine(t *testing.T, want string, timeout time.Duration) {
 	t.Helper()
 	deadline := time.After(timeout)
+	var seen []string
 	for {
 		select {
 		case line, ok := <-s.lines:
 			if !ok {
-				t.Fatalf("the console session ended before printing %q", want)
+				t.Fatalf("the console session ended before printing %q; it printed:\n%s", want, strings.Join(seen, "\n"))
 			}
 			if strings.Contains(line, want) {
 				return
 			}
+			seen = append(seen, line)
 		case <-deadline:
-			t.Fatalf("no line with %q from the console within %s", want, timeout)
+			t.Fatalf("no line with %q from the console within %s; it printed:\n%s", want, timeout, strings.Join(seen, "\n"))
 		}
 	}
 }
