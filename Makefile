@@ -128,9 +128,10 @@ bench-density: binaries
 STARTUP_VMIS ?= 40
 STARTUP_COUNT ?= 3
 bench-startup: binaries
-	@set -o pipefail; out=$$(mktemp); \
-	$(GO) test -run '^$$' -bench BenchmarkCreationToRunning -benchtime=1x -count=$(STARTUP_COUNT) -timeout 0 ./test/e2e/ -args -startup-vmis=$(STARTUP_VMIS) | tee "$$out" && \
-	$(BENCHSTAT) "$$out"; rm -f "$$out"
+	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
+	$(GO) test -run '^$$' -bench BenchmarkCreationToRunning -benchtime=1x -count=$(STARTUP_COUNT) -timeout 0 ./test/e2e/ -args -startup-vmis=$(STARTUP_VMIS) | tee /dev/stderr | \
+	  $(BENCH_RESULTS) > "$$out"; \
+	$(BENCHSTAT) "$$out"
 
 # A VM on the pod network, behind a Service, live-migrated while a client asks every 20 ms:
 # the longest interruption beside the migration's downtime (issue 16).
