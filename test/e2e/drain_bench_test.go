@@ -46,8 +46,9 @@ func BenchmarkDrainThroughput(b *testing.B) {
 		c.Spec.Migrations.ParallelMigrationsPerCluster = ptr.To[int32](drainClusterParallel)
 		c.Spec.Migrations.ParallelOutboundMigrationsPerNode = ptr.To[int32](drainParallel)
 	})
-	startController(b)
+	controllerMetrics := startControllerWithMetrics(b)
 	nodes := startNodes(b, 2, func(c *node.Config) { c.EvictionMaxPodGracePeriod = 60 })
+	metrics := lifeboatMetrics(controllerMetrics, nodes)
 	source, target := nodes[0], nodes[1]
 	ns := testNamespace(b)
 	// Runs of -count share the control plane: this run's VMIs and migrations must be gone
@@ -69,7 +70,9 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	cordon(b, target.Name(), false)
 	w := watchDrain(b, ns, source.Name())
 
+	calls := map[string]float64{}
 	for b.Loop() {
+		before := apiRequests(b, metrics)
 		marked := markForDrain(b, ns, vmis)
 		err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 15*time.Minute, true, func(context.Context) (bool, error) {
 			moved, succeeded := w.count()
@@ -79,8 +82,13 @@ func BenchmarkDrainThroughput(b *testing.B) {
 			moved, succeeded := w.count()
 			b.Fatalf("within 15 minutes %d of %d VMs left %s and %d migrations succeeded", moved, drainVMs, source.Name(), succeeded)
 		}
+		for k, v := range apiRequests(b, metrics) {
+			calls[k] += v - before[k]
+		}
 		w.report(b, marked, libvirtEnds(b, source.agent.log))
 	}
+	// The benchmark writes the marks itself (as the webhook would): not among these.
+	reportAPICalls(b, calls, float64(b.N*drainVMs), "evacuation")
 }
 
 // cordon marks a node (un)schedulable, as kubectl cordon does.

@@ -51,16 +51,12 @@ func BenchmarkCreationToRunning(b *testing.B) {
 	// Room for every VMI on either node, so the scheduler's spreading decides, not capacity.
 	capacity := resource.NewQuantity(int64(count)*request.Value()+(2<<30), resource.BinarySI)
 	setConfig(b, false)
-	controllerMetrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", freePort(b, "127.0.0.1"))
-	startController(b, "--metrics-listen", strings.TrimSuffix(strings.TrimPrefix(controllerMetrics, "http://"), "/metrics"), "--metrics-insecure")
+	controllerMetrics := startControllerWithMetrics(b)
 	nodes := startNodes(b, 2, func(c *node.Config) {
 		c.Capacity = corev1.ResourceList{corev1.ResourceMemory: *capacity}
 		c.Binaries["sleep"] = "/usr/bin/sleep"
 	})
-	metrics := []string{controllerMetrics}
-	for _, n := range nodes {
-		metrics = append(metrics, n.metrics)
-	}
+	metrics := lifeboatMetrics(controllerMetrics, nodes)
 	var pods, vmis []time.Duration
 	calls := map[string]float64{} // by component, verb and resource, over every run's VMI starts
 	for b.Loop() {
@@ -109,27 +105,7 @@ func BenchmarkCreationToRunning(b *testing.B) {
 		}
 		deleteNamespace(b, ns)
 	}
-	var writes, all float64
-	for _, k := range slices.Sorted(maps.Keys(calls)) {
-		per := calls[k] / float64(len(vmis))
-		if per == 0 {
-			continue
-		}
-		// On stderr: the emulated nodes' logs crowd b.Log's output out.
-		fmt.Fprintf(os.Stderr, "API calls per VMI start: %-60s %.2f\n", k, per)
-		all += per
-		if verb := strings.Fields(k)[1]; verb != "get" && verb != "list" && verb != "watch" {
-			writes += per
-		}
-	}
-	b.ReportMetric(all, "api-calls/vmi")
-	b.ReportMetric(writes, "api-writes/vmi")
-	fmt.Fprintf(os.Stderr, "%d pods and %d VMIs, created %s apart\n", len(pods), len(vmis), startupInterval)
-	b.ReportMetric(percentile(pods, 50).Seconds(), "pod-p50-s")
-	b.ReportMetric(percentile(pods, 95).Seconds(), "pod-p95-s")
-	b.ReportMetric(percentile(vmis, 50).Seconds(), "vmi-p50-s")
-	b.ReportMetric(percentile(vmis, 95).Seconds(), "vmi-p95-s")
-	b.ReportMetric(percentile(vmis, 50).Seconds()/percentile(pods, 50).Seconds(), "vmi/pod-p50")
+	reportAPICalls(b, calls, float64(len(vmis)), "vmi")
 }
 
 // createToRunning creates count objects startupInterval apart with create, and returns for each
@@ -194,9 +170,46 @@ func createToRunning(b *testing.B, count int, watchAll func(context.Context, int
 	return out
 }
 
+// startControllerWithMetrics starts the controller serving its metrics on loopback, and returns
+// their URL.
+func startControllerWithMetrics(b testing.TB) string {
+	address := fmt.Sprintf("127.0.0.1:%d", freePort(b, "127.0.0.1"))
+	startController(b, "--metrics-listen", address, "--metrics-insecure")
+	return "http://" + address + "/metrics"
+}
+
+// lifeboatMetrics are the /metrics URLs of the controller (first) and of the nodes' agents.
+func lifeboatMetrics(controller string, nodes []*testNode) []string {
+	urls := []string{controller}
+	for _, n := range nodes {
+		urls = append(urls, n.metrics)
+	}
+	return urls
+}
+
+// reportAPICalls prints calls (by component, verb and resource; see apiRequests) per one of n
+// stories on stderr, where the nodes' logs do not crowd them out of b.Log's, and reports their
+// sums as api-calls/per and api-writes/per.
+func reportAPICalls(b *testing.B, calls map[string]float64, n float64, per string) {
+	var writes, all float64
+	for _, k := range slices.Sorted(maps.Keys(calls)) {
+		v := calls[k] / n
+		if v == 0 {
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "API calls per %s: %-60s %.2f\n", per, k, v)
+		all += v
+		if verb := strings.Fields(k)[1]; verb != "get" && verb != "list" && verb != "watch" {
+			writes += v
+		}
+	}
+	b.ReportMetric(all, "api-calls/"+per)
+	b.ReportMetric(writes, "api-writes/"+per)
+}
+
 // apiRequests reads lifeboat_apiserver_requests_total from each /metrics URL (the controller's
 // first, then the agents'), summed by component ("controller" or "agent"), verb and resource.
-func apiRequests(b *testing.B, urls []string) map[string]float64 {
+func apiRequests(b testing.TB, urls []string) map[string]float64 {
 	b.Helper()
 	sample := regexp.MustCompile(`(?m)^lifeboat_apiserver_requests_total\{resource="([^"]*)",verb="([^"]*)"\} (\S+)$`)
 	out := map[string]float64{}
