@@ -105,6 +105,12 @@ func BenchmarkCreationToRunning(b *testing.B) {
 		}
 		deleteNamespace(b, ns)
 	}
+	fmt.Fprintf(os.Stderr, "%d pods and %d VMIs, created %s apart\n", len(pods), len(vmis), startupInterval)
+	b.ReportMetric(percentile(pods, 50).Seconds(), "pod-p50-s")
+	b.ReportMetric(percentile(pods, 95).Seconds(), "pod-p95-s")
+	b.ReportMetric(percentile(vmis, 50).Seconds(), "vmi-p50-s")
+	b.ReportMetric(percentile(vmis, 95).Seconds(), "vmi-p95-s")
+	b.ReportMetric(percentile(vmis, 50).Seconds()/percentile(pods, 50).Seconds(), "vmi/pod-p50")
 	reportAPICalls(b, calls, float64(len(vmis)), "vmi")
 }
 
