@@ -1,0 +1,87 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/record"
+
+	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+// A status write starts from the informer's copy: one call, no GET; a conflict makes it read the
+// object fresh and write again.
+func TestStatusWritesStartFromTheInformersCopy(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm"}}
+	vmi.Status.NodeName = "source"
+	mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"}}
+	client := lifeboatfake.NewSimpleClientset(vmi, mig)
+	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
+	a, err := New(Config{NodeName: "source", Recorder: record.NewFakeRecorder(10), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister()},
+		client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
+		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	informers.Start(ctx.Done())
+	informers.WaitForCacheSync(ctx.Done())
+
+	count := func(verb, resource string) int {
+		n := 0
+		for _, act := range client.Actions() {
+			if act.GetVerb() == verb && act.GetResource().Resource == resource {
+				n++
+			}
+		}
+		return n
+	}
+	client.ClearActions()
+	if err := a.migrations.updateVMI(ctx, "ns", "vm", func(v *v1alpha1.VirtualMachineInstance) { v.Status.Reason = "one" }); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.migrations.updateMigration(ctx, "ns", "mig", func(m *v1alpha1.VirtualMachineInstanceMigration) { m.Status.FailureReason = "one" }); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []string{"virtualmachineinstances", "virtualmachineinstancemigrations"} {
+		if gets, updates := count("get", r), count("update", r); gets != 0 || updates != 1 {
+			t.Errorf("a status write of %s: %d GETs and %d updates, want none and one", r, gets, updates)
+		}
+	}
+
+	// The API server refuses the cached copy once, as it would a stale one.
+	conflicted := false
+	client.PrependReactor("update", "virtualmachineinstances", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if conflicted {
+			return false, nil, nil
+		}
+		conflicted = true
+		return true, nil, apierrors.NewConflict(schema.GroupResource{Group: v1alpha1.GroupName, Resource: "virtualmachineinstances"}, "vm", nil)
+	})
+	client.ClearActions()
+	if err := a.migrations.updateVMI(ctx, "ns", "vm", func(v *v1alpha1.VirtualMachineInstance) { v.Status.Reason = "two" }); err != nil {
+		t.Fatal(err)
+	}
+	if gets, updates := count("get", "virtualmachineinstances"), count("update", "virtualmachineinstances"); gets != 1 || updates != 2 {
+		t.Errorf("a write refused for a conflict: %d GETs and %d updates, want a fresh read and a second write", gets, updates)
+	}
+	got, err := client.LifeboatV1alpha1().VirtualMachineInstances("ns").Get(ctx, "vm", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.Reason != "two" {
+		t.Errorf("after the retry the reason is %q; want the change written", got.Status.Reason)
+	}
+}
