@@ -252,3 +252,38 @@ func percentile(d []time.Duration, p int) time.Duration {
 	i := (len(s)*p + 99) / 100
 	return s[max(i-1, 0)]
 }
+
+// idleWindow is how long BenchmarkIdleAPICalls watches the counters of a quiet cluster.
+const idleWindow = 2 * time.Minute
+
+// BenchmarkIdleAPICalls is what running VMs cost the API server while nothing happens to them
+// (issue 22: an idle hour should make no writes for its VMs): idleVMs VMs booted on two nodes,
+// then the controller's and the agents' calls over idleWindow, reported per hour for the whole
+// (the breakdown on stderr tells the VMs' calls from the components' own, such as leases). The
+// window is the measurement, not a wait for a condition.
+func BenchmarkIdleAPICalls(b *testing.B) {
+	const idleVMs = 4
+	setConfig(b, false)
+	nodes := startNodes(b, 2)
+	metrics := lifeboatMetrics(startControllerWithMetrics(b), nodes)
+	ns := testNamespace(b)
+	b.Cleanup(func() { deleteNamespace(b, ns) })
+	for i := range idleVMs {
+		v := createVMI(b, ns, newVMI(fmt.Sprintf("idle-%d", i)))
+		v = waitVMI(b, ns, v.Name, 2*bootTimeout, "phase Running", running)
+		waitCounterPast(b, nodeOf(b, nodes, v).consolePath(v), 1, 2*bootTimeout)
+	}
+	calls := map[string]float64{}
+	for b.Loop() {
+		before := apiRequests(b, metrics)
+		time.Sleep(idleWindow)
+		for k, v := range apiRequests(b, metrics) {
+			calls[k] += v - before[k]
+		}
+	}
+	hours := float64(b.N) * idleWindow.Hours()
+	for k := range calls {
+		calls[k] /= hours
+	}
+	reportAPICalls(b, calls, 1, "hour")
+}
