@@ -279,13 +279,15 @@ func setMigrationPhase(mig *v1alpha1.VirtualMachineInstanceMigration, p v1alpha1
 }
 
 // updateMigration writes a change to a migration's status. The first try starts from the
-// informer's copy, which is current nearly always; a conflict retries with a fresh read. Reading
+// informers' copy, which is current nearly always; a conflict retries with a fresh read. Reading
 // fresh every time cost an evacuation about five GETs (docs/benchmarks.md).
 func (m *migrations) updateMigration(ctx context.Context, ns, name string, change func(*v1alpha1.VirtualMachineInstanceMigration)) error {
-	cached := true
+	first := true
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		mig := m.cachedMigration(ns, name, cached)
-		cached = false
+		var mig *v1alpha1.VirtualMachineInstanceMigration
+		if first {
+			first, mig = false, m.cachedMigration(ns, name)
+		}
 		if mig == nil {
 			var err error
 			if mig, err = m.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
@@ -298,11 +300,8 @@ func (m *migrations) updateMigration(ctx context.Context, ns, name string, chang
 	})
 }
 
-// cachedMigration is a copy of the migration from the informers, if use and they have it.
-func (m *migrations) cachedMigration(ns, name string, use bool) *v1alpha1.VirtualMachineInstanceMigration {
-	if !use {
-		return nil
-	}
+// cachedMigration is a copy of the migration from the informers, or nil.
+func (m *migrations) cachedMigration(ns, name string) *v1alpha1.VirtualMachineInstanceMigration {
 	for _, l := range m.listers {
 		if mig, err := l.VirtualMachineInstanceMigrations(ns).Get(name); err == nil {
 			return mig.DeepCopy()
@@ -311,18 +310,15 @@ func (m *migrations) cachedMigration(ns, name string, use bool) *v1alpha1.Virtua
 	return nil
 }
 
-// updateVMI writes a change to a VMI's status, first from the informer's copy (this node's VMIs),
-// as updateMigration does.
+// updateVMI writes a change to a VMI's status as updateMigration does, first from the informer's
+// copy (which holds this node's VMIs).
 func (m *migrations) updateVMI(ctx context.Context, ns, name string, change func(*v1alpha1.VirtualMachineInstance)) error {
-	cached := true
+	first := true
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var vmi *v1alpha1.VirtualMachineInstance
-		if cached {
-			if obj, ok, err := m.a.informer.GetIndexer().GetByKey(ns + "/" + name); err == nil && ok {
-				vmi = obj.(*v1alpha1.VirtualMachineInstance).DeepCopy()
-			}
+		if first {
+			first, vmi = false, m.cachedVMI(ns, name)
 		}
-		cached = false
 		if vmi == nil {
 			var err error
 			if vmi, err = m.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
@@ -333,6 +329,14 @@ func (m *migrations) updateVMI(ctx context.Context, ns, name string, change func
 		_, err := m.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).UpdateStatus(ctx, vmi, metav1.UpdateOptions{})
 		return err
 	})
+}
+
+// cachedVMI is a copy of the VMI from the agent's informer, or nil.
+func (m *migrations) cachedVMI(ns, name string) *v1alpha1.VirtualMachineInstance {
+	if obj, ok, err := m.a.informer.GetIndexer().GetByKey(ns + "/" + name); err == nil && ok {
+		return obj.(*v1alpha1.VirtualMachineInstance).DeepCopy()
+	}
+	return nil
 }
 
 var errNoProxy = errors.New("the migration has no target proxy")

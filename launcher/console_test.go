@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 )
@@ -78,12 +81,10 @@ func TestConsoleRelaysUntilTheEscapeAndAdmitsOneSessionAtATime(t *testing.T) {
 	if _, err := io.WriteString(typing, "hello\n"); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(out.String(), "heard hello\n") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the guest's answer never came back: got %q", out.String())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return strings.Contains(out.String(), "heard hello\n"), nil
+	}); err != nil {
+		t.Fatalf("the guest's answer did not come back within 10s: got %q", out.String())
 	}
 
 	second, _, err := os.Pipe()

@@ -38,14 +38,10 @@ type webhookController struct {
 
 func startControllerWithWebhook(t *testing.T) *webhookController {
 	t.Helper()
-	hookPort, metricsPort := freePort(t, "127.0.0.1"), freePort(t, "127.0.0.1")
-	c := &webhookController{
-		url:     fmt.Sprintf("https://127.0.0.1:%d%s", hookPort, webhook.Path),
-		metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort),
-	}
-	c.proc = startProc(t, "lifeboat-controller", "--kubeconfig", cluster.Kubeconfig, "--acceleration", "tcg",
-		"--webhook-listen", fmt.Sprintf("127.0.0.1:%d", hookPort), "--webhook-url", c.url, "--webhook-client-ca", cluster.CAFile(),
-		"--metrics-listen", fmt.Sprintf("127.0.0.1:%d", metricsPort), "--metrics-insecure")
+	hookPort := freePort(t, "127.0.0.1")
+	c := &webhookController{url: fmt.Sprintf("https://127.0.0.1:%d%s", hookPort, webhook.Path)}
+	c.proc, c.metrics = startControllerWithMetrics(t,
+		"--webhook-listen", fmt.Sprintf("127.0.0.1:%d", hookPort), "--webhook-url", c.url, "--webhook-client-ca", cluster.CAFile())
 	t.Cleanup(func() {
 		_ = cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(context.Background(), webhook.ConfigurationName, metav1.DeleteOptions{})
 	})

@@ -4,15 +4,14 @@ import (
 	"bufio"
 	"context"
 	"io"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
@@ -30,8 +29,7 @@ type consoleSession struct {
 
 func startConsole(t *testing.T, args ...string) *consoleSession {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(cluster.Binaries.Dir(), "kubectl"), append([]string{"lifeboat", "console"}, args...)...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+cluster.Kubeconfig, "PATH="+bins+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd := kubectlLifeboatCommand(append([]string{"console"}, args...)...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -141,18 +139,14 @@ func TestKubectlLifeboatConsoleReachesTheGuest(t *testing.T) {
 	}
 	const refusal = "it takes create on pods/exec in namespace "
 	var out string
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	// The authorizer sees the new RoleBinding a moment after it is stored; until then the refusal
+	// is for reading the VMI.
+	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		var err error
 		out, err = kubectlLifeboat(t, "console", vmi.Name, "-n", ns, "--as", "vm-viewer")
-		if err != nil && strings.Contains(out, refusal+ns) {
-			break
-		}
-		// The authorizer sees the new RoleBinding a moment after it is stored; until then the
-		// refusal is for reading the VMI.
-		if time.Now().After(deadline) {
-			t.Fatalf("a user without pods/exec: %v, %s; want a refusal saying %q", err, out, refusal+ns)
-		}
-		time.Sleep(500 * time.Millisecond)
+		return err != nil && strings.Contains(out, refusal+ns), nil
+	})
+	if err != nil {
+		t.Fatalf("a user without pods/exec within 30s: %s; want a refusal saying %q", out, refusal+ns)
 	}
 }

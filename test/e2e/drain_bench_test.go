@@ -46,7 +46,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 		c.Spec.Migrations.ParallelMigrationsPerCluster = ptr.To[int32](drainClusterParallel)
 		c.Spec.Migrations.ParallelOutboundMigrationsPerNode = ptr.To[int32](drainParallel)
 	})
-	controllerMetrics := startControllerWithMetrics(b)
+	_, controllerMetrics := startControllerWithMetrics(b)
 	nodes := startNodes(b, 2, func(c *node.Config) { c.EvictionMaxPodGracePeriod = 60 })
 	metrics := lifeboatMetrics(controllerMetrics, nodes)
 	source, target := nodes[0], nodes[1]

@@ -20,11 +20,17 @@ import (
 // on PATH as it would on a user's machine.
 func kubectlLifeboat(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(cluster.Binaries.Dir(), "kubectl"), append([]string{"lifeboat"}, args...)...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+cluster.Kubeconfig, "PATH="+bins+string(os.PathListSeparator)+os.Getenv("PATH"))
-	out, err := cmd.CombinedOutput()
+	out, err := kubectlLifeboatCommand(args...).CombinedOutput()
 	t.Logf("kubectl lifeboat %s:\n%s", strings.Join(args, " "), out)
 	return string(out), err
+}
+
+// kubectlLifeboatCommand is `kubectl lifeboat ARGS` with the plugin on PATH and the test
+// cluster's kubeconfig, not yet started.
+func kubectlLifeboatCommand(args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(cluster.Binaries.Dir(), "kubectl"), append([]string{"lifeboat"}, args...)...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+cluster.Kubeconfig, "PATH="+bins+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return cmd
 }
 
 func mustKubectlLifeboat(t *testing.T, want string, args ...string) {

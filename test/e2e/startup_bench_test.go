@@ -51,7 +51,7 @@ func BenchmarkCreationToRunning(b *testing.B) {
 	// Room for every VMI on either node, so the scheduler's spreading decides, not capacity.
 	capacity := resource.NewQuantity(int64(count)*request.Value()+(2<<30), resource.BinarySI)
 	setConfig(b, false)
-	controllerMetrics := startControllerWithMetrics(b)
+	_, controllerMetrics := startControllerWithMetrics(b)
 	nodes := startNodes(b, 2, func(c *node.Config) {
 		c.Capacity = corev1.ResourceList{corev1.ResourceMemory: *capacity}
 		c.Binaries["sleep"] = "/usr/bin/sleep"
@@ -176,12 +176,11 @@ func createToRunning(b *testing.B, count int, watchAll func(context.Context, int
 	return out
 }
 
-// startControllerWithMetrics starts the controller serving its metrics on loopback, and returns
-// their URL.
-func startControllerWithMetrics(b testing.TB) string {
-	address := fmt.Sprintf("127.0.0.1:%d", freePort(b, "127.0.0.1"))
-	startController(b, "--metrics-listen", address, "--metrics-insecure")
-	return "http://" + address + "/metrics"
+// startControllerWithMetrics starts the controller with args, serving its metrics on loopback,
+// and returns it and their URL.
+func startControllerWithMetrics(t testing.TB, args ...string) (*proc, string) {
+	address := fmt.Sprintf("127.0.0.1:%d", freePort(t, "127.0.0.1"))
+	return startController(t, append(args, "--metrics-listen", address, "--metrics-insecure")...), "http://" + address + "/metrics"
 }
 
 // lifeboatMetrics are the /metrics URLs of the controller (first) and of the nodes' agents.
@@ -265,7 +264,8 @@ func BenchmarkIdleAPICalls(b *testing.B) {
 	const idleVMs = 4
 	setConfig(b, false)
 	nodes := startNodes(b, 2)
-	metrics := lifeboatMetrics(startControllerWithMetrics(b), nodes)
+	_, controllerMetrics := startControllerWithMetrics(b)
+	metrics := lifeboatMetrics(controllerMetrics, nodes)
 	ns := testNamespace(b)
 	b.Cleanup(func() { deleteNamespace(b, ns) })
 	for i := range idleVMs {
