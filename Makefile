@@ -133,6 +133,17 @@ bench-startup: binaries
 	  $(BENCH_RESULTS) > "$$out"; \
 	$(BENCHSTAT) "$$out"
 
+# The cluster side at scale (issue 22): 1,000 VMIs on 100 hollow nodes (stand-ins for kubelets and
+# agents, package test/hollow) with the real API server, scheduler, controller manager and
+# lifeboat-controller: creation to Running beside ordinary pods, the controller's memory and CPU,
+# its API calls per VMI start, per evacuation of a drain and per idle hour.
+SCALE_COUNT ?= 3
+bench-scale: binaries
+	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
+	$(GO) test -run '^$$' -bench BenchmarkClusterScale -benchtime=1x -count=$(SCALE_COUNT) -timeout 0 ./test/e2e/ | tee /dev/stderr | \
+	  $(BENCH_RESULTS) > "$$out"; \
+	$(BENCHSTAT) "$$out"
+
 # A VM on the pod network, behind a Service, live-migrated while a client asks every 20 ms:
 # the longest interruption beside the migration's downtime (issue 16).
 NETWORK_COUNT ?= 5
@@ -160,6 +171,7 @@ bench-report:
 	$(MAKE) bench-drain BENCH_COUNT=3
 	$(MAKE) bench-density
 	$(MAKE) bench-startup
+	$(MAKE) bench-scale
 	$(MAKE) bench-network
 	$(MAKE) bench-transport
 	$(MAKE) bench-relief

@@ -36,7 +36,7 @@ type webhookController struct {
 	url, metrics string
 }
 
-func startControllerWithWebhook(t *testing.T) *webhookController {
+func startControllerWithWebhook(t testing.TB) *webhookController {
 	t.Helper()
 	hookPort := freePort(t, "127.0.0.1")
 	c := &webhookController{url: fmt.Sprintf("https://127.0.0.1:%d%s", hookPort, webhook.Path)}
@@ -50,7 +50,7 @@ func startControllerWithWebhook(t *testing.T) *webhookController {
 }
 
 // waitRegistered waits until the webhook configuration points at this controller with a CA bundle.
-func (c *webhookController) waitRegistered(t *testing.T) {
+func (c *webhookController) waitRegistered(t testing.TB) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		cfg, err := cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhook.ConfigurationName, metav1.GetOptions{})
