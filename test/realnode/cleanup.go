@@ -29,7 +29,7 @@ func sweepStale() {
 			removeNodeDir(d)
 		}
 	}
-	removePodCgroups()
+	removePodCgroups(cgroupRoot)
 }
 
 // removeNodeDir ends the shims of the node's containerd, unmounts what is mounted below its
@@ -40,15 +40,34 @@ func removeNodeDir(dir string) {
 	_ = os.RemoveAll(dir)
 }
 
-// cgroupRoot is where the kubelet, with the cgroupfs driver and the default cgroupRoot,
-// puts every pod's cgroup: kubepods under each cgroup v1 hierarchy.
+// cgroupRoot is where the machine mounts its cgroups (v1: one hierarchy per controller
+// below it; v2: the unified hierarchy itself).
 const cgroupRoot = "/sys/fs/cgroup"
+
+// podCgroups are the kubelet's pod cgroup trees under root, for both hierarchies and both
+// drivers: kubepods (cgroupfs) or kubepods.slice (systemd), at the root on cgroup v2 and under
+// each controller's hierarchy on v1. Only those that exist are returned.
+func podCgroups(root string) []string {
+	var dirs []string
+	for _, pattern := range []string{"kubepods", "kubepods.slice", "*/kubepods", "*/kubepods.slice"} {
+		found, _ := filepath.Glob(filepath.Join(root, pattern))
+		for _, d := range found {
+			if fi, err := os.Stat(d); err == nil && fi.IsDir() {
+				dirs = append(dirs, d)
+			}
+		}
+	}
+	return dirs
+}
 
 // killPodProcesses SIGKILLs every process in the kubelet's pod cgroups, until none is left,
 // so that no container outlives its node.
 func killPodProcesses() {
 	_ = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		pids := pidsIn(filepath.Join(cgroupRoot, "memory", "kubepods"))
+		var pids []int
+		for _, dir := range podCgroups(cgroupRoot) {
+			pids = append(pids, pidsIn(dir)...)
+		}
 		for _, pid := range pids {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
@@ -74,10 +93,9 @@ func pidsIn(dir string) []int {
 	return pids
 }
 
-// removePodCgroups removes the emptied kubepods cgroups, deepest first, in every hierarchy.
-func removePodCgroups() {
-	hierarchies, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", "kubepods"))
-	for _, h := range hierarchies {
+// removePodCgroups removes the emptied pod cgroups under root, deepest first, in every hierarchy.
+func removePodCgroups(root string) {
+	for _, h := range podCgroups(root) {
 		var dirs []string
 		_ = filepath.WalkDir(h, func(path string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {

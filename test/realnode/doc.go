@@ -5,7 +5,8 @@
 // (test/controlplane). Everything lives in the node's own directory and is torn down by Stop.
 //
 // Choices forced by this machine, each checked here:
-//   - cgroup v1 with the cgroupfs driver, so failCgroupV1 is false;
+//   - the cgroupfs driver, on cgroup v1 (this machine; failCgroupV1 is false) or v2 alike: Start
+//     prints which hierarchy it found, and the clean-up finds the pod cgroups in either layout;
 //   - the kubelet refuses a loopback --node-ip, so it runs with an external cloud provider and
 //     Start plays that provider: it sets the node's InternalIP (in 127.0.0.0/8) and removes the
 //     uninitialized taint;

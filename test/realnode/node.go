@@ -262,8 +262,8 @@ func (n *Node) ImportImage(ctx context.Context, archive string) error {
 	return err
 }
 
-// DefaultKubeletConfig is the real node's kubelet configuration: cgroupfs on this cgroup v1
-// machine, the CRI socket of the node's containerd, loopback only, and eviction settings
+// DefaultKubeletConfig is the real node's kubelet configuration: the cgroupfs driver, which the
+// kubelet and runc support on cgroup v1 and v2 alike (failCgroupV1 off, for v1 machines), the CRI socket of the node's containerd, loopback only, and eviction settings
 // that match manifests/examples but with short periods a test can wait for. A test crosses
 // the soft threshold with RestartKubelet.
 func DefaultKubeletConfig(address, containerdSocket, podLogsDir string) (kubeletv1beta1.KubeletConfiguration, error) {
@@ -512,7 +512,7 @@ func (n *Node) Stop() {
 		n.containerd.Stop(30 * time.Second)
 	}
 	removeNodeDir(n.Dir)
-	removePodCgroups()
+	removePodCgroups(cgroupRoot)
 	if n.cfg.Client != nil {
 		_ = n.cfg.Client.CoreV1().Nodes().Delete(ctx, n.cfg.Name, metav1.DeleteOptions{})
 	}
