@@ -9,6 +9,8 @@
 #   make bench       benchmarks (control plane start-up, evacuation mark latency)
 #   make bench-deadline  the migration deadline matrix (real libvirt and TCG guests; 25 to 45 min a run)
 #   make bench-drain     drain throughput: 10 VMs leaving one node through the real cluster (3 min a run)
+#   make bench-node-full 50 VMs on one node drained: the agent's memory and CPU, idle and during it (issue 22)
+#   make bench-scale     1,000 VMIs on 100 hollow nodes: the controller's memory, CPU and API calls (issue 22)
 #   make bench-density   memory each VM costs its node beyond the guest's, by process (1 and 2 vCPUs)
 #   make bench-transport one migration over plain TCP and over TLS 1.3, interleaved (issue 18)
 #   make bench-relief    node-pressure relief on and off on the real kubelet, 3 runs (4 min a run)
@@ -33,7 +35,7 @@ DEMO_DIR  ?= $(CURDIR)/.demo/cluster
 DEMO_NODES ?= /tmp/lifeboat-demo
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-density bench-startup bench-network bench-transport bench-relief test-security binaries lifeboat-bins demo demo-down clean images manifests-check e2e
+.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-relief test-security binaries lifeboat-bins demo demo-down clean images manifests-check e2e
 
 all: test
 
@@ -107,11 +109,16 @@ bench-deadline: deps
 # BENCH_RESULTS puts the name back on each result line so that benchstat reads every run.
 BENCH_RESULTS := awk '/^Benchmark/ {name = $$1; if (/ns\/op/) print; next} /^ +[0-9]+\t.*ns\/op/ {print name $$0; next} /^(goos|goarch|pkg|cpu):/'
 
+DRAIN_VMS ?= 10
 bench-drain: binaries
 	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
-	$(GO) test -run '^$$' -bench BenchmarkDrainThroughput -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/e2e/ | tee /dev/stderr | \
+	$(GO) test -run '^$$' -bench BenchmarkDrainThroughput -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/e2e/ -args -drain-vms=$(DRAIN_VMS) | tee /dev/stderr | \
 	  $(BENCH_RESULTS) > "$$out"; \
 	$(BENCHSTAT) "$$out"
+
+# Issue 22's node full of VMs: the drain benchmark with 50 small guests on one node.
+bench-node-full:
+	$(MAKE) bench-drain DRAIN_VMS=50 BENCH_COUNT=$(BENCH_COUNT)
 
 # What a VM costs its node beyond its guest's memory, by process (docs/benchmarks.md): 6 runs (benchstat's minimum for a confidence interval).
 BENCHSTAT := $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
@@ -169,6 +176,7 @@ bench-report:
 	$(MAKE) bench
 	$(MAKE) bench-deadline BENCH_COUNT=3
 	$(MAKE) bench-drain BENCH_COUNT=3
+	$(MAKE) bench-node-full
 	$(MAKE) bench-density
 	$(MAKE) bench-startup
 	$(MAKE) bench-scale

@@ -190,8 +190,12 @@ func (m *migrations) finishByKey(key string) {
 	}
 }
 
-// vmiUID finds the UID of a migration's VMI, which names the launcher directories on both nodes.
+// vmiUID finds the UID of a migration's VMI, which names the launcher directories on both nodes:
+// from the informer where it holds the VMI (on the source node, whose VMI it is), else read.
 func (m *migrations) vmiUID(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration) (string, *v1alpha1.VirtualMachineInstance, error) {
+	if vmi := m.cachedVMI(mig.Namespace, mig.Spec.VMIName); vmi != nil {
+		return string(vmi.UID), vmi, nil
+	}
 	vmi, err := m.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(mig.Namespace).Get(ctx, mig.Spec.VMIName, metav1.GetOptions{})
 	if err != nil {
 		return "", nil, fmt.Errorf("reading VMI %s: %w", mig.Spec.VMIName, err)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"maps"
 	"os"
@@ -15,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
@@ -24,17 +26,23 @@ import (
 
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
-// The drain: drainVMs small guests on one node marked at once (cause Drain), at most
+// The drain: -drain-vms small guests on one node marked at once (cause Drain), at most
 // drainParallel leaving the node at a time (parallelOutboundMigrationsPerNode; the cluster's
-// limit, drainClusterParallel, is higher).
+// limit, drainClusterParallel, is higher). Issue 22's node full of VMs is -drain-vms=50.
 const (
-	drainVMs             = 10
 	drainParallel        = 2
 	drainClusterParallel = 5
 )
+
+var drainVMs = flag.Int("drain-vms", 10, "VMs BenchmarkDrainThroughput drains from one node")
+
+// agentIdleWindow is how long BenchmarkDrainThroughput takes the agent's CPU time with every VM
+// running and nothing happening.
+const agentIdleWindow = 30 * time.Second
 
 // BenchmarkDrainThroughput marks drainVMs running VMs on one node for evacuation at once, as a
 // drain does, and measures through the real cluster (controller, agents, launchers, libvirt,
@@ -47,7 +55,14 @@ func BenchmarkDrainThroughput(b *testing.B) {
 		c.Spec.Migrations.ParallelOutboundMigrationsPerNode = ptr.To[int32](drainParallel)
 	})
 	_, controllerMetrics := startControllerWithMetrics(b)
-	nodes := startNodes(b, 2, func(c *node.Config) { c.EvictionMaxPodGracePeriod = 60 })
+	vms := *drainVMs
+	// Room for every VM on either node: the node's memory is not what this measures.
+	request := vmi.MemoryRequest(resource.MustParse("128Mi"), 1)
+	capacity := resource.NewQuantity(int64(vms)*request.Value()+(2<<30), resource.BinarySI)
+	nodes := startNodes(b, 2, func(c *node.Config) {
+		c.EvictionMaxPodGracePeriod = 60
+		c.Capacity = corev1.ResourceList{corev1.ResourceMemory: *capacity}
+	})
 	metrics := lifeboatMetrics(controllerMetrics, nodes)
 	source, target := nodes[0], nodes[1]
 	ns := testNamespace(b)
@@ -58,7 +73,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 
 	// Every VM starts on the source: the target takes no pods until they all run.
 	cordon(b, target.Name(), true)
-	vmis := make([]*v1alpha1.VirtualMachineInstance, drainVMs)
+	vmis := make([]*v1alpha1.VirtualMachineInstance, vms)
 	for i := range vmis {
 		vmis[i] = createVMI(b, ns, newVMI(fmt.Sprintf("drain-%d", i), strategy(v1alpha1.EvictionStrategyLiveMigrate)))
 	}
@@ -69,18 +84,33 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	}
 	cordon(b, target.Name(), false)
 	w := watchDrain(b, ns, source.Name())
+	agents := []int{source.agent.cmd.Process.Pid, target.agent.cmd.Process.Pid}
+
+	// The source agent with every VM running and nothing happening: its memory, and its CPU
+	// over a fixed window (the window is the measurement, not a wait for a condition).
+	idleRSS, idleCPU := processMemory(b, agents[0], "VmRSS"), cpuTime(b, agents[0])
+	time.Sleep(agentIdleWindow)
+	idleCPU = cpuTime(b, agents[0]) - idleCPU
 
 	calls := map[string]float64{}
+	var drainCPU [2]time.Duration
+	var drained time.Duration
 	for b.Loop() {
 		before := apiRequests(b, metrics)
+		cpu0 := [2]time.Duration{cpuTime(b, agents[0]), cpuTime(b, agents[1])}
+		t0 := time.Now()
 		marked := markForDrain(b, ns, vmis)
 		err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 15*time.Minute, true, func(context.Context) (bool, error) {
 			moved, succeeded := w.count()
-			return moved == drainVMs && succeeded == drainVMs, nil
+			return moved == vms && succeeded == vms, nil
 		})
 		if err != nil {
 			moved, succeeded := w.count()
-			b.Fatalf("within 15 minutes %d of %d VMs left %s and %d migrations succeeded", moved, drainVMs, source.Name(), succeeded)
+			b.Fatalf("within 15 minutes %d of %d VMs left %s and %d migrations succeeded", moved, vms, source.Name(), succeeded)
+		}
+		drained += time.Since(t0)
+		for i, pid := range agents {
+			drainCPU[i] += cpuTime(b, pid) - cpu0[i]
 		}
 		for k, v := range apiRequests(b, metrics) {
 			calls[k] += v - before[k]
@@ -88,7 +118,14 @@ func BenchmarkDrainThroughput(b *testing.B) {
 		w.report(b, marked, libvirtEnds(b, source.agent.log))
 	}
 	// The benchmark writes the marks itself (as the webhook would): not among these.
-	reportAPICalls(b, calls, float64(b.N*drainVMs), "evacuation")
+	reportAPICalls(b, calls, float64(b.N*vms), "evacuation")
+	mib := func(bytes uint64) float64 { return float64(bytes) / (1 << 20) }
+	b.ReportMetric(mib(idleRSS), "agent-idle-rss-MiB")
+	b.ReportMetric(100*idleCPU.Seconds()/agentIdleWindow.Seconds(), "agent-idle-cpu-%")
+	// VmHWM: the most either agent held at once in its life, the drain included.
+	b.ReportMetric(mib(max(processMemory(b, agents[0], "VmHWM"), processMemory(b, agents[1], "VmHWM"))), "agent-peak-rss-MiB")
+	b.ReportMetric(100*drainCPU[0].Seconds()/drained.Seconds(), "source-agent-drain-cpu-%")
+	b.ReportMetric(100*drainCPU[1].Seconds()/drained.Seconds(), "target-agent-drain-cpu-%")
 }
 
 // cordon marks a node (un)schedulable, as kubectl cordon does.

@@ -114,7 +114,7 @@ func BenchmarkClusterScale(b *testing.B) {
 		})...)
 		startCPU += cpuTime(b, pid) - cpu0
 		add(start, before, apiRequests(b, metrics))
-		rss = append(rss, residentMemory(b, pid))
+		rss = append(rss, processMemory(b, pid, "VmRSS"))
 
 		before = apiRequests(b, metrics)
 		time.Sleep(*scaleIdle) // the window is the measurement: calls counted over a fixed time
@@ -219,15 +219,15 @@ func drainHollowNode(b *testing.B, ns string) (time.Duration, int) {
 	return time.Since(t0), len(want)
 }
 
-// residentMemory is the resident memory of process pid (VmRSS).
-func residentMemory(b *testing.B, pid int) uint64 {
+// processMemory is a memory figure of process pid from /proc/pid/status (VmRSS, VmHWM), in bytes.
+func processMemory(b *testing.B, pid int, field string) uint64 {
 	b.Helper()
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		b.Fatal(err)
 	}
 	for line := range strings.Lines(string(status)) {
-		if f := strings.Fields(line); len(f) == 3 && f[0] == "VmRSS:" {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == field+":" {
 			kb, err := strconv.ParseUint(f[1], 10, 64)
 			if err != nil {
 				b.Fatal(err)
@@ -235,7 +235,7 @@ func residentMemory(b *testing.B, pid int) uint64 {
 			return kb << 10
 		}
 	}
-	b.Fatalf("/proc/%d/status has no VmRSS", pid)
+	b.Fatalf("/proc/%d/status has no %s", pid, field)
 	return 0
 }
 
