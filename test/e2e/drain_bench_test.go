@@ -56,12 +56,13 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	})
 	_, controllerMetrics := startControllerWithMetrics(b)
 	vms := *drainVMs
-	// Room for every VM on either node: the node's memory is not what this measures.
+	// Room for every VM on either node: the node's requests are not what this measures.
 	request := vmi.MemoryRequest(resource.MustParse("128Mi"), 1)
-	capacity := resource.NewQuantity(int64(vms)*request.Value()+(2<<30), resource.BinarySI)
+	memory := resource.NewQuantity(int64(vms)*request.Value()+(2<<30), resource.BinarySI)
+	cpu := resource.NewMilliQuantity(int64(vms)*vmi.CPURequestPerVCPUMilli+4000, resource.DecimalSI)
 	nodes := startNodes(b, 2, func(c *node.Config) {
 		c.EvictionMaxPodGracePeriod = 60
-		c.Capacity = corev1.ResourceList{corev1.ResourceMemory: *capacity}
+		c.Capacity = corev1.ResourceList{corev1.ResourceMemory: *memory, corev1.ResourceCPU: *cpu}
 	})
 	metrics := lifeboatMetrics(controllerMetrics, nodes)
 	source, target := nodes[0], nodes[1]
