@@ -2,13 +2,16 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -74,6 +77,8 @@ func BenchmarkDrainThroughput(b *testing.B) {
 
 	// Every VM starts on the source: the target takes no pods until they all run.
 	cordon(b, target.Name(), true)
+	agentsRSS := processMemory(b, source.agent.cmd.Process.Pid, "VmRSS")
+	printAgentMemory(b, source, "no VM")
 	vmis := make([]*v1alpha1.VirtualMachineInstance, vms)
 	for i := range vmis {
 		vmis[i] = createVMI(b, ns, newVMI(fmt.Sprintf("drain-%d", i), strategy(v1alpha1.EvictionStrategyLiveMigrate)))
@@ -90,6 +95,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	// The source agent with every VM running and nothing happening: its memory, and its CPU
 	// over a fixed window (the window is the measurement, not a wait for a condition).
 	idleRSS, idleCPU := processMemory(b, agents[0], "VmRSS"), cpuTime(b, agents[0])
+	printAgentMemory(b, source, fmt.Sprintf("%d VMs", vms))
 	time.Sleep(agentIdleWindow)
 	idleCPU = cpuTime(b, agents[0]) - idleCPU
 
@@ -121,12 +127,63 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	// The benchmark writes the marks itself (as the webhook would): not among these.
 	reportAPICalls(b, calls, float64(b.N*vms), "evacuation")
 	mib := func(bytes uint64) float64 { return float64(bytes) / (1 << 20) }
+	b.ReportMetric(mib(agentsRSS), "agent-no-vm-rss-MiB")
 	b.ReportMetric(mib(idleRSS), "agent-idle-rss-MiB")
 	b.ReportMetric(100*idleCPU.Seconds()/agentIdleWindow.Seconds(), "agent-idle-cpu-%")
 	// VmHWM: the most either agent held at once in its life, the drain included.
 	b.ReportMetric(mib(max(processMemory(b, agents[0], "VmHWM"), processMemory(b, agents[1], "VmHWM"))), "agent-peak-rss-MiB")
 	b.ReportMetric(100*drainCPU[0].Seconds()/drained.Seconds(), "source-agent-drain-cpu-%")
 	b.ReportMetric(100*drainCPU[1].Seconds()/drained.Seconds(), "target-agent-drain-cpu-%")
+}
+
+// printAgentMemory prints where n's agent's resident memory is: Go's heap and stacks (from its
+// own runtime metrics), anonymous memory in all, and its largest mappings (the binary's code,
+// libvirt's C libraries and their data), from /proc/<pid>/smaps.
+func printAgentMemory(b *testing.B, n *testNode, when string) {
+	b.Helper()
+	pid := n.agent.cmd.Process.Pid
+	// A just-started agent serves its metrics once its caches have synced.
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return metricValue(b, n.metrics, "go_goroutines") >= 0, nil
+	})
+	if err != nil {
+		b.Fatalf("the agent of %s serves no metrics at %s", n.Name(), n.metrics)
+	}
+	mibOf := func(sample string) float64 { return metricValue(b, n.metrics, sample) / (1 << 20) }
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	byName := map[string]int64{}
+	var name string
+	var rss, anon int64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if fields := strings.Fields(line); len(fields) >= 5 && strings.Contains(fields[0], "-") {
+			name = "[anonymous]"
+			if len(fields) >= 6 {
+				name = filepath.Base(fields[5])
+			}
+			continue
+		}
+		if kb, ok := smapsKiB(line, "Rss:"); ok {
+			byName[name] += kb
+			rss += kb
+		}
+		if kb, ok := smapsKiB(line, "Anonymous:"); ok {
+			anon += kb
+		}
+	}
+	names := slices.SortedFunc(maps.Keys(byName), func(a, b string) int { return cmp.Compare(byName[b], byName[a]) })
+	var top []string
+	for _, n := range names[:min(6, len(names))] {
+		top = append(top, fmt.Sprintf("%s %.1f", n, mib(byName[n])))
+	}
+	fmt.Fprintf(os.Stderr, "agent with %s: RSS %.1f MiB, anonymous %.1f (Go heap in use %.1f, stacks %.1f); largest mappings, MiB: %s; %.0f goroutines\n",
+		when, mib(rss), mib(anon), mibOf("go_memstats_heap_inuse_bytes"), mibOf("go_memstats_stack_inuse_bytes"),
+		strings.Join(top, ", "), metricValue(b, n.metrics, "go_goroutines"))
 }
 
 // cordon marks a node (un)schedulable, as kubectl cordon does.

@@ -221,7 +221,7 @@ func (n *testNode) metric(t *testing.T, sample string) float64 {
 }
 
 // metricValue reads one sample from a /metrics URL, or -1.
-func metricValue(t *testing.T, url, sample string) float64 {
+func metricValue(t testing.TB, url, sample string) float64 {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
