@@ -77,8 +77,8 @@ func BenchmarkDrainThroughput(b *testing.B) {
 
 	// Every VM starts on the source: the target takes no pods until they all run.
 	cordon(b, target.Name(), true)
-	agentsRSS := processMemory(b, source.agent.cmd.Process.Pid, "VmRSS")
 	printAgentMemory(b, source, "no VM")
+	noVMRSS := processMemory(b, source.agent.cmd.Process.Pid, "VmRSS")
 	vmis := make([]*v1alpha1.VirtualMachineInstance, vms)
 	for i := range vmis {
 		vmis[i] = createVMI(b, ns, newVMI(fmt.Sprintf("drain-%d", i), strategy(v1alpha1.EvictionStrategyLiveMigrate)))
@@ -127,7 +127,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	// The benchmark writes the marks itself (as the webhook would): not among these.
 	reportAPICalls(b, calls, float64(b.N*vms), "evacuation")
 	mib := func(bytes uint64) float64 { return float64(bytes) / (1 << 20) }
-	b.ReportMetric(mib(agentsRSS), "agent-no-vm-rss-MiB")
+	b.ReportMetric(mib(noVMRSS), "agent-no-vm-rss-MiB")
 	b.ReportMetric(mib(idleRSS), "agent-idle-rss-MiB")
 	b.ReportMetric(100*idleCPU.Seconds()/agentIdleWindow.Seconds(), "agent-idle-cpu-%")
 	// VmHWM: the most either agent held at once in its life, the drain included.
@@ -136,7 +136,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	b.ReportMetric(100*drainCPU[1].Seconds()/drained.Seconds(), "target-agent-drain-cpu-%")
 }
 
-// printAgentMemory prints where n's agent's resident memory is: Go's heap and stacks (from its
+// printAgentMemory waits until n's agent serves its metrics (it has started) and prints where its resident memory is: Go's heap and stacks (from its
 // own runtime metrics), anonymous memory in all, and its largest mappings (the binary's code,
 // libvirt's C libraries and their data), from /proc/<pid>/smaps.
 func printAgentMemory(b *testing.B, n *testNode, when string) {
