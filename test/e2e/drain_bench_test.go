@@ -136,9 +136,10 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	b.ReportMetric(100*drainCPU[1].Seconds()/drained.Seconds(), "target-agent-drain-cpu-%")
 }
 
-// printAgentMemory waits until n's agent serves its metrics (it has started) and prints where its resident memory is: Go's heap and stacks (from its
-// own runtime metrics), anonymous memory in all, and its largest mappings (the binary's code,
-// libvirt's C libraries and their data), from /proc/<pid>/smaps.
+// printAgentMemory waits until n's agent serves its metrics (it has started) and prints where
+// its resident memory is: Go's heap and stacks (from its own runtime metrics), anonymous memory
+// in all, and its largest mappings (the binary's code, libvirt's C libraries and their data),
+// from /proc/<pid>/smaps.
 func printAgentMemory(b *testing.B, n *testNode, when string) {
 	b.Helper()
 	pid := n.agent.cmd.Process.Pid
