@@ -59,7 +59,13 @@ type migrations struct {
 
 	mu     sync.Mutex
 	active map[string]*activeMigration // by migration UID
+	// vmiUIDs are the VMIs found for migrations (by migration UID), so that a target that waits
+	// for its launcher does not read the VMI on every retry.
+	vmiUIDs map[string]knownVMI
 }
+
+// knownVMI is the UID of a migration's VMI, beside the migration's namespace/name.
+type knownVMI struct{ key, uid string }
 
 type activeMigration struct {
 	keyName string // namespace/name of the migration
@@ -73,7 +79,7 @@ func (a *Agent) newMigrations(lb lifeboatclient.Interface, informers []lifeboati
 	m := &migrations{
 		a: a, lifeboat: lb, address: address,
 		queue:  workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "agent-migrations"}),
-		active: map[string]*activeMigration{},
+		active: map[string]*activeMigration{}, vmiUIDs: map[string]knownVMI{},
 	}
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
@@ -145,6 +151,7 @@ func (m *migrations) finish(uid string) {
 	m.mu.Lock()
 	am := m.active[uid]
 	delete(m.active, uid)
+	delete(m.vmiUIDs, uid)
 	m.mu.Unlock()
 	if am != nil {
 		am.stop()
@@ -188,6 +195,11 @@ func (m *migrations) finishByKey(key string) {
 			delete(m.active, uid)
 		}
 	}
+	for uid, known := range m.vmiUIDs {
+		if known.key == key {
+			delete(m.vmiUIDs, uid)
+		}
+	}
 }
 
 // vmiUID finds the UID of a migration's VMI, which names the launcher directories on both nodes:
@@ -205,9 +217,18 @@ func (m *migrations) vmiUID(ctx context.Context, mig *v1alpha1.VirtualMachineIns
 
 // prepareTarget opens this node's proxies to the target launcher and says where they are.
 func (m *migrations) prepareTarget(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration) error {
-	uid, _, err := m.vmiUID(ctx, mig)
-	if err != nil {
-		return err
+	m.mu.Lock()
+	known, ok := m.vmiUIDs[string(mig.UID)]
+	m.mu.Unlock()
+	uid := known.uid
+	if !ok {
+		var err error
+		if uid, _, err = m.vmiUID(ctx, mig); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		m.vmiUIDs[string(mig.UID)] = knownVMI{key: mig.Namespace + "/" + mig.Name, uid: uid}
+		m.mu.Unlock()
 	}
 	if !m.a.connected(uid) {
 		return fmt.Errorf("the target launcher of %s is not connected yet", mig.Spec.VMIName)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,15 +20,12 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
 
-// A status write starts from the informer's copy: one call, no GET; a conflict makes it read the
-// object fresh and write again.
-func TestStatusWritesStartFromTheInformersCopy(t *testing.T) {
-	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm"}}
-	vmi.Status.NodeName = "source"
-	mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"}}
-	client := lifeboatfake.NewSimpleClientset(vmi, mig)
+// newWritesAgent is an agent on node with a fake client holding objects, its informers synced.
+func newWritesAgent(t *testing.T, node string, objects ...runtime.Object) (*Agent, *lifeboatfake.Clientset) {
+	t.Helper()
+	client := lifeboatfake.NewSimpleClientset(objects...)
 	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
-	a, err := New(Config{NodeName: "source", Recorder: record.NewFakeRecorder(10), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	a, err := New(Config{NodeName: node, Recorder: record.NewFakeRecorder(10), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister()},
 		client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
 		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
@@ -35,19 +33,32 @@ func TestStatusWritesStartFromTheInformersCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	informers.Start(ctx.Done())
 	informers.WaitForCacheSync(ctx.Done())
+	return a, client
+}
 
-	count := func(verb, resource string) int {
-		n := 0
-		for _, act := range client.Actions() {
-			if act.GetVerb() == verb && act.GetResource().Resource == resource {
-				n++
-			}
+// calls counts the client's calls of verb on resource.
+func calls(client *lifeboatfake.Clientset, verb, resource string) int {
+	n := 0
+	for _, act := range client.Actions() {
+		if act.GetVerb() == verb && act.GetResource().Resource == resource {
+			n++
 		}
-		return n
 	}
+	return n
+}
+
+// A status write starts from the informer's copy: one call, no GET; a conflict makes it read the
+// object fresh and write again.
+func TestStatusWritesStartFromTheInformersCopy(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm"}}
+	vmi.Status.NodeName = "source"
+	mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"}}
+	a, client := newWritesAgent(t, "source", vmi, mig)
+	ctx := t.Context()
+	count := func(verb, resource string) int { return calls(client, verb, resource) }
 	client.ClearActions()
 	if err := a.migrations.updateVMI(ctx, "ns", "vm", func(v *v1alpha1.VirtualMachineInstance) { v.Status.Reason = "one" }); err != nil {
 		t.Fatal(err)
@@ -83,5 +94,32 @@ func TestStatusWritesStartFromTheInformersCopy(t *testing.T) {
 	}
 	if got.Status.Reason != "two" {
 		t.Errorf("after the retry the reason is %q; want the change written", got.Status.Reason)
+	}
+}
+
+// A migration's target waits for its launcher (to connect, to load QEMU's capabilities) by
+// retrying; the VMI, which its informer does not hold (it lists this node's VMIs), is read once
+// for the migration, not on every retry, and forgotten with the migration.
+func TestATargetReadsTheMigrationsVMIOnce(t *testing.T) {
+	mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
+	mig.Status.SourceNode, mig.Status.TargetNode, mig.Status.Phase = "source", "target", v1alpha1.MigrationPreparingTarget
+	a, client := newWritesAgent(t, "target", mig)
+	// The VMI is on the source node: the API server has it, the target's informer does not.
+	client.PrependReactor("get", "virtualmachineinstances", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm"}}, nil
+	})
+	client.ClearActions()
+	for range 3 {
+		if err := a.migrations.prepareTarget(t.Context(), mig); err == nil || !strings.Contains(err.Error(), "not connected yet") {
+			t.Fatalf("prepareTarget with no launcher connected = %v, want it to wait for the launcher", err)
+		}
+	}
+	if gets := calls(client, "get", "virtualmachineinstances"); gets != 1 {
+		t.Errorf("three tries of the target read the VMI %d times, want once", gets)
+	}
+	a.migrations.finishByKey("ns/mig")
+	if n := len(a.migrations.vmiUIDs); n != 0 {
+		t.Errorf("after the migration ended the agent still remembers %d VMIs for it", n)
 	}
 }
