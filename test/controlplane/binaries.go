@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 
 	"github.com/lifeboat-vm/lifeboat/test/internal/cache"
 )
@@ -192,20 +190,14 @@ func goBuild(ctx context.Context, root string, b build, progress io.Writer) erro
 	}
 	fmt.Fprintf(progress, "building %s (once; cached in %s)\n", b.pkg, filepath.Dir(b.out))
 	tmp := b.out + ".partial"
-	args := []string{"build", "-buildvcs=false", "-trimpath", "-ldflags", strings.TrimSpace("-s -w " + b.ldflags)}
-	if b.tags != "" {
-		args = append(args, "-tags", b.tags)
-	}
-	cmd := exec.CommandContext(ctx, "go", append(args, "-o", tmp, b.pkg)...)
-	cmd.Dir = filepath.Join(root, b.module)
+	g := GoBuild{Dir: filepath.Join(root, b.module), Out: tmp, Packages: []string{b.pkg},
+		Release: true, LDFlags: b.ldflags, Tags: b.tags, Output: progress}
 	if b.noCgo {
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		g.Env = []string{"CGO_ENABLED=0"}
 	}
-	cmd.Stdout = progress
-	cmd.Stderr = progress
-	if err := cmd.Run(); err != nil {
+	if err := g.Run(ctx); err != nil {
 		_ = os.Remove(tmp)
-		return fmt.Errorf("building %s in %s: %w", b.pkg, b.module, err)
+		return err
 	}
 	return os.Rename(tmp, b.out)
 }

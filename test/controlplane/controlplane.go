@@ -70,6 +70,8 @@ type ControlPlane struct {
 
 	pki   pki
 	procs []*Process
+	// serviceAccounts: the controller manager runs and gives each namespace its default one.
+	serviceAccounts bool
 }
 
 // Start builds the binaries if they are not cached, starts the components and waits until the
@@ -105,7 +107,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	if dir, err = filepath.Abs(dir); err != nil {
 		return nil, err
 	}
-	cp := &ControlPlane{Dir: dir, Binaries: bins}
+	cp := &ControlPlane{Dir: dir, Binaries: bins, serviceAccounts: !opts.WithoutControllerManager}
 	defer func() {
 		if err != nil {
 			cp.Stop()
@@ -150,7 +152,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 		return nil, err
 	}
 	if !opts.WithoutControllerManager {
-		if err := cp.waitDefaultServiceAccount(ctx); err != nil {
+		if err := cp.waitDefaultServiceAccount(ctx, "default"); err != nil {
 			return nil, err
 		}
 	}
@@ -393,20 +395,20 @@ func (cp *ControlPlane) waitReady(ctx context.Context) error {
 	return nil
 }
 
-func (cp *ControlPlane) waitDefaultServiceAccount(ctx context.Context) error {
+func (cp *ControlPlane) waitDefaultServiceAccount(ctx context.Context, namespace string) error {
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		if err := cp.exitedError(); err != nil {
 			return false, err
 		}
-		_, err := cp.Kube.CoreV1().ServiceAccounts("default").Get(ctx, "default", getOptions)
+		_, err := cp.Kube.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", getOptions)
 		return err == nil, nil
 	})
 	if err != nil && cp.anyExited() {
 		return err
 	}
 	if err != nil {
-		return fmt.Errorf("waiting for kube-controller-manager to create the default service account: %w\n%s",
-			err, cp.LogTail("kube-controller-manager"))
+		return fmt.Errorf("waiting for kube-controller-manager to create the default service account of namespace %s: %w\n%s",
+			namespace, err, cp.LogTail("kube-controller-manager"))
 	}
 	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -73,17 +72,7 @@ func prepare() error {
 	if err := images.WriteStore(imageStore, imgs); err != nil {
 		return err
 	}
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command("go", "build", "-o", bins+string(filepath.Separator), "./cmd/...")
-	cmd.Dir = root
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("building lifeboat's commands: %w", err)
-	}
-	return nil
+	return controlplane.GoBuild{Out: bins + string(filepath.Separator), Packages: []string{"./cmd/..."}, Output: os.Stderr}.Run(context.Background())
 }
 
 // openCopy copies the guest's files into dir, readable by every user.

@@ -8,13 +8,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
+
 	"path"
 	"path/filepath"
 	"strings"
 
 	"github.com/cavaliergopher/cpio"
 
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 )
 
@@ -74,10 +75,9 @@ func buildInit(ctx context.Context) ([]byte, error) {
 	}
 	defer os.RemoveAll(tmp)
 	out := filepath.Join(tmp, "init")
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w", "-o", out, initPackage)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
-	if _, err := run(cmd); err != nil {
-		return nil, fmt.Errorf("building the guest's /init (run inside the lifeboat module): %w", err)
+	build := controlplane.GoBuild{Out: out, Packages: []string{initPackage}, Release: true, Env: []string{"CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64"}}
+	if err := build.Run(ctx); err != nil {
+		return nil, fmt.Errorf("the guest's /init: %w", err)
 	}
 	return os.ReadFile(out)
 }

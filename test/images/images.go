@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -112,24 +111,13 @@ func Build(ctx context.Context, out string, progress io.Writer) error {
 }
 
 func goBuild(ctx context.Context, c Component, binary string, progress io.Writer) error {
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		return err
-	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", binary, "./cmd/"+c.Name)
-	cmd.Dir = root
 	// The agent and the launcher link libvirt (cgo) and find it in the Debian layer; the
 	// controller needs no C and runs on an empty image.
 	cgo := "1"
 	if !c.Debian {
 		cgo = "0"
 	}
-	cmd.Env = append(os.Environ(), "CGO_ENABLED="+cgo)
-	cmd.Stdout, cmd.Stderr = progress, progress
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("building %s: %w", c.Name, err)
-	}
-	return nil
+	return controlplane.GoBuild{Out: binary, Packages: []string{"./cmd/" + c.Name}, Env: []string{"CGO_ENABLED=" + cgo}, Output: progress}.Run(ctx)
 }
 
 // image is base, then a layer with the binary in binDir, which is the entrypoint.

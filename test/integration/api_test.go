@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apiextensions "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,20 +21,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 )
 
-func testNamespace(t *testing.T) string {
-	t.Helper()
-	ctx := context.Background()
-	ns, err := cluster.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "api-"},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("creating a namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = cluster.Kube.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
-	})
-	return ns.Name
-}
+func testNamespace(t *testing.T) string { return cluster.Namespace(t, "api-") }
 
 func exampleVMI(name string) *v1alpha1.VirtualMachineInstance {
 	return &v1alpha1.VirtualMachineInstance{

@@ -5,9 +5,9 @@
 package manifests
 
 import (
+	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -38,18 +38,9 @@ func (c cleanup) Run() int {
 }
 
 func buildController() error {
-	root, err := controlplane.RepoRoot()
-	if err != nil {
-		return err
-	}
+	var err error
 	if bins, err = os.MkdirTemp("", "lifeboat-manifests-bin-*"); err != nil {
 		return err
 	}
-	cmd := exec.Command("go", "build", "-o", filepath.Join(bins, "lifeboat-controller"), "./cmd/lifeboat-controller")
-	cmd.Dir = root
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("building lifeboat-controller: %w", err)
-	}
-	return nil
+	return controlplane.GoBuild{Out: filepath.Join(bins, "lifeboat-controller"), Packages: []string{"./cmd/lifeboat-controller"}, Output: os.Stderr}.Run(context.Background())
 }

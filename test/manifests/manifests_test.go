@@ -353,14 +353,4 @@ func TestExamples(t *testing.T) {
 	}
 }
 
-func testNamespace(t *testing.T) string {
-	t.Helper()
-	ns, err := cluster.Kube.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "manifests-"}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cluster.Kube.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
-	})
-	return ns.Name
-}
+func testNamespace(t *testing.T) string { return cluster.Namespace(t, "manifests-") }

@@ -31,26 +31,7 @@ func startNodes(t *testing.T, n int, configure ...func(*Config)) []*Node {
 
 // testNamespace creates a namespace for the test and waits for its default service account,
 // without which the API server refuses pods.
-func testNamespace(t *testing.T) string {
-	t.Helper()
-	ns, err := cluster.Kube.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "node-"},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("creating a namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = cluster.Kube.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
-	})
-	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
-		_, err := cluster.Kube.CoreV1().ServiceAccounts(ns.Name).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, nil
-	})
-	if err != nil {
-		t.Fatalf("namespace %s never got its default service account: %v", ns.Name, err)
-	}
-	return ns.Name
-}
+func testNamespace(t *testing.T) string { return cluster.Namespace(t, "node-") }
 
 // shPod is a pod that runs script under sh on node. Its node selector names the node, but the
 // real kube-scheduler still places it.

@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/images"
 )
 
@@ -36,11 +36,9 @@ func (g GoImage) Build(ctx context.Context, root, out string) error {
 	}
 	defer os.RemoveAll(bin)
 	path := filepath.Join(bin, filepath.Base(g.Package))
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", path, g.Package)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("building %s for %s: %w\n%s", g.Package, g.Name, err, b)
+	build := controlplane.GoBuild{Dir: root, Out: path, Packages: []string{g.Package}, Release: true, Env: []string{"CGO_ENABLED=0"}}
+	if err := build.Run(ctx); err != nil {
+		return fmt.Errorf("the image %s: %w", g.Name, err)
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
