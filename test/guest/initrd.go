@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-
 	"path"
 	"path/filepath"
 	"strings"
