@@ -119,9 +119,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 		for i, pid := range agents {
 			drainCPU[i] += cpuTime(b, pid) - cpu0[i]
 		}
-		for k, v := range apiRequests(b, metrics) {
-			calls[k] += v - before[k]
-		}
+		addCalls(calls, before, apiRequests(b, metrics))
 		w.report(b, marked, libvirtEnds(b, source.agent.log))
 	}
 	// The benchmark writes the marks itself (as the webhook would): not among these.

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,7 +67,7 @@ func BenchmarkClusterScale(b *testing.B) {
 	pid := controller.cmd.Process.Pid
 
 	var pods, vmis, drains []time.Duration
-	var rss []uint64
+	var rss []float64 // MiB
 	var startCPU time.Duration
 	start, evacuation, idle := map[string]float64{}, map[string]float64{}, map[string]float64{}
 	var evacuated int
@@ -113,19 +112,17 @@ func BenchmarkClusterScale(b *testing.B) {
 			return v.Name, running(v)
 		})...)
 		startCPU += cpuTime(b, pid) - cpu0
-		add(start, before, apiRequests(b, metrics))
-		rss = append(rss, processMemory(b, pid, "VmRSS"))
+		addCalls(start, before, apiRequests(b, metrics))
+		rss = append(rss, float64(processMemory(b, pid, "VmRSS"))/(1<<20))
 
-		before = apiRequests(b, metrics)
-		time.Sleep(*scaleIdle) // the window is the measurement: calls counted over a fixed time
-		add(idle, before, apiRequests(b, metrics))
+		idleCalls(b, metrics, *scaleIdle, idle)
 		idleHours += scaleIdle.Hours()
 
 		before = apiRequests(b, metrics)
 		took, n := drainHollowNode(b, ns)
 		drains = append(drains, took)
 		evacuated += n
-		add(evacuation, before, apiRequests(b, metrics))
+		addCalls(evacuation, before, apiRequests(b, metrics))
 		deleteNamespace(b, ns)
 	}
 	fmt.Fprintf(os.Stderr, "%d pods and %d VMIs on %d hollow nodes, created %s apart; %d VMs evacuated in %d drains\n",
@@ -135,19 +132,12 @@ func BenchmarkClusterScale(b *testing.B) {
 	b.ReportMetric(percentile(vmis, 50).Seconds(), "vmi-p50-s")
 	b.ReportMetric(percentile(vmis, 95).Seconds(), "vmi-p95-s")
 	b.ReportMetric(percentile(vmis, 50).Seconds()/percentile(pods, 50).Seconds(), "vmi/pod-p50")
-	b.ReportMetric(float64(medianOf(rss))/(1<<20), "controller-rss-MiB")
+	b.ReportMetric(median(rss), "controller-rss-MiB")
 	b.ReportMetric(float64(startCPU.Milliseconds())/float64(len(vmis)), "controller-cpu-ms/vmi")
 	b.ReportMetric(percentile(drains, 50).Seconds(), "drain-to-started-s")
 	reportAPICalls(b, start, float64(len(vmis)), "vmi")
 	reportAPICalls(b, evacuation, float64(evacuated), "evacuation")
 	reportAPICalls(b, idle, idleHours, "hour")
-}
-
-// add adds the calls made between before and after to into.
-func add(into, before, after map[string]float64) {
-	for k, v := range after {
-		into[k] += v - before[k]
-	}
 }
 
 // drainHollowNode drains the hollow node with the most of ns's VMIs as kubectl drain does
@@ -255,11 +245,4 @@ func cpuTime(b *testing.B, pid int) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(utime+stime) * 10 * time.Millisecond
-}
-
-// medianOf is the median of s (the upper one of an even count).
-func medianOf(s []uint64) uint64 {
-	c := slices.Clone(s)
-	slices.Sort(c)
-	return c[len(c)/2]
 }

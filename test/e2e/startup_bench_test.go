@@ -100,9 +100,7 @@ func BenchmarkCreationToRunning(b *testing.B) {
 			}
 			return v.Name, running(v)
 		})...)
-		for k, v := range apiRequests(b, metrics) {
-			calls[k] += v - before[k]
-		}
+		addCalls(calls, before, apiRequests(b, metrics))
 		deleteNamespace(b, ns)
 	}
 	fmt.Fprintf(os.Stderr, "%d pods and %d VMIs, created %s apart\n", len(pods), len(vmis), startupInterval)
@@ -244,6 +242,23 @@ func apiRequests(b testing.TB, urls []string) map[string]float64 {
 	return out
 }
 
+// addCalls adds the calls made between two readings of apiRequests, before and after, to into.
+func addCalls(into, before, after map[string]float64) {
+	for k, v := range after {
+		into[k] += v - before[k]
+	}
+}
+
+// idleCalls adds to into the calls the components at urls make over window while nothing is
+// asked of them. The window is the measurement (calls counted over a fixed time), not a wait
+// for a condition: there is none to wait for.
+func idleCalls(b *testing.B, urls []string, window time.Duration, into map[string]float64) {
+	b.Helper()
+	before := apiRequests(b, urls)
+	time.Sleep(window)
+	addCalls(into, before, apiRequests(b, urls))
+}
+
 // percentile is the p-th percentile of d, nearest rank.
 func percentile(d []time.Duration, p int) time.Duration {
 	s := slices.Clone(d)
@@ -275,11 +290,7 @@ func BenchmarkIdleAPICalls(b *testing.B) {
 	}
 	calls := map[string]float64{}
 	for b.Loop() {
-		before := apiRequests(b, metrics)
-		time.Sleep(idleWindow)
-		for k, v := range apiRequests(b, metrics) {
-			calls[k] += v - before[k]
-		}
+		idleCalls(b, metrics, idleWindow, calls)
 	}
 	hours := float64(b.N) * idleWindow.Hours()
 	for k := range calls {
