@@ -113,8 +113,8 @@ func (o Offer) Reply(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, error) {
 	return dhcpv4.NewReplyFromRequest(req, mods...)
 }
 
-// StartDHCP answers the guest on the bridge iface until ctx ends. The agent let this pod's
-// unprivileged users bind port 67.
+// StartDHCP answers the guest on the bridge iface until ctx ends. The pod's sysctl
+// net.ipv4.ip_unprivileged_port_start (the VMI controller sets it) lets its user bind port 67.
 func StartDHCP(ctx context.Context, iface string, o Offer, log *slog.Logger) error {
 	handler := func(conn net.PacketConn, peer net.Addr, req *dhcpv4.DHCPv4) {
 		reply, err := o.Reply(req)

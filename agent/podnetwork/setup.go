@@ -13,6 +13,7 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/lifeboat-vm/lifeboat/api/notify"
@@ -24,10 +25,6 @@ const natTable = "lifeboat"
 // aliasPrefix marks eth0's alias where the bridge binding records the address it moved to
 // the guest, so that building again (an agent restarted mid-way) finds it.
 const aliasPrefix = "lifeboat-pod-address "
-
-// dhcpPort is the DHCP server's port, which the launcher's unprivileged user must be able to
-// bind in its pod.
-const dhcpPort = 67
 
 // Setup builds plan in the network namespace ns, a descriptor the launcher sent, and returns
 // what the guest is to be offered. It is idempotent: a launcher whose first request found the
@@ -129,7 +126,7 @@ func build(plan Plan, nsFD int) (*notify.Lease, error) {
 	lease := &notify.Lease{Interface: Bridge, Tap: Tap, MTU: mtu}
 	switch plan.Binding {
 	case Masquerade:
-		err = masquerade(br, plan, nsFD, lease)
+		err = masquerade(eth0, br, plan, nsFD, lease)
 	case BridgeMode:
 		err = bridge(eth0, br, lease)
 	default:
@@ -142,10 +139,6 @@ func build(plan Plan, nsFD int) (*notify.Lease, error) {
 		if err := netlink.LinkSetUp(l); err != nil {
 			return nil, fmt.Errorf("bringing %s up: %w", l.Attrs().Name, err)
 		}
-	}
-	// The launcher runs as an unprivileged user, and its DHCP server listens on port 67.
-	if err := os.WriteFile("/proc/sys/net/ipv4/ip_unprivileged_port_start", []byte(fmt.Sprint(dhcpPort)), 0); err != nil {
-		return nil, fmt.Errorf("letting the launcher serve DHCP: %w", err)
 	}
 	return lease, nil
 }
@@ -180,12 +173,15 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 // masquerade makes the bridge the guest's gateway and NATs between the pod's address and the
 // guest's: what comes in on eth0 (to the listed ports, or all) goes to the guest, and what the
 // guest sends out leaves with the pod's address.
-func masquerade(br netlink.Link, plan Plan, nsFD int, lease *notify.Lease) error {
+func masquerade(eth0, br netlink.Link, plan Plan, nsFD int, lease *notify.Lease) error {
 	if err := ensureAddr(br, GatewayPrefix); err != nil {
 		return err
 	}
-	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0); err != nil {
-		return fmt.Errorf("turning forwarding on: %w", err)
+	// What comes in on eth0 for the guest, and what the guest sends out through the bridge.
+	for _, l := range []netlink.Link{eth0, br} {
+		if err := forward(l); err != nil {
+			return fmt.Errorf("turning forwarding on for %s: %w", l.Attrs().Name, err)
+		}
 	}
 	if err := natRules(plan, nsFD); err != nil {
 		return fmt.Errorf("writing the NAT rules: %w", err)
@@ -319,3 +315,25 @@ func podAddress(eth0 netlink.Link) (netip.Prefix, netip.Addr, error) {
 	}
 	return addr, gw, nil
 }
+
+// forward turns IPv4 forwarding on for packets that come in on l, as the forwarding sysctl of l
+// does, but through rtnetlink (IFLA_INET_CONF): the agent's container sees /proc/sys read-only,
+// and the capability that this takes, CAP_NET_ADMIN, it has anyway for the links and the rules.
+func forward(l netlink.Link) error {
+	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(l.Attrs().Index)
+	req.AddData(msg)
+	spec := nl.NewRtAttr(unix.IFLA_AF_SPEC, nil)
+	conf := spec.AddRtAttr(unix.AF_INET, nil).AddRtAttr(iflaInetConf, nil)
+	conf.AddRtAttr(ipv4DevconfForwarding, nl.Uint32Attr(1))
+	req.AddData(spec)
+	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
+	return err
+}
+
+// From linux/if_link.h and linux/ip.h, which x/sys/unix does not carry.
+const (
+	iflaInetConf          = 1 // IFLA_INET_CONF
+	ipv4DevconfForwarding = 1 // IPV4_DEVCONF_FORWARDING
+)

@@ -31,6 +31,9 @@ const (
 	// 107): never root. The pod's fsGroup is GID, so its volumes are the launcher's to write.
 	UID = 107
 	GID = 107
+	// DHCPPort is DHCP's server port, where the launcher's unprivileged user answers its guest:
+	// the pod of a VM on the pod network lets users bind ports from it up.
+	DHCPPort = 67
 
 	// VMDir holds what the launcher container has of its own VM: the images its pod mounts as
 	// image volumes and the pod's emptyDir for the disks it writes. Nothing in it is the node's.

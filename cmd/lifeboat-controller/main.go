@@ -56,7 +56,6 @@ func main() {
 	flag.BoolVar(&o.metricsInsecure, "metrics-insecure", false, "serve metrics over plain HTTP without authentication; only with a loopback --metrics-listen")
 	heartbeat := flag.Duration("eviction-heartbeat-interval", time.Minute,
 		"how often the EvictionRequest responder reports progress on an Eviction when nothing changes (20s to 3m)")
-	flag.BoolVar(&o.podOpts.HostNetwork, "launcher-host-network", false, "run launcher pods in their node's network namespace (for nodes without a pod network)")
 	o.hook.register()
 	flag.StringVar(&o.namespace, "namespace", "lifeboat-system", "lifeboat's namespace, where the migration CA is kept (Secret "+nodecerts.CASecret+") and published (ConfigMap "+migrationtls.CAConfigMap+")")
 	flag.DurationVar(&o.nodeCertValidity, "node-cert-validity", 24*time.Hour, "longest life of a node's migration certificate; agents renew theirs at 70 to 90% of it")

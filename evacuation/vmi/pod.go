@@ -92,10 +92,6 @@ type PodOptions struct {
 	// EvictionResponder declares lifeboat as the pods' EvictionRequest responder; only when the
 	// API server serves lifecycle.k8s.io/v1alpha1 (it drops the field otherwise).
 	EvictionResponder bool
-	// HostNetwork runs launcher pods in their node's network namespace. The guests have no
-	// network of their own yet and migrations go through the agents, so launchers need none;
-	// this is for nodes without a pod network, such as the real test node (test/realnode).
-	HostNetwork bool
 }
 
 // RefusedError is a VMI that may not have a launcher pod as it is: it names a node path the
@@ -150,13 +146,12 @@ func NewLauncherPod(vmi *v1alpha1.VirtualMachineInstance, opts PodOptions, allow
 		},
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever,
-			HostNetwork:   opts.HostNetwork,
 			// libvirtd daemonizes QEMU, so QEMU's parent becomes the PID namespace's init. Sharing
 			// the pod's namespace makes that the sandbox's pause process, which reaps it; with the
 			// launcher as init, an exited QEMU stays a zombie that libvirt takes for alive, and a
 			// stopped or migrated domain is not seen gone for tens of seconds.
 			ShareProcessNamespace:         ptr.To(true),
-			SecurityContext:               launcherPodSecurity(),
+			SecurityContext:               launcherPodSecurity(vmi),
 			TerminationGracePeriodSeconds: ptr.To(grace),
 			NodeSelector:                  nodeSelector,
 			AutomountServiceAccountToken:  ptr.To(false),
@@ -221,14 +216,20 @@ func podLabels(vmi *v1alpha1.VirtualMachineInstance) map[string]string {
 // Pod Security "restricted" admits it: the pod's libvirtd is a session daemon of that user
 // (domain.daemonLayout), and QEMU runs as that user too. fsGroup makes the pod's volumes
 // (its emptyDirs, its claims where the volume plugin supports ownership) the user's group's.
-func launcherPodSecurity() *corev1.PodSecurityContext {
-	return &corev1.PodSecurityContext{
+func launcherPodSecurity(vmi *v1alpha1.VirtualMachineInstance) *corev1.PodSecurityContext {
+	sc := &corev1.PodSecurityContext{
 		RunAsNonRoot:   ptr.To(true),
 		RunAsUser:      ptr.To[int64](launcher.UID),
 		RunAsGroup:     ptr.To[int64](launcher.GID),
 		FSGroup:        ptr.To[int64](launcher.GID),
 		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
+	// The launcher serves its guest DHCP on port 67 without a capability; the sysctl is one of
+	// the pod's own that Pod Security "restricted" allows.
+	if _, ok, _ := v1alpha1.PodInterface(&vmi.Spec); ok {
+		sc.Sysctls = []corev1.Sysctl{{Name: "net.ipv4.ip_unprivileged_port_start", Value: fmt.Sprint(launcher.DHCPPort)}}
+	}
+	return sc
 }
 
 // launcherContainerSecurity gives the launcher no capability and no way to gain one: QEMU under

@@ -165,15 +165,7 @@ func migrateServedVM(tb testing.TB) servedMigration {
 		v.Spec.Memory = resource.MustParse("256Mi")
 		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](grace)
 	}))
-	svc, err := cluster.Kube.CoreV1().Services(ns).Create(context.Background(), &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "served"},
-		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "served"},
-			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(protocol.ServePort)}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	address := net.JoinHostPort(svc.Spec.ClusterIP, "80")
+	address := createService(tb, ns, "served")
 	vmi = waitVMI(tb, ns, vmi.Name, bootTimeout, "phase Running", running)
 	source := nodeOf(tb, nodes, vmi)
 	// The guest's card and lease: its MAC and fixed private address, which no migration changes.
@@ -240,6 +232,21 @@ func migrateServedVM(tb testing.TB) servedMigration {
 	}
 	r.downtime = arrivalDowntime(tb, target, targetPod)
 	return r
+}
+
+// createService makes a Service named app that selects the pods labelled app=app, serving the
+// guest's port on port 80, and returns its address.
+func createService(tb testing.TB, ns, app string) string {
+	tb.Helper()
+	svc, err := cluster.Kube.CoreV1().Services(ns).Create(context.Background(), &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: app},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": app},
+			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(protocol.ServePort)}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return net.JoinHostPort(svc.Spec.ClusterIP, "80")
 }
 
 // arrivalDowntime is the downtime the target launcher logged once the guest arrived.

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -68,7 +69,8 @@ var lifeboatImages = sync.OnceValues(func() ([]string, error) {
 })
 
 // startRealNode starts the real node with lifeboat's images imported, labelled for VMs, its
-// kubelet configured further by configure.
+// kubelet configured further by configure. Its pods are on a pod network of their own test
+// (realnode.Node.Network), which emulated nodes may join.
 func startRealNode(t testing.TB, configure ...func(*kubeletv1beta1.KubeletConfiguration)) *realnode.Node {
 	t.Helper()
 	archives, err := lifeboatImages()
@@ -78,6 +80,7 @@ func startRealNode(t testing.TB, configure ...func(*kubeletv1beta1.KubeletConfig
 	n, err := realnode.Start(t.Context(), realnode.Config{
 		Name: realNodeName, Address: realNodeAddress, Kubeconfig: cluster.Kubeconfig, Client: cluster.Kube,
 		Labels: map[string]string{node.KVMLabel: "true"}, Images: archives, Progress: os.Stderr,
+		Network: node.NewTestNetwork(t),
 		Kubelet: func(c *kubeletv1beta1.KubeletConfiguration) {
 			c.EvictionMaxPodGracePeriod = realMaxGrace
 			for _, f := range configure {
@@ -97,11 +100,12 @@ func startRealNode(t testing.TB, configure ...func(*kubeletv1beta1.KubeletConfig
 	return n
 }
 
-// overlay adapts manifests/ to the real test node, which has neither a registry, a pod network
-// nor a route to the kubernetes Service: images are never pulled, lifeboat's pods use the
-// node's network and reach the API server on loopback, the agent reads this kubelet's
-// configuration and listens on a free port of the node's address, one controller replica runs
-// (two on one host network would share ports), and launchers are TCG guests on the host network.
+// overlay adapts manifests/ to the real test node, which has neither a registry nor a route
+// from its pod network to the API server (the kubernetes Service): images are never pulled,
+// lifeboat's own pods use the node's network and reach the API server on loopback, the agent
+// reads this kubelet's configuration and listens on a free port of the node's address, one
+// controller replica runs (two on one host network would share ports), and launchers are TCG
+// guests. Launcher pods are on the pod network, as in a cluster.
 const overlay = `apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
@@ -144,7 +148,6 @@ patches:
 - target: {kind: Deployment, name: lifeboat-controller}
   patch: |-
     - {op: add, path: /spec/template/spec/containers/0/args/-, value: --acceleration=tcg}
-    - {op: add, path: /spec/template/spec/containers/0/args/-, value: --launcher-host-network}
 `
 
 // deployLifeboat applies manifests/, through the test overlay, with server-side apply, and waits
@@ -246,17 +249,20 @@ func realVM(t *testing.T, gateOn bool) (*realnode.Node, *testNode, *v1alpha1.Vir
 	setConfig(t, gateOn)
 	vmi, before := realNodeVM(t, real, testNamespace(t), "real")
 	// The target joins only now, so that the VM could start nowhere else.
-	target := startNodes(t, 1)[0]
+	target := startNodes(t, 1, node.OnNetwork(real.Network()))[0]
 	return real, target, vmi, before
 }
 
 // realNodeVM starts a LiveMigrate VM on the real node, which must be the only node that can take
-// it, and returns it once its guest counts, with the counter.
+// it, and returns it once its guest counts, with the counter, and answers on its pod's address.
+// The VM's labels are app=name.
 func realNodeVM(t testing.TB, real *realnode.Node, ns, name string) (*v1alpha1.VirtualMachineInstance, int) {
 	t.Helper()
 	// As a user writes it: the kernel from an image and a containerDisk, both image volumes that
-	// the node's containerd mounts; the guest keeps its journal on the disk's overlay.
-	vmi := createVMI(t, ns, newVMI(name, strategy(v1alpha1.EvictionStrategyLiveMigrate), withContainerDisk, func(v *v1alpha1.VirtualMachineInstance) {
+	// the node's containerd mounts (the guest keeps its journal on the disk's overlay), and a
+	// card on the pod network, which the node's containerd wires through CNI.
+	vmi := createVMI(t, ns, newVMI(name, strategy(v1alpha1.EvictionStrategyLiveMigrate), withContainerDisk, withPodNetwork, func(v *v1alpha1.VirtualMachineInstance) {
+		v.Labels = map[string]string{"app": name}
 		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](realMaxGrace - 15)
 	}))
 	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
@@ -265,7 +271,14 @@ func realNodeVM(t testing.TB, real *realnode.Node, ns, name string) (*v1alpha1.V
 	}
 	pod := launcherPod(t, vmi)
 	checkUnprivileged(t, pod, true)
-	return vmi, waitCounterPast(t, realConsolePath(real, pod), 0, bootTimeout)
+	if pod.Spec.HostNetwork || pod.Status.PodIP == "" || pod.Status.PodIP == real.Address() {
+		t.Fatalf("the launcher pod must have an address of its own on the pod network, not the node's %s: hostNetwork %t, address %q",
+			real.Address(), pod.Spec.HostNetwork, pod.Status.PodIP)
+	}
+	counter := waitCounterPast(t, realConsolePath(real, pod), 0, bootTimeout)
+	boot, _ := waitGuestAnswer(t, real.Network(), net.JoinHostPort(pod.Status.PodIP, fmt.Sprint(protocol.ServePort)), bootTimeout)
+	t.Logf("the guest (boot %s) answers on its launcher pod's address %s", boot, pod.Status.PodIP)
+	return vmi, counter
 }
 
 // crossSoftThreshold makes the real node's memory.available fall below its kubelet's evictionSoft
@@ -383,6 +396,14 @@ func podCondition(p *corev1.Pod, typ corev1.PodConditionType) *corev1.PodConditi
 func TestRealNodePressureLiveMigratesTheVM(t *testing.T) {
 	real, target, vmi, before := realVM(t, true)
 	sourcePod := launcherPod(t, vmi)
+	// A Service selects the VM; kube-proxy routes it for the pod network's clients.
+	proxy, err := controlplane.EnsureKubeProxy(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.StartTestServiceProxy(t, real.Network(), proxy, cluster.Kubeconfig, real.Name())
+	service := createService(t, vmi.Namespace, vmi.Labels["app"])
+	boot, _ := waitGuestAnswer(t, real.Network(), service, bootTimeout)
 	crossSoftThreshold(t, real)
 	evicted := kubeletEviction(t, sourcePod, 2*time.Minute)
 
@@ -394,6 +415,10 @@ func TestRealNodePressureLiveMigratesTheVM(t *testing.T) {
 		time.Since(evicted).Round(time.Second), moved.Status.MigrationState.Mode)
 	waitCounterPast(t, target.consolePath(moved), before+2, 30*time.Second)
 	waitJournal(t, target.consolePath(moved), before, 30*time.Second)
+	// The Service follows the VM to its pod on the other node: the same boot answers there.
+	if again, counter := waitGuestAnswer(t, real.Network(), service, 30*time.Second); again != boot || counter < before {
+		t.Errorf("through the Service after the migration: boot %s counter %d, want boot %s counting on from %d", again, counter, boot, before)
+	}
 	if s := moved.Status.MigrationState; s.Cause != v1alpha1.MigrationCauseNodePressure || s.SourceNode != real.Name() {
 		t.Errorf("migration state %+v: want cause NodePressure from %s", s, real.Name())
 	}

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -167,11 +168,20 @@ type nodeNetwork struct {
 }
 
 func (nn nodeNetwork) conflist() (*libcni.NetworkConfigList, error) {
+	b, err := nn.conflistJSON("bridge")
+	if err != nil {
+		return nil, err
+	}
+	return libcni.ConfListFromBytes(b)
+}
+
+// conflistJSON is the node's CNI configuration, with plugin the bridge plugin's name.
+func (nn nodeNetwork) conflistJSON(plugin string) ([]byte, error) {
 	conf := map[string]any{
 		"cniVersion": "1.0.0",
 		"name":       "lifeboat-pods",
 		"plugins": []any{map[string]any{
-			"type": "bridge", "bridge": nn.bridge, "isGateway": true, "hairpinMode": true,
+			"type": plugin, "bridge": nn.bridge, "isGateway": true, "hairpinMode": true,
 			"ipam": map[string]any{
 				"type":    "host-local",
 				"ranges":  [][]map[string]string{{{"subnet": nn.subnet.String()}}},
@@ -180,11 +190,33 @@ func (nn nodeNetwork) conflist() (*libcni.NetworkConfigList, error) {
 			},
 		}},
 	}
-	b, err := json.Marshal(conf)
+	return json.Marshal(conf)
+}
+
+// fabricBridge is the name of the plugin RuntimeCNI writes: the bridge plugin, run in the fabric.
+const fabricBridge = "fabric-bridge"
+
+// RuntimeCNI gives a container runtime other than the emulated nodes' (a real node's containerd)
+// the next node's share of the network: it writes the CNI configuration into confDir and, into
+// binDir, the plugin it names, which runs the bridge plugin in the fabric as the emulated nodes
+// do (nsenter), so that the node's bridge is the fabric's and nothing is added to the machine's
+// own network. The runtime's plugin path must be binDir, then CNIBinDir. It returns the node's
+// pod subnet.
+func (n *Network) RuntimeCNI(confDir, binDir string) (netip.Prefix, error) {
+	nn, err := n.node()
 	if err != nil {
-		return nil, err
+		return netip.Prefix{}, err
 	}
-	return libcni.ConfListFromBytes(b)
+	conf, err := nn.conflistJSON(fabricBridge)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	if err := os.WriteFile(filepath.Join(confDir, "10-lifeboat-pods.conflist"), conf, 0o644); err != nil {
+		return netip.Prefix{}, err
+	}
+	script := fmt.Sprintf("#!/bin/sh\n# The bridge plugin, in the pod network's fabric (lifeboat test/node.Network).\nexec nsenter --net=%s %s\n",
+		n.fabric, filepath.Join(CNIBinDir, "bridge"))
+	return nn.subnet, os.WriteFile(filepath.Join(binDir, fabricBridge), []byte(script), 0o755)
 }
 
 var loopbackConf = []byte(`{"cniVersion": "1.0.0", "name": "lifeboat-loopback", "plugins": [{"type": "loopback"}]}`)
@@ -220,6 +252,11 @@ func (nn nodeNetwork) attach(ctx context.Context, pod *corev1.Pod) (*podSandbox,
 	if err != nil {
 		return nil, err
 	}
+	err = inNetNS(path, func() error { return netSysctls(pod) })
+	if err != nil {
+		_ = removeNetNS(path)
+		return nil, err
+	}
 	err = nn.net.Do(func() error {
 		if _, err := nn.net.cni.AddNetworkList(ctx, lo, sb.runtimeConf("lo")); err != nil {
 			return fmt.Errorf("the loopback plugin: %w", err)
@@ -244,6 +281,25 @@ func (nn nodeNetwork) attach(ctx context.Context, pod *corev1.Pod) (*podSandbox,
 		return nil, err
 	}
 	return sb, nil
+}
+
+// netSysctls sets the pod's network sysctls in the namespace of the calling thread, as a
+// runtime sets them in a sandbox's. The others are not the network namespace's; the emulated
+// nodes do not isolate what they belong to, so they are left alone.
+func netSysctls(pod *corev1.Pod) error {
+	if pod.Spec.SecurityContext == nil {
+		return nil
+	}
+	for _, sc := range pod.Spec.SecurityContext.Sysctls {
+		if !strings.HasPrefix(sc.Name, "net.") {
+			continue
+		}
+		file := filepath.Join("/proc/sys", strings.ReplaceAll(sc.Name, ".", "/"))
+		if err := os.WriteFile(file, []byte(sc.Value), 0); err != nil {
+			return fmt.Errorf("setting the pod's sysctl %s=%s: %w", sc.Name, sc.Value, err)
+		}
+	}
+	return nil
 }
 
 // detach has the plugins release the sandbox's address and removes its namespace.

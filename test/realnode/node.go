@@ -28,6 +28,7 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/internal/cache"
+	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
 // Config describes one real node.
@@ -47,6 +48,10 @@ type Config struct {
 	Images []string
 	// Kubelet adjusts the kubelet's configuration before it starts; nil keeps DefaultKubeletConfig.
 	Kubelet func(*kubeletv1beta1.KubeletConfiguration)
+	// Network is the pod network the node's pods join, as the emulated nodes' pods do (their
+	// bridge plugin, with the node's own subnet and bridge in the network's fabric). Without one
+	// the node has only a loopback CNI configuration, and only host-network pods can run.
+	Network *node.Network
 	// Progress receives start-up messages; nil discards them.
 	Progress io.Writer
 }
@@ -177,6 +182,9 @@ func (n *Node) Name() string { return n.cfg.Name }
 // Address is the node's InternalIP.
 func (n *Node) Address() string { return n.cfg.Address }
 
+// Network is the pod network the node's pods are on; nil if it has none.
+func (n *Node) Network() *node.Network { return n.cfg.Network }
+
 // rootDir is the kubelet's --root-dir, under the node's directory.
 const rootDir = "kubelet"
 
@@ -189,12 +197,25 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	if err := os.MkdirAll(cniDir, 0o755); err != nil {
 		return err
 	}
-	// The CRI plugin reports the network ready once a CNI configuration loads. Pods here use the
-	// host's network, so this loopback-only one is never asked for an address, and nothing
-	// outside 127.0.0.0/8 is ever created.
-	conflist := `{"cniVersion": "1.0.0", "name": "lifeboat-loopback", "plugins": [{"type": "loopback"}]}`
-	if err := os.WriteFile(filepath.Join(cniDir, "10-loopback.conflist"), []byte(conflist), 0o644); err != nil {
+	// The plugins are looked for here first: the pod network's bridge plugin in its fabric.
+	cniBin := filepath.Join(n.Dir, "cni-bin")
+	if err := os.MkdirAll(cniBin, 0o755); err != nil {
 		return err
+	}
+	if n.cfg.Network != nil {
+		subnet, err := n.cfg.Network.RuntimeCNI(cniDir, cniBin)
+		if err != nil {
+			return fmt.Errorf("the node's share of the pod network: %w", err)
+		}
+		fmt.Fprintf(n.cfg.Progress, "real node %s: pods on %s\n", n.cfg.Name, subnet)
+	} else {
+		// The CRI plugin reports the network ready once a CNI configuration loads. Pods then
+		// use the host's network, so this loopback-only one is never asked for an address,
+		// and nothing outside 127.0.0.0/8 is ever created.
+		conflist := `{"cniVersion": "1.0.0", "name": "lifeboat-loopback", "plugins": [{"type": "loopback"}]}`
+		if err := os.WriteFile(filepath.Join(cniDir, "10-loopback.conflist"), []byte(conflist), 0o644); err != nil {
+			return err
+		}
 	}
 	// restrict_oom_score_adj: this machine withholds CAP_SYS_RESOURCE even from root, so runc
 	// cannot give a container a lower oom_score_adj than containerd's own (the sandbox's -998
@@ -217,15 +238,17 @@ state = %[2]q
   # Devices from device plugins owned by the container's user, as docs/security.md asks of nodes
   # whose launchers (never root) get a root-only device such as /dev/userfaultfd.
   device_ownership_from_security_context = true
+  # The pods' network namespaces in the node's directory, which Stop and a later start sweep.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.cri.v1.runtime".cni]
-    bin_dirs = [%[6]q]
+    bin_dirs = [%[8]q, %[6]q]
     conf_dir = %[7]q
   [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
       SystemdCgroup = false
 `, filepath.Join(n.Dir, "containerd", "root"), filepath.Join(n.Dir, "containerd", "state"), n.socket,
-		filepath.Join(n.Dir, "containerd", "opt"), PauseImage, cniBinDir, cniDir)
+		filepath.Join(n.Dir, "containerd", "opt"), PauseImage, cniBinDir, cniDir, cniBin)
 	path := filepath.Join(n.Dir, "containerd.toml")
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		return err
