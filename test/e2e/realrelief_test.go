@@ -18,6 +18,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/agent/pressure"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/kubewait"
+	"github.com/lifeboat-vm/lifeboat/test/node"
 	"github.com/lifeboat-vm/lifeboat/test/realnode"
 )
 
@@ -296,7 +297,7 @@ func reliefOnAndOff(t testing.TB) (on, off pressedRun, threshold uint64) {
 	setConfig(t, true, relief(true))
 	ns := testNamespace(t)
 	relieved, before := realNodeVM(t, real, ns, "relieved")
-	target := startNodes(t, 1)[0]
+	target := startNodes(t, 1, node.OnNetwork(real.Network()))[0]
 	if avail := nodeMemoryAvailable(t); avail < threshold+reliefMargin+256<<20 {
 		t.Fatalf("memory.available is %d MiB after the setup, too close to the relief line %d MiB to press the node from above it", avail>>20, (threshold+reliefMargin)>>20)
 	}
