@@ -6,7 +6,8 @@
 // It is the only package in lifeboat that imports libvirt; the rest see the small types here.
 //
 // A private daemon runs in its caller's mode: a session daemon for a non-root caller (the
-// launcher), a system daemon in a private mount namespace for root (tests and benchmarks that
-// run daemons side by side on one machine). Programs that start one as root must call
-// MaybeRunLibvirtdShim first thing in main (or TestMain).
+// launcher), a system daemon in a private mount namespace for root, or for a root caller that
+// names a user (tests and benchmarks that stand in for launchers, daemons side by side on one
+// machine) that user's session daemon in a private mount namespace. Programs that start one as
+// root must call MaybeRunLibvirtdShim first thing in main (or TestMain).
 package domain

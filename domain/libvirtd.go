@@ -29,7 +29,18 @@ type Config struct {
 	SocketDir string
 	// Binary is the daemon to run; empty means /usr/sbin/libvirtd.
 	Binary string
+	// Mounts are bind mounts for this daemon alone, made in its own mount namespace before it
+	// starts; only a root caller can have them. Two daemons on one machine can so see two
+	// directories at the same path, as the same path on two nodes is two directories.
+	Mounts []BindMount
+	// User, for a root caller, runs the daemon as that user's session daemon, in its own mount
+	// namespace: as a launcher runs it in its unprivileged pod, for the tests and benchmarks
+	// that stand in for one. Dir and SocketDir are made the user's.
+	User *User
 }
+
+// User is the user and group a daemon runs as.
+type User struct{ UID, GID int }
 
 // stopTimeout is how long Stop waits after SIGTERM before it kills.
 const stopTimeout = 10 * time.Second
@@ -60,11 +71,18 @@ func StartLibvirtd(ctx context.Context, cfg Config) (*Libvirtd, error) {
 	if err := writeDaemonFiles(layout); err != nil {
 		return nil, err
 	}
+	if u := cfg.User; u != nil {
+		for _, d := range []string{layout.dir, layout.socketDir} {
+			if err := chownTree(d, *u); err != nil {
+				return nil, fmt.Errorf("giving the daemon's directory to its user: %w", err)
+			}
+		}
+	}
 	logFile, err := os.Create(layout.daemonLog())
 	if err != nil {
 		return nil, fmt.Errorf("creating the libvirtd log: %w", err)
 	}
-	cmd, err := daemonCommand(layout, binary, logFile)
+	cmd, err := daemonCommand(layout, cfg, binary, logFile)
 	if err != nil {
 		logFile.Close()
 		return nil, err
@@ -86,19 +104,25 @@ func StartLibvirtd(ctx context.Context, cfg Config) (*Libvirtd, error) {
 	return d, nil
 }
 
-// daemonCommand runs binary for l. A session daemon is started as it is; a system daemon
-// through the shim, which makes its mounts first.
-func daemonCommand(l daemonLayout, binary string, log *os.File) (*exec.Cmd, error) {
+// daemonCommand runs binary for l. A session daemon of the caller's own is started as it is;
+// any other through the shim, which makes its mounts (a system daemon's libvirt paths, cfg's
+// own) and takes on cfg's user first.
+func daemonCommand(l daemonLayout, cfg Config, binary string, log *os.File) (*exec.Cmd, error) {
 	args := []string{"-f", l.confFile(), "-p", l.pidFile()}
 	// A daemon whose owner died (a test binary killed by its timeout, say) goes too.
 	attr := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if l.session {
+	env := append(os.Environ(), l.env()...)
+	if l.session && cfg.User == nil && len(cfg.Mounts) == 0 {
 		cmd := exec.Command(binary, args...)
-		cmd.Env = append(os.Environ(), l.env()...)
+		cmd.Env = env
 		cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = log, log, attr
 		return cmd, nil
 	}
-	spec, err := json.Marshal(shimSpec{Mounts: l.mounts(), Binary: binary, Args: args})
+	var mounts []BindMount
+	if !l.session {
+		mounts = l.mounts()
+	}
+	spec, err := json.Marshal(shimSpec{Mounts: append(mounts, cfg.Mounts...), User: cfg.User, Binary: binary, Args: args})
 	if err != nil {
 		return nil, err
 	}
@@ -107,11 +131,21 @@ func daemonCommand(l daemonLayout, binary string, log *os.File) (*exec.Cmd, erro
 		// /proc/self/exe is this very binary even if its file was replaced or removed since.
 		Path:        "/proc/self/exe",
 		Args:        []string{"lifeboat-libvirtd-shim"},
-		Env:         append(os.Environ(), shimEnv+"="+string(spec)),
+		Env:         append(env, shimEnv+"="+string(spec)),
 		Stdout:      log,
 		Stderr:      log,
 		SysProcAttr: attr,
 	}, nil
+}
+
+// chownTree gives dir and everything in it to u.
+func chownTree(dir string, u User) error {
+	return filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, u.UID, u.GID)
+	})
 }
 
 // layoutFor checks cfg and makes its paths absolute: they end up in config files and are
@@ -122,6 +156,9 @@ func layoutFor(cfg Config) (daemonLayout, error) {
 	}
 	if cfg.SocketDir == "" {
 		cfg.SocketDir = cfg.Dir
+	}
+	if (cfg.User != nil || len(cfg.Mounts) > 0) && os.Geteuid() != 0 {
+		return daemonLayout{}, errors.New("starting libvirtd: only a root caller can give the daemon a user or mounts")
 	}
 	dir, err := filepath.Abs(cfg.Dir)
 	if err != nil {
@@ -136,7 +173,7 @@ func layoutFor(cfg Config) (daemonLayout, error) {
 			return daemonLayout{}, fmt.Errorf("starting libvirtd: path %q has a quote or newline, which libvirt's config files cannot hold", p)
 		}
 	}
-	return daemonLayout{dir: dir, socketDir: socketDir, session: os.Geteuid() != 0}, nil
+	return daemonLayout{dir: dir, socketDir: socketDir, session: os.Geteuid() != 0 || cfg.User != nil}, nil
 }
 
 func writeDaemonFiles(l daemonLayout) error {

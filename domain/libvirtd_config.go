@@ -6,8 +6,8 @@ import (
 	"strings"
 )
 
-// bindMount is a directory of a private daemon mounted over a system path in its namespace.
-type bindMount struct {
+// BindMount is a file or directory mounted over a path in a private daemon's mount namespace.
+type BindMount struct {
 	Source string `json:"source"`
 	Target string `json:"target"`
 }
@@ -80,8 +80,8 @@ func (l daemonLayout) env() []string {
 
 // mounts are the bind mounts that give a system daemon its own libvirt system paths, so that
 // several daemons run side by side as if each had the machine to itself.
-func (l daemonLayout) mounts() []bindMount {
-	return []bindMount{
+func (l daemonLayout) mounts() []BindMount {
+	return []BindMount{
 		{Source: l.confDir(), Target: "/etc/libvirt"},
 		{Source: l.runDir(), Target: "/run/libvirt"},
 		{Source: l.libDir(), Target: "/var/lib/libvirt"},

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -123,10 +125,52 @@ func checkMoved(t *testing.T, ctx context.Context, p migrationpair.Pair, name st
 // kernelPanic starts the line a Linux guest prints when it panics.
 const kernelPanic = "Kernel panic"
 
+// qemuUsers are the users (real, effective) of the QEMU processes running domain name.
+func qemuUsers(t *testing.T, name string) []string {
+	t.Helper()
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var users []string
+	for _, p := range procs {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil || !strings.Contains(filepath.Base(strings.Split(string(cmdline), "\x00")[0]), "qemu-system") ||
+			!strings.Contains(string(cmdline), "guest="+name+",") {
+			continue
+		}
+		status, err := os.ReadFile(filepath.Join("/proc", p.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(line); len(f) >= 3 && f[0] == "Uid:" {
+				users = append(users, f[1]+","+f[2])
+			}
+		}
+	}
+	return users
+}
+
+// checkLauncherQEMU checks that domain name runs in QEMU, as the launcher's user only.
+func checkLauncherQEMU(t *testing.T, name string) {
+	t.Helper()
+	want := fmt.Sprintf("%d,%d", migrationpair.Launcher.UID, migrationpair.Launcher.UID)
+	users := qemuUsers(t, name)
+	if len(users) == 0 || slices.ContainsFunc(users, func(u string) bool { return u != want }) {
+		t.Errorf("the QEMU processes of %s run as %v (real,effective uid), want them all as %s", name, users, want)
+	}
+}
+
 func TestMigrationThroughProxiesMovesARunningGuest(t *testing.T) {
 	p := migrationpair.New(t)
 	ctx := domain.GuestContext(t)
 	name := p.RunGuest(t, ctx, domain.GuestVMI(t, "moves"), testAcceleration(t))
+	// As in a launcher pod: the daemons and their QEMU are the launcher's user's, never root.
+	checkLauncherQEMU(t, name)
+	if !p.Src.Conn.Session() || !p.Dst.Conn.Session() {
+		t.Errorf("want session daemons of the launcher's user on both nodes")
+	}
 
 	start := time.Now()
 	if err := p.Src.Conn.Migrate(ctx, name, p.Options(0)); err != nil {
@@ -134,6 +178,7 @@ func TestMigrationThroughProxiesMovesARunningGuest(t *testing.T) {
 	}
 	t.Logf("migrated the guest through the proxies in %s", time.Since(start).Round(time.Millisecond))
 	checkMoved(t, ctx, p, name)
+	checkLauncherQEMU(t, name)
 	// The destination keeps the migration's statistics, downtime included: the source domain is gone.
 	stats, err := p.Dst.Conn.CompletedJobStats(name)
 	if err != nil || stats.Type != domain.JobCompleted || stats.Downtime <= 0 || stats.Downtime > time.Second {

@@ -13,9 +13,10 @@ import (
 // shimEnv carries the shim's instructions (JSON) to the re-executed binary.
 const shimEnv = "LIFEBOAT_LIBVIRTD_SHIM"
 
-// shimSpec is what the shim does: bind mounts, then exec of the daemon.
+// shimSpec is what the shim does: bind mounts, then exec of the daemon, as User if set.
 type shimSpec struct {
-	Mounts []bindMount `json:"mounts"`
+	Mounts []BindMount `json:"mounts"`
+	User   *User       `json:"user,omitempty"`
 	Binary string      `json:"binary"`
 	Args   []string    `json:"args"`
 }
@@ -50,12 +51,20 @@ func runShim(specJSON string) error {
 	}
 	for _, m := range spec.Mounts {
 		// The mount point must exist; on a machine without libvirt's system directories
-		// this leaves an empty directory behind, which nothing else uses.
-		if err := os.MkdirAll(m.Target, 0o755); err != nil {
-			return fmt.Errorf("creating mount point: %w", err)
+		// this leaves an empty directory behind, which nothing else uses. A file (a device
+		// node) is mounted only over an existing one.
+		if fi, err := os.Stat(m.Source); err == nil && fi.IsDir() {
+			if err := os.MkdirAll(m.Target, 0o755); err != nil {
+				return fmt.Errorf("creating mount point: %w", err)
+			}
 		}
 		if err := unix.Mount(m.Source, m.Target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("bind-mounting %s on %s: %w", m.Source, m.Target, err)
+		}
+	}
+	if u := spec.User; u != nil {
+		if err := dropTo(*u); err != nil {
+			return err
 		}
 	}
 	env := make([]string, 0, len(os.Environ()))
@@ -68,4 +77,20 @@ func runShim(specJSON string) error {
 		return fmt.Errorf("executing %s: %w", spec.Binary, err)
 	}
 	return nil
+}
+
+// dropTo makes this process u's, with u's group as its only one, and no capabilities left.
+func dropTo(u User) error {
+	if err := syscall.Setgroups([]int{u.GID}); err != nil {
+		return fmt.Errorf("setting the daemon's groups: %w", err)
+	}
+	if err := syscall.Setgid(u.GID); err != nil {
+		return fmt.Errorf("setting the daemon's group: %w", err)
+	}
+	if err := syscall.Setuid(u.UID); err != nil {
+		return fmt.Errorf("setting the daemon's user: %w", err)
+	}
+	// A change of user clears the parent-death signal: set it again, so that the daemon still
+	// dies with its owner.
+	return unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0)
 }

@@ -32,7 +32,9 @@ func StartProcess(dir, name, path string, args ...string) (*Process, error) {
 // entry wins over an earlier one of the same name).
 func StartProcessWithEnv(dir, name string, env []string, path string, args ...string) (*Process, error) {
 	logPath := filepath.Join(dir, name+".log")
-	logFile, err := os.Create(logPath)
+	// Appended to: a component started again (a restarted kubelet, a killed agent) keeps the
+	// log of its earlier runs before the new one.
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -84,6 +86,21 @@ func (p *Process) Stop(timeout time.Duration) {
 		<-p.done
 	}
 }
+
+// Kill ends the process at once, as a crash would, and waits until it has.
+func (p *Process) Kill() {
+	if p.Exited() {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// Pid is the process's pid.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// LogPath is the file the process logs to.
+func (p *Process) LogPath() string { return p.logPath }
 
 // LogTail is the end of the component's log, for error messages.
 func (p *Process) LogTail() string {

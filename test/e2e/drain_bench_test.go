@@ -78,7 +78,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	// Every VM starts on the source: the target takes no pods until they all run.
 	cordon(b, target.Name(), true)
 	printAgentMemory(b, source, "no VM")
-	noVMRSS := processMemory(b, source.agent.cmd.Process.Pid, "VmRSS")
+	noVMRSS := processMemory(b, source.agent.Pid(), "VmRSS")
 	vmis := make([]*v1alpha1.VirtualMachineInstance, vms)
 	for i := range vmis {
 		vmis[i] = createVMI(b, ns, newVMI(fmt.Sprintf("drain-%d", i), strategy(v1alpha1.EvictionStrategyLiveMigrate)))
@@ -90,7 +90,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	}
 	cordon(b, target.Name(), false)
 	w := watchDrain(b, ns, source.Name())
-	agents := []int{source.agent.cmd.Process.Pid, target.agent.cmd.Process.Pid}
+	agents := []int{source.agent.Pid(), target.agent.Pid()}
 
 	// The source agent with every VM running and nothing happening: its memory, and its CPU
 	// over a fixed window (the window is the measurement, not a wait for a condition).
@@ -120,7 +120,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 			drainCPU[i] += cpuTime(b, pid) - cpu0[i]
 		}
 		addCalls(calls, before, apiRequests(b, metrics))
-		w.report(b, marked, libvirtEnds(b, source.agent.log))
+		w.report(b, marked, libvirtEnds(b, source.agent.LogPath()))
 	}
 	// The benchmark writes the marks itself (as the webhook would): not among these.
 	reportAPICalls(b, calls, float64(b.N*vms), "evacuation")
@@ -140,7 +140,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 // from /proc/<pid>/smaps.
 func printAgentMemory(b *testing.B, n *testNode, when string) {
 	b.Helper()
-	pid := n.agent.cmd.Process.Pid
+	pid := n.agent.Pid()
 	// A just-started agent serves its metrics once its caches have synced.
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		return metricValue(b, n.metrics, "go_goroutines") >= 0, nil

@@ -7,12 +7,10 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,69 +25,47 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/images"
 	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
-// proc is a lifeboat process a test runs and may kill.
+// proc is a lifeboat process a test runs, and may kill and start again.
 type proc struct {
-	name string
-	args []string
-	log  string
-	cmd  *exec.Cmd
-	done chan struct{}
+	name, dir string
+	args      []string
+	*controlplane.Process
 }
 
 func startProc(t testing.TB, name string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, args: args, log: filepath.Join(t.TempDir(), name+".log")}
+	p := &proc{name: name, dir: t.TempDir(), args: args}
 	p.start(t)
 	t.Cleanup(func() {
 		p.stop()
 		if t.Failed() {
-			b, _ := os.ReadFile(p.log)
+			b, _ := os.ReadFile(p.LogPath())
 			t.Logf("%s log:\n%s", name, tail(string(b), 60))
 		}
 	})
 	return p
 }
 
+// start starts the process (again), appending to its log.
 func (p *proc) start(t testing.TB) {
 	t.Helper()
-	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
+	var err error
+	if p.Process, err = controlplane.StartProcess(p.dir, p.name, filepath.Join(bins, p.name), p.args...); err != nil {
 		t.Fatal(err)
 	}
-	p.cmd = exec.Command(filepath.Join(bins, p.name), p.args...)
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p.done = make(chan struct{})
-	go func() {
-		_ = p.cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
 }
 
 // kill ends the process at once, as a crash would.
-func (p *proc) kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
+func (p *proc) kill() { p.Kill() }
 
-func (p *proc) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		p.kill()
-	}
-}
+func (p *proc) stop() { p.Stop(10 * time.Second) }
 
 func tail(s string, lines int) string {
 	l := strings.Split(strings.TrimRight(s, "\n"), "\n")

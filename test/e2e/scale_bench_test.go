@@ -64,7 +64,7 @@ func BenchmarkClusterScale(b *testing.B) {
 	// hollow kubelet to go.
 	b.Cleanup(func() { nodes.Stop(context.Background()) })
 	metrics := []string{controller.metrics}
-	pid := controller.cmd.Process.Pid
+	pid := controller.Pid()
 
 	var pods, vmis, drains []time.Duration
 	var rss []float64 // MiB

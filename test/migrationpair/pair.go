@@ -14,8 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/lifeboat-vm/lifeboat/agent"
 	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
+	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
 	"github.com/lifeboat-vm/lifeboat/domain"
@@ -38,32 +41,34 @@ type Node struct {
 	Daemon *domain.Libvirtd
 	Conn   *domain.Conn
 	// Dir is this node's VMI directory. The daemon and its QEMU see it at the VMI
-	// directory path shared by both nodes, as a launcher pod sees its hostPath.
+	// directory path shared by both nodes, as a launcher pod sees its run volume.
 	Dir string
 }
 
-// startNode starts a daemon whose mount namespace has the node's own directory
-// bind-mounted over vmiDir. Two such daemons in one process then see different
-// directories under the same path, as the same path on two nodes is two directories: the
-// migration URIs, the console log and the sockets QEMU creates name the same path on both
-// sides, and nothing is rewritten for the test. The bind mount is made by a wrapper around
-// libvirtd that runs inside the daemon's namespace (Config.Binary), so the daemon's code
-// is the production code.
+// Launcher is the user the daemons and their QEMU run as: the launcher's, as in its pod.
+var Launcher = domain.User{UID: launcher.UID, GID: launcher.GID}
+
+// startNode starts a daemon as a launcher runs it in its unprivileged pod, a session daemon of
+// the launcher's user, whose mount namespace has the node's own directory bind-mounted over
+// vmiDir. Two such daemons in one process then see different directories under the same path,
+// as the same path on two nodes is two directories: the migration URIs, the console log and
+// the sockets QEMU creates name the same path on both sides, and nothing is rewritten for the
+// test. Where the machine has /dev/userfaultfd, the namespace has a node of it that the
+// launcher's user may open, as the device plugin gives a launcher pod one, for post-copy.
 func startNode(t testing.TB, vmiDir string) Node {
 	t.Helper()
-	root := t.TempDir()
+	root := sharedDir(t, "pairnode")
 	dir := filepath.Join(root, "vmi")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	wrapper := filepath.Join(root, "libvirtd")
-	script := fmt.Sprintf("#!/bin/sh\nmount --bind '%s' '%s' && exec /usr/sbin/libvirtd \"$@\"\n", dir, vmiDir)
-	if err := os.WriteFile(wrapper, []byte(script), 0o700); err != nil {
-		t.Fatal(err)
+	mounts := append(launcherAccounts(t, root), domain.BindMount{Source: dir, Target: vmiDir})
+	if uffd, ok := launcherDevice(t, root, "/dev/userfaultfd"); ok {
+		mounts = append(mounts, domain.BindMount{Source: uffd, Target: "/dev/userfaultfd"})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	d, err := domain.StartLibvirtd(ctx, domain.Config{Dir: filepath.Join(root, "daemon"), SocketDir: dir, Binary: wrapper})
+	d, err := domain.StartLibvirtd(ctx, domain.Config{Dir: filepath.Join(root, "daemon"), SocketDir: dir, Mounts: mounts, User: &Launcher})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,6 +87,62 @@ func startNode(t testing.TB, vmiDir string) Node {
 		t.Fatal(err)
 	}
 	return Node{Daemon: d, Conn: c, Dir: dir}
+}
+
+// launcherDevice makes, in dir, a node of the character device path that only the launcher's
+// user may open, as a runtime gives a container a device plugin's device; false if the machine
+// has no such device.
+func launcherDevice(t testing.TB, dir, path string) (string, bool) {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		return "", false
+	}
+	node := filepath.Join(dir, filepath.Base(path))
+	if err := unix.Mknod(node, unix.S_IFCHR|0o600, int(st.Rdev)); err != nil {
+		t.Fatalf("making the launcher's %s: %v", path, err)
+	}
+	if err := os.Chown(node, Launcher.UID, Launcher.GID); err != nil {
+		t.Fatal(err)
+	}
+	return node, true
+}
+
+// launcherAccounts are the machine's /etc/passwd and /etc/group with the launcher's user and
+// group added, as the launcher image has them (libvirt looks its user up), to mount over them.
+func launcherAccounts(t testing.TB, dir string) []domain.BindMount {
+	t.Helper()
+	var mounts []domain.BindMount
+	for file, line := range map[string]string{
+		"/etc/passwd": fmt.Sprintf("lifeboat-launcher:x:%d:%d::/nonexistent:/usr/sbin/nologin\n", Launcher.UID, Launcher.GID),
+		"/etc/group":  fmt.Sprintf("lifeboat-launcher:x:%d:\n", Launcher.GID),
+	} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copied := filepath.Join(dir, filepath.Base(file))
+		if err := os.WriteFile(copied, append(b, line...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		mounts = append(mounts, domain.BindMount{Source: copied, Target: file})
+	}
+	return mounts
+}
+
+// sharedDir is a new directory that the launcher's user can reach (t.TempDir's parent is
+// root's alone), removed when t ends.
+func sharedDir(t testing.TB, pattern string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", pattern)
+	if err == nil {
+		err = os.Chmod(dir, 0o755)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }
 
 // Console is the guest's serial console log on this node.
@@ -146,12 +207,8 @@ const (
 func NewWith(t testing.TB, transport Transport) Pair {
 	t.Helper()
 	// Short: unix socket paths must fit in 108 bytes.
-	vmiDir, err := os.MkdirTemp("", "vmi")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(vmiDir) })
-	p := Pair{VMIDir: vmiDir, Src: startNode(t, vmiDir), Dst: startNode(t, vmiDir), links: &links{}, images: t.TempDir(), copyDisks: new(bool)}
+	vmiDir := sharedDir(t, "vmi")
+	p := Pair{VMIDir: vmiDir, Src: startNode(t, vmiDir), Dst: startNode(t, vmiDir), links: &links{}, images: sharedDir(t, "images"), copyDisks: new(bool)}
 	p.startProxies(t, transport)
 	return p
 }
@@ -256,6 +313,16 @@ func (p Pair) prepareDisks(t testing.TB, ctx context.Context, vmi *v1alpha1.Virt
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The overlays are the launcher's to write, as in its pod's volume.
+	err = filepath.WalkDir(n.Dir, func(path string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, Launcher.UID, Launcher.GID)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := range prepared.Disks {
 		rel, err := filepath.Rel(n.Dir, prepared.Disks[i].Path)
 		if err != nil {
@@ -270,6 +337,7 @@ func (p Pair) prepareDisks(t testing.TB, ctx context.Context, vmi *v1alpha1.Virt
 // until it counts; it returns the domain's name. Its disks are prepared on both nodes first.
 func (p Pair) RunGuest(t testing.TB, ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, acceleration domain.Acceleration) string {
 	t.Helper()
+	vmi = p.launcherBoot(t, vmi)
 	disks := p.prepareDisks(t, ctx, vmi, p.Src)
 	p.prepareDisks(t, ctx, vmi, p.Dst)
 	*p.copyDisks = agent.CopiesDisks(vmi)
@@ -287,4 +355,30 @@ func (p Pair) RunGuest(t testing.TB, ctx context.Context, vmi *v1alpha1.VirtualM
 		t.Fatal(err)
 	}
 	return domain.DomainName(vmi.Namespace, vmi.Name)
+}
+
+// launcherBoot is vmi with its boot files copied where the launcher's user can read them, as a
+// launcher pod has them from an image: the test guest's are in root's cache.
+func (p Pair) launcherBoot(t testing.TB, vmi *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineInstance {
+	t.Helper()
+	vmi = vmi.DeepCopy()
+	dir := filepath.Join(p.images, "boot")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []*string{&vmi.Spec.Boot.Kernel, &vmi.Spec.Boot.Initrd} {
+		if *f == "" {
+			continue
+		}
+		b, err := os.ReadFile(*f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copied := filepath.Join(dir, filepath.Base(*f))
+		if err := os.WriteFile(copied, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		*f = copied
+	}
+	return vmi
 }
