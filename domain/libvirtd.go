@@ -42,6 +42,16 @@ type Config struct {
 // User is the user and group a daemon runs as.
 type User struct{ UID, GID int }
 
+// Own gives dir and everything in it to u.
+func (u User) Own(dir string) error {
+	return filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, u.UID, u.GID)
+	})
+}
+
 // stopTimeout is how long Stop waits after SIGTERM before it kills.
 const stopTimeout = 10 * time.Second
 
@@ -73,7 +83,7 @@ func StartLibvirtd(ctx context.Context, cfg Config) (*Libvirtd, error) {
 	}
 	if u := cfg.User; u != nil {
 		for _, d := range []string{layout.dir, layout.socketDir} {
-			if err := chownTree(d, *u); err != nil {
+			if err := u.Own(d); err != nil {
 				return nil, fmt.Errorf("giving the daemon's directory to its user: %w", err)
 			}
 		}
@@ -136,16 +146,6 @@ func daemonCommand(l daemonLayout, cfg Config, binary string, log *os.File) (*ex
 		Stderr:      log,
 		SysProcAttr: attr,
 	}, nil
-}
-
-// chownTree gives dir and everything in it to u.
-func chownTree(dir string, u User) error {
-	return filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(path, u.UID, u.GID)
-	})
 }
 
 // layoutFor checks cfg and makes its paths absolute: they end up in config files and are

@@ -314,13 +314,7 @@ func (p Pair) prepareDisks(t testing.TB, ctx context.Context, vmi *v1alpha1.Virt
 		t.Fatal(err)
 	}
 	// The overlays are the launcher's to write, as in its pod's volume.
-	err = filepath.WalkDir(n.Dir, func(path string, _ os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(path, Launcher.UID, Launcher.GID)
-	})
-	if err != nil {
+	if err := Launcher.Own(n.Dir); err != nil {
 		t.Fatal(err)
 	}
 	for i := range prepared.Disks {
