@@ -161,8 +161,31 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		}
 		vmi = vmi.DeepCopy()
 		vmi.DeletionTimestamp = ptrTime(c.now())
+		if action == Restart {
+			return c.writeRestart(ctx, vm, vmi)
+		}
 	}
 	return c.writeStatus(ctx, vm, vmi)
+}
+
+// writeRestart writes the status of vm, whose count of restarts has the one just made. The ended
+// instance is deleted already, so a sync retried after a lost write would find nothing left to
+// count: on a conflict (a cache behind the API server) the restart is added to the VM as the API
+// server has it.
+func (c *Controller) writeRestart(ctx context.Context, vm *v1alpha1.VirtualMachine, vmi *v1alpha1.VirtualMachineInstance) error {
+	err := c.writeStatus(ctx, vm, vmi)
+	for range 5 {
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+		vm, err = c.lifeboat.LifeboatV1alpha1().VirtualMachines(vm.Namespace).Get(ctx, vm.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		vm.Status.Restarts++
+		err = c.writeStatus(ctx, vm, vmi)
+	}
+	return err
 }
 
 // syncDeleted stops the deleted VM's instance and lets the VM go once the instance is gone.
