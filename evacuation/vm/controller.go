@@ -18,6 +18,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
@@ -152,7 +153,6 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		}
 		if action == Restart {
 			cause := Cause(vmi)
-			vm.Status.Restarts++
 			c.restarts.WithLabelValues(string(runStrategy(vm)), cause).Inc()
 			c.recorder.Eventf(vm, corev1.EventTypeNormal, ReasonRestarting, "instance %s ended (%s: %s); run strategy %s starts it again",
 				vmi.Name, cause, vmi.Status.Message, runStrategy(vm))
@@ -168,24 +168,24 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	return c.writeStatus(ctx, vm, vmi)
 }
 
-// writeRestart writes the status of vm, whose count of restarts has the one just made. The ended
+// writeRestart writes the status of vm with one restart more, the one just made. The ended
 // instance is deleted already, so a sync retried after a lost write would find nothing left to
 // count: on a conflict (a cache behind the API server) the restart is added to the VM as the API
 // server has it.
 func (c *Controller) writeRestart(ctx context.Context, vm *v1alpha1.VirtualMachine, vmi *v1alpha1.VirtualMachineInstance) error {
-	err := c.writeStatus(ctx, vm, vmi)
-	for range 5 {
-		if !apierrors.IsConflict(err) {
-			return err
-		}
-		vm, err = c.lifeboat.LifeboatV1alpha1().VirtualMachines(vm.Namespace).Get(ctx, vm.Name, metav1.GetOptions{})
-		if err != nil {
-			return err
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if vm == nil {
+			fresh, err := c.lifeboat.LifeboatV1alpha1().VirtualMachines(vmi.Namespace).Get(ctx, vmi.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			vm = fresh
 		}
 		vm.Status.Restarts++
-		err = c.writeStatus(ctx, vm, vmi)
-	}
-	return err
+		err := c.writeStatus(ctx, vm, vmi)
+		vm = nil
+		return err
+	})
 }
 
 // syncDeleted stops the deleted VM's instance and lets the VM go once the instance is gone.
