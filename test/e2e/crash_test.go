@@ -102,7 +102,7 @@ func TestKillingTheSourceAgentMidMigration(t *testing.T) {
 	m := waitMigrationOf(t, vmi, "Running", func(m *v1alpha1.VirtualMachineInstanceMigration) bool {
 		return m.Status.Phase == v1alpha1.MigrationRunning
 	})
-	source.agent.kill()
+	source.agent.Kill()
 	t.Logf("killed the source agent on %s while %s ran", source.Name(), m.Name)
 	source.agent.start(t)
 
@@ -127,7 +127,7 @@ func TestKillingTheControllerMidMigration(t *testing.T) {
 
 	setMark(t, vmi, true)
 	m := waitMigrationOf(t, vmi, "created", func(*v1alpha1.VirtualMachineInstanceMigration) bool { return true })
-	controller.kill()
+	controller.Kill()
 	t.Logf("killed the controller once %s existed (phase %q)", m.Name, m.Status.Phase)
 	controller.start(t)
 

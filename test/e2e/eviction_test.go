@@ -244,7 +244,7 @@ func waitMigration(t *testing.T, v *v1alpha1.VirtualMachineInstance) *v1alpha1.V
 func TestAgentKilledBetweenSignalAndMark(t *testing.T) {
 	setConfig(t, true)
 	n, vmi := runningVM(t, "pressure-agent-down", strategy(v1alpha1.EvictionStrategyLiveMigrate))
-	n.agent.kill()
+	n.agent.Kill()
 	pod := launcherPod(t, vmi)
 	evict(t, n, vmi)
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {

@@ -62,9 +62,6 @@ func (p *proc) start(t testing.TB) {
 	}
 }
 
-// kill ends the process at once, as a crash would.
-func (p *proc) kill() { p.Kill() }
-
 func (p *proc) stop() { p.Stop(10 * time.Second) }
 
 func tail(s string, lines int) string {

@@ -199,7 +199,7 @@ func TestAControllerKilledMidRestartRestartsTheVMOnce(t *testing.T) {
 	defer w.Stop()
 	// The controller dies as the node evicts the VM: the instance ends while no controller runs,
 	// and the one that starts finds the VM to restart.
-	controller.kill()
+	controller.Kill()
 	if err := evict(t, nodes[0], first)(); err != nil {
 		t.Fatalf("the first instance's launcher pod did not end: %v", err)
 	}

@@ -106,7 +106,7 @@ func TestAgentRestartLeavesTheGuestRunning(t *testing.T) {
 	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
 	before := waitCounterPast(t, n.consolePath(vmi), 0, bootTimeout)
 
-	n.agent.kill()
+	n.agent.Kill()
 	after := waitCounterPast(t, n.consolePath(vmi), before+2, 30*time.Second)
 	n.agent.start(t)
 	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
