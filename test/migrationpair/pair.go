@@ -11,10 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
 
 	"github.com/lifeboat-vm/lifeboat/agent"
 	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
@@ -168,13 +170,60 @@ type Pair struct {
 type links struct {
 	mu    sync.Mutex
 	conns []net.Conn
+	// limit, when set, is the rate at which the source node sends on all of them together.
+	limit atomic.Pointer[rate.Limiter]
 }
 
 func (l *links) add(c net.Conn) net.Conn {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.conns = append(l.conns, c)
-	return c
+	return throttled{Conn: c, links: l}
+}
+
+// throttled is a link whose writes wait for the pair's throttle, if one is set.
+type throttled struct {
+	net.Conn
+	links *links
+}
+
+func (c throttled) Write(b []byte) (int, error) {
+	written := 0
+	for len(b) > 0 {
+		n := len(b)
+		if limit := c.links.limit.Load(); limit != nil {
+			n = min(n, limit.Burst())
+			if err := limit.WaitN(context.Background(), n); err != nil {
+				return written, err
+			}
+		}
+		m, err := c.Conn.Write(b[:n])
+		written += m
+		if err != nil {
+			return written, err
+		}
+		b = b[n:]
+	}
+	return written, nil
+}
+
+// CloseWrite passes the proxies' half-close on to the TLS or TCP connection underneath.
+func (c throttled) CloseWrite() error {
+	if hc, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return hc.CloseWrite()
+	}
+	return c.Conn.Close()
+}
+
+// Throttle makes the source node send to the target at most bytesPerSecond over all the
+// pair's links, as a slow network would (0: no limit). Unlike libvirt's bandwidth caps it also
+// holds back the pages a post-copy destination asks for, which QEMU sends whatever its cap.
+func (p Pair) Throttle(bytesPerSecond int) {
+	if bytesPerSecond == 0 {
+		p.links.limit.Store(nil)
+		return
+	}
+	p.links.limit.Store(rate.NewLimiter(rate.Limit(bytesPerSecond), 64<<10))
 }
 
 // BreakConnections closes every connection between the nodes' proxies, as a network failure
