@@ -164,6 +164,7 @@ type Pair struct {
 	images string
 	// copyDisks is set once RunGuest gave the guest a disk whose overlay a migration copies.
 	copyDisks *bool
+	transport Transport
 }
 
 // links are the connections the source node's proxies dialed to the target's.
@@ -174,11 +175,10 @@ type links struct {
 	limit atomic.Pointer[rate.Limiter]
 }
 
-func (l *links) add(c net.Conn) net.Conn {
+func (l *links) add(c net.Conn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.conns = append(l.conns, c)
-	return throttled{Conn: c, links: l}
 }
 
 // throttled is a link whose writes wait for the pair's throttle, if one is set.
@@ -218,7 +218,11 @@ func (c throttled) CloseWrite() error {
 // Throttle makes the source node send to the target at most bytesPerSecond over all the
 // pair's links, as a slow network would (0: no limit). Unlike libvirt's bandwidth caps it also
 // holds back the pages a post-copy destination asks for, which QEMU sends whatever its cap.
+// Only a TLS pair's links can be throttled.
 func (p Pair) Throttle(bytesPerSecond int) {
+	if p.transport == PlainTCP {
+		panic("migrationpair: Throttle needs a TLS pair; a plain TCP pair's links are left as they are for the kernel to splice")
+	}
 	if bytesPerSecond == 0 {
 		p.links.limit.Store(nil)
 		return
@@ -257,7 +261,7 @@ func NewWith(t testing.TB, transport Transport) Pair {
 	t.Helper()
 	// Short: unix socket paths must fit in 108 bytes.
 	vmiDir := sharedDir(t, "vmi")
-	p := Pair{VMIDir: vmiDir, Src: startNode(t, vmiDir), Dst: startNode(t, vmiDir), links: &links{}, images: sharedDir(t, "images"), copyDisks: new(bool)}
+	p := Pair{VMIDir: vmiDir, Src: startNode(t, vmiDir), Dst: startNode(t, vmiDir), links: &links{}, images: sharedDir(t, "images"), copyDisks: new(bool), transport: transport}
 	p.startProxies(t, transport)
 	return p
 }
@@ -308,7 +312,12 @@ func (p Pair) startProxies(t testing.TB, transport Transport) {
 			if err != nil {
 				return nil, err
 			}
-			return p.links.add(c), nil
+			p.links.add(c)
+			if transport == PlainTCP {
+				// Unwrapped, so that the kernel splices the TLS benchmark's baseline.
+				return c, nil
+			}
+			return throttled{Conn: c, links: p.links}, nil
 		}
 		source, err := migrationproxy.ListenUnix(ctx, filepath.Join(p.Src.Dir, r.name), tracked)
 		if err != nil {
