@@ -25,9 +25,10 @@ const (
 // BenchmarkDensity measures what a VM costs its node beyond the guest's own memory (issue 22):
 // densityVMs idle guests on one node, for 1 and 2 vCPUs, and per VM the resident memory of its
 // launcher, of its libvirtd and of QEMU less the guest RAM it touched (QEMU's RSS minus the RSS of
-// its guest RAM mapping), and their sum as RSS and as PSS (shared pages, such as QEMU's and
-// libvirt's code, divided among the processes that map them: what the node pays per VM when it
-// runs many). Each figure is the median over the node's VMs; run with -count for several runs and
+// its guest RAM mapping), and their sum as RSS, as PSS (shared pages, such as QEMU's and
+// libvirt's code, divided among the processes that map them) and as USS (the pages only the VM's
+// processes hold: what one more VM adds to a node that already runs one, whose shared code is
+// resident once however many VMs map it). Each figure is the median over the node's VMs; run with -count for several runs and
 // read them with benchstat. Under TCG, QEMU's figure includes the translation cache, which KVM
 // does not have.
 func BenchmarkDensity(b *testing.B) {
@@ -49,19 +50,25 @@ func BenchmarkDensity(b *testing.B) {
 				// Booted: the guest's init writes its counter.
 				waitCounterPast(b, n.consolePath(vmis[i]), 1, 2*bootTimeout)
 			}
-			var launcher, libvirtd, qemu, total, pss []float64
+			var launcher, libvirtd, qemu, total []mem
 			for b.Loop() {
 				for _, v := range vmis {
 					o := measureOverhead(b, v)
-					launcher, libvirtd, qemu = append(launcher, o.launcher.rss), append(libvirtd, o.libvirtd.rss), append(qemu, o.qemu.rss)
-					total, pss = append(total, o.total().rss), append(pss, o.total().pss)
+					launcher, libvirtd, qemu = append(launcher, o.launcher), append(libvirtd, o.libvirtd), append(qemu, o.qemu)
+					total = append(total, o.total())
 				}
 			}
-			b.ReportMetric(median(launcher), "launcher-MiB/VM")
-			b.ReportMetric(median(libvirtd), "libvirtd-MiB/VM")
-			b.ReportMetric(median(qemu), "qemu-overhead-MiB/VM")
-			b.ReportMetric(median(total), "overhead-MiB/VM")
-			b.ReportMetric(median(pss), "overhead-PSS-MiB/VM")
+			rss := func(m mem) float64 { return m.rss }
+			uss := func(m mem) float64 { return m.uss }
+			b.ReportMetric(medianOf(launcher, rss), "launcher-MiB/VM")
+			b.ReportMetric(medianOf(libvirtd, rss), "libvirtd-MiB/VM")
+			b.ReportMetric(medianOf(qemu, rss), "qemu-overhead-MiB/VM")
+			b.ReportMetric(medianOf(total, rss), "overhead-MiB/VM")
+			b.ReportMetric(medianOf(total, func(m mem) float64 { return m.pss }), "overhead-PSS-MiB/VM")
+			b.ReportMetric(medianOf(launcher, uss), "launcher-USS-MiB/VM")
+			b.ReportMetric(medianOf(libvirtd, uss), "libvirtd-USS-MiB/VM")
+			b.ReportMetric(medianOf(qemu, uss), "qemu-overhead-USS-MiB/VM")
+			b.ReportMetric(medianOf(total, uss), "overhead-USS-MiB/VM")
 		})
 	}
 }
@@ -70,9 +77,7 @@ func BenchmarkDensity(b *testing.B) {
 // less the guest RAM it touched (QEMU's RSS minus the RSS of its guest RAM mapping).
 type overhead struct{ launcher, libvirtd, qemu mem }
 
-func (o overhead) total() mem {
-	return mem{o.launcher.rss + o.libvirtd.rss + o.qemu.rss, o.launcher.pss + o.libvirtd.pss + o.qemu.pss}
-}
+func (o overhead) total() mem { return o.launcher.plus(o.libvirtd).plus(o.qemu) }
 
 // measureOverhead reads the overhead of v's pod from /proc.
 func measureOverhead(b testing.TB, v *v1alpha1.VirtualMachineInstance) overhead {
@@ -83,13 +88,37 @@ func measureOverhead(b testing.TB, v *v1alpha1.VirtualMachineInstance) overhead 
 	return overhead{
 		launcher: processMem(b, podProcess(pod, "lifeboat-launcher")),
 		libvirtd: processMem(b, podProcess(pod, "libvirtd")),
-		qemu:     mem{q.rss - guest.rss, q.pss - guest.pss},
+		qemu:     mem{q.rss - guest.rss, q.pss - guest.pss, q.uss - guest.uss},
 	}
 }
 
-// mem is a process's (or a mapping's) resident memory in MiB: RSS, and PSS, which divides shared
-// pages among the processes that map them.
-type mem struct{ rss, pss float64 }
+// mem is a process's (or a mapping's) resident memory in MiB: RSS; PSS, which divides shared
+// pages among the processes that map them; and USS, the pages no other process maps.
+type mem struct{ rss, pss, uss float64 }
+
+func (m mem) plus(o mem) mem { return mem{m.rss + o.rss, m.pss + o.pss, m.uss + o.uss} }
+
+// readMem reads a mem from smaps lines (one mapping's, or smaps_rollup's) until it has read
+// Rss, Pss, Private_Clean and Private_Dirty; ok says whether all four were there.
+func readMem(sc *bufio.Scanner) (m mem, ok bool) {
+	var found int
+	for sc.Scan() {
+		line := sc.Text()
+		for _, f := range []struct {
+			name string
+			add  *float64
+		}{{"Rss:", &m.rss}, {"Pss:", &m.pss}, {"Private_Clean:", &m.uss}, {"Private_Dirty:", &m.uss}} {
+			if kb, ok := smapsKiB(line, f.name); ok {
+				*f.add += mib(kb)
+				found++
+			}
+		}
+		if found == 4 {
+			return m, true
+		}
+	}
+	return m, false
+}
 
 // processMem reads a process's memory from /proc/<pid>/smaps_rollup.
 func processMem(b testing.TB, pid int) mem {
@@ -97,22 +126,14 @@ func processMem(b testing.TB, pid int) mem {
 	if pid == 0 {
 		b.Fatal("a process of the VM's pod is missing")
 	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
 	if err != nil {
 		b.Fatal(err)
 	}
-	var m mem
-	var found int
-	for _, line := range strings.Split(string(data), "\n") {
-		if kb, ok := smapsKiB(line, "Rss:"); ok {
-			m.rss, found = mib(kb), found+1
-		}
-		if kb, ok := smapsKiB(line, "Pss:"); ok {
-			m.pss, found = mib(kb), found+1
-		}
-	}
-	if found != 2 {
-		b.Fatalf("/proc/%d/smaps_rollup has no Rss and Pss lines", pid)
+	defer f.Close()
+	m, ok := readMem(bufio.NewScanner(f))
+	if !ok {
+		b.Fatalf("/proc/%d/smaps_rollup lacks one of Rss, Pss, Private_Clean and Private_Dirty", pid)
 	}
 	return m
 }
@@ -127,27 +148,17 @@ func guestMem(b testing.TB, pid int, memory resource.Quantity) mem {
 	}
 	defer f.Close()
 	guestKB := memory.Value() / 1024
-	var size int64
-	var m mem
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		line := sc.Text()
-		if kb, ok := smapsKiB(line, "Size:"); ok {
-			size = kb
-		}
-		if size != guestKB {
-			continue
-		}
-		if kb, ok := smapsKiB(line, "Rss:"); ok {
-			m.rss = mib(kb)
-		}
-		if kb, ok := smapsKiB(line, "Pss:"); ok {
-			m.pss = mib(kb)
-			return m // Pss follows Rss in a mapping's lines
+		// A mapping's lines follow its Size line.
+		if kb, ok := smapsKiB(sc.Text(), "Size:"); ok && kb == guestKB {
+			if m, ok := readMem(sc); ok {
+				return m
+			}
 		}
 	}
 	b.Fatalf("QEMU %d has no mapping of the guest's %s", pid, memory.String())
-	return m
+	return mem{}
 }
 
 // smapsKiB reads a "Name: N kB" line of an smaps file.
@@ -185,6 +196,15 @@ func qemuPID(b testing.TB, v *v1alpha1.VirtualMachineInstance) int {
 	}
 	b.Fatalf("no QEMU for %s/%s", v.Namespace, v.Name)
 	return 0
+}
+
+// medianOf is the median of one figure of ms.
+func medianOf(ms []mem, figure func(mem) float64) float64 {
+	xs := make([]float64, len(ms))
+	for i, m := range ms {
+		xs[i] = figure(m)
+	}
+	return median(xs)
 }
 
 func median(xs []float64) float64 {
