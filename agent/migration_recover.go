@@ -2,8 +2,12 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/domain"
@@ -22,6 +26,9 @@ const (
 	RecoveryFailed
 	// RecoverySucceeded: the guest left the source; it runs on the target.
 	RecoverySucceeded
+	// RecoveryResumePostCopy: the migration broke in post-copy, so the guest's memory is split
+	// between the nodes and neither can run it; the agent resumes the migration.
+	RecoveryResumePostCopy
 )
 
 // Orphan is what the restarted source agent observes of such a migration.
@@ -32,6 +39,9 @@ type Orphan struct {
 	JobActive bool
 	// Domain is the domain's state; "" when the launcher's libvirt has no such domain.
 	Domain DomainState
+	// PostCopyBroken: libvirt says the domain waits paused because its post-copy migration
+	// broke (reason PostcopyFailed).
+	PostCopyBroken bool
 	// LauncherExit is the source launcher's exit code once it ended; nil while it runs.
 	LauncherExit *int32
 	// Mode is the last mode the migration recorded.
@@ -42,11 +52,14 @@ type Orphan struct {
 // whether the guest, paused to converge, must be resumed where it is.
 func RecoverSource(o Orphan) (outcome Recovery, resume bool) {
 	switch {
+	case o.Connected && o.PostCopyBroken:
+		// Only finishing the migration saves the guest. libvirt may still hold the broken job
+		// a moment; the resume retries through that.
+		return RecoveryResumePostCopy, false
 	case o.Connected && o.JobActive:
 		return RecoveryWait, false
 	case o.Connected && o.Domain.Alive():
-		// A guest the agent paused to converge stays paused after a failed migration; one paused
-		// by post-copy cannot run on here (its memory is partly on the target).
+		// A guest the agent paused to converge stays paused after a failed migration.
 		return RecoveryFailed, o.Domain == DomainPaused && o.Mode == v1alpha1.MigrationModePaused
 	case o.Connected:
 		// The launcher's libvirt no longer has the guest: it left by migration (the launcher
@@ -91,6 +104,9 @@ func (m *migrations) recoverSource(ctx context.Context, mig *v1alpha1.VirtualMac
 		if stats, err := mg.JobStats(name); err == nil {
 			o.JobActive = stats.Type == domain.JobUnbounded || stats.Type == domain.JobBounded
 		}
+		if state, reason, err := mg.State(name); err == nil {
+			o.PostCopyBroken = state == domain.Paused && reason == domain.ReasonPostcopyFailed
+		}
 	} else if m.a.cfg.LauncherExit != nil {
 		if o.LauncherExit, err = m.a.cfg.LauncherExit(ctx, vmi.Namespace, uid); err != nil {
 			return 0, fmt.Errorf("reading how the source launcher of %s ended: %w", vmi.Name, err)
@@ -101,6 +117,8 @@ func (m *migrations) recoverSource(ctx context.Context, mig *v1alpha1.VirtualMac
 	switch outcome {
 	case RecoveryWait:
 		return orphanRetry, nil
+	case RecoveryResumePostCopy:
+		return 0, m.resumeOrphan(mig, vmi, uid, name, log)
 	case RecoverySucceeded:
 		log.Info("recovered a migration this agent no longer drove: the guest left this node")
 		m.record(mig, vmi, o.Mode, nil)
@@ -114,4 +132,30 @@ func (m *migrations) recoverSource(ctx context.Context, mig *v1alpha1.VirtualMac
 		m.record(mig, vmi, o.Mode, fmt.Errorf("the source agent on node %s restarted during the migration, which broke its connections", m.a.cfg.NodeName))
 	}
 	return 0, nil
+}
+
+// errAgentRestarted is why a migration that this agent resumes after its restart had broken.
+var errAgentRestarted = errors.New("the source agent restarted during the post-copy migration, which broke its connections")
+
+// resumeOrphan carries on, over new proxies, a post-copy migration whose connections died with
+// this agent's previous process, and records how it ends.
+func (m *migrations) resumeOrphan(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, uid, name string, log *slog.Logger) error {
+	mg := m.a.migrator(uid)
+	if mg == nil || mig.Status.TargetProxy == nil {
+		return fmt.Errorf("resuming the post-copy migration of %s: the source launcher or the target's proxies are unknown", vmi.Name)
+	}
+	ctx, err := m.openSourceProxies(mig, vmi, uid)
+	if err != nil {
+		return err
+	}
+	log.Warn("a post-copy migration broke when this agent restarted; resuming it")
+	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeWarning, "PostCopyResuming",
+		"the post-copy migration broke when the agent on node %s restarted; resuming it to node %s", m.a.cfg.NodeName, mig.Status.TargetNode)
+	go func() {
+		defer m.finish(string(mig.UID))
+		allowed, bandwidth := MigrationSettings(m.a.eviction().Config, vmi)
+		c := ConvergingMigration{Migrator: mg, Domain: name, Options: sourceOptions(vmi, mg, allowed, bandwidth), Clock: m.a.cfg.Clock, Log: log}
+		m.record(mig, vmi, v1alpha1.MigrationModePostCopy, c.resumePostCopy(ctx, errAgentRestarted))
+	}()
+	return nil
 }

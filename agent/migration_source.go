@@ -49,35 +49,10 @@ func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachi
 	if mg == nil {
 		return fmt.Errorf("the source launcher of %s is not connected", vmi.Name)
 	}
-	// Only the target node the migration names is sent the guest.
-	tlsConfig, err := migrationtls.ClientConfig(m.a.cfg.Certificates, string(mig.UID), mig.Status.TargetNode)
+	pctx, err := m.openSourceProxies(mig, vmi, uid)
 	if err != nil {
-		return fmt.Errorf("the source proxies of %s: %w", mig.Name, err)
+		return err
 	}
-	dir := filepath.Join(m.a.cfg.DomainsDir, uid)
-	pctx, cancel := context.WithCancel(context.Background())
-	am := &activeMigration{cancel: cancel, keyName: mig.Namespace + "/" + mig.Name}
-	streams := []struct{ socket, target string }{
-		{domain.MigrationLibvirtSocket, mig.Status.TargetProxy.Libvirt},
-		{domain.MigrationQEMUSocket, mig.Status.TargetProxy.Memory},
-	}
-	if CopiesDisks(vmi) {
-		if mig.Status.TargetProxy.Disks == "" {
-			return fmt.Errorf("VMI %s has disks to copy and the target agent serves no disk proxy", vmi.Name)
-		}
-		streams = append(streams, struct{ socket, target string }{domain.MigrationNBDSocket, mig.Status.TargetProxy.Disks})
-	}
-	for _, p := range streams {
-		proxy, err := migrationproxy.ListenUnix(pctx, filepath.Join(dir, p.socket), migrationproxy.DialTLS(p.target, tlsConfig))
-		if err != nil {
-			am.stop()
-			return fmt.Errorf("listening on %s for the migration: %w", p.socket, err)
-		}
-		am.proxies = append(am.proxies, proxy)
-	}
-	m.mu.Lock()
-	m.active[string(mig.UID)] = am
-	m.mu.Unlock()
 
 	now := metav1.Now()
 	err = m.updateMigration(ctx, mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) {
@@ -101,6 +76,57 @@ func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachi
 	return nil
 }
 
+// openSourceProxies opens this node's proxies for mig, from the source launcher's directory to
+// the target agent's, and registers mig as one this agent drives; the returned context ends when
+// it no longer does.
+func (m *migrations) openSourceProxies(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, uid string) (context.Context, error) {
+	// Only the target node the migration names is sent the guest.
+	tlsConfig, err := migrationtls.ClientConfig(m.a.cfg.Certificates, string(mig.UID), mig.Status.TargetNode)
+	if err != nil {
+		return nil, fmt.Errorf("the source proxies of %s: %w", mig.Name, err)
+	}
+	dir := filepath.Join(m.a.cfg.DomainsDir, uid)
+	pctx, cancel := context.WithCancel(context.Background())
+	am := &activeMigration{cancel: cancel, keyName: mig.Namespace + "/" + mig.Name}
+	streams := []struct{ socket, target string }{
+		{domain.MigrationLibvirtSocket, mig.Status.TargetProxy.Libvirt},
+		{domain.MigrationQEMUSocket, mig.Status.TargetProxy.Memory},
+	}
+	if CopiesDisks(vmi) {
+		if mig.Status.TargetProxy.Disks == "" {
+			am.stop()
+			return nil, fmt.Errorf("VMI %s has disks to copy and the target agent serves no disk proxy", vmi.Name)
+		}
+		streams = append(streams, struct{ socket, target string }{domain.MigrationNBDSocket, mig.Status.TargetProxy.Disks})
+	}
+	for _, p := range streams {
+		proxy, err := migrationproxy.ListenUnix(pctx, filepath.Join(dir, p.socket), migrationproxy.DialTLS(p.target, tlsConfig))
+		if err != nil {
+			am.stop()
+			return nil, fmt.Errorf("listening on %s for the migration: %w", p.socket, err)
+		}
+		am.proxies = append(am.proxies, proxy)
+	}
+	m.mu.Lock()
+	m.active[string(mig.UID)] = am
+	m.mu.Unlock()
+	return pctx, nil
+}
+
+// sourceOptions are the MigrateOptions of vmi's migration through this node's proxies.
+func sourceOptions(vmi *v1alpha1.VirtualMachineInstance, mg Migrator, allowed Allowed, bandwidth uint64) domain.MigrateOptions {
+	// The launcher's libvirt sees its directory at the path in the pod, not at the agent's.
+	podDir := contract.PodRunDir
+	destURI, migrateURI := domain.ProxiedURIs(podDir, mg.Session())
+	opts := domain.MigrateOptions{DestURI: destURI, MigrateURI: migrateURI}
+	if CopiesDisks(vmi) {
+		opts.DisksURI = domain.ProxiedDisksURI(podDir)
+	}
+	// NotMigratable let only ReadWriteMany claims through as disks that stay in place.
+	opts.SharedDisks = HasClaims(vmi)
+	return WithConvergence(opts, allowed, bandwidth)
+}
+
 // runSource migrates, escalating convergence as the deadline nears, and records the outcome.
 func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mg Migrator) {
 	defer m.finish(string(mig.UID))
@@ -116,16 +142,7 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 		m.a.cfg.Recorder.Event(mig, corev1.EventTypeNormal, "PostCopyUnavailable",
 			"post-copy is allowed, but the target launcher has no "+v1alpha1.DeviceUserFaultFD+" (not every node offers it): converging without post-copy")
 	}
-	// The launcher's libvirt sees its directory at the path in the pod, not at the agent's.
-	podDir := contract.PodRunDir
-	destURI, migrateURI := domain.ProxiedURIs(podDir, mg.Session())
-	opts := domain.MigrateOptions{DestURI: destURI, MigrateURI: migrateURI}
-	if CopiesDisks(vmi) {
-		opts.DisksURI = domain.ProxiedDisksURI(podDir)
-	}
-	// NotMigratable let only ReadWriteMany claims through as disks that stay in place.
-	opts.SharedDisks = HasClaims(vmi)
-	opts = WithConvergence(opts, allowed, bandwidth)
+	opts := sourceOptions(vmi, mg, allowed, bandwidth)
 	clk := m.a.cfg.Clock
 	start := clk.Now()
 	var published time.Time
