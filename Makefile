@@ -13,6 +13,7 @@
 #   make bench-scale     1,000 VMIs on 100 hollow nodes: the controller's memory, CPU and API calls (issue 22)
 #   make bench-density   memory each VM costs its node beyond the guest's, by process (1 and 2 vCPUs)
 #   make bench-transport one migration over plain TCP and over TLS 1.3, interleaved (issue 18)
+#   make bench-downtime  pre-copy downtime as the guest sees it with QEMU's target and lifeboat's, interleaved (issue 19)
 #   make bench-relief    node-pressure relief on and off on the real kubelet, 3 runs (4 min a run)
 #   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
 #   make manifests-check  apply manifests/ to a local control plane and check every object
@@ -35,7 +36,7 @@ DEMO_DIR  ?= $(CURDIR)/.demo/cluster
 DEMO_NODES ?= /tmp/lifeboat-demo
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-relief test-security binaries lifeboat-bins demo demo-down clean images manifests-check e2e
+.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-relief test-security binaries lifeboat-bins demo demo-down clean images manifests-check e2e
 
 all: test
 
@@ -170,6 +171,16 @@ bench-transport: deps
 	done | tee "$$out" && \
 	$(BENCHSTAT) -col /transport "$$out"; rm -f "$$out"
 
+# Pre-copy downtime with QEMU's target (300 ms) and lifeboat's, interleaved: DOWNTIME_COUNT runs of
+# both (about 3 min a run), then benchstat's medians by target.
+DOWNTIME_COUNT ?= 5
+bench-downtime: deps
+	@set -o pipefail; out=$$(mktemp); \
+	for i in $$(seq $(DOWNTIME_COUNT)); do \
+	  $(GO) test -run '^$$' -bench 'BenchmarkDowntimeTarget' -benchtime=1x -timeout 0 ./test/bench/ || exit 1; \
+	done | tee "$$out" && \
+	$(BENCHSTAT) -col /target "$$out"; rm -f "$$out"
+
 # Every table of docs/benchmarks.md, one benchmark after another (several hours on 2 cores; run
 # nothing else meanwhile): each target prints its own table or benchstat's.
 bench-report:
@@ -182,6 +193,7 @@ bench-report:
 	$(MAKE) bench-scale
 	$(MAKE) bench-network
 	$(MAKE) bench-transport
+	$(MAKE) bench-downtime
 	$(MAKE) bench-relief
 
 # Node-pressure relief on the real kubelet, on and off in each run: benchstat's medians of 3 runs.

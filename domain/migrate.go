@@ -50,6 +50,10 @@ type MigrateOptions struct {
 	// AutoConverge lets QEMU throttle the guest's vCPUs when memory is dirtied faster than
 	// it is sent.
 	AutoConverge bool
+	// MaxDowntime is the longest QEMU may stop the guest for a pre-copy migration's final copy
+	// (libvirt's maximum downtime, QEMU's downtime-limit); 0 leaves QEMU's default, 300 ms.
+	// It is whole milliseconds.
+	MaxDowntime time.Duration
 	// AllowPostCopy prepares the migration so that StartPostCopy can switch it to post-copy
 	// later; the migration starts as pre-copy either way.
 	AllowPostCopy bool
@@ -160,6 +164,13 @@ func (c *Conn) Migrate(ctx context.Context, name string, opts MigrateOptions) er
 	}
 	defer mdom.Free()
 
+	if opts.MaxDowntime > 0 && !opts.PostCopyResume {
+		// Set before the start: libvirt keeps QEMU's migration parameters that the migration's
+		// own do not name, and puts back after it what they were at its start.
+		if err := dom.MigrateSetMaxDowntime(uint64(opts.MaxDowntime.Milliseconds()), 0); err != nil {
+			return fmt.Errorf("migrating domain %q: setting its maximum downtime: %w", name, err)
+		}
+	}
 	done := make(chan error, 1)
 	go func() { done <- mdom.MigrateToURI3(opts.DestURI, migrateParams(opts), migrateFlags(opts)) }()
 	select {
