@@ -58,6 +58,7 @@ func BenchmarkDensity(b *testing.B) {
 					total = append(total, o.total())
 				}
 			}
+			logQEMUPrivate(b, qemuPID(b, vmis[0]))
 			rss := func(m mem) float64 { return m.rss }
 			uss := func(m mem) float64 { return m.uss }
 			b.ReportMetric(medianOf(launcher, rss), "launcher-MiB/VM")
@@ -159,6 +160,48 @@ func guestMem(b testing.TB, pid int, memory resource.Quantity) mem {
 	}
 	b.Fatalf("QEMU %d has no mapping of the guest's %s", pid, memory.String())
 	return mem{}
+}
+
+// logQEMUPrivate logs where a QEMU's own pages (its USS) are: each mapping holding at least
+// 1 MiB of them, with its permissions and size. Under TCG the translated-code cache is the large
+// anonymous rwx reservation.
+func logQEMUPrivate(b testing.TB, pid int) {
+	b.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// A mapping's header: address range, permissions, offset, device, inode, name.
+		header := strings.Fields(sc.Text())
+		if len(header) < 5 || !strings.Contains(header[0], "-") {
+			continue
+		}
+		size, _ := smapsKiB(nextLine(sc), "Size:")
+		m, ok := readMem(sc)
+		if !ok || m.uss < 1 {
+			continue
+		}
+		name := "anonymous"
+		if len(header) > 5 {
+			name = header[5]
+		}
+		lines = append(lines, fmt.Sprintf("%7.1f MiB own of %9.1f MiB mapped, %s %s", m.uss, mib(size), header[1], name))
+	}
+	slices.Sort(lines)
+	slices.Reverse(lines)
+	b.Logf("QEMU %d: its mappings holding 1 MiB or more of its own pages:\n%s", pid, strings.Join(lines, "\n"))
+}
+
+// nextLine is the scanner's next line, "" at the end.
+func nextLine(sc *bufio.Scanner) string {
+	if sc.Scan() {
+		return sc.Text()
+	}
+	return ""
 }
 
 // smapsKiB reads a "Name: N kB" line of an smaps file.
