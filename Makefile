@@ -172,7 +172,7 @@ bench-transport: deps
 	$(BENCHSTAT) -col /transport "$$out"; rm -f "$$out"
 
 # Pre-copy downtime with QEMU's target (300 ms) and lifeboat's, interleaved: DOWNTIME_COUNT runs of
-# both (about 3 min a run), then benchstat's medians by target.
+# both (about 4 min a run), then benchstat's medians by target.
 DOWNTIME_COUNT ?= 5
 bench-downtime: deps
 	@set -o pipefail; out=$$(mktemp); \
