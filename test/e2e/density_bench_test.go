@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -139,23 +140,55 @@ func processMem(b testing.TB, pid int) mem {
 	return m
 }
 
-// guestMem reads QEMU's guest RAM mapping from /proc/<pid>/smaps: the mapping whose size is the
-// guest's memory (libvirt's memory-backend-ram "pc.ram").
-func guestMem(b testing.TB, pid int, memory resource.Quantity) mem {
+// mapping is one mapping of a process's /proc/<pid>/smaps.
+type mapping struct {
+	perms, name string // "anonymous" for a mapping without a name
+	sizeKiB     int64
+	mem
+}
+
+// mappings reads every mapping of process pid from /proc/<pid>/smaps.
+func mappings(b testing.TB, pid int) []mapping {
 	b.Helper()
 	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer f.Close()
-	guestKB := memory.Value() / 1024
+	var all []mapping
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		// A mapping's lines follow its Size line.
-		if kb, ok := smapsKiB(sc.Text(), "Size:"); ok && kb == guestKB {
-			if m, ok := readMem(sc); ok {
-				return m
-			}
+		// A mapping's header: address range, permissions, offset, device, inode, name; its Size
+		// line comes next, then the lines readMem reads.
+		header := strings.Fields(sc.Text())
+		if len(header) < 5 || !strings.Contains(header[0], "-") || !sc.Scan() {
+			continue
+		}
+		m := mapping{perms: header[1], name: "anonymous"}
+		if len(header) > 5 {
+			m.name = header[5]
+		}
+		m.sizeKiB, _ = smapsKiB(sc.Text(), "Size:")
+		var ok bool
+		if m.mem, ok = readMem(sc); !ok {
+			b.Fatalf("/proc/%d/smaps: mapping %s lacks one of Rss, Pss, Private_Clean and Private_Dirty", pid, header[0])
+		}
+		all = append(all, m)
+	}
+	if err := sc.Err(); err != nil {
+		b.Fatal(err)
+	}
+	return all
+}
+
+// guestMem reads QEMU's guest RAM mapping from /proc/<pid>/smaps: the mapping whose size is the
+// guest's memory (libvirt's memory-backend-ram "pc.ram").
+func guestMem(b testing.TB, pid int, memory resource.Quantity) mem {
+	b.Helper()
+	guestKB := memory.Value() / 1024
+	for _, m := range mappings(b, pid) {
+		if m.sizeKiB == guestKB {
+			return m.mem
 		}
 	}
 	b.Fatalf("QEMU %d has no mapping of the guest's %s", pid, memory.String())
@@ -163,45 +196,17 @@ func guestMem(b testing.TB, pid int, memory resource.Quantity) mem {
 }
 
 // logQEMUPrivate logs where a QEMU's own pages (its USS) are: each mapping holding at least
-// 1 MiB of them, with its permissions and size. Under TCG the translated-code cache is the large
-// anonymous rwx reservation.
+// 1 MiB of them, with its permissions and size, the largest first. Under TCG the
+// translated-code cache is the large anonymous rwx reservation.
 func logQEMUPrivate(b testing.TB, pid int) {
 	b.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
-	if err != nil {
-		b.Fatal(err)
+	own := slices.DeleteFunc(mappings(b, pid), func(m mapping) bool { return m.uss < 1 })
+	slices.SortFunc(own, func(x, y mapping) int { return cmp.Compare(y.uss, x.uss) })
+	lines := make([]string, len(own))
+	for i, m := range own {
+		lines[i] = fmt.Sprintf("%7.1f MiB own of %9.1f MiB mapped, %s %s", m.uss, mib(m.sizeKiB), m.perms, m.name)
 	}
-	defer f.Close()
-	var lines []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// A mapping's header: address range, permissions, offset, device, inode, name.
-		header := strings.Fields(sc.Text())
-		if len(header) < 5 || !strings.Contains(header[0], "-") {
-			continue
-		}
-		size, _ := smapsKiB(nextLine(sc), "Size:")
-		m, ok := readMem(sc)
-		if !ok || m.uss < 1 {
-			continue
-		}
-		name := "anonymous"
-		if len(header) > 5 {
-			name = header[5]
-		}
-		lines = append(lines, fmt.Sprintf("%7.1f MiB own of %9.1f MiB mapped, %s %s", m.uss, mib(size), header[1], name))
-	}
-	slices.Sort(lines)
-	slices.Reverse(lines)
 	b.Logf("QEMU %d: its mappings holding 1 MiB or more of its own pages:\n%s", pid, strings.Join(lines, "\n"))
-}
-
-// nextLine is the scanner's next line, "" at the end.
-func nextLine(sc *bufio.Scanner) string {
-	if sc.Scan() {
-		return sc.Text()
-	}
-	return ""
 }
 
 // smapsKiB reads a "Name: N kB" line of an smaps file.
