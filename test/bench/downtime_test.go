@@ -43,7 +43,7 @@ func BenchmarkDowntimeTarget(b *testing.B) {
 		for _, target := range []struct {
 			name string
 			max  time.Duration
-		}{{"qemu", 0}, {"lifeboat", candidateDowntime}} {
+		}{{"qemu", 0}, {"100ms", candidateDowntime}} {
 			b.Run(name+"/target="+target.name, func(b *testing.B) {
 				for b.Loop() {
 					o := migrateOnce(b, img, cell, func(c *agent.ConvergingMigration, start time.Time, stats func() domain.JobStats) {
