@@ -13,7 +13,7 @@
 #   make bench-scale     1,000 VMIs on 100 hollow nodes: the controller's memory, CPU and API calls (issue 22)
 #   make bench-density   memory each VM costs its node beyond the guest's, by process (1 and 2 vCPUs)
 #   make bench-transport one migration over plain TCP and over TLS 1.3, interleaved (issue 18)
-#   make bench-downtime  pre-copy downtime as the guest sees it with QEMU's target and 100 ms, interleaved (issue 19)
+#   make bench-downtime  pre-copy downtime as the guest sees it with QEMU's target and lifeboat's, interleaved (issue 19)
 #   make bench-relief    node-pressure relief on and off on the real kubelet, 3 runs (4 min a run)
 #   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
 #   make manifests-check  apply manifests/ to a local control plane and check every object
@@ -171,7 +171,7 @@ bench-transport: deps
 	done | tee "$$out" && \
 	$(BENCHSTAT) -col /transport "$$out"; rm -f "$$out"
 
-# Pre-copy downtime with QEMU's target (300 ms) and 100 ms, interleaved: DOWNTIME_COUNT runs of
+# Pre-copy downtime with QEMU's target (300 ms) and lifeboat's, interleaved: DOWNTIME_COUNT runs of
 # both (about 4 min a run), then benchstat's medians by target.
 DOWNTIME_COUNT ?= 5
 bench-downtime: deps

@@ -11,14 +11,9 @@ import (
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 )
 
-// candidateDowntime is the downtime target measured against QEMU's default. It is not lifeboat's
-// default: under TCG on QEMU before 9.0 (the launcher image's 7.2) the extra dirty-bitmap syncs a
-// lower target brings lose guest writes (see requireDirtyTracking in domain/migration_test.go).
-const candidateDowntime = 100 * time.Millisecond
-
 // BenchmarkDowntimeTarget migrates guests whose pre-copy fits their grace (60 s) with lifeboat's
-// policy twice, once with QEMU's own downtime target (300 ms) and once with candidateDowntime,
-// and reports the downtime the guest saw and libvirt's: the guest stands
+// policy twice, once with QEMU's own downtime target (300 ms) and once with lifeboat's
+// (agent.MaxDowntime), and reports the downtime the guest saw and libvirt's: the guest stands
 // still for QEMU's downtime and then until the destination's libvirt has it run, so a target of
 // 300 ms lets the guest see more. Run it a few times (make bench-downtime) and compare the targets
 // with benchstat; each iteration boots a fresh guest on a fresh pair.
@@ -43,7 +38,7 @@ func BenchmarkDowntimeTarget(b *testing.B) {
 		for _, target := range []struct {
 			name string
 			max  time.Duration
-		}{{"qemu", 0}, {"100ms", candidateDowntime}} {
+		}{{"qemu", 0}, {"lifeboat", agent.MaxDowntime}} {
 			b.Run(name+"/target="+target.name, func(b *testing.B) {
 				for b.Loop() {
 					o := migrateOnce(b, img, cell, func(c *agent.ConvergingMigration, start time.Time, stats func() domain.JobStats) {

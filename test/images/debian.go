@@ -30,6 +30,13 @@ const (
 // writes containerDisk overlays (launcher/vmdisks).
 var debianPackages = []string{"libvirt-daemon", "libvirt-daemon-driver-qemu", "qemu-system-x86", "qemu-utils"}
 
+// qemuFromBackports pins QEMU and the firmware it requires to bookworm-backports (QEMU 10), as on
+// the host (hack/install-deps): bookworm's 7.2 under TCG loses guest writes on every dirty-bitmap
+// sync after the second (upstream 03bfc2188f), and lifeboat's 100 ms downtime target
+// (agent.MaxDowntime) brings more of them. Everything else, libvirt included, stays bookworm's.
+// The pin names the codename (n=): the archive name (a=) is now oldstable-backports.
+const qemuFromBackports = "Package: qemu-* seabios ipxe-qemu\nPin: release n=" + suite + "-backports\nPin-Priority: 990\n"
+
 // mmdebstrapArgs builds the rootfs as a tarball at out. The hooks make what libvirtd refuses to
 // start without (see domain/libvirtd_config.go): the group kvm and the user and group
 // libvirt-qemu, which libvirt-daemon-system and udev would create, and the launcher's user.
@@ -38,6 +45,7 @@ func mmdebstrapArgs(out string) []string {
 		"--variant=essential",
 		"--format=tar",
 		"--include=" + strings.Join(debianPackages, ","),
+		`--setup-hook=mkdir -p "$1"/etc/apt/preferences.d && printf '` + qemuFromBackports + `' > "$1"/etc/apt/preferences.d/lifeboat-qemu`,
 		"--dpkgopt=path-exclude=/usr/share/man/*",
 		"--dpkgopt=path-exclude=/usr/share/locale/*",
 		"--dpkgopt=path-exclude=/usr/share/doc/*",
@@ -51,12 +59,16 @@ func mmdebstrapArgs(out string) []string {
 		fmt.Sprintf(`--customize-hook=chroot "$1" useradd --non-unique --uid %d --gid %d --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin lifeboat-launcher`, launcher.UID, launcher.GID),
 		// Logs and caches of the build itself (apt, dpkg) are not part of the image.
 		`--customize-hook=rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/*`,
-		suite, out, mirror, securitySource,
+		suite, out, mirror, securitySource, backportsSource,
 	}
 }
 
 // securitySource is the apt source of Debian's security updates, besides the mirror.
 var securitySource = "deb " + strings.Replace(mirror, "/debian", "/debian-security", 1) + " " + suite + "-security main"
+
+// backportsSource is the apt source of QEMU (qemuFromBackports). apt takes nothing else from it:
+// Debian pins backports below the release.
+var backportsSource = "deb " + mirror + " " + suite + "-backports main"
 
 // DebianRootfs returns the path of the Debian rootfs tarball, building it with mmdebstrap
 // (Debian package mmdebstrap) the first time, then from the cache: $LIFEBOAT_CACHE/images/.
