@@ -315,8 +315,11 @@ type outcome struct {
 	// guestDowntime is the longest the guest's counter stood still beyond its tick, as the
 	// consoles of both nodes showed it (the guest's clock stops while it is paused).
 	guestDowntime time.Duration
-	estimate      uint64
-	estimated     bool
+	// stallEnded is when the guest's longest stall ended, from when the migration returned: about
+	// zero for the switch-over, well before it for a stall while the guest ran on its source.
+	stallEnded time.Duration
+	estimate   uint64
+	estimated  bool
 	// diskSeen and diskDuring are the median rates of the guest's passes over its disk that
 	// ended before the migration and while it ran (on the source): what the copy cost the guest.
 	diskSeen, diskDuring uint64
@@ -386,9 +389,10 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 		o.downtime = max(o.downtime, end.Sub(rec.pausedAt))
 	}
 	o.guestAfterward = guestAfterward(ctx, p, cell)
-	o.guestDowntime = watch()
-	b.Logf("%s in %s (transfer from %s), downtime %s (libvirt's %s), dirty rate estimated %d MiB/s (%v), seen %d MiB/s, disk written at %d MiB/s before and %d MiB/s during, transfer rate %d MiB/s, slowest statistics read %s, guest afterwards: %s",
-		modeString(o.modes), o.total.Round(10*time.Millisecond), o.setup.Round(100*time.Millisecond), o.guestDowntime.Round(time.Millisecond), o.downtime.Round(time.Millisecond),
+	stall := watch()
+	o.guestDowntime, o.stallEnded = stall.Longest, stall.Ended.Sub(end)
+	b.Logf("%s in %s (transfer from %s), downtime %s (ended %s from the migration's return; libvirt's %s), dirty rate estimated %d MiB/s (%v), seen %d MiB/s, disk written at %d MiB/s before and %d MiB/s during, transfer rate %d MiB/s, slowest statistics read %s, guest afterwards: %s",
+		modeString(o.modes), o.total.Round(10*time.Millisecond), o.setup.Round(100*time.Millisecond), o.guestDowntime.Round(time.Millisecond), o.stallEnded.Round(time.Millisecond), o.downtime.Round(time.Millisecond),
 		o.estimate/mib, o.estimated, o.maxDirty/mib, o.diskSeen/mib, o.diskDuring/mib, o.transferRate/mib, o.slowestRead.Round(time.Millisecond), o.guestAfterward)
 	return o
 }

@@ -11,16 +11,24 @@ import (
 // watchPoll is how often WatchCounters reads the consoles: the precision of what it sees.
 const watchPoll = 5 * time.Millisecond
 
+// Stall is the longest the guest's counter stood still beyond its tick, and when it moved again.
+type Stall struct {
+	Longest time.Duration
+	// Ended is when the counter moved again: set against a migration's end, it says whether the
+	// stall was the switch-over or came while the guest still ran on its source.
+	Ended time.Time
+}
+
 // WatchCounters notes when each of the guest's counters first appears on any of the consoles
 // (asked again at every read, so a console that appears later, a migration target's, is
 // read too) until the returned function is called; that returns the longest the counter stood
 // still beyond its tick. The guest's clock stops while the guest is paused or switches nodes,
 // so that is how long an observer saw the guest stopped, to the polling and the guest's timer.
-func WatchCounters(ctx context.Context, tick time.Duration, consoles func() []string) (stop func() time.Duration) {
+func WatchCounters(ctx context.Context, tick time.Duration, consoles func() []string) (stop func() Stall) {
 	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan time.Duration, 1)
+	done := make(chan Stall, 1)
 	go func() {
-		last, lastAt, worst := 0, time.Time{}, time.Duration(0)
+		last, lastAt, worst := 0, time.Time{}, Stall{}
 		t := time.NewTicker(watchPoll)
 		defer t.Stop()
 		for {
@@ -34,8 +42,8 @@ func WatchCounters(ctx context.Context, tick time.Duration, consoles func() []st
 				}
 			}
 			if n > last {
-				if last > 0 {
-					worst = max(worst, now.Sub(lastAt)-time.Duration(n-last)*tick)
+				if stood := now.Sub(lastAt) - time.Duration(n-last)*tick; last > 0 && stood > worst.Longest {
+					worst = Stall{Longest: stood, Ended: now}
 				}
 				last, lastAt = n, now
 			}
@@ -47,7 +55,7 @@ func WatchCounters(ctx context.Context, tick time.Duration, consoles func() []st
 			}
 		}
 	}()
-	return func() time.Duration {
+	return func() Stall {
 		cancel()
 		return <-done
 	}

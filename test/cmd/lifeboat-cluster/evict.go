@@ -237,7 +237,7 @@ const guestTick = time.Second
 // counterGoesOn shows that the guest did not reboot: the counter it printed on the source node
 // goes on, from where it was, on the target; and says how long the counter stood still (stood
 // is guest.WatchCounters' stop), which is how long the guest was stopped, as its console shows.
-func counterGoesOn(ctx context.Context, root, uid, from, to string, stood func() time.Duration) error {
+func counterGoesOn(ctx context.Context, root, uid, from, to string, stood func() guest.Stall) error {
 	b, err := os.ReadFile(consolePath(root, from, uid))
 	if err != nil {
 		return err
@@ -254,6 +254,6 @@ func counterGoesOn(ctx context.Context, root, uid, from, to string, stood func()
 	}
 	fmt.Printf("the guest's counter was at %d on %s when it left; on %s it goes on at %d, without a reboot\n", before, from, to, guest.Counter(console))
 	fmt.Printf("the guest stood still for %s at most: its counter's longest silence beyond its %s tick, read from its consoles every 5 ms\n",
-		stood().Round(time.Millisecond), guestTick)
+		stood().Longest.Round(time.Millisecond), guestTick)
 	return nil
 }
