@@ -312,14 +312,14 @@ type outcome struct {
 	slowestRead    time.Duration
 	transferRate   uint64 // median of what libvirt reported
 	guestAfterward string // what the guest's console shows on the destination
-	// guestDowntime is the longest the guest's counter stood still beyond its tick, as the
-	// consoles of both nodes showed it (the guest's clock stops while it is paused).
-	guestDowntime time.Duration
-	// stallEnded is when the guest's longest stall ended, from when the migration returned: about
-	// zero for the switch-over, well before it for a stall while the guest ran on its source.
-	stallEnded time.Duration
-	estimate   uint64
-	estimated  bool
+	// guestDowntime is how long the guest's counter stood still beyond its tick across the
+	// switch-over, from the last counter on the source's console to the first on the
+	// destination's (the guest's clock stops while it is paused); longestStall is the longest
+	// anywhere, which for a guest writing its disk through the synchronous mirror can come
+	// before the switch, and stallEnded when that ended, from the migration's return.
+	guestDowntime, longestStall, stallEnded time.Duration
+	estimate                                uint64
+	estimated                               bool
 	// diskSeen and diskDuring are the median rates of the guest's passes over its disk that
 	// ended before the migration and while it ran (on the source): what the copy cost the guest.
 	diskSeen, diskDuring uint64
@@ -390,9 +390,9 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	}
 	o.guestAfterward = guestAfterward(ctx, p, cell)
 	stall := watch()
-	o.guestDowntime, o.stallEnded = stall.Longest, stall.Ended.Sub(end)
-	b.Logf("%s in %s (transfer from %s), downtime %s (ended %s from the migration's return; libvirt's %s), dirty rate estimated %d MiB/s (%v), seen %d MiB/s, disk written at %d MiB/s before and %d MiB/s during, transfer rate %d MiB/s, slowest statistics read %s, guest afterwards: %s",
-		modeString(o.modes), o.total.Round(10*time.Millisecond), o.setup.Round(100*time.Millisecond), o.guestDowntime.Round(time.Millisecond), o.stallEnded.Round(time.Millisecond), o.downtime.Round(time.Millisecond),
+	o.guestDowntime, o.longestStall, o.stallEnded = stall.Switch, stall.Longest, stall.Ended.Sub(end)
+	b.Logf("%s in %s (transfer from %s), downtime %s (libvirt's %s; the longest stall %s, ended %s from the migration's return), dirty rate estimated %d MiB/s (%v), seen %d MiB/s, disk written at %d MiB/s before and %d MiB/s during, transfer rate %d MiB/s, slowest statistics read %s, guest afterwards: %s",
+		modeString(o.modes), o.total.Round(10*time.Millisecond), o.setup.Round(100*time.Millisecond), o.guestDowntime.Round(time.Millisecond), o.downtime.Round(time.Millisecond), o.longestStall.Round(time.Millisecond), o.stallEnded.Round(time.Millisecond),
 		o.estimate/mib, o.estimated, o.maxDirty/mib, o.diskSeen/mib, o.diskDuring/mib, o.transferRate/mib, o.slowestRead.Round(time.Millisecond), o.guestAfterward)
 	return o
 }
@@ -508,8 +508,8 @@ func (r *matrixResults) print(w io.Writer) {
 	if len(r.keys) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "| memory | dirty rate asked / estimated / seen | grace | bound | policy | in time | total | downtime seen by the guest: median / worst | libvirt's downtime | modes | guest after |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| memory | dirty rate asked / estimated / seen | grace | bound | policy | in time | total | downtime seen by the guest at the switch: median / worst | libvirt's downtime | longest stall: median / worst | modes | guest after |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, k := range r.keys {
 		if k.policy != policyLifeboat {
 			continue
@@ -539,16 +539,19 @@ func (r *matrixResults) print(w io.Writer) {
 			if len(o) == 0 {
 				continue
 			}
-			fmt.Fprintf(w, "| %s | %s = %d / %s / %d MiB/s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			fmt.Fprintf(w, "| %s | %s = %d / %s / %d MiB/s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 				k.cell.guestString(all), k.cell.factor, k.cell.dirtyRate/mib, estimate, seen/mib, k.cell.grace, fits(bound, k.cell.grace), p,
-				inTime(o, k.cell.grace), medianTotal(o), guestDowntimes(o), medianDowntime(o), modeSet(o), guestSet(o))
+				inTime(o, k.cell.grace), medianTotal(o), guestStalls(o, outcome.switchStall), medianDowntime(o), guestStalls(o, outcome.anyStall), modeSet(o), guestSet(o))
 		}
 	}
 }
 
-// guestDowntimes are the median and worst downtime the guest saw, over the runs that finished.
-func guestDowntimes(runs []outcome) string {
-	done := collect(slices.DeleteFunc(slices.Clone(runs), func(o outcome) bool { return !o.finished }), func(o outcome) time.Duration { return o.guestDowntime })
+func (o outcome) switchStall() time.Duration { return o.guestDowntime }
+func (o outcome) anyStall() time.Duration    { return o.longestStall }
+
+// guestStalls are the median and worst of a stall the guest saw, over the runs that finished.
+func guestStalls(runs []outcome, stall func(outcome) time.Duration) string {
+	done := collect(slices.DeleteFunc(slices.Clone(runs), func(o outcome) bool { return !o.finished }), stall)
 	if len(done) == 0 {
 		return "–"
 	}

@@ -11,41 +11,50 @@ import (
 // watchPoll is how often WatchCounters reads the consoles: the precision of what it sees.
 const watchPoll = 5 * time.Millisecond
 
-// Stall is the longest the guest's counter stood still beyond its tick, and when it moved again.
+// Stall is what WatchCounters saw of the guest's counter standing still beyond its tick.
 type Stall struct {
+	// Longest is the longest it stood still, on whichever console, and Ended when it moved again.
 	Longest time.Duration
-	// Ended is when the counter moved again: set against a migration's end, it says whether the
-	// stall was the switch-over or came while the guest still ran on its source.
-	Ended time.Time
+	Ended   time.Time
+	// Switch is how long it stood still across a move: from the last counter one console showed
+	// to the first one another console showed, the stop a migration's switch-over makes. A guest
+	// that writes its disk through a synchronous mirror also stalls before the switch, which is in
+	// Longest but not here. Zero if the counter never moved consoles.
+	Switch time.Duration
 }
 
 // WatchCounters notes when each of the guest's counters first appears on any of the consoles
 // (asked again at every read, so a console that appears later, a migration target's, is
-// read too) until the returned function is called; that returns the longest the counter stood
-// still beyond its tick. The guest's clock stops while the guest is paused or switches nodes,
-// so that is how long an observer saw the guest stopped, to the polling and the guest's timer.
+// read too) until the returned function is called; that returns how long the counter stood
+// still beyond its tick (Stall). The guest's clock stops while the guest is paused or switches
+// nodes, so that is how long an observer saw the guest stopped, to the polling and the guest's timer.
 func WatchCounters(ctx context.Context, tick time.Duration, consoles func() []string) (stop func() Stall) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan Stall, 1)
 	go func() {
-		last, lastAt, worst := 0, time.Time{}, Stall{}
+		last, lastAt, lastFrom, worst := 0, time.Time{}, "", Stall{}
 		t := time.NewTicker(watchPoll)
 		defer t.Stop()
 		for {
 			now := time.Now()
-			n := 0
+			n, from := 0, ""
 			for _, c := range consoles() {
 				if b, err := os.ReadFile(c); err == nil {
-					if k, ok := protocol.LastCounter(string(b)); ok {
-						n = max(n, k)
+					if k, ok := protocol.LastCounter(string(b)); ok && k > n {
+						n, from = k, c
 					}
 				}
 			}
 			if n > last {
-				if stood := now.Sub(lastAt) - time.Duration(n-last)*tick; last > 0 && stood > worst.Longest {
-					worst = Stall{Longest: stood, Ended: now}
+				if stood := now.Sub(lastAt) - time.Duration(n-last)*tick; last > 0 {
+					if stood > worst.Longest {
+						worst.Longest, worst.Ended = stood, now
+					}
+					if from != lastFrom {
+						worst.Switch = max(worst.Switch, stood)
+					}
 				}
-				last, lastAt = n, now
+				last, lastAt, lastFrom = n, now, from
 			}
 			select {
 			case <-ctx.Done():
