@@ -17,9 +17,9 @@ type Stall struct {
 	Longest time.Duration
 	Ended   time.Time
 	// Switch is how long it stood still across a move: from the last counter one console showed
-	// to the first one another console showed, the stop a migration's switch-over makes. A guest
-	// that writes its disk through a synchronous mirror also stalls before the switch, which is in
-	// Longest but not here. Zero if the counter never moved consoles.
+	// to the first one another console showed, the stop a migration's switch-over makes. A stall
+	// away from the switch (the deadline matrix's disk writers have them before and after it) is
+	// in Longest but not here. Zero if the counter never moved consoles.
 	Switch time.Duration
 }
 
