@@ -173,7 +173,7 @@ func layoutFor(cfg Config) (daemonLayout, error) {
 			return daemonLayout{}, fmt.Errorf("starting libvirtd: path %q has a quote or newline, which libvirt's config files cannot hold", p)
 		}
 	}
-	return daemonLayout{dir: dir, socketDir: socketDir, session: os.Geteuid() != 0 || cfg.User != nil}, nil
+	return daemonLayout{dir: dir, socketDir: socketDir, session: os.Geteuid() != 0 || cfg.User != nil, driverModule: qemuDriverModule()}, nil
 }
 
 func writeDaemonFiles(l daemonLayout) error {
@@ -189,6 +189,15 @@ func writeDaemonFiles(l daemonLayout) error {
 	for path, content := range files {
 		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 			return fmt.Errorf("writing libvirtd's configuration: %w", err)
+		}
+	}
+	if l.driverModule != "" {
+		link := filepath.Join(l.driverDir(), filepath.Base(l.driverModule))
+		if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("libvirtd's driver directory: %w", err)
+		}
+		if err := os.Symlink(l.driverModule, link); err != nil {
+			return fmt.Errorf("libvirtd's driver directory: %w", err)
 		}
 	}
 	return nil

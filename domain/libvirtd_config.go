@@ -23,7 +23,35 @@ type daemonLayout struct {
 	dir       string
 	socketDir string
 	session   bool
+	// driverModule is libvirt's QEMU driver module, the one connection driver the daemon loads
+	// (qemuDriverModule); "" loads every driver the daemon finds.
+	driverModule string
 }
+
+// qemuDriverGlobs are where distributions install libvirt's QEMU driver module (Debian's
+// multiarch directory, or lib64 and lib).
+var qemuDriverGlobs = []string{
+	"/usr/lib/*/libvirt/connection-driver/libvirt_driver_qemu.so",
+	"/usr/lib*/libvirt/connection-driver/libvirt_driver_qemu.so",
+}
+
+// qemuDriverModule is libvirt's QEMU driver module on this machine, "" if it is in none of the
+// places qemuDriverGlobs name. libvirtd loads and starts every connection driver module in its
+// directory (networks, storage pools, node devices, secrets, host interfaces, filters); a
+// lifeboat daemon uses QEMU's alone, and given a directory with only that module
+// (LIBVIRT_DRIVER_DIR) each VM's libvirtd holds about 3 MiB less of its own memory (issue 22;
+// docs/benchmarks.md, "Per-VM memory overhead") and none of the other drivers' code.
+func qemuDriverModule() string {
+	for _, g := range qemuDriverGlobs {
+		if m, _ := filepath.Glob(g); len(m) > 0 {
+			return m[0]
+		}
+	}
+	return ""
+}
+
+// driverDir is the daemon's connection driver directory, with driverModule alone in it.
+func (l daemonLayout) driverDir() string { return filepath.Join(l.dir, "drivers") }
 
 func (l daemonLayout) confDir() string {
 	if l.session {
@@ -56,26 +84,36 @@ func (l daemonLayout) qemuPidDir() string {
 // dirs are the directories to create before the daemon starts. libvirtd does not create
 // the QEMU log directory it needs with stdio_handler = "file", nor its socket directory.
 func (l daemonLayout) dirs() []string {
+	dirs := []string{l.confDir(), l.runDir(), l.cacheDir(), l.socketDir}
 	if l.session {
-		return []string{l.confDir(), l.runDir(), l.cacheDir(), l.home(), l.socketDir}
+		dirs = append(dirs, l.home())
+	} else {
+		dirs = append(dirs, l.libDir(), filepath.Join(l.logDir(), "qemu"))
 	}
-	return []string{l.confDir(), l.runDir(), l.libDir(), filepath.Join(l.logDir(), "qemu"), l.cacheDir(), l.socketDir}
+	if l.driverModule != "" {
+		dirs = append(dirs, l.driverDir())
+	}
+	return dirs
 }
 
 // env is what a session daemon is told its directories are; libvirt (through GLib) takes
 // its configuration, runtime, cache and data directories from these.
 func (l daemonLayout) env() []string {
+	var env []string
+	if l.driverModule != "" {
+		env = append(env, "LIBVIRT_DRIVER_DIR="+l.driverDir())
+	}
 	if !l.session {
-		return nil
+		return env
 	}
-	return []string{
-		"HOME=" + l.home(),
-		"XDG_CONFIG_HOME=" + l.configHome(),
-		"XDG_RUNTIME_DIR=" + l.runDir(),
-		"XDG_CACHE_HOME=" + l.cacheDir(),
-		"XDG_DATA_HOME=" + filepath.Join(l.home(), "data"),
-		"XDG_STATE_HOME=" + filepath.Join(l.home(), "state"),
-	}
+	return append(env,
+		"HOME="+l.home(),
+		"XDG_CONFIG_HOME="+l.configHome(),
+		"XDG_RUNTIME_DIR="+l.runDir(),
+		"XDG_CACHE_HOME="+l.cacheDir(),
+		"XDG_DATA_HOME="+filepath.Join(l.home(), "data"),
+		"XDG_STATE_HOME="+filepath.Join(l.home(), "state"),
+	)
 }
 
 // mounts are the bind mounts that give a system daemon its own libvirt system paths, so that

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -225,5 +229,30 @@ func TestTwoDaemonsEachRunAGuest(t *testing.T) {
 	}
 	if state, _, err := instances[1].conn.State(instances[1].name); err != nil || state != Running {
 		t.Errorf("the other daemon's guest: state %s, error %v; want %s", state, err, Running)
+	}
+}
+
+// TestTheDaemonLoadsOnlyQEMUsDriver: a private libvirtd maps QEMU's connection driver and no
+// other (networks, storage pools, node devices, secrets, host interfaces and filters are not
+// lifeboat's, and each driver costs every VM's daemon memory), and still runs a guest.
+func TestTheDaemonLoadsOnlyQEMUsDriver(t *testing.T) {
+	if qemuDriverModule() == "" {
+		t.Fatalf("libvirt's QEMU driver module is in none of %v", qemuDriverGlobs)
+	}
+	d := startDaemon(t)
+	c := connect(t, d)
+	_, console := runGuest(t, c, guestVMI(t, "one-driver"))
+	if _, err := guest.WaitForLine(guestContext(t), console, protocol.Ready); err != nil {
+		t.Fatal(err)
+	}
+	mapped := readFile(t, fmt.Sprintf("/proc/%d/maps", d.cmd.Process.Pid))
+	loaded := map[string]bool{}
+	for _, line := range strings.Split(mapped, "\n") {
+		if f := strings.Fields(line); len(f) == 6 && strings.HasPrefix(filepath.Base(f[5]), "libvirt_driver_") {
+			loaded[filepath.Base(f[5])] = true
+		}
+	}
+	if want := map[string]bool{"libvirt_driver_qemu.so": true}; !maps.Equal(loaded, want) {
+		t.Errorf("libvirtd maps the connection drivers %v, want only %v", slices.Sorted(maps.Keys(loaded)), slices.Sorted(maps.Keys(want)))
 	}
 }
