@@ -14,6 +14,7 @@
 #   make bench-density   memory each VM costs its node beyond the guest's, by process (1 and 2 vCPUs)
 #   make bench-transport one migration over plain TCP and over TLS 1.3, interleaved (issue 18)
 #   make bench-downtime  pre-copy downtime as the guest sees it with QEMU's target and lifeboat's, interleaved (issue 19)
+#   make bench-mirror    disk-writing guests migrated with the synchronous disk mirror and the background copy (issue 19)
 #   make bench-relief    node-pressure relief on and off on the real kubelet, 3 runs (4 min a run)
 #   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
 #   make manifests-check  apply manifests/ to a local control plane and check every object
@@ -36,7 +37,7 @@ DEMO_DIR  ?= $(CURDIR)/.demo/cluster
 DEMO_NODES ?= /tmp/lifeboat-demo
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-relief test-security binaries lifeboat-bins demo demo-down clean images manifests-check e2e
+.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-mirror bench-relief test-security binaries lifeboat-bins demo demo-down clean images manifests-check e2e
 
 all: test
 
@@ -181,6 +182,14 @@ bench-downtime: deps
 	done | tee "$$out" && \
 	$(BENCHSTAT) -col /target "$$out"; rm -f "$$out"
 
+# The disk-writing guests with the synchronous disk mirror and with the background copy: MIRROR_COUNT
+# runs of both (about 2 min a run), then benchstat's medians by mirror mode.
+MIRROR_COUNT ?= 3
+bench-mirror: deps
+	@set -o pipefail; out=$$(mktemp); \
+	$(GO) test -run '^$$' -bench 'BenchmarkDiskMirrorMode' -benchtime=1x -count=$(MIRROR_COUNT) -timeout 0 ./test/bench/ | tee "$$out" && \
+	$(BENCHSTAT) -col /mirror "$$out"; rm -f "$$out"
+
 # Every table of docs/benchmarks.md, one benchmark after another (several hours on 2 cores; run
 # nothing else meanwhile): each target prints its own table or benchstat's.
 bench-report:
@@ -194,6 +203,7 @@ bench-report:
 	$(MAKE) bench-network
 	$(MAKE) bench-transport
 	$(MAKE) bench-downtime
+	$(MAKE) bench-mirror
 	$(MAKE) bench-relief
 
 # Node-pressure relief on the real kubelet, on and off in each run: benchstat's medians of 3 runs.

@@ -450,10 +450,13 @@ func guestAfterward(ctx context.Context, p migrationpair.Pair, cell matrixCell) 
 	case err != nil:
 		return "silent"
 	case cell.diskRate > 0:
-		return "counting, disk intact"
+		return guestIntact
 	}
 	return "counting"
 }
+
+// guestIntact is guestAfterward's word for a disk-writing guest that arrived whole.
+const guestIntact = "counting, disk intact"
 
 // hasPassAfter reports whether the destination's console shows the end of the pass after the
 // one under way at the migration: by then every block, including those the source wrote last,
