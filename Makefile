@@ -11,7 +11,7 @@
 #   make bench-drain     drain throughput: 10 VMs leaving one node through the real cluster (3 min a run)
 #   make bench-node-full 50 VMs on one node drained: the agent's memory and CPU, idle and during it (issue 22)
 #   make bench-scale     1,000 VMIs on 100 hollow nodes: the controller's memory, CPU and API calls (issue 22)
-#   make bench-density   memory each VM costs its node beyond the guest's, by process (1 and 2 vCPUs)
+#   make bench-density   memory each VM costs its node beyond the guest's, by process (1 and 2 vCPUs, TCG and KVM)
 #   make bench-transport one migration over plain TCP and over TLS 1.3, interleaved (issue 18)
 #   make bench-downtime  pre-copy downtime as the guest sees it with QEMU's target and lifeboat's, interleaved (issue 19)
 #   make bench-mirror    disk-writing guests migrated with the synchronous disk mirror and the background copy (issue 19)
@@ -133,12 +133,14 @@ bench-density: binaries
 # KubeVirt's density method: VMIs created 100 ms apart, creation to Running, p50 and p95, beside as
 # many ordinary pods in the same run, and the API calls per VMI start (issue 22). KubeVirt creates
 # 100; 40 TCG guests held 9.1 GiB here at the peak, so 100 would not fit in 24 GiB: STARTUP_VMIS=100
-# on a machine with 32 GiB or more.
+# on a machine with 32 GiB or more, or STARTUP_ACCEL=kvm where /dev/kvm opens (the guests' pages
+# are then only what their kernels touched before they stop or boot).
 STARTUP_VMIS ?= 40
 STARTUP_COUNT ?= 3
+STARTUP_ACCEL ?= tcg
 bench-startup: binaries
 	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
-	$(GO) test -run '^$$' -bench BenchmarkCreationToRunning -benchtime=1x -count=$(STARTUP_COUNT) -timeout 0 ./test/e2e/ -args -startup-vmis=$(STARTUP_VMIS) | tee /dev/stderr | \
+	$(GO) test -run '^$$' -bench BenchmarkCreationToRunning -benchtime=1x -count=$(STARTUP_COUNT) -timeout 0 ./test/e2e/ -args -startup-vmis=$(STARTUP_VMIS) -startup-accel=$(STARTUP_ACCEL) | tee /dev/stderr | \
 	  $(BENCH_RESULTS) > "$$out"; \
 	$(BENCHSTAT) "$$out"
 

@@ -82,6 +82,22 @@ type testNode struct {
 	metrics string // http://address:port/metrics
 }
 
+// kvmDevice is the host's KVM device, which withKVM gives the emulated nodes to serve.
+const kvmDevice = "/dev/kvm"
+
+// withKVM has an emulated node serve the host's /dev/kvm, as its agent's device plugin would
+// on a node with KVM, so that launchers started with --acceleration=kvm get it; it skips t
+// where /dev/kvm does not open.
+func withKVM(t testing.TB) func(*node.Config) {
+	t.Helper()
+	f, err := os.OpenFile(kvmDevice, os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no KVM here: %v", err)
+	}
+	f.Close()
+	return func(c *node.Config) { c.Devices[v1alpha1.DeviceKVM] = kvmDevice }
+}
+
 // startNodes starts n emulated nodes, each with its agent.
 func startNodes(t testing.TB, n int, configure ...func(*node.Config)) []*testNode {
 	t.Helper()
