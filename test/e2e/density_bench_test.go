@@ -76,7 +76,7 @@ func benchmarkDensity(b *testing.B, accel string, cpus int32) {
 		}
 	}
 	if accel == "kvm" {
-		waitOverheadSettled(b, vmis)
+		waitQEMUSettled(b, vmis)
 		for _, v := range vmis {
 			console, _ := os.ReadFile(n.consolePath(v))
 			b.Logf("%s under KVM: guest counter %d (0: its Linux did not boot)", v.Name, guest.Counter(string(console)))
@@ -104,9 +104,9 @@ func benchmarkDensity(b *testing.B, accel string, cpus int32) {
 	b.ReportMetric(medianOf(total, uss), "overhead-USS-MiB/VM")
 }
 
-// waitOverheadSettled waits until the QEMUs of vmis hold, all together, within settledMiB of what
+// waitQEMUSettled waits until the QEMUs of vmis hold, all together, within settledMiB of what
 // they held settleInterval before: the VMs are past their start.
-func waitOverheadSettled(b testing.TB, vmis []*v1alpha1.VirtualMachineInstance) {
+func waitQEMUSettled(b testing.TB, vmis []*v1alpha1.VirtualMachineInstance) {
 	b.Helper()
 	const (
 		settledMiB     = 0.5
