@@ -375,9 +375,11 @@ func evictedForMemory(t *testing.T, p *corev1.Pod) {
 
 // statusLost reports whether the kubelet wrote a container's status without finding the container
 // (reason ContainerStatusUnknown, exit code 137 made up): it had removed the container already.
+// It writes that as the last state (the pod deleted) or, when it also lost the container as the
+// pod was terminated, as the current one too (seen in a clean-clone CI at 147a33f).
 func statusLost(cs corev1.ContainerStatus) bool {
-	lt := cs.LastTerminationState.Terminated
-	return cs.State.Terminated == nil && lt != nil && lt.Reason == "ContainerStatusUnknown"
+	unknown := func(t *corev1.ContainerStateTerminated) bool { return t != nil && t.Reason == "ContainerStatusUnknown" }
+	return unknown(cs.LastTerminationState.Terminated) && (cs.State.Terminated == nil || unknown(cs.State.Terminated))
 }
 
 func podCondition(p *corev1.Pod, typ corev1.PodConditionType) *corev1.PodCondition {
