@@ -34,8 +34,9 @@ var startupVMIs = flag.Int("startup-vmis", 100, "VMIs created by BenchmarkCreati
 
 // startupAccel is the launchers' acceleration in BenchmarkCreationToRunning: tcg, or kvm where
 // /dev/kvm opens. A VMI counts as Running once its domain runs, whether or not its Linux has
-// booted, so KVM measures lifeboat's path without the TCG boots that hold the CPU (and under
-// this machine's nested KVM the guests stop in their kernel's decompressor, docs/e2e.md).
+// booted. On a KVM host guests boot in a fraction of TCG's CPU time, so the figure is more
+// lifeboat's path and less the machine's CPU; under this machine's nested KVM the guests spin in
+// their kernel's decompressor instead (docs/benchmarks.md, "VMI start-up").
 var startupAccel = flag.String("startup-accel", "tcg", "acceleration of BenchmarkCreationToRunning's launchers: tcg or kvm")
 
 const (
