@@ -579,12 +579,15 @@ func fits(bound, grace time.Duration) string {
 func inTime(runs []outcome, grace time.Duration) string {
 	n := 0
 	for _, o := range runs {
-		if o.finished && o.total <= grace {
+		if o.inTime(grace) {
 			n++
 		}
 	}
 	return fmt.Sprintf("%d/%d", n, len(runs))
 }
+
+// inTime reports whether the guest arrived on the destination within grace.
+func (o outcome) inTime(grace time.Duration) bool { return o.finished && o.total <= grace }
 
 func median(d []time.Duration) time.Duration {
 	slices.Sort(d)

@@ -40,7 +40,7 @@ func BenchmarkDiskMirrorMode(b *testing.B) {
 						c.Cancelled = func() bool { return time.Since(start) >= grace }
 					})
 					inTime := 0.0
-					if o.finished && o.total <= grace {
+					if o.inTime(grace) {
 						inTime = 1
 					}
 					b.ReportMetric(inTime, "in-time")

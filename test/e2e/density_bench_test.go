@@ -129,7 +129,7 @@ func waitQEMUSettled(b testing.TB, vmis []*v1alpha1.VirtualMachineInstance) {
 		return settled, nil
 	})
 	if err != nil {
-		b.Fatalf("the VMs' pods did not settle within %s: want two readings %s apart within %.1f MiB, last %.1f MiB: %v",
+		b.Fatalf("the VMs' QEMUs did not settle within %s: want two readings %s apart within %.1f MiB, last %.1f MiB: %v",
 			2*bootTimeout, settleInterval, settledMiB, last, err)
 	}
 }

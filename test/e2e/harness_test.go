@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
+	"github.com/lifeboat-vm/lifeboat/agent/deviceplugin"
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
@@ -82,20 +83,18 @@ type testNode struct {
 	metrics string // http://address:port/metrics
 }
 
-// kvmDevice is the host's KVM device, which withKVM gives the emulated nodes to serve.
-const kvmDevice = "/dev/kvm"
-
 // withKVM has an emulated node serve the host's /dev/kvm, as its agent's device plugin would
 // on a node with KVM, so that launchers started with --acceleration=kvm get it; it skips t
-// where /dev/kvm does not open.
+// where /dev/kvm does not open. Only benchmarks call it, and make test runs none.
 func withKVM(t testing.TB) func(*node.Config) {
 	t.Helper()
-	f, err := os.OpenFile(kvmDevice, os.O_RDWR, 0)
+	kvm := deviceplugin.KVM.Path
+	f, err := os.OpenFile(kvm, os.O_RDWR, 0)
 	if err != nil {
-		t.Skipf("no KVM here: %v", err)
+		t.Skipf("this needs KVM: %s opened for reading and writing: %v", kvm, err)
 	}
 	f.Close()
-	return func(c *node.Config) { c.Devices[v1alpha1.DeviceKVM] = kvmDevice }
+	return func(c *node.Config) { c.Devices[v1alpha1.DeviceKVM] = kvm }
 }
 
 // startNodes starts n emulated nodes, each with its agent.
