@@ -23,6 +23,9 @@ type Progress struct {
 	// copy again at worst.
 	FirstPass bool
 	Total     uint64
+	// Pass is the pass over memory under way, from 1: Remaining is what is left of it, not
+	// what the guest has rewritten since it began.
+	Pass uint64
 	// Estimated is true when DirtyRate is QEMU's page-sampling estimate rather than libvirt's
 	// count (during the first pass). Without it, DirtyRate says nothing in the first pass.
 	Estimated bool

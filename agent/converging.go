@@ -31,8 +31,9 @@ type ConvergingMigration struct {
 	// Cancelled, when set, is asked on every tick while the migration can still be aborted;
 	// true aborts it (the guest stays on the source).
 	Cancelled func() bool
-	// Escalated, when set, is told of every step up once it has taken effect.
-	Escalated func(v1alpha1.MigrationMode)
+	// Escalated, when set, is told of every step up once it has taken effect, with the
+	// progress that decided it.
+	Escalated func(v1alpha1.MigrationMode, Progress)
 	// Progressed, when set, is given every statistics read of the running job.
 	Progressed func(domain.JobStats)
 }
@@ -72,16 +73,17 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 		if cancelled {
 			continue
 		}
-		next, err := c.step(mode, c.Clock.Since(escalated), st)
+		next, p, err := c.step(mode, c.Clock.Since(escalated), st)
 		if err != nil {
 			c.Log.Warn("escalating the migration", "to", next, "err", err)
 			continue
 		}
 		if next != mode {
-			c.Log.Info("migration escalated", "from", mode, "to", next)
+			c.Log.Info("migration escalated", "from", mode, "to", next, "pass", p.Pass, "remainingBytes", p.Remaining,
+				"dirtyRate", p.DirtyRate, "dirtyRateEstimated", p.Estimated, "bandwidth", p.Bandwidth, "timeLeft", p.TimeLeft)
 			mode, escalated = next, c.Clock.Now()
 			if c.Escalated != nil {
-				c.Escalated(next)
+				c.Escalated(next, p)
 			}
 		}
 	}
@@ -90,10 +92,10 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 // step reads the job's progress and applies the convergence policy's next mode. The policy's
 // Elapsed counts from the first measured transfer, not from the job's start (libvirt's
 // elapsed time): the destination QEMU's start-up comes first and says nothing of convergence.
-func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation time.Duration, st *loopState) (v1alpha1.MigrationMode, error) {
+func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation time.Duration, st *loopState) (v1alpha1.MigrationMode, Progress, error) {
 	stats, err := c.Migrator.JobStats(c.Domain)
 	if err != nil || stats.Type != domain.JobUnbounded {
-		return mode, nil // not started yet, or over: nothing to steer
+		return mode, Progress{}, nil // not started yet, or over: nothing to steer
 	}
 	if c.Progressed != nil {
 		c.Progressed(stats)
@@ -102,7 +104,7 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 		st.transferring = c.Clock.Now()
 	}
 	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: st.rates.add(stats.MemoryBandwidth),
-		SinceEscalation: sinceEscalation, FirstPass: stats.MemoryIteration <= 1, Total: stats.DataTotal}
+		SinceEscalation: sinceEscalation, FirstPass: stats.MemoryIteration <= 1, Pass: max(stats.MemoryIteration, 1), Total: stats.DataTotal}
 	if !st.transferring.IsZero() {
 		p.Elapsed = c.Clock.Since(st.transferring)
 	}
@@ -121,9 +123,9 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 		err = c.Migrator.Suspend(c.Domain)
 	}
 	if err != nil {
-		return mode, err
+		return mode, p, err
 	}
-	return next, nil
+	return next, p, nil
 }
 
 // deadline is the earlier of the migration's own deadline and one learned since; zero for none.

@@ -178,6 +178,12 @@ func TestAMigrationThatWouldMissItsDeadlineEscalates(t *testing.T) {
 			for len(recorder.Events) > 0 {
 				events = append(events, <-recorder.Events)
 			}
+			// The escalation's Event says what decided it: the fake's 1 GiB left in the first
+			// pass, no dirty rate estimate (the fake refuses to measure), 100 MiB/s sent.
+			const why = "pass 1 over memory with 1024 MiB left in it, the guest's dirty rate not known yet, 100 MiB/s sent"
+			if !slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, "MigrationEscalated") && strings.Contains(e, why) }) {
+				t.Errorf("events %q: want a MigrationEscalated Event saying %q", events, why)
+			}
 			if unavailable := slices.ContainsFunc(events, func(e string) bool { return strings.Contains(e, "PostCopyUnavailable") }); unavailable != tc.wantUnavailableEvent {
 				t.Errorf("events %q: want a PostCopyUnavailable Event: %v", events, tc.wantUnavailableEvent)
 			}
@@ -299,7 +305,7 @@ func TestCancelledMigrationIsNotEscalated(t *testing.T) {
 		Migrator: fake, Domain: "ns_vm", Allowed: Allowed{AutoConverge: true, Pause: true}, Deadline: clk.Now().Add(20 * time.Second),
 		Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Cancelled: func() bool { asked++; return true },
-		Escalated: func(m v1alpha1.MigrationMode) { t.Errorf("escalated to %s after the migration was cancelled", m) },
+		Escalated: func(m v1alpha1.MigrationMode, _ Progress) { t.Errorf("escalated to %s after the migration was cancelled", m) },
 	}
 	got, ok := migrateStepping(context.Background(), clk, c)
 	if !ok {
@@ -344,7 +350,7 @@ func TestConvergenceWarmUpCountsFromTheTransfer(t *testing.T) {
 	c := ConvergingMigration{
 		Migrator: mg, Domain: "ns_vm", Allowed: Allowed{AutoConverge: true, Pause: true}, Deadline: clk.Now().Add(time.Minute),
 		Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Escalated: func(v1alpha1.MigrationMode) {
+		Escalated: func(v1alpha1.MigrationMode, Progress) {
 			escalated <- clk.Now()
 			cancel()
 		},
@@ -442,7 +448,7 @@ func TestOneDipInTheTransferRateDoesNotPauseTheGuest(t *testing.T) {
 	c := ConvergingMigration{
 		Migrator: fake, Domain: "ns_vm", Allowed: Allowed{AutoConverge: true, Pause: true}, Deadline: clk.Now().Add(time.Minute),
 		Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Escalated: func(m v1alpha1.MigrationMode) { t.Errorf("escalated to %s on one low reading", m) },
+		Escalated: func(m v1alpha1.MigrationMode, _ Progress) { t.Errorf("escalated to %s on one low reading", m) },
 	}
 	got, ok := migrateStepping(context.Background(), clk, c)
 	if !ok {

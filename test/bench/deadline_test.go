@@ -46,7 +46,7 @@ const matrixCap = 64 * mib
 var dirtyFactors = []struct {
 	name     string
 	num, den uint64
-}{{"0", 0, 1}, {"0.5x", 1, 2}, {"1.5x", 3, 2}}
+}{{"0", 0, 1}, {"0.5x", 1, 2}, {"0.75x", 3, 4}, {"1.5x", 3, 2}}
 
 var (
 	matrixMemories = []uint64{256 * mib, 1024 * mib}
@@ -357,7 +357,11 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	modes := []v1alpha1.MigrationMode{v1alpha1.MigrationModePreCopy}
-	c.Escalated = func(m v1alpha1.MigrationMode) { rec.escalated(); modes = append(modes, m) }
+	var lastStep agent.Progress // what the policy saw at its last step up
+	c.Escalated = func(m v1alpha1.MigrationMode, p agent.Progress) {
+		rec.escalated()
+		modes, lastStep = append(modes, m), p
+	}
 	start := time.Now()
 	pol(&c, start, rec.stats)
 	_, err := agent.MigrateConverging(ctx, c)
@@ -390,6 +394,10 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	o.guestAfterward = guestAfterward(ctx, p, cell)
 	stall := watch()
 	o.guestDowntime, o.longestStall = stall.Switch, stall.Longest
+	if len(modes) > 1 {
+		b.Logf("the last step, to %s, came in pass %d with %d MiB of it left, the guest writing %d MiB/s (sampled: %v), %s before the deadline",
+			modes[len(modes)-1], lastStep.Pass, lastStep.Remaining/mib, lastStep.DirtyRate/mib, lastStep.Estimated, lastStep.TimeLeft.Round(100*time.Millisecond))
+	}
 	b.Logf("%s in %s (transfer from %s), downtime %s (libvirt's %s; the longest stall %s, ended %s from the migration's return), dirty rate estimated %d MiB/s (%v), seen %d MiB/s, disk written at %d MiB/s before and %d MiB/s during, transfer rate %d MiB/s, slowest statistics read %s, guest afterwards: %s",
 		modeString(o.modes), o.total.Round(10*time.Millisecond), o.setup.Round(100*time.Millisecond), o.guestDowntime.Round(time.Millisecond), o.downtime.Round(time.Millisecond), o.longestStall.Round(time.Millisecond), stall.Ended.Sub(end).Round(time.Millisecond),
 		o.estimate/mib, o.estimated, o.maxDirty/mib, o.diskSeen/mib, o.diskDuring/mib, o.transferRate/mib, o.slowestRead.Round(time.Millisecond), o.guestAfterward)
