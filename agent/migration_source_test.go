@@ -305,7 +305,9 @@ func TestCancelledMigrationIsNotEscalated(t *testing.T) {
 		Migrator: fake, Domain: "ns_vm", Allowed: Allowed{AutoConverge: true, Pause: true}, Deadline: clk.Now().Add(20 * time.Second),
 		Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Cancelled: func() bool { asked++; return true },
-		Escalated: func(m v1alpha1.MigrationMode, _ Progress) { t.Errorf("escalated to %s after the migration was cancelled", m) },
+		Escalated: func(m v1alpha1.MigrationMode, _ Progress) {
+			t.Errorf("escalated to %s after the migration was cancelled", m)
+		},
 	}
 	got, ok := migrateStepping(context.Background(), clk, c)
 	if !ok {
