@@ -27,7 +27,7 @@ func TestNextMode(t *testing.T) {
 	noDeadline.HasDeadline = false
 	// libvirt reports a job that is still connecting to the target with no figures at all.
 	// A 1 GiB guest 2 s into its first pass at 64 MiB/s: 700 MiB to go, its dirty rate unknown.
-	blind := Progress{Remaining: 700 * mib, Total: 1024 * mib, Bandwidth: 64 * mib, FirstPass: true, Elapsed: 2 * time.Second, SinceEscalation: 2 * time.Second, TimeLeft: 22 * time.Second, HasDeadline: true}
+	blind := Progress{Remaining: 700 * mib, Total: 1024 * mib, Bandwidth: 64 * mib, FirstPass: true, Pass: 1, Elapsed: 2 * time.Second, PassElapsed: 2 * time.Second, SinceEscalation: 2 * time.Second, TimeLeft: 22 * time.Second, HasDeadline: true}
 	blindWithTime := blind
 	blindWithTime.TimeLeft = time.Minute
 	// The same guest with QEMU's page-sampling estimate of its dirty rate, 27 s before its
@@ -40,16 +40,37 @@ func TestNextMode(t *testing.T) {
 	// pause could wait no longer.
 	halfCapPauseDue := halfCap
 	halfCapPauseDue.TimeLeft = 22 * time.Second
-	// Past the first pass, auto-converging: 900 MiB to go, rewritten at 32 MiB/s, sent at 64 MiB/s
-	// (28 s to converge, 22 s of budget).
+	// At the start of the second pass, auto-converging: 900 MiB to go, rewritten at 32 MiB/s,
+	// sent at 64 MiB/s (28 s to converge, 22 s of budget).
 	throttled := halfCap
-	throttled.FirstPass, throttled.Estimated, throttled.Elapsed, throttled.SinceEscalation = false, false, 10*time.Second, 5*time.Second
+	throttled.FirstPass, throttled.Pass, throttled.Estimated = false, 2, false
+	throttled.Elapsed, throttled.PassElapsed, throttled.SinceEscalation = 10*time.Second, 0, 5*time.Second
 	throttledPauseDue := throttled
 	throttledPauseDue.TimeLeft = 22 * time.Second
 	halfCapLong := halfCap
 	halfCapLong.TimeLeft = 57 * time.Second
 	overCapLong := halfCapLong
 	overCapLong.DirtyRate = 96 * mib
+	// The matrix's 1 GiB guest writing ¾ of the cap: sampled at 56 MiB/s, 70 with the margin,
+	// more than is sent. A pause of all its memory (16 s) fits for a while yet; with 22 s left
+	// it does not after one more step.
+	overCapSampled := halfCapLong
+	overCapSampled.DirtyRate, overCapSampled.SinceEscalation = 56*mib, 5*time.Second
+	overCapSampledLate := overCapSampled
+	overCapSampledLate.TimeLeft = 22 * time.Second
+	// The deadline matrix's 1 GiB guest writing 32 MiB/s with 30 s, auto-converging, as the
+	// agent read it: 4 s into its second pass with 131 MiB of it left, 10.5 s to go. The pass's
+	// rewrites (194 MiB when it ends) do not converge within the budget, but a pause at the
+	// next pass's start fits (5.1 s), so the guest runs on; at that start, 255 MiB to go and
+	// 9.5 s left, waiting for the pass after it would not fit: the pause, 4 s.
+	secondPass := Progress{Remaining: 131 * mib, Total: 1024 * mib, DirtyRate: 32 * mib, Bandwidth: 64 * mib, Pass: 2,
+		Elapsed: 18 * time.Second, PassElapsed: 4 * time.Second, SinceEscalation: 16 * time.Second, TimeLeft: 10500 * time.Millisecond, HasDeadline: true}
+	thirdPassStart := secondPass
+	thirdPassStart.Remaining, thirdPassStart.Pass, thirdPassStart.PassElapsed, thirdPassStart.TimeLeft = 255*mib, 3, 0, 9500*time.Millisecond
+	// The ¾-the-cap guest near a pass's end: 100 MiB left of it, but 480 MiB rewritten during
+	// it. A pause now sends 580 MiB (9.1 s, the budget); waiting for the pass's end costs 10.2 s.
+	rewrittenPass := Progress{Remaining: 100 * mib, Total: 1024 * mib, DirtyRate: 48 * mib, Bandwidth: 64 * mib, Pass: 3,
+		Elapsed: 20 * time.Second, PassElapsed: 10 * time.Second, SinceEscalation: 10 * time.Second, TimeLeft: 14 * time.Second, HasDeadline: true}
 	connecting := Progress{Elapsed: 3 * time.Second, SinceEscalation: 3 * time.Second, TimeLeft: 40 * time.Second, HasDeadline: true}
 	cases := []struct {
 		name    string
@@ -73,6 +94,13 @@ func TestNextMode(t *testing.T) {
 		{"auto-converging too slowly: post-copy", v1alpha1.MigrationModeAutoConverge, throttled, all, v1alpha1.MigrationModePostCopy},
 		{"estimated first pass whose rewrites fit a longer deadline: pre-copy goes on", v1alpha1.MigrationModePreCopy, halfCapLong, noPostCopy, v1alpha1.MigrationModePreCopy},
 		{"estimated first pass that cannot converge: auto-converge before the pass ends", v1alpha1.MigrationModePreCopy, overCapLong, noPostCopy, v1alpha1.MigrationModeAutoConverge},
+		{"mid-pass, the pass's rewrites count: in time by what is left of the pass alone, not with them: auto-converge", v1alpha1.MigrationModePreCopy, secondPass, noPostCopy, v1alpha1.MigrationModeAutoConverge},
+		{"mid-pass, a pause at the next pass's start still fits: no pause yet", v1alpha1.MigrationModeAutoConverge, secondPass, noPostCopy, v1alpha1.MigrationModeAutoConverge},
+		{"at a pass's start, a pause at the next one would not fit: the pause now", v1alpha1.MigrationModeAutoConverge, thirdPassStart, noPostCopy, v1alpha1.MigrationModePaused},
+		{"a pass nearly sent but much rewritten during it: the pause now, not at its end", v1alpha1.MigrationModeAutoConverge, rewrittenPass, noPostCopy, v1alpha1.MigrationModePaused},
+		{"a pass nearly sent but much rewritten during it, post-copy allowed: post-copy at once", v1alpha1.MigrationModePreCopy, rewrittenPass, all, v1alpha1.MigrationModePostCopy},
+		{"not converging by the sampled rate alone, a pause of all memory fits later: auto-converge until libvirt counts", v1alpha1.MigrationModeAutoConverge, overCapSampled, noPostCopy, v1alpha1.MigrationModeAutoConverge},
+		{"not converging by the sampled rate alone, a pause of all memory due: the pause now", v1alpha1.MigrationModeAutoConverge, overCapSampledLate, noPostCopy, v1alpha1.MigrationModePaused},
 		{"no transfer figures yet: nothing to project from", v1alpha1.MigrationModePreCopy, connecting, all, v1alpha1.MigrationModePreCopy},
 		{"not converging: auto-converge first", v1alpha1.MigrationModePreCopy, stuck, all, v1alpha1.MigrationModeAutoConverge},
 		{"converging too slowly for the deadline: auto-converge", v1alpha1.MigrationModePreCopy, slow, all, v1alpha1.MigrationModeAutoConverge},

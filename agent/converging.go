@@ -108,6 +108,14 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 	if !st.transferring.IsZero() {
 		p.Elapsed = c.Clock.Since(st.transferring)
 	}
+	// A pass is seen to begin at the first reading that names it: up to a tick late.
+	if p.Pass != st.pass {
+		st.pass, st.passStarted = p.Pass, c.Clock.Now()
+	}
+	p.PassElapsed = c.Clock.Since(st.passStarted)
+	if p.FirstPass {
+		p.PassElapsed = p.Elapsed
+	}
 	if p.FirstPass {
 		p.DirtyRate, p.Estimated = c.estimate(&st.est)
 	}
@@ -143,6 +151,8 @@ func (c ConvergingMigration) deadline() time.Time {
 // loopState is what the convergence loop carries from one reading of the job to the next.
 type loopState struct {
 	transferring time.Time // when libvirt first measured a transfer rate
+	pass         uint64    // the pass over memory last seen under way, and when it was first seen
+	passStarted  time.Time
 	est          dirtyRateEstimate
 	rates        recentRates
 }

@@ -496,3 +496,42 @@ func TestWithConvergence(t *testing.T) {
 		}
 	}
 }
+
+// passMigrator reports the job statistics its test sets.
+type passMigrator struct {
+	stuckMigrator
+	stats domain.JobStats
+}
+
+func (m *passMigrator) JobStats(string) (domain.JobStats, error) { return m.stats, nil }
+
+// TestAPassIsTimedFromWhenItWasSeenToBegin: the policy counts what the guest rewrote during the
+// pass under way from the pass's start, which the loop sees as libvirt's pass counter moving; in
+// the first pass, from the transfer's start.
+func TestAPassIsTimedFromWhenItWasSeenToBegin(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Now())
+	mg := &passMigrator{}
+	c := ConvergingMigration{Migrator: mg, Domain: "ns_vm", Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	st := &loopState{est: dirtyRateEstimate{unavailable: true}}
+	read := func(pass uint64) Progress {
+		mg.stats = domain.JobStats{Type: domain.JobUnbounded, DataRemaining: 1 << 30, MemoryBandwidth: 64 << 20, MemoryIteration: pass}
+		_, p, err := c.step(v1alpha1.MigrationModePreCopy, 0, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	read(1)
+	clk.Step(5 * time.Second)
+	if p := read(1); p.Pass != 1 || p.PassElapsed != 5*time.Second {
+		t.Errorf("5 s into the first pass: pass %d, %s into it; want 1, 5s", p.Pass, p.PassElapsed)
+	}
+	clk.Step(time.Second)
+	if p := read(2); p.Pass != 2 || p.PassElapsed != 0 {
+		t.Errorf("at the second pass's first reading: pass %d, %s into it; want 2, 0s", p.Pass, p.PassElapsed)
+	}
+	clk.Step(3 * time.Second)
+	if p := read(2); p.PassElapsed != 3*time.Second || p.Elapsed != 9*time.Second {
+		t.Errorf("3 s later: %s into the pass, %s into the transfer; want 3s, 9s", p.PassElapsed, p.Elapsed)
+	}
+}
