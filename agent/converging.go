@@ -115,8 +115,6 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 	p.PassElapsed = c.Clock.Since(st.passStarted)
 	if p.FirstPass {
 		p.PassElapsed = p.Elapsed
-	}
-	if p.FirstPass {
 		p.DirtyRate, p.Estimated = c.estimate(&st.est)
 	}
 	if deadline := c.deadline(); !deadline.IsZero() {
