@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -30,6 +31,22 @@ type Progress struct {
 	// Estimated is true when DirtyRate is QEMU's page-sampling estimate rather than libvirt's
 	// count (during the first pass). Without it, DirtyRate says nothing in the first pass.
 	Estimated bool
+}
+
+// String says what the policy saw, for an escalation's Event and the deadline matrix: an admin
+// asking why a guest was paused reads there how much was left to copy, at what rates, and how
+// little time.
+func (p Progress) String() string {
+	const mib = 1 << 20
+	dirty := fmt.Sprintf("the guest writing %d MiB/s", p.DirtyRate/mib)
+	switch {
+	case p.Estimated:
+		dirty += " (sampled)"
+	case p.FirstPass:
+		dirty = "the guest's dirty rate not known yet"
+	}
+	return fmt.Sprintf("pass %d over memory with %d MiB left in it, %s, %d MiB/s sent, %s to the deadline",
+		p.Pass, p.Remaining/mib, dirty, p.Bandwidth/mib, p.TimeLeft.Round(100*time.Millisecond))
 }
 
 // Allowed are the convergence modes the LifeboatConfig permits beyond pre-copy.
@@ -120,8 +137,15 @@ func lastResortDue(p Progress, last v1alpha1.MigrationMode, budget time.Duration
 	// Pre-copy converges past its first pass: what is owed shrinks while it runs, and most at
 	// a pass's end, where what the guest rewrote during the pass is all that is left. The pause
 	// waits for the next pass while pausing at its start still fits.
+	rest, next := p.toPassEnd()
+	return rest+copyTime(next, p.Bandwidth) >= budget
+}
+
+// toPassEnd is how long the pass under way still takes at full speed, and what the guest will
+// have rewritten during the whole pass by then: what the next pass sends.
+func (p Progress) toPassEnd() (time.Duration, uint64) {
 	rest := copyTime(p.Remaining, p.Bandwidth)
-	return rest+copyTime(p.rewritten(p.PassElapsed+rest), p.Bandwidth) >= budget
+	return rest, p.rewritten(p.PassElapsed + rest)
 }
 
 // owed is what stopping the guest now would leave to send. From the second pass on, that is
@@ -176,8 +200,8 @@ func projectedFinish(p Progress) (time.Duration, bool) {
 	if p.Bandwidth <= p.DirtyRate {
 		return 0, false
 	}
-	rest := copyTime(p.Remaining, p.Bandwidth)
-	return rest + copyTime(p.rewritten(p.PassElapsed+rest), p.Bandwidth-p.DirtyRate), true
+	rest, next := p.toPassEnd()
+	return rest + copyTime(next, p.Bandwidth-p.DirtyRate), true
 }
 
 func copyTime(bytes, rate uint64) time.Duration {

@@ -156,7 +156,7 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 			return false
 		},
 		Escalated: func(next v1alpha1.MigrationMode, p Progress) {
-			m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "MigrationEscalated", "switched to %s to finish before the deadline: %s", next, progressSummary(p))
+			m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "MigrationEscalated", "switched to %s to finish before the deadline: %s", next, p)
 			_ = m.updateMigration(context.Background(), mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) { x.Status.Mode = next })
 		},
 		Progressed: func(stats domain.JobStats) {
@@ -315,21 +315,6 @@ func (m *migrations) record(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *
 		return
 	}
 	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeWarning, "MigrationFailed", "%s; the guest keeps running on node %s", reason, mig.Status.SourceNode)
-}
-
-// progressSummary says, for the Event of an escalation, what the policy saw: an admin asking why
-// a guest was paused reads there how much was left to copy, at what rates, and how little time.
-func progressSummary(p Progress) string {
-	const mib = 1 << 20
-	dirty := fmt.Sprintf("the guest writing %d MiB/s", p.DirtyRate/mib)
-	switch {
-	case p.Estimated:
-		dirty += " (sampled)"
-	case p.FirstPass:
-		dirty = "the guest's dirty rate not known yet"
-	}
-	return fmt.Sprintf("pass %d over memory with %d MiB left in it, %s, %d MiB/s sent, %s to the deadline",
-		p.Pass, p.Remaining/mib, dirty, p.Bandwidth/mib, p.TimeLeft.Round(100*time.Millisecond))
 }
 
 // MaxDowntime is QEMU's downtime target for lifeboat's migrations: the longest it may stop the

@@ -399,8 +399,7 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	stall := watch()
 	o.guestDowntime, o.longestStall = stall.Switch, stall.Longest
 	if len(modes) > 1 {
-		b.Logf("the last step, to %s, came in pass %d with %d MiB of it left, the guest writing %d MiB/s (sampled: %v), %s before the deadline",
-			modes[len(modes)-1], lastStep.Pass, lastStep.Remaining/mib, lastStep.DirtyRate/mib, lastStep.Estimated, lastStep.TimeLeft.Round(100*time.Millisecond))
+		b.Logf("the last step, to %s, came at %s", modes[len(modes)-1], lastStep)
 	}
 	b.Logf("%s in %s (transfer from %s), downtime %s (libvirt's %s; the longest stall %s, ended %s from the migration's return), dirty rate estimated %d MiB/s (%v), seen %d MiB/s, disk written at %d MiB/s before and %d MiB/s during, transfer rate %d MiB/s, slowest statistics read %s, guest afterwards: %s",
 		modeString(o.modes), o.total.Round(10*time.Millisecond), o.setup.Round(100*time.Millisecond), o.guestDowntime.Round(time.Millisecond), o.downtime.Round(time.Millisecond), o.longestStall.Round(time.Millisecond), stall.Ended.Sub(end).Round(time.Millisecond),
