@@ -85,9 +85,10 @@ func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alp
 		return last
 	}
 	if p.Estimated {
-		// A sampled estimate scatters (1 s samples of a 256 MiB guest rewriting 16 MiB/s read
-		// 8 to 24 MiB/s, domain.TestDirtyRateEstimateMatchesTheGuest): project with a margin.
-		p.DirtyRate += p.DirtyRate / 4
+		// A sampled estimate scatters: project with a margin. One-second samples of 16384
+		// pages per GiB stay within an eighth of the rate a guest is told to write
+		// (domain.TestDirtyRateEstimateMatchesTheGuest).
+		p.DirtyRate += p.DirtyRate / 8
 	}
 	finish, converging := projectedFinish(p)
 	if converging && finish <= budget {
@@ -125,10 +126,11 @@ func lastResortDue(p Progress, last v1alpha1.MigrationMode, budget time.Duration
 	case last == v1alpha1.MigrationModePostCopy:
 		return now >= budget/2
 	case p.FirstPass && !converging:
-		// Not converging by the sampled rate (the ¾-the-cap guest of the matrix read 56 to
-		// 60 MiB/s, 70 to 75 with the margin, against 65 sent, where it converges): wait for
-		// libvirt's count while a pause of all the guest's memory would still fit after one
-		// more step. Taken at once, that pause stopped the guest 12.6 s with 53 s to spare.
+		// Not converging by the sampled rate, one second's before the migration began: wait
+		// for libvirt's count of the whole pass while a pause of all the guest's memory would
+		// still fit after one more step. With QEMU's default sample the ¾-the-cap guest of the
+		// matrix read 56 to 60 MiB/s (70 to 75 with the margin then) against 65 sent, where
+		// it converges; taken at once, its pause stopped the guest 12.6 s with 53 s to spare.
 		return copyTime(max(p.Total, p.Remaining), p.Bandwidth) >= budget-escalationDwell
 	case p.FirstPass || !converging:
 		// Waiting one more step must still leave time for the pause.
@@ -151,11 +153,11 @@ func (p Progress) toPassEnd() (time.Duration, uint64) {
 // owed is what stopping the guest now would leave to send. From the second pass on, that is
 // what is left of the pass and what the guest rewrote since it began (libvirt sends every
 // page written since its last look at the dirty log, and looks at each pass's start). In the
-// first pass it is what is left of the pass alone: the sampled dirty rate is too rough to
-// count the rewrites by. In the matrix it read 38 MiB/s for a guest writing 48 and 42 for one
-// writing 32; counted at 42 (with the policy's margin, 52), the ½-the-cap guest with 30 s owed
-// a 13 s pause 8.5 s into its first pass, due by then, where waiting it was paused 4 s at its
-// third pass's start (worked out from the agent's readings of that run).
+// first pass it is what is left of the pass alone: the pass began with the migration, and
+// waiting for its end, where what the guest rewrote is all that is left, costs the guest
+// less than a pause counted with the rewrites would. Counted with them (the ½-the-cap guest
+// of the matrix sampled at 33 MiB/s, 37 with the margin), its 1 GiB with 30 s would owe
+// 12 s 8.5 s into the first pass, where waiting it was paused 4 s at its third pass's start.
 func (p Progress) owed() uint64 {
 	if p.FirstPass {
 		return p.Remaining

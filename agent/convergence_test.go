@@ -35,7 +35,7 @@ func TestNextMode(t *testing.T) {
 	idle := blind
 	idle.Remaining, idle.Estimated, idle.TimeLeft = 900*mib, true, 27*time.Second
 	halfCap := idle
-	halfCap.DirtyRate = 32 * mib // with the margin: 640 MiB rewritten in the first pass, 27 s to send them
+	halfCap.DirtyRate = 32 * mib // with the margin: 576 MiB rewritten in the first pass, 21 s to send them
 	// 900 MiB take 14 s at 64 MiB/s: with 22 s left, 5 s of margin and 3 s to the next step, a
 	// pause could wait no longer.
 	halfCapPauseDue := halfCap
@@ -51,11 +51,15 @@ func TestNextMode(t *testing.T) {
 	halfCapLong.TimeLeft = 57 * time.Second
 	overCapLong := halfCapLong
 	overCapLong.DirtyRate = 96 * mib
-	// The matrix's 1 GiB guest writing ¾ of the cap: sampled at 56 MiB/s, 70 with the margin,
-	// more than is sent. A pause of all its memory (16 s) fits for a while yet; with 22 s left
-	// it does not after one more step.
+	// The matrix's 1 GiB guest writing ¾ of the cap, sampled at 60 MiB/s as QEMU's default
+	// sample read it: 67 with the margin, more than is sent. A pause of all its memory (16 s)
+	// fits for a while yet; with 22 s left it does not after one more step.
 	overCapSampled := halfCapLong
-	overCapSampled.DirtyRate, overCapSampled.SinceEscalation = 56*mib, 5*time.Second
+	overCapSampled.DirtyRate, overCapSampled.SinceEscalation = 60*mib, 5*time.Second
+	// A guest sampled at 18 MiB/s, 20 with the margin: the pass's 14 s and its rewrites'
+	// 7.4 s fit 22 s of budget (a quarter's margin would make them 8.7 s and not fit).
+	sampledInTime := halfCap
+	sampledInTime.DirtyRate = 18 * mib
 	overCapSampledLate := overCapSampled
 	overCapSampledLate.TimeLeft = 22 * time.Second
 	// The deadline matrix's 1 GiB guest writing 32 MiB/s with 30 s, auto-converging, as the
@@ -92,6 +96,7 @@ func TestNextMode(t *testing.T) {
 		{"auto-converging too slowly, what remains still fits with a step to spare: no pause yet", v1alpha1.MigrationModeAutoConverge, throttled, noPostCopy, v1alpha1.MigrationModeAutoConverge},
 		{"auto-converging too slowly, what remains fills the budget but one step: the pause now", v1alpha1.MigrationModeAutoConverge, throttledPauseDue, noPostCopy, v1alpha1.MigrationModePaused},
 		{"auto-converging too slowly: post-copy", v1alpha1.MigrationModeAutoConverge, throttled, all, v1alpha1.MigrationModePostCopy},
+		{"estimated first pass that fits with the sample's margin of an eighth: pre-copy goes on", v1alpha1.MigrationModePreCopy, sampledInTime, noPostCopy, v1alpha1.MigrationModePreCopy},
 		{"estimated first pass whose rewrites fit a longer deadline: pre-copy goes on", v1alpha1.MigrationModePreCopy, halfCapLong, noPostCopy, v1alpha1.MigrationModePreCopy},
 		{"estimated first pass that cannot converge: auto-converge before the pass ends", v1alpha1.MigrationModePreCopy, overCapLong, noPostCopy, v1alpha1.MigrationModeAutoConverge},
 		{"mid-pass, the pass's rewrites count: in time by what is left of the pass alone, not with them: auto-converge", v1alpha1.MigrationModePreCopy, secondPass, noPostCopy, v1alpha1.MigrationModeAutoConverge},

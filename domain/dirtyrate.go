@@ -1,6 +1,7 @@
 package domain
 
 import (
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -11,9 +12,9 @@ import (
 type DirtyRateMode string
 
 const (
-	// DirtyRatePageSampling hashes a sample of the guest's pages (512 per GiB) at the start and
-	// the end of the period and scales the share that changed: no dirty logging, so it costs
-	// the guest nothing and its result can be read while a migration runs.
+	// DirtyRatePageSampling hashes a sample of the guest's pages (samplePagesPerGiB) at the
+	// start and the end of the period and scales the share that changed: no dirty logging, so
+	// it costs the guest nothing and its result can be read while a migration runs.
 	DirtyRatePageSampling DirtyRateMode = "page-sampling"
 	// DirtyRateBitmap turns on dirty logging for the period, as a migration does, and counts
 	// the pages written.
@@ -40,8 +41,46 @@ func (c *Conn) StartDirtyRateCalc(name string, period time.Duration, mode DirtyR
 	}
 	defer dom.Free()
 	secs := max(1, int(period.Round(time.Second)/time.Second))
-	if err := dom.StartDirtyRateCalc(secs, flags); err != nil {
+	if mode == DirtyRatePageSampling {
+		err = samplePages(dom, secs)
+	} else {
+		err = dom.StartDirtyRateCalc(secs, flags)
+	}
+	if err != nil {
 		return fmt.Errorf("starting to measure the dirty rate of domain %q (%s): %w", name, mode, err)
+	}
+	return nil
+}
+
+// samplePagesPerGiB is how many pages of each GiB of guest memory page sampling hashes.
+// QEMU's default, 512 (all libvirt's API asks for), left one-second samples of a 1 GiB guest
+// rewriting 32 MiB/s between 22 and 34 MiB/s, and of one rewriting 48 between 45 and 60; with
+// 16384 they read 31 to 33 and 45 to 49 (five samples each). TestDirtyRateEstimateMatchesTheGuest
+// keeps each sample within an eighth. The hashing is QEMU's sampling thread's, not the
+// guest's: a 256 MiB guest's one-second sample was ready 1.06 s after it began, 1.01 s with 512.
+const samplePagesPerGiB = 16384
+
+// samplePages starts page sampling through QEMU's monitor: libvirt's API has no parameter for
+// the sample's size. libvirt marks the domain tainted ("custom-monitor") for it; nothing else
+// changes, and libvirt reads the result as for a measurement it started itself.
+func samplePages(dom *libvirt.Domain, secs int) error {
+	cmd, err := json.Marshal(map[string]any{"execute": "calc-dirty-rate", "arguments": map[string]any{
+		"calc-time": secs, "sample-pages": samplePagesPerGiB, "mode": string(DirtyRatePageSampling)}})
+	if err != nil {
+		return err
+	}
+	out, err := dom.QemuMonitorCommand(string(cmd), libvirt.DOMAIN_QEMU_MONITOR_COMMAND_DEFAULT)
+	if err != nil {
+		return err
+	}
+	var reply struct {
+		Error *struct{ Desc string } `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(out), &reply); err != nil {
+		return fmt.Errorf("reading QEMU's reply %q: %w", out, err)
+	}
+	if reply.Error != nil {
+		return fmt.Errorf("QEMU refused: %s", reply.Error.Desc)
 	}
 	return nil
 }
