@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -124,6 +125,9 @@ func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.Virtual
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(prometheus.NewRegistry()) // counted, served nowhere
 	}
 	a := &Agent{
 		cfg: cfg, lifeboat: lb, informer: vmis.Informer(),

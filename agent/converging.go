@@ -36,7 +36,23 @@ type ConvergingMigration struct {
 	Escalated func(v1alpha1.MigrationMode, Progress)
 	// Progressed, when set, is given every statistics read of the running job.
 	Progressed func(domain.JobStats)
+	// Sampled, when set, is told once what became of QEMU's sample of the guest's dirty rate,
+	// with the rate where it was measured.
+	Sampled func(SampleResult, uint64)
 }
+
+// SampleResult is what became of the dirty-rate sample taken as a migration began.
+type SampleResult string
+
+const (
+	// SampleMeasured: QEMU's estimate was read during the first pass over memory.
+	SampleMeasured SampleResult = "measured"
+	// SampleUnavailable: QEMU could not measure, or its result could not be read: the first
+	// pass was judged blind.
+	SampleUnavailable SampleResult = "unavailable"
+	// SampleLate: the first pass ended before the sample did, so nothing needed it.
+	SampleLate SampleResult = "late"
+)
 
 // MigrateConverging runs c's migration to its end and returns the last mode it used and
 // Migrate's result.
@@ -49,7 +65,7 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 	st := &loopState{}
 	if err := c.Migrator.StartDirtyRateCalc(c.Domain, dirtyRateSample, domain.DirtyRatePageSampling); err != nil {
 		c.Log.Info("the guest's dirty rate cannot be estimated; the first pass is judged blind", "err", err)
-		st.est.unavailable = true
+		c.settle(&st.est, SampleUnavailable)
 	}
 	done := make(chan error, 1)
 	go func() { done <- c.Migrator.Migrate(ctx, c.Domain, c.Options) }()
@@ -60,6 +76,7 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 	for {
 		select {
 		case result := <-done:
+			c.settle(&st.est, SampleLate)
 			if result != nil && mode == v1alpha1.MigrationModePostCopy {
 				result = c.resumePostCopy(ctx, result)
 			}
@@ -116,6 +133,8 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 	if p.FirstPass {
 		p.PassElapsed = p.Elapsed
 		p.DirtyRate, p.Estimated = c.estimate(&st.est)
+	} else {
+		c.settle(&st.est, SampleLate)
 	}
 	if deadline := c.deadline(); !deadline.IsZero() {
 		p.HasDeadline, p.TimeLeft = true, deadline.Sub(c.Clock.Now())
@@ -185,26 +204,38 @@ func (r *recentRates) add(rate uint64) uint64 {
 // the estimate is there before the policy's warm-up ends.
 const dirtyRateSample = time.Second
 
-// dirtyRateEstimate is what the page-sampling measurement said, once it ended.
+// dirtyRateEstimate is what the page-sampling measurement said: result is empty until known.
 type dirtyRateEstimate struct {
-	rate               uint64
-	known, unavailable bool
+	rate   uint64
+	result SampleResult
 }
 
 // estimate returns the guest's estimated dirty rate once QEMU has measured it.
 func (c ConvergingMigration) estimate(est *dirtyRateEstimate) (uint64, bool) {
-	if !est.known && !est.unavailable {
+	if est.result == "" {
 		rate, ok, err := c.Migrator.DirtyRate(c.Domain)
 		switch {
 		case err != nil:
 			c.Log.Info("reading the guest's dirty rate estimate; the first pass is judged blind", "err", err)
-			est.unavailable = true
+			c.settle(est, SampleUnavailable)
 		case ok:
-			est.rate, est.known = rate, true
+			est.rate = rate
 			c.Log.Info("the guest's dirty rate estimated", "bytesPerSecond", rate)
+			c.settle(est, SampleMeasured)
 		}
 	}
-	return est.rate, est.known
+	return est.rate, est.result == SampleMeasured
+}
+
+// settle gives the sample its result, unless it has one, and tells Sampled.
+func (c ConvergingMigration) settle(est *dirtyRateEstimate, r SampleResult) {
+	if est.result != "" {
+		return
+	}
+	est.result = r
+	if c.Sampled != nil {
+		c.Sampled(r, est.rate)
+	}
 }
 
 // Resuming a post-copy migration whose connection broke: at most postCopyResumes attempts,

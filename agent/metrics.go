@@ -22,6 +22,10 @@ type Metrics struct {
 	// node's memory.available at each decision.
 	ReliefDecisions *prometheus.CounterVec
 	ReliefAvailable prometheus.Histogram
+	// DirtyRateEstimates counts the dirty rates sampled at migrations' starts, by result
+	// (agent.SampleResult); DirtyRateEstimated is the rates measured.
+	DirtyRateEstimates *prometheus.CounterVec
+	DirtyRateEstimated prometheus.Histogram
 }
 
 // NewMetrics registers the agent's metrics.
@@ -64,8 +68,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "The node's memory.available when node-pressure relief decided to move VMs.",
 			Buckets: prometheus.ExponentialBuckets(64<<20, 2, 10),
 		}),
+		DirtyRateEstimates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_agent_dirty_rate_estimates_total",
+			Help: "Guests' dirty rates sampled by QEMU as their migrations from this node began, by result: measured, unavailable (the first pass over memory judged without one), or late (the first pass ended before the sample did).",
+		}, []string{"result"}),
+		DirtyRateEstimated: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "lifeboat_agent_dirty_rate_estimate_bytes_per_second",
+			Help:    "Guests' dirty rates as QEMU's page sampling measured them when their migrations from this node began.",
+			Buckets: prometheus.ExponentialBuckets(1<<20, 2, 12),
+		}),
 	}
 	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherDirsRemoved, m.PodNetworks, m.MigrationConnectionsRefused,
-		m.ReliefDecisions, m.ReliefAvailable)
+		m.ReliefDecisions, m.ReliefAvailable, m.DirtyRateEstimates, m.DirtyRateEstimated)
 	return m
 }

@@ -165,6 +165,12 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 				m.publishProgress(mig, &stats)
 			}
 		},
+		Sampled: func(r SampleResult, rate uint64) {
+			m.a.cfg.Metrics.DirtyRateEstimates.WithLabelValues(string(r)).Inc()
+			if r == SampleMeasured {
+				m.a.cfg.Metrics.DirtyRateEstimated.Observe(float64(rate))
+			}
+		},
 	}
 	if mig.Status.Deadline != nil {
 		c.Deadline = mig.Status.Deadline.Time

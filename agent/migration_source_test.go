@@ -461,6 +461,48 @@ func TestOneDipInTheTransferRateDoesNotPauseTheGuest(t *testing.T) {
 	}
 }
 
+// unsampledMigrator is dipMigrator on a QEMU that cannot sample the dirty rate.
+type unsampledMigrator struct{ *dipMigrator }
+
+func (unsampledMigrator) StartDirtyRateCalc(string, time.Duration, domain.DirtyRateMode) error {
+	return errors.New("dirty rate measurement not supported")
+}
+
+// slowSampleMigrator is dipMigrator whose QEMU is still sampling when the migration ends.
+type slowSampleMigrator struct{ *dipMigrator }
+
+func (slowSampleMigrator) DirtyRate(string) (uint64, bool, error) { return 0, false, nil }
+
+// TestTheDirtyRateSampleIsToldOnce: whoever runs the migration (the agent's metrics) learns once
+// what became of the sample, however many times the loop reads it.
+func TestTheDirtyRateSampleIsToldOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		migrator func(*dipMigrator) Migrator
+		want     []SampleResult
+	}{
+		{"measured", func(d *dipMigrator) Migrator { return d }, []SampleResult{SampleMeasured}},
+		{"QEMU cannot measure", func(d *dipMigrator) Migrator { return unsampledMigrator{d} }, []SampleResult{SampleUnavailable}},
+		{"the migration ends before the sample", func(d *dipMigrator) Migrator { return slowSampleMigrator{d} }, []SampleResult{SampleLate}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clocktesting.NewFakeClock(time.Now())
+			var told []SampleResult
+			c := ConvergingMigration{
+				Migrator: tc.migrator(&dipMigrator{done: make(chan struct{})}), Domain: "ns_vm", Deadline: clk.Now().Add(time.Minute),
+				Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				Sampled: func(r SampleResult, _ uint64) { told = append(told, r) },
+			}
+			if _, ok := migrateStepping(context.Background(), clk, c); !ok {
+				t.Fatal("MigrateConverging did not return")
+			}
+			if !slices.Equal(told, tc.want) {
+				t.Errorf("told of the sample %v, want %v", told, tc.want)
+			}
+		})
+	}
+}
+
 func TestRecentRatesMedian(t *testing.T) {
 	var r recentRates
 	for _, tc := range []struct{ add, want uint64 }{
@@ -512,7 +554,7 @@ func TestAPassIsTimedFromWhenItWasSeenToBegin(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	mg := &passMigrator{}
 	c := ConvergingMigration{Migrator: mg, Domain: "ns_vm", Clock: clk, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	st := &loopState{est: dirtyRateEstimate{unavailable: true}}
+	st := &loopState{est: dirtyRateEstimate{result: SampleUnavailable}}
 	read := func(pass uint64) Progress {
 		mg.stats = domain.JobStats{Type: domain.JobUnbounded, DataRemaining: 1 << 30, MemoryBandwidth: 64 << 20, MemoryIteration: pass}
 		_, p, err := c.step(v1alpha1.MigrationModePreCopy, 0, st)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +62,25 @@ func TestNodePressureLiveMigratesTheVM(t *testing.T) {
 	m := waitMigrationEnded(t, moved)
 	if m.Status.Phase != v1alpha1.MigrationSucceeded || m.Status.Mode == "" {
 		t.Errorf("migration %s: phase %s mode %q, want Succeeded with its mode", m.Name, m.Status.Phase, m.Status.Mode)
+	}
+	// The guest's dirty rate was sampled through the launcher's own libvirt (QEMU's monitor): the
+	// sample measured, or late where this short migration's first pass ended before its second
+	// did, never unavailable. Measured, it reads the guest's 8 MiB/s within an eighth and
+	// 2 MiB/s (domain.TestDirtyRateEstimateMatchesTheGuest).
+	sample := func(result string) float64 {
+		return max(0, source.metric(t, fmt.Sprintf("lifeboat_agent_dirty_rate_estimates_total{result=%q}", result)))
+	}
+	measured, late, unavailable := sample("measured"), sample("late"), sample("unavailable")
+	if measured+late != 1 || unavailable != 0 {
+		t.Errorf("the source agent's dirty-rate samples: %v measured, %v late, %v unavailable; want one, measured or late", measured, late, unavailable)
+	}
+	if measured == 1 {
+		const mib = 1 << 20
+		rate := source.metric(t, "lifeboat_agent_dirty_rate_estimate_bytes_per_second_sum")
+		if rate < 5*mib || rate > 11*mib {
+			t.Errorf("the source agent sampled the guest's dirty rate at %.1f MiB/s; it writes 8", rate/mib)
+		}
+		t.Logf("the source agent sampled the guest's dirty rate at %.1f MiB/s", rate/mib)
 	}
 
 	// The source launcher exited 0 by itself, before the kubelet's SIGKILL.
