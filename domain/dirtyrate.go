@@ -60,8 +60,8 @@ func (c *Conn) StartDirtyRateCalc(name string, period time.Duration, mode DirtyR
 // guest's: a 256 MiB guest's one-second sample was ready 1.06 s after it began, 1.01 s with 512.
 const samplePagesPerGiB = 16384
 
-// samplePages starts page sampling through QEMU's monitor: libvirt's API has no parameter for
-// the sample's size. libvirt marks the domain tainted ("custom-monitor") for it; nothing else
+// samplePages starts page sampling through QEMU's monitor (QEMU 6.1 or newer): libvirt's API
+// has no parameter for the sample's size. libvirt marks the domain tainted ("custom-monitor") for it; nothing else
 // changes, and libvirt reads the result as for a measurement it started itself.
 func samplePages(dom *libvirt.Domain, secs int) error {
 	cmd, err := json.Marshal(map[string]any{"execute": "calc-dirty-rate", "arguments": map[string]any{
