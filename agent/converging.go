@@ -133,8 +133,6 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 	if p.FirstPass {
 		p.PassElapsed = p.Elapsed
 		p.DirtyRate, p.Estimated = c.estimate(&st.est)
-	} else {
-		c.settle(&st.est, SampleLate)
 	}
 	if deadline := c.deadline(); !deadline.IsZero() {
 		p.HasDeadline, p.TimeLeft = true, deadline.Sub(c.Clock.Now())

@@ -21,18 +21,12 @@ const (
 	DirtyRateBitmap DirtyRateMode = "dirty-bitmap"
 )
 
-var dirtyRateFlags = map[DirtyRateMode]libvirt.DomainDirtyRateCalcFlags{
-	DirtyRatePageSampling: libvirt.DOMAIN_DIRTYRATE_MODE_PAGE_SAMPLING,
-	DirtyRateBitmap:       libvirt.DOMAIN_DIRTYRATE_MODE_DIRTY_BITMAP,
-}
-
 // StartDirtyRateCalc has QEMU measure how fast the named running domain writes its memory over
 // period (whole seconds, at least one: libvirt's unit). DirtyRate reads the result. Start it
 // before a migration: libvirt makes the call wait while a migration runs, but reading the
 // result does not.
 func (c *Conn) StartDirtyRateCalc(name string, period time.Duration, mode DirtyRateMode) error {
-	flags, ok := dirtyRateFlags[mode]
-	if !ok {
+	if mode != DirtyRatePageSampling && mode != DirtyRateBitmap {
 		return fmt.Errorf("unknown dirty rate mode %q", mode)
 	}
 	dom, err := c.lookup(name)
@@ -44,7 +38,7 @@ func (c *Conn) StartDirtyRateCalc(name string, period time.Duration, mode DirtyR
 	if mode == DirtyRatePageSampling {
 		err = samplePages(dom, secs)
 	} else {
-		err = dom.StartDirtyRateCalc(secs, flags)
+		err = dom.StartDirtyRateCalc(secs, libvirt.DOMAIN_DIRTYRATE_MODE_DIRTY_BITMAP)
 	}
 	if err != nil {
 		return fmt.Errorf("starting to measure the dirty rate of domain %q (%s): %w", name, mode, err)
@@ -61,8 +55,9 @@ func (c *Conn) StartDirtyRateCalc(name string, period time.Duration, mode DirtyR
 const samplePagesPerGiB = 16384
 
 // samplePages starts page sampling through QEMU's monitor (QEMU 6.1 or newer): libvirt's API
-// has no parameter for the sample's size. libvirt marks the domain tainted ("custom-monitor") for it; nothing else
-// changes, and libvirt reads the result as for a measurement it started itself.
+// has no parameter for the sample's size. libvirt marks the domain tainted ("custom-monitor")
+// for it; nothing else changes, and libvirt reads the result as for a measurement it started
+// itself.
 func samplePages(dom *libvirt.Domain, secs int) error {
 	cmd, err := json.Marshal(map[string]any{"execute": "calc-dirty-rate", "arguments": map[string]any{
 		"calc-time": secs, "sample-pages": samplePagesPerGiB, "mode": string(DirtyRatePageSampling)}})

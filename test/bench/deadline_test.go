@@ -247,19 +247,6 @@ type recordingMigrator struct {
 	slowestRead time.Duration
 	escalate    bool
 	pausedAt    time.Time
-	// estimate is the page-sampling dirty rate the policy got, if it got one.
-	estimate  uint64
-	estimated bool
-}
-
-func (r *recordingMigrator) DirtyRate(name string) (uint64, bool, error) {
-	rate, ok, err := r.Migrator.DirtyRate(name)
-	if err == nil && ok {
-		r.mu.Lock()
-		r.estimate, r.estimated = rate, true
-		r.mu.Unlock()
-	}
-	return rate, ok, err
 }
 
 func (r *recordingMigrator) JobStats(name string) (domain.JobStats, error) {
@@ -362,6 +349,12 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	}
 	modes := []v1alpha1.MigrationMode{v1alpha1.MigrationModePreCopy}
 	var lastStep agent.Progress // what the policy saw at its last step up
+	// The page-sampling dirty rate the policy got, if it got one.
+	var estimate uint64
+	var estimated bool
+	c.Sampled = func(r agent.SampleResult, rate uint64) {
+		estimate, estimated = rate, r == agent.SampleMeasured
+	}
 	c.Escalated = func(m v1alpha1.MigrationMode, p agent.Progress) {
 		rec.escalated()
 		modes, lastStep = append(modes, m), p
@@ -372,7 +365,7 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	end := time.Now()
 
 	o := outcome{finished: err == nil, total: end.Sub(start), modes: modes, maxDirty: rec.maxDirty, slowestRead: rec.slowestRead,
-		estimate: rec.estimate, estimated: rec.estimated}
+		estimate: estimate, estimated: estimated}
 	_, allRates := protocol.DiskPasses(readOrEmpty(p.Src.Console()), matrixDisk)
 	o.diskSeen, o.diskDuring = medianRate(passRates), medianRate(allRates[len(passRates):])
 	if len(rec.rates) > 0 {
