@@ -2,7 +2,6 @@ package node
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -11,6 +10,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lifeboat-vm/lifeboat/domain/reap"
 )
 
 const (
@@ -88,7 +89,13 @@ func runShim(encoded string) int {
 			_ = syscall.Kill(pid, sig.(syscall.Signal))
 		}
 	}()
-	return reap(pid)
+	// Orphans are re-parented to this PID 1: all are reaped.
+	code, err := reap.Until(pid)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "lifeboat node shim: %v\n", err)
+		return shimFailed
+	}
+	return code
 }
 
 func startContained(encoded string) (int, error) {
@@ -186,27 +193,4 @@ func bind(m bindMount) error {
 		return unix.Mount("", m.Target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, "")
 	}
 	return nil
-}
-
-// reap waits for every child (orphans are re-parented to PID 1) until the main one exits, and
-// returns its exit code.
-func reap(main int) int {
-	for {
-		var ws syscall.WaitStatus
-		pid, err := syscall.Wait4(-1, &ws, 0, nil)
-		if errors.Is(err, syscall.EINTR) {
-			continue
-		}
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "lifeboat node shim: waiting for the command: %v\n", err)
-			return shimFailed
-		}
-		if pid != main {
-			continue
-		}
-		if ws.Signaled() {
-			return 128 + int(ws.Signal())
-		}
-		return ws.ExitStatus()
-	}
 }
