@@ -58,9 +58,12 @@ const (
 	convergenceWarmUp = 2 * time.Second
 	// escalationDwell gives a step (auto-converge throttling, in particular) time to show its effect.
 	escalationDwell = 3 * time.Second
-	// safetyMargin is kept between the projected end and the deadline: the switch-over and the
-	// source launcher's exit must also fit before the kubelet's SIGKILL.
-	safetyMargin = 5 * time.Second
+	// safetyMargin is kept between the projected end and the deadline: the switch-over, the
+	// source's confirm phase (its QEMU stopped and seen gone, about 0.2 s) and a reading up to a
+	// tick late must also fit before the kubelet's SIGKILL, and the projection's rates are
+	// measured, not known. It was 5 s while the deadline matrix's daemons had no subreaper and
+	// the confirm phase there took 1.1 to 2 s (docs/benchmarks.md).
+	safetyMargin = 3 * time.Second
 )
 
 // NextMode is the deadline-aware convergence policy: it escalates pre-copy → auto-converge →

@@ -14,11 +14,11 @@ func TestNextMode(t *testing.T) {
 	converging := Progress{Remaining: 100 * mib, DirtyRate: 10 * mib, Bandwidth: 110 * mib, Elapsed: 5 * time.Second, SinceEscalation: 5 * time.Second, TimeLeft: 60 * time.Second, HasDeadline: true}
 	slow := converging
 	slow.DirtyRate, slow.Bandwidth = 100*mib, 110*mib // 10s to finish beyond a 5s budget
-	slow.TimeLeft = 10 * time.Second
+	slow.TimeLeft = 5*time.Second + safetyMargin
 	stuck := converging
 	stuck.DirtyRate = 200 * mib
 	late := stuck
-	late.TimeLeft = 6 * time.Second
+	late.TimeLeft = time.Second + safetyMargin
 	justEscalated := stuck
 	justEscalated.SinceEscalation = time.Second
 	warmingUp := stuck
@@ -26,34 +26,35 @@ func TestNextMode(t *testing.T) {
 	noDeadline := stuck
 	noDeadline.HasDeadline = false
 	// libvirt reports a job that is still connecting to the target with no figures at all.
-	// A 1 GiB guest 2 s into its first pass at 64 MiB/s: 700 MiB to go, its dirty rate unknown.
-	blind := Progress{Remaining: 700 * mib, Total: 1024 * mib, Bandwidth: 64 * mib, FirstPass: true, Pass: 1, Elapsed: 2 * time.Second, PassElapsed: 2 * time.Second, SinceEscalation: 2 * time.Second, TimeLeft: 22 * time.Second, HasDeadline: true}
+	// A 1 GiB guest 2 s into its first pass at 64 MiB/s: 700 MiB to go, its dirty rate unknown,
+	// 17 s of budget (the time left less the margin).
+	blind := Progress{Remaining: 700 * mib, Total: 1024 * mib, Bandwidth: 64 * mib, FirstPass: true, Pass: 1, Elapsed: 2 * time.Second, PassElapsed: 2 * time.Second, SinceEscalation: 2 * time.Second, TimeLeft: 17*time.Second + safetyMargin, HasDeadline: true}
 	blindWithTime := blind
 	blindWithTime.TimeLeft = time.Minute
-	// The same guest with QEMU's page-sampling estimate of its dirty rate, 27 s before its
-	// deadline (the matrix's 30 s grace) or 57 s (60 s).
+	// The same guest with QEMU's page-sampling estimate of its dirty rate, with 22 s of budget
+	// (the matrix's 30 s grace) or 52 s (60 s).
 	idle := blind
-	idle.Remaining, idle.Estimated, idle.TimeLeft = 900*mib, true, 27*time.Second
+	idle.Remaining, idle.Estimated, idle.TimeLeft = 900*mib, true, 22*time.Second+safetyMargin
 	halfCap := idle
 	halfCap.DirtyRate = 32 * mib // with the margin: 576 MiB rewritten in the first pass, 21 s to send them
-	// 900 MiB take 14 s at 64 MiB/s: with 22 s left, 5 s of margin and 3 s to the next step, a
-	// pause could wait no longer.
+	// 900 MiB take 14 s at 64 MiB/s: with 17 s of budget and 3 s to the next step, a pause
+	// could wait no longer.
 	halfCapPauseDue := halfCap
-	halfCapPauseDue.TimeLeft = 22 * time.Second
+	halfCapPauseDue.TimeLeft = 17*time.Second + safetyMargin
 	// At the start of the second pass, auto-converging: 900 MiB to go, rewritten at 32 MiB/s,
 	// sent at 64 MiB/s (28 s to converge, 22 s of budget).
 	throttled := halfCap
 	throttled.FirstPass, throttled.Pass, throttled.Estimated = false, 2, false
 	throttled.Elapsed, throttled.PassElapsed, throttled.SinceEscalation = 10*time.Second, 0, 5*time.Second
 	throttledPauseDue := throttled
-	throttledPauseDue.TimeLeft = 22 * time.Second
+	throttledPauseDue.TimeLeft = 17*time.Second + safetyMargin
 	halfCapLong := halfCap
-	halfCapLong.TimeLeft = 57 * time.Second
+	halfCapLong.TimeLeft = 52*time.Second + safetyMargin
 	overCapLong := halfCapLong
 	overCapLong.DirtyRate = 96 * mib
 	// The matrix's 1 GiB guest writing ¾ of the cap, sampled at 60 MiB/s as QEMU's default
 	// sample read it: 67 with the margin, more than is sent. A pause of all its memory (16 s)
-	// fits for a while yet; with 22 s left it does not after one more step.
+	// fits for a while yet; with 17 s of budget it does not after one more step.
 	overCapSampled := halfCapLong
 	overCapSampled.DirtyRate, overCapSampled.SinceEscalation = 60*mib, 5*time.Second
 	// A guest sampled at 18 MiB/s, 20 with the margin: the pass's 14 s and its rewrites'
@@ -61,20 +62,20 @@ func TestNextMode(t *testing.T) {
 	sampledInTime := halfCap
 	sampledInTime.DirtyRate = 18 * mib
 	overCapSampledLate := overCapSampled
-	overCapSampledLate.TimeLeft = 22 * time.Second
+	overCapSampledLate.TimeLeft = 17*time.Second + safetyMargin
 	// The deadline matrix's 1 GiB guest writing 32 MiB/s with 30 s, auto-converging, as the
-	// agent read it: 4 s into its second pass with 131 MiB of it left, 10.5 s to go. The pass's
-	// rewrites (194 MiB when it ends) do not converge within the budget, but a pause at the
-	// next pass's start fits (5.1 s), so the guest runs on; at that start, 255 MiB to go and
-	// 9.5 s left, waiting for the pass after it would not fit: the pause, 4 s.
+	// agent read it: 4 s into its second pass with 131 MiB of it left, 5.5 s of budget. The
+	// pass's rewrites (194 MiB when it ends) do not converge within it, but a pause at the next
+	// pass's start fits (5.1 s), so the guest runs on; at that start, 255 MiB to go and 4.5 s of
+	// budget, waiting for the pass after it would not fit: the pause, 4 s.
 	secondPass := Progress{Remaining: 131 * mib, Total: 1024 * mib, DirtyRate: 32 * mib, Bandwidth: 64 * mib, Pass: 2,
-		Elapsed: 18 * time.Second, PassElapsed: 4 * time.Second, SinceEscalation: 16 * time.Second, TimeLeft: 10500 * time.Millisecond, HasDeadline: true}
+		Elapsed: 18 * time.Second, PassElapsed: 4 * time.Second, SinceEscalation: 16 * time.Second, TimeLeft: 5500*time.Millisecond + safetyMargin, HasDeadline: true}
 	thirdPassStart := secondPass
-	thirdPassStart.Remaining, thirdPassStart.Pass, thirdPassStart.PassElapsed, thirdPassStart.TimeLeft = 255*mib, 3, 0, 9500*time.Millisecond
+	thirdPassStart.Remaining, thirdPassStart.Pass, thirdPassStart.PassElapsed, thirdPassStart.TimeLeft = 255*mib, 3, 0, 4500*time.Millisecond+safetyMargin
 	// The ¾-the-cap guest near a pass's end: 100 MiB left of it, but 480 MiB rewritten during
 	// it. A pause now sends 580 MiB (9.1 s, the budget); waiting for the pass's end costs 10.2 s.
 	rewrittenPass := Progress{Remaining: 100 * mib, Total: 1024 * mib, DirtyRate: 48 * mib, Bandwidth: 64 * mib, Pass: 3,
-		Elapsed: 20 * time.Second, PassElapsed: 10 * time.Second, SinceEscalation: 10 * time.Second, TimeLeft: 14 * time.Second, HasDeadline: true}
+		Elapsed: 20 * time.Second, PassElapsed: 10 * time.Second, SinceEscalation: 10 * time.Second, TimeLeft: 9*time.Second + safetyMargin, HasDeadline: true}
 	connecting := Progress{Elapsed: 3 * time.Second, SinceEscalation: 3 * time.Second, TimeLeft: 40 * time.Second, HasDeadline: true}
 	cases := []struct {
 		name    string
