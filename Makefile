@@ -7,7 +7,7 @@
 #   make generate    regenerate deep-copy, clients, informers, listers and CRDs from api/
 #   make demo-down   stop the demo cluster
 #   make bench       benchmarks (control plane start-up, evacuation mark latency)
-#   make bench-deadline  the migration deadline matrix (real libvirt and TCG guests; 35 to 55 min a run since the ¾ × guest)
+#   make bench-deadline  the migration deadline matrix (real libvirt and TCG guests; about 31 min a run at f210e4b)
 #   make bench-drain     drain throughput: 10 VMs leaving one node through the real cluster (3 min a run)
 #   make bench-node-full 50 VMs on one node drained: the agent's memory and CPU, idle and during it (issue 22)
 #   make bench-scale     1,000 VMIs on 100 hollow nodes: the controller's memory, CPU and API calls (issue 22)
