@@ -265,7 +265,7 @@ func TestTheDaemonLoadsOnlyQEMUsDriver(t *testing.T) {
 // domain was seen gone that much later.
 func TestTheShimAdoptsTheDaemonsQEMU(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (make test and .ci/run run as root): only a root caller's daemons run under the shim; a non-root caller's session daemon is its own child, reaped by this test process")
+		t.Skip("needs root (make test and .ci/run run as root): only a root caller's daemons run under the shim; a non-root caller's daemon is started without it")
 	}
 	d := startDaemon(t)
 	c := connect(t, d)
