@@ -58,12 +58,18 @@ const (
 	convergenceWarmUp = 2 * time.Second
 	// escalationDwell gives a step (auto-converge throttling, in particular) time to show its effect.
 	escalationDwell = 3 * time.Second
-	// safetyMargin is kept between the projected end and the deadline: the switch-over, the
-	// source's confirm phase (its QEMU stopped and seen gone, about 0.2 s) and a reading up to a
-	// tick late must also fit before the kubelet's SIGKILL, and the projection's rates are
-	// measured, not known. It was 5 s while the deadline matrix's daemons had no subreaper and
-	// the confirm phase there took 1.1 to 2 s (docs/benchmarks.md).
-	safetyMargin = 3 * time.Second
+	// safetyMargin is kept between the projected end and the deadline for what the projection
+	// does not count: the switch-over (the guest's longest stall, 0.2 s at most in the deadline
+	// matrix), the source's confirm phase (its QEMU stopped and seen gone, about 0.2 s) and a
+	// reading up to a tick (0.5 s) late. It was 5 s, then 3 s, while the matrix's daemons had no
+	// subreaper and the confirm phase there took 1.1 to 2 s (docs/benchmarks.md).
+	safetyMargin = time.Second
+	// marginShare: a further share of the time left is kept for the projection's own error. Its
+	// rates are measured over the last seconds, and what a change in them costs grows with how
+	// far the projection looks: a fixed 3 s paused guests whose pre-copy would have ended 2 s
+	// before the deadline (the matrix's 1 GiB at half the cap with 30 s, 256 MiB at ¾ with 15 s),
+	// where the projection had been right to within 0.2 s.
+	marginShare = 8
 )
 
 // NextMode is the deadline-aware convergence policy: it escalates pre-copy → auto-converge →
@@ -78,7 +84,7 @@ func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alp
 	if !p.HasDeadline || p.Elapsed < convergenceWarmUp || p.Bandwidth == 0 || isFinal(current) {
 		return current
 	}
-	budget := p.TimeLeft - safetyMargin
+	budget := timeBudget(p.TimeLeft)
 	last := lastResort(allowed)
 	// A blind first pass: libvirt's dirty rate shows only once it ends, and for a large guest
 	// with a near deadline that is too late to act on. When the rest of this pass and a
@@ -115,6 +121,11 @@ func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alp
 		return last
 	}
 	return current
+}
+
+// timeBudget is how long the migration may still take: the time left less the margins.
+func timeBudget(timeLeft time.Duration) time.Duration {
+	return timeLeft - safetyMargin - timeLeft/marginShare
 }
 
 // lastResortDue says whether the last resort must come now. Copying what a stop leaves to send

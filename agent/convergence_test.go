@@ -7,6 +7,12 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
 
+// leaving is the time left to the deadline that leaves the migration budget, its margins
+// deducted: the cases say which edge of the policy they test by budget.
+func leaving(budget time.Duration) time.Duration {
+	return (budget + safetyMargin) * marginShare / (marginShare - 1)
+}
+
 func TestNextMode(t *testing.T) {
 	const mib = 1 << 20
 	all := Allowed{AutoConverge: true, PostCopy: true, Pause: true}
@@ -14,11 +20,11 @@ func TestNextMode(t *testing.T) {
 	converging := Progress{Remaining: 100 * mib, DirtyRate: 10 * mib, Bandwidth: 110 * mib, Elapsed: 5 * time.Second, SinceEscalation: 5 * time.Second, TimeLeft: 60 * time.Second, HasDeadline: true}
 	slow := converging
 	slow.DirtyRate, slow.Bandwidth = 100*mib, 110*mib // 10s to finish beyond a 5s budget
-	slow.TimeLeft = 5*time.Second + safetyMargin
+	slow.TimeLeft = leaving(5 * time.Second)
 	stuck := converging
 	stuck.DirtyRate = 200 * mib
 	late := stuck
-	late.TimeLeft = time.Second + safetyMargin
+	late.TimeLeft = leaving(time.Second)
 	justEscalated := stuck
 	justEscalated.SinceEscalation = time.Second
 	warmingUp := stuck
@@ -28,28 +34,28 @@ func TestNextMode(t *testing.T) {
 	// libvirt reports a job that is still connecting to the target with no figures at all.
 	// A 1 GiB guest 2 s into its first pass at 64 MiB/s: 700 MiB to go, its dirty rate unknown,
 	// 17 s of budget (the time left less the margin).
-	blind := Progress{Remaining: 700 * mib, Total: 1024 * mib, Bandwidth: 64 * mib, FirstPass: true, Pass: 1, Elapsed: 2 * time.Second, PassElapsed: 2 * time.Second, SinceEscalation: 2 * time.Second, TimeLeft: 17*time.Second + safetyMargin, HasDeadline: true}
+	blind := Progress{Remaining: 700 * mib, Total: 1024 * mib, Bandwidth: 64 * mib, FirstPass: true, Pass: 1, Elapsed: 2 * time.Second, PassElapsed: 2 * time.Second, SinceEscalation: 2 * time.Second, TimeLeft: leaving(17 * time.Second), HasDeadline: true}
 	blindWithTime := blind
 	blindWithTime.TimeLeft = time.Minute
 	// The same guest with QEMU's page-sampling estimate of its dirty rate, with 22 s of budget
 	// (the matrix's 30 s grace) or 52 s (60 s).
 	idle := blind
-	idle.Remaining, idle.Estimated, idle.TimeLeft = 900*mib, true, 22*time.Second+safetyMargin
+	idle.Remaining, idle.Estimated, idle.TimeLeft = 900*mib, true, leaving(22*time.Second)
 	halfCap := idle
 	halfCap.DirtyRate = 32 * mib // with the margin: 576 MiB rewritten in the first pass, 21 s to send them
 	// 900 MiB take 14 s at 64 MiB/s: with 17 s of budget and 3 s to the next step, a pause
 	// could wait no longer.
 	halfCapPauseDue := halfCap
-	halfCapPauseDue.TimeLeft = 17*time.Second + safetyMargin
+	halfCapPauseDue.TimeLeft = leaving(17 * time.Second)
 	// At the start of the second pass, auto-converging: 900 MiB to go, rewritten at 32 MiB/s,
 	// sent at 64 MiB/s (28 s to converge, 22 s of budget).
 	throttled := halfCap
 	throttled.FirstPass, throttled.Pass, throttled.Estimated = false, 2, false
 	throttled.Elapsed, throttled.PassElapsed, throttled.SinceEscalation = 10*time.Second, 0, 5*time.Second
 	throttledPauseDue := throttled
-	throttledPauseDue.TimeLeft = 17*time.Second + safetyMargin
+	throttledPauseDue.TimeLeft = leaving(17 * time.Second)
 	halfCapLong := halfCap
-	halfCapLong.TimeLeft = 52*time.Second + safetyMargin
+	halfCapLong.TimeLeft = leaving(52 * time.Second)
 	overCapLong := halfCapLong
 	overCapLong.DirtyRate = 96 * mib
 	// The matrix's 1 GiB guest writing ¾ of the cap, sampled at 60 MiB/s as QEMU's default
@@ -62,20 +68,31 @@ func TestNextMode(t *testing.T) {
 	sampledInTime := halfCap
 	sampledInTime.DirtyRate = 18 * mib
 	overCapSampledLate := overCapSampled
-	overCapSampledLate.TimeLeft = 17*time.Second + safetyMargin
+	overCapSampledLate.TimeLeft = leaving(17 * time.Second)
 	// The deadline matrix's 1 GiB guest writing 32 MiB/s with 30 s, auto-converging, as the
 	// agent read it: 4 s into its second pass with 131 MiB of it left, 5.5 s of budget. The
 	// pass's rewrites (194 MiB when it ends) do not converge within it, but a pause at the next
 	// pass's start fits (5.1 s), so the guest runs on; at that start, 255 MiB to go and 4.5 s of
 	// budget, waiting for the pass after it would not fit: the pause, 4 s.
 	secondPass := Progress{Remaining: 131 * mib, Total: 1024 * mib, DirtyRate: 32 * mib, Bandwidth: 64 * mib, Pass: 2,
-		Elapsed: 18 * time.Second, PassElapsed: 4 * time.Second, SinceEscalation: 16 * time.Second, TimeLeft: 5500*time.Millisecond + safetyMargin, HasDeadline: true}
+		Elapsed: 18 * time.Second, PassElapsed: 4 * time.Second, SinceEscalation: 16 * time.Second, TimeLeft: leaving(5500 * time.Millisecond), HasDeadline: true}
 	thirdPassStart := secondPass
-	thirdPassStart.Remaining, thirdPassStart.Pass, thirdPassStart.PassElapsed, thirdPassStart.TimeLeft = 255*mib, 3, 0, 4500*time.Millisecond+safetyMargin
+	thirdPassStart.Remaining, thirdPassStart.Pass, thirdPassStart.PassElapsed, thirdPassStart.TimeLeft = 255*mib, 3, 0, leaving(4500*time.Millisecond)
 	// The ¾-the-cap guest near a pass's end: 100 MiB left of it, but 480 MiB rewritten during
 	// it. A pause now sends 580 MiB (9.1 s, the budget); waiting for the pass's end costs 10.2 s.
 	rewrittenPass := Progress{Remaining: 100 * mib, Total: 1024 * mib, DirtyRate: 48 * mib, Bandwidth: 64 * mib, Pass: 3,
-		Elapsed: 20 * time.Second, PassElapsed: 10 * time.Second, SinceEscalation: 10 * time.Second, TimeLeft: 9*time.Second + safetyMargin, HasDeadline: true}
+		Elapsed: 20 * time.Second, PassElapsed: 10 * time.Second, SinceEscalation: 10 * time.Second, TimeLeft: leaving(9 * time.Second), HasDeadline: true}
+	// The matrix's two guests that a fixed 3 s margin paused, at the step as the agent read it
+	// at f210e4b: pre-copy alone then ended 1.8 to 2 s before the deadline, 3.5 s after the
+	// 1 GiB guest's step (as projected) and 1.2 s after the 256 MiB guest's.
+	halfCapFourthPass := Progress{Remaining: 119 * mib, Total: 1024 * mib, DirtyRate: 31 * mib, Bandwidth: 65 * mib, Pass: 4,
+		Elapsed: 24 * time.Second, SinceEscalation: 20 * time.Second, TimeLeft: 5500 * time.Millisecond, HasDeadline: true}
+	// Had that pass begun with 4 s left (2.5 s of budget), its end and the next pass sent
+	// stopped would take 2.7 s: the pause could wait no longer.
+	halfCapFourthPassLate := halfCapFourthPass
+	halfCapFourthPassLate.TimeLeft = 4 * time.Second
+	threeQuarterSeventhPass := Progress{Remaining: 20 * mib, Total: 256 * mib, DirtyRate: 48 * mib, Bandwidth: 65 * mib, Pass: 7,
+		Elapsed: 10 * time.Second, PassElapsed: 200 * time.Millisecond, SinceEscalation: 7 * time.Second, TimeLeft: 3500 * time.Millisecond, HasDeadline: true}
 	connecting := Progress{Elapsed: 3 * time.Second, SinceEscalation: 3 * time.Second, TimeLeft: 40 * time.Second, HasDeadline: true}
 	cases := []struct {
 		name    string
@@ -107,6 +124,9 @@ func TestNextMode(t *testing.T) {
 		{"a pass nearly sent but much rewritten during it, post-copy allowed: post-copy at once", v1alpha1.MigrationModePreCopy, rewrittenPass, all, v1alpha1.MigrationModePostCopy},
 		{"not converging by the sampled rate alone, a pause of all memory fits later: auto-converge until libvirt counts", v1alpha1.MigrationModeAutoConverge, overCapSampled, noPostCopy, v1alpha1.MigrationModeAutoConverge},
 		{"not converging by the sampled rate alone, a pause of all memory due: the pause now", v1alpha1.MigrationModeAutoConverge, overCapSampledLate, noPostCopy, v1alpha1.MigrationModePaused},
+		{"1 GiB at half the cap, 5.5 s left, pre-copy projected to end with 2 s to spare: no pause", v1alpha1.MigrationModeAutoConverge, halfCapFourthPass, noPostCopy, v1alpha1.MigrationModeAutoConverge},
+		{"the same pass begun with 4 s left: the pause now", v1alpha1.MigrationModeAutoConverge, halfCapFourthPassLate, noPostCopy, v1alpha1.MigrationModePaused},
+		{"256 MiB at ¾ the cap, 3.5 s left, pre-copy projected to end with 2 s to spare: no pause", v1alpha1.MigrationModeAutoConverge, threeQuarterSeventhPass, noPostCopy, v1alpha1.MigrationModeAutoConverge},
 		{"no transfer figures yet: nothing to project from", v1alpha1.MigrationModePreCopy, connecting, all, v1alpha1.MigrationModePreCopy},
 		{"not converging: auto-converge first", v1alpha1.MigrationModePreCopy, stuck, all, v1alpha1.MigrationModeAutoConverge},
 		{"converging too slowly for the deadline: auto-converge", v1alpha1.MigrationModePreCopy, slow, all, v1alpha1.MigrationModeAutoConverge},
