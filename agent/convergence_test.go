@@ -93,6 +93,11 @@ func TestNextMode(t *testing.T) {
 	halfCapFourthPassLate.TimeLeft = 4 * time.Second
 	threeQuarterSeventhPass := Progress{Remaining: 20 * mib, Total: 256 * mib, DirtyRate: 48 * mib, Bandwidth: 65 * mib, Pass: 7,
 		Elapsed: 10 * time.Second, PassElapsed: 200 * time.Millisecond, SinceEscalation: 7 * time.Second, TimeLeft: 3500 * time.Millisecond, HasDeadline: true}
+	// The matrix's 256 MiB guest writing 1½ the cap, at a pass's start: libvirt counts 64 MiB/s,
+	// the whole working set rewritten each pass. Paused at the next pass's start, a tick late,
+	// it would owe 158 MiB, 2.4 s after the pass's 2 s: with 4.2 s of budget, not waiting.
+	saturated := Progress{Remaining: 128 * mib, Total: 256 * mib, DirtyRate: 64 * mib, Bandwidth: 65 * mib, Pass: 5,
+		Elapsed: 8 * time.Second, SinceEscalation: 6 * time.Second, TimeLeft: leaving(4200 * time.Millisecond), HasDeadline: true}
 	connecting := Progress{Elapsed: 3 * time.Second, SinceEscalation: 3 * time.Second, TimeLeft: 40 * time.Second, HasDeadline: true}
 	cases := []struct {
 		name    string
@@ -127,6 +132,7 @@ func TestNextMode(t *testing.T) {
 		{"1 GiB at half the cap, 5.5 s left, pre-copy projected to end with 2 s to spare: no pause", v1alpha1.MigrationModeAutoConverge, halfCapFourthPass, noPostCopy, v1alpha1.MigrationModeAutoConverge},
 		{"the same pass begun with 4 s left: the pause now", v1alpha1.MigrationModeAutoConverge, halfCapFourthPassLate, noPostCopy, v1alpha1.MigrationModePaused},
 		{"256 MiB at ¾ the cap, 3.5 s left, pre-copy projected to end with 2 s to spare: no pause", v1alpha1.MigrationModeAutoConverge, threeQuarterSeventhPass, noPostCopy, v1alpha1.MigrationModeAutoConverge},
+		{"a pass start, the next pass's pause owing a tick's rewrites too: the pause now", v1alpha1.MigrationModeAutoConverge, saturated, noPostCopy, v1alpha1.MigrationModePaused},
 		{"no transfer figures yet: nothing to project from", v1alpha1.MigrationModePreCopy, connecting, all, v1alpha1.MigrationModePreCopy},
 		{"not converging: auto-converge first", v1alpha1.MigrationModePreCopy, stuck, all, v1alpha1.MigrationModeAutoConverge},
 		{"converging too slowly for the deadline: auto-converge", v1alpha1.MigrationModePreCopy, slow, all, v1alpha1.MigrationModeAutoConverge},
