@@ -72,8 +72,8 @@ func TestNextMode(t *testing.T) {
 	// The deadline matrix's 1 GiB guest writing 32 MiB/s with 30 s, auto-converging, as the
 	// agent read it: 4 s into its second pass with 131 MiB of it left, 5.5 s of budget. The
 	// pass's rewrites (194 MiB when it ends) do not converge within it, but a pause at the next
-	// pass's start fits (5.1 s), so the guest runs on; at that start, 255 MiB to go and 4.5 s of
-	// budget, waiting for the pass after it would not fit: the pause, 4 s.
+	// pass's start fits (5.3 s, a tick's rewrites counted), so the guest runs on; at that start,
+	// 255 MiB to go and 4.5 s of budget, waiting for the pass after it would not fit: the pause.
 	secondPass := Progress{Remaining: 131 * mib, Total: 1024 * mib, DirtyRate: 32 * mib, Bandwidth: 64 * mib, Pass: 2,
 		Elapsed: 18 * time.Second, PassElapsed: 4 * time.Second, SinceEscalation: 16 * time.Second, TimeLeft: leaving(5500 * time.Millisecond), HasDeadline: true}
 	thirdPassStart := secondPass
