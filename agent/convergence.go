@@ -61,8 +61,8 @@ const (
 	// safetyMargin is kept between the projected end and the deadline for what the projection
 	// does not count: the switch-over (the guest's longest stall, 0.2 s at most in the deadline
 	// matrix), the source's confirm phase (its QEMU stopped and seen gone, about 0.2 s) and a
-	// reading up to a tick (0.5 s) late. It was 5 s, then 3 s, while the matrix's daemons had no
-	// subreaper and the confirm phase there took 1.1 to 2 s (docs/benchmarks.md).
+	// reading up to a tick (0.5 s) late. It was 5 s while the matrix's daemons had no subreaper
+	// and the confirm phase there took 1.1 to 2 s (docs/benchmarks.md), then a fixed 3 s.
 	safetyMargin = time.Second
 	// marginShare: a further share of the time left is kept for the projection's own error. Its
 	// rates are measured over the last seconds, and what a change in them costs grows with how
