@@ -220,6 +220,9 @@ func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 	if m.Kind == notify.KindHello {
 		a.notifyConns.opened(m.VMI.UID)
 	}
+	if m.Kind == notify.KindDomainStarted {
+		go a.migrations.targetDomainReady(m.VMI)
+	}
 	if m.Kind == notify.KindGracefulShutdown {
 		a.signalled.Store(m.VMI.UID, &signal{at: m.Time, deadline: m.Time.Add(time.Duration(m.PodGracePeriodSeconds) * time.Second)})
 	}

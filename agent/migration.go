@@ -25,6 +25,7 @@ import (
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
+	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
@@ -293,6 +294,41 @@ func (m *migrations) prepareTarget(ctx context.Context, mig *v1alpha1.VirtualMac
 	}
 	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "TargetReady", "node %s listens for the guest at %s (libvirt) and %s (memory)", m.a.cfg.NodeName, libvirt.Addr(), memory.Addr())
 	return nil
+}
+
+// targetDomainReady records on the VMI that its guest runs in this node's target launcher (the
+// launcher reports its domain started once the guest arrived): the source launcher exits as its
+// guest leaves, and with it may go the reply to the source's migration call and its own last
+// report, so the source agent learns the outcome from here. A launcher repeats its reports on
+// every reconnection; a recorded time stays.
+func (m *migrations) targetDomainReady(ref notify.VMIRef) {
+	var mig *v1alpha1.VirtualMachineInstanceMigration
+	m.mu.Lock()
+	for _, known := range m.vmiUIDs {
+		if known.uid == ref.UID {
+			ns, name, _ := cache.SplitMetaNamespaceKey(known.key)
+			mig = m.cachedMigration(ns, name)
+		}
+	}
+	m.mu.Unlock()
+	if mig == nil || mig.Status.TargetNode != m.a.cfg.NodeName || mig.Status.Phase.Terminal() {
+		return
+	}
+	now := metav1.Now()
+	recorded := false
+	err := m.updateVMI(context.Background(), ref.Namespace, ref.Name, func(v *v1alpha1.VirtualMachineInstance) {
+		s := v.Status.MigrationState
+		if s != nil && s.MigrationUID == string(mig.UID) && s.TargetNode == m.a.cfg.NodeName && s.TargetNodeDomainReadyTimestamp == nil {
+			s.TargetNodeDomainReadyTimestamp, recorded = &now, true
+		}
+	})
+	if err != nil {
+		m.a.cfg.Log.Error("recording that the guest runs in the target launcher", "migration", mig.Namespace+"/"+mig.Name, "err", err)
+		return
+	}
+	if recorded {
+		m.a.cfg.Log.Info("the guest runs in the target launcher", "migration", mig.Namespace+"/"+mig.Name, "vmi", ref.Name)
+	}
 }
 
 func setMigrationPhase(mig *v1alpha1.VirtualMachineInstanceMigration, p v1alpha1.VirtualMachineInstanceMigrationPhase) {

@@ -46,12 +46,18 @@ type Orphan struct {
 	LauncherExit *int32
 	// Mode is the last mode the migration recorded.
 	Mode v1alpha1.MigrationMode
+	// TargetRan: the target agent recorded the guest running in the target launcher.
+	TargetRan bool
 }
 
 // RecoverSource decides the outcome of an orphaned migration from libvirt and the pod, and
 // whether the guest, paused to converge, must be resumed where it is.
 func RecoverSource(o Orphan) (outcome Recovery, resume bool) {
 	switch {
+	case o.TargetRan && o.Mode != v1alpha1.MigrationModePostCopy:
+		// The target's libvirt resumed the guest: the migration finished, whatever the source
+		// still shows (a paused guest it had yet to stop, or a launcher gone with its pod).
+		return RecoverySucceeded, false
 	case o.Connected && o.PostCopyBroken:
 		// Only finishing the migration saves the guest. libvirt may still hold the broken job
 		// a moment; the resume retries through that.
@@ -91,7 +97,7 @@ func (m *migrations) recoverSource(ctx context.Context, mig *v1alpha1.VirtualMac
 		return 0, err
 	}
 	name := domain.DomainName(vmi.Namespace, vmi.Name)
-	o := Orphan{Mode: mig.Status.Mode}
+	o := Orphan{Mode: mig.Status.Mode, TargetRan: m.targetRan(mig, vmi)}
 	if conn, mg := m.a.conn(uid), m.a.migrator(uid); conn != nil && mg != nil {
 		o.Connected = true
 		dom, err := conn.Observe(ctx, name)
@@ -121,15 +127,19 @@ func (m *migrations) recoverSource(ctx context.Context, mig *v1alpha1.VirtualMac
 		return 0, m.resumeOrphan(mig, vmi, uid, name, log)
 	case RecoverySucceeded:
 		log.Info("recovered a migration this agent no longer drove: the guest left this node")
-		m.record(mig, vmi, o.Mode, nil)
+		m.record(mig, vmi, o.Mode, nil, "")
 	case RecoveryFailed:
 		if mg := m.a.migrator(uid); resume && mg != nil {
 			if err := mg.Resume(name); err != nil {
 				return 0, fmt.Errorf("resuming the guest after a broken migration: %w", err)
 			}
 		}
-		log.Warn("recovered a migration this agent no longer drove: the guest stayed on this node", "resumed", resume)
-		m.record(mig, vmi, o.Mode, fmt.Errorf("the source agent on node %s restarted during the migration, which broke its connections", m.a.cfg.NodeName))
+		where := "the guest keeps running on node " + m.a.cfg.NodeName
+		if !o.Domain.Alive() {
+			where = "the source launcher ended without its guest leaving by migration"
+		}
+		log.Warn("recovered a migration this agent no longer drove: the guest did not leave this node", "resumed", resume, "where", where)
+		m.record(mig, vmi, o.Mode, fmt.Errorf("the source agent on node %s restarted during the migration, which broke its connections", m.a.cfg.NodeName), where)
 	}
 	return 0, nil
 }
@@ -155,7 +165,8 @@ func (m *migrations) resumeOrphan(mig *v1alpha1.VirtualMachineInstanceMigration,
 		defer m.finish(string(mig.UID))
 		allowed, bandwidth := MigrationSettings(m.a.eviction().Config, vmi)
 		c := ConvergingMigration{Migrator: mg, Domain: name, Options: sourceOptions(vmi, mg, allowed, bandwidth), Clock: m.a.cfg.Clock, Log: log}
-		m.record(mig, vmi, v1alpha1.MigrationModePostCopy, c.resumePostCopy(ctx, errAgentRestarted))
+		m.record(mig, vmi, v1alpha1.MigrationModePostCopy, c.resumePostCopy(ctx, errAgentRestarted),
+			"the guest waits paused on node "+m.a.cfg.NodeName+" with part of its memory on node "+mig.Status.TargetNode)
 	}()
 	return nil
 }

@@ -45,6 +45,9 @@ func TestRecoverSource(t *testing.T) {
 		{"launcher exited 0: the guest left by migration", Orphan{LauncherExit: ptr.To[int32](0), Mode: v1alpha1.MigrationModePreCopy}, RecoverySucceeded, false},
 		{"launcher failed: the migration failed", Orphan{LauncherExit: ptr.To[int32](1), Mode: v1alpha1.MigrationModePreCopy}, RecoveryFailed, false},
 		{"launcher killed: the migration failed", Orphan{LauncherExit: ptr.To[int32](137), Mode: v1alpha1.MigrationModePaused}, RecoveryFailed, false},
+		{"the target runs the guest, the source's pod is gone with its exit code: it left", Orphan{TargetRan: true, Mode: v1alpha1.MigrationModePaused}, RecoverySucceeded, false},
+		{"the target runs the guest, the source's still paused: it left", Orphan{TargetRan: true, Connected: true, Domain: DomainPaused, Mode: v1alpha1.MigrationModePaused}, RecoverySucceeded, false},
+		{"in post-copy the target runs the guest before the migration ends: resume the migration", Orphan{TargetRan: true, Connected: true, Domain: DomainPaused, PostCopyBroken: true, Mode: v1alpha1.MigrationModePostCopy}, RecoveryResumePostCopy, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, resume := RecoverSource(tc.o)

@@ -25,10 +25,6 @@ const (
 	progressWriteInterval = 2 * time.Second
 )
 
-// launcherReportWait is how long a failed migration call waits for the source launcher's report
-// (it flushes its last reports before it exits).
-const launcherReportWait = 6 * time.Second
-
 // startSource opens the proxies from the source launcher's directory to the target's and
 // starts the migration; runSource carries it to its end.
 func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration) error {
@@ -180,44 +176,66 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	// The moment libvirt's migration ended, apart from the status writes that follow: the
 	// drain benchmark reads the controllers' overhead from it.
 	log.Info("libvirt migration ended", "mode", mode, "err", result)
-	if result != nil && m.leftByMigration(string(vmi.UID), start) {
-		// The reply to the migration call can be lost as the source daemon exits; the source
-		// launcher saw its guest leave by migration, so the guest runs on the target.
-		log.Warn("the migration call failed, but the source launcher reports the guest left by migration", "err", result)
-		result = nil
-	}
-	if result != nil && mode == v1alpha1.MigrationModePaused {
-		// The guest was paused to converge and did not leave: it must run on here.
-		if err := mg.Resume(name); err != nil {
-			log.Error("resuming the guest after a failed migration", "err", err)
+	where := ""
+	if result != nil {
+		switch m.afterFailedCall(mig, vmi, mg, name, start, mode) {
+		case OutcomeSucceeded:
+			// The reply to the migration call can be lost as the source daemon exits.
+			log.Warn("the migration call failed, but the guest left this node by migration and runs on the target", "err", result)
+			result = nil
+		case OutcomeFailed:
+			where = "the guest keeps running on node " + mig.Status.SourceNode
+			if mode == v1alpha1.MigrationModePaused {
+				// The guest was paused to converge and did not leave: it must run on here.
+				if err := mg.Resume(name); err != nil {
+					log.Error("resuming the guest after a failed migration", "err", err)
+				}
+			}
+		default:
+			where = fmt.Sprintf("the guest is no longer on node %s, and node %s never reported it running", mig.Status.SourceNode, mig.Status.TargetNode)
 		}
 	}
-	m.record(mig, vmi, mode, result)
+	m.record(mig, vmi, mode, result, where)
 }
 
-// leftByMigration waits briefly for the source launcher's last report and tells whether it said
-// its guest left by migration since start. The wait ends early when the launcher's notify
-// connections have all ended without that report: a launcher killed mid-migration or just before
-// it (a hard eviction) says nothing more, and its VM is recorded lost at once rather than after
-// the wait.
-func (m *migrations) leftByMigration(uid string, start time.Time) bool {
+// afterFailedCall finds out what a migration whose libvirt call failed did, from the source
+// launcher's reports and its libvirt (mg) and from what the target agent recorded on the VMI,
+// waiting for their word within DecideFailedCall's bounds.
+func (m *migrations) afterFailedCall(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mg Migrator, name string, start time.Time, mode v1alpha1.MigrationMode) CallOutcome {
+	uid := string(vmi.UID)
 	clk := m.a.cfg.Clock
-	timeout := clk.After(launcherReportWait)
+	failed := clk.Now()
 	tick := clk.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		switch {
-		case m.a.migratedAwaySince(uid, start):
-			return true
-		case m.a.notifyConns.allRead(uid):
-			return false
+		c := FailedCall{
+			LeftByMigration: m.a.migratedAwaySince(uid, start),
+			TargetRan:       m.targetRan(mig, vmi),
+			PostCopy:        mode == v1alpha1.MigrationModePostCopy,
+			Waited:          clk.Since(failed),
 		}
-		select {
-		case <-timeout:
-			return false
-		case <-tick.C():
+		c.SourceSilent = m.a.conn(uid) == nil || m.a.notifyConns.allRead(uid)
+		state, reason, err := mg.State(name)
+		c.SourceAlive = err == nil && stateOf(state, reason).Alive()
+		if outcome := DecideFailedCall(c); outcome != OutcomeWait {
+			return outcome
 		}
+		<-tick.C()
 	}
+}
+
+// targetRan reports whether the target agent recorded the guest running in the target launcher
+// of mig: fresh from the API server, since the target agent writes it a moment before the source
+// learns anything, and this agent's cache may be behind.
+func (m *migrations) targetRan(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	v, err := m.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(vmi.Namespace).Get(ctx, vmi.Name, metav1.GetOptions{})
+	if err != nil {
+		return false
+	}
+	s := v.Status.MigrationState
+	return s != nil && s.MigrationUID == string(mig.UID) && s.TargetNodeDomainReadyTimestamp != nil
 }
 
 // tightened follows the VMI's evacuation deadline from the source node while the migration runs:
@@ -274,8 +292,9 @@ func (m *migrations) publishProgress(mig *v1alpha1.VirtualMachineInstanceMigrati
 }
 
 // record writes the outcome on the migration and the VMI. On failure the mark stays, so the
-// evacuation controller retries.
-func (m *migrations) record(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mode v1alpha1.MigrationMode, result error) {
+// evacuation controller retries, and where says where the guest is then, as far as this agent
+// knows.
+func (m *migrations) record(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mode v1alpha1.MigrationMode, result error, where string) {
 	ctx := context.Background()
 	now := metav1.Now()
 	reason := ""
@@ -320,7 +339,7 @@ func (m *migrations) record(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *
 		m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "MigrationSucceeded", "the guest runs on node %s", mig.Status.TargetNode)
 		return
 	}
-	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeWarning, "MigrationFailed", "%s; the guest keeps running on node %s", reason, mig.Status.SourceNode)
+	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeWarning, "MigrationFailed", "%s; %s", reason, where)
 }
 
 // MaxDowntime is QEMU's downtime target for lifeboat's migrations: the longest it may stop the

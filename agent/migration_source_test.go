@@ -174,10 +174,7 @@ func TestAMigrationThatWouldMissItsDeadlineEscalates(t *testing.T) {
 		t.Run(fmt.Sprintf("allowPostCopy=%v,targetPostCopy=%v", tc.allowPostCopy, tc.targetPostCopy), func(t *testing.T) {
 			fake := newStuckMigrator()
 			recorder, mig, vmi := runStuckMigration(t, fake, tc.allowPostCopy, tc.targetPostCopy)
-			var events []string
-			for len(recorder.Events) > 0 {
-				events = append(events, <-recorder.Events)
-			}
+			events := drain(recorder)
 			// The escalation's Event says what decided it: the fake's 1 GiB left in the first
 			// pass, no dirty rate estimate (the fake refuses to measure), 100 MiB/s sent.
 			const why = "pass 1 over memory with 1024 MiB left in it, the guest's dirty rate not known yet, 100 MiB/s sent"
@@ -209,9 +206,81 @@ func TestAMigrationThatWouldMissItsDeadlineEscalates(t *testing.T) {
 	}
 }
 
+// vanishingSourceMigrator is a source launcher whose guest left by migration once paused, and
+// which exited with its libvirtd before the reply to the migration call, and before its last
+// report, reached the agent (issue 43's run): the call fails with the connection's end and
+// the launcher's libvirt answers no more.
+type vanishingSourceMigrator struct{ *stuckMigrator }
+
+func (s vanishingSourceMigrator) Migrate(ctx context.Context, _ string, _ domain.MigrateOptions) error {
+	select {
+	case <-s.suspended:
+		return errors.New("virError(Code=38, Domain=7, Message='End of file while reading data: Input/output error')")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s vanishingSourceMigrator) State(string) (domain.State, domain.Reason, error) {
+	select {
+	case <-s.suspended:
+		return domain.NoState, domain.ReasonUnknown, errors.New("End of file while reading data: Input/output error")
+	default:
+		return domain.Running, domain.ReasonUnknown, nil
+	}
+}
+
+// TestAMigrationWhoseSourceVanishedIsDecidedByTheTarget: the source launcher exited as its
+// guest left, taking the reply to the migration call and its last report with it. Where the
+// target agent recorded the guest running there, the migration succeeded and the VM is on the
+// target; where nobody said where the guest is, the migration failed without claiming that
+// the guest runs on the source, and nothing tries to resume it there.
+func TestAMigrationWhoseSourceVanishedIsDecidedByTheTarget(t *testing.T) {
+	t.Run("the target runs the guest", func(t *testing.T) {
+		fake := vanishingSourceMigrator{newStuckMigrator()}
+		recorder, mig, vmi := runStuckMigration(t, fake, false, false, func(v *v1alpha1.VirtualMachineInstance) {
+			v.Status.MigrationState.TargetNode = "target"
+			v.Status.MigrationState.TargetNodeDomainReadyTimestamp = ptr.To(metav1.Now())
+		})
+		if mig.Status.Phase != v1alpha1.MigrationSucceeded {
+			t.Errorf("migration: phase %s, reason %q; want Succeeded: the target runs the guest", mig.Status.Phase, mig.Status.FailureReason)
+		}
+		if s := vmi.Status.MigrationState; vmi.Status.NodeName != "target" || s == nil || !s.Completed {
+			t.Errorf("VMI: node %q, migrationState %+v; want on the target, completed", vmi.Status.NodeName, s)
+		}
+		if fake.resumed {
+			t.Error("a guest that left was resumed on the source")
+		}
+		drain(recorder)
+	})
+	t.Run("nobody says where the guest is", func(t *testing.T) {
+		fake := vanishingSourceMigrator{newStuckMigrator()}
+		recorder, mig, vmi := runStuckMigration(t, fake, false, false)
+		if mig.Status.Phase != v1alpha1.MigrationFailed {
+			t.Errorf("migration: phase %s; want Failed", mig.Status.Phase)
+		}
+		if vmi.Status.NodeName != "source" || !vmi.Status.MigrationState.Failed {
+			t.Errorf("VMI: node %q, migrationState %+v; want failed on source", vmi.Status.NodeName, vmi.Status.MigrationState)
+		}
+		events := drain(recorder)
+		failed := slices.IndexFunc(events, func(e string) bool { return strings.Contains(e, "MigrationFailed") })
+		if failed < 0 || strings.Contains(events[failed], "keeps running") || !strings.Contains(events[failed], "no longer on node source") {
+			t.Errorf("events %q: want a MigrationFailed Event saying the guest is no longer on the source, not that it keeps running there", events)
+		}
+	})
+}
+
+func drain(recorder *record.FakeRecorder) []string {
+	var events []string
+	for len(recorder.Events) > 0 {
+		events = append(events, <-recorder.Events)
+	}
+	return events
+}
+
 // runStuckMigration runs the source side of a migration of a 1 GiB guest that cannot converge
 // before its deadline through fake, and returns the Events and the migration and VMI it left.
-func runStuckMigration(t *testing.T, fake *stuckMigrator, allowPostCopy, targetPostCopy bool) (*record.FakeRecorder, *v1alpha1.VirtualMachineInstanceMigration, *v1alpha1.VirtualMachineInstance) {
+func runStuckMigration(t *testing.T, fake Migrator, allowPostCopy, targetPostCopy bool, vmiOpts ...func(*v1alpha1.VirtualMachineInstance)) (*record.FakeRecorder, *v1alpha1.VirtualMachineInstanceMigration, *v1alpha1.VirtualMachineInstance) {
 	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm"}}
 	vmi.Status.Phase, vmi.Status.NodeName = v1alpha1.VMIRunning, "source"
 	mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"},
@@ -220,6 +289,9 @@ func runStuckMigration(t *testing.T, fake *stuckMigrator, allowPostCopy, targetP
 		Cause: v1alpha1.MigrationCauseNodePressure, Deadline: ptr.To(metav1.NewTime(time.Now().Add(20 * time.Second))),
 		TargetProxy: &v1alpha1.MigrationProxy{Libvirt: "127.0.0.2:1", Memory: "127.0.0.2:2", PostCopy: targetPostCopy}}
 	vmi.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationName: "mig", MigrationUID: "uid-mig"}
+	for _, o := range vmiOpts {
+		o(vmi)
+	}
 	config := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}}
 	config.Spec.Migrations = v1alpha1.MigrationsConfig{AllowAutoConverge: ptr.To(false), AllowPostCopy: ptr.To(allowPostCopy), AllowPause: ptr.To(true)}
 

@@ -46,6 +46,11 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachin
 		return status, action, []Event{{corev1.EventTypeWarning, "MigrationFailed", reason}}
 	}
 	switch {
+	case status.Phase != v1alpha1.MigrationSucceeded && GuestInTarget(m, v):
+		// The target launcher runs the guest: deleting its pod, or failing the migration for what
+		// the source shows (its pod gone as the guest left), would lose the VM. The source agent
+		// records the outcome.
+		return status, NoAction, nil
 	case status.Phase == v1alpha1.MigrationFailed:
 		if target != nil && target.DeletionTimestamp == nil {
 			return status, DeleteTargetPod, nil
@@ -109,6 +114,16 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachin
 		return fail("the target pod was deleted")
 	}
 	return status, NoAction, nil
+}
+
+// GuestInTarget reports whether m's target agent recorded the guest running in m's target
+// launcher (v may be nil).
+func GuestInTarget(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachineInstance) bool {
+	if v == nil {
+		return false
+	}
+	s := v.Status.MigrationState
+	return s != nil && s.MigrationUID == string(m.UID) && s.TargetNodeDomainReadyTimestamp != nil
 }
 
 // requested is the cause and deadline its creator put on a migration; a migration without them

@@ -22,7 +22,7 @@ func TestNext(t *testing.T) {
 	unmovable.Status.Conditions = []metav1.Condition{{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionFalse,
 		Reason: "DisksNotLiveMigratable", Message: `persistentVolumeClaim "db" (volume "data") is not ReadWriteMany`}}
 	mig := func(phase v1alpha1.VirtualMachineInstanceMigrationPhase) *v1alpha1.VirtualMachineInstanceMigration {
-		m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: now}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
+		m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{UID: "m1", CreationTimestamp: now}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
 		m.Status.Phase, m.Status.SourceNode = phase, "a"
 		return m
 	}
@@ -38,6 +38,16 @@ func TestNext(t *testing.T) {
 		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: "no nodes fit"}}
 		return p
 	}
+	// The VMI whose guest the target agent saw run in migration uid's target launcher.
+	arrivedFor := func(uid string, v *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineInstance {
+		v = v.DeepCopy()
+		v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationUID: uid, SourceNode: "a", TargetNode: "b", TargetNodeDomainReadyTimestamp: &now}
+		return v
+	}
+	arrived := func(v *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineInstance { return arrivedFor("m1", v) }
+	// The VMI failed by its controller when the source pod went before the outcome was recorded.
+	vanished := running.DeepCopy()
+	vanished.Status.Phase = v1alpha1.VMIFailed
 	failed := []string{"MigrationFailed"}
 	cases := []struct {
 		name       string
@@ -58,6 +68,9 @@ func TestNext(t *testing.T) {
 		{"the agents' phases are theirs", mig(v1alpha1.MigrationRunning), running, pod("b", corev1.PodRunning), v1alpha1.MigrationRunning, NoAction, "", nil},
 		{"VMI no longer running: Failed", mig(v1alpha1.MigrationScheduling), stopped, pod("", corev1.PodPending), v1alpha1.MigrationFailed, DeleteTargetPod, "not Running", failed},
 		{"VMI gone: Failed", mig(v1alpha1.MigrationPending), nil, nil, v1alpha1.MigrationFailed, NoAction, "does not exist", failed},
+		{"the guest runs in the target while the source pod is gone: nothing is failed or deleted", mig(v1alpha1.MigrationRunning), arrived(vanished), pod("b", corev1.PodRunning), v1alpha1.MigrationRunning, NoAction, "", nil},
+		{"a failed migration whose guest runs in the target keeps its target pod", mig(v1alpha1.MigrationFailed), arrived(running), pod("b", corev1.PodRunning), v1alpha1.MigrationFailed, NoAction, "", nil},
+		{"another migration's guest in its target does not hold this one", mig(v1alpha1.MigrationFailed), arrivedFor("other", running), pod("b", corev1.PodRunning), v1alpha1.MigrationFailed, DeleteTargetPod, "", nil},
 		{"target pod failed: Failed, pod removed", mig(v1alpha1.MigrationPreparingTarget), running, pod("b", corev1.PodFailed), v1alpha1.MigrationFailed, DeleteTargetPod, "target pod target failed", failed},
 		{"target pod deleted mid-way: Failed", mig(v1alpha1.MigrationTargetReady), running, nil, v1alpha1.MigrationFailed, NoAction, "deleted", failed},
 		{"failed by an agent: the target pod goes", mig(v1alpha1.MigrationFailed), running, pod("b", corev1.PodRunning), v1alpha1.MigrationFailed, DeleteTargetPod, "", nil},

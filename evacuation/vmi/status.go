@@ -58,6 +58,13 @@ func NextStatus(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, now metav
 			advance(v1alpha1.VMIPending)
 			return status, nil
 		}
+		if s := status.MigrationState; s != nil && !s.Completed && !s.Failed && s.SourceNode == status.NodeName {
+			// The source pod of a running migration went: deleted through the API (a drain, a
+			// pod deletion), it is removed once its launcher exits, which it does as soon as its
+			// guest has left. The migration's outcome, which its source agent records, says
+			// where the VM is.
+			return status, nil
+		}
 		msg := "the launcher pod was deleted while the guest was " + string(status.Phase)
 		fail(&status, ReasonLauncherVanished, msg, now)
 		return status, []Event{{corev1.EventTypeWarning, ReasonLauncherVanished, msg}}

@@ -86,6 +86,20 @@ func TestNextStatus(t *testing.T) {
 				v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{SourceNode: "node-1", TargetNode: "node-2"}
 				return v
 			}(), pod: pod(onNode("node-1"), inPhase(corev1.PodSucceeded), exited(0, "Completed")), wantPhase: v1alpha1.VMIRunning},
+		{name: "source pod deleted through the API and gone while its migration is open: wait for the outcome",
+			vmi: func() *v1alpha1.VirtualMachineInstance {
+				v := vmiIn(v1alpha1.VMIRunning)
+				v.Status.NodeName = "node-1"
+				v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{SourceNode: "node-1", TargetNode: "node-2"}
+				return v
+			}(), wantPhase: v1alpha1.VMIRunning},
+		{name: "pod gone after its migration failed: Failed",
+			vmi: func() *v1alpha1.VirtualMachineInstance {
+				v := vmiIn(v1alpha1.VMIRunning)
+				v.Status.NodeName = "node-1"
+				v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{SourceNode: "node-1", TargetNode: "node-2", Failed: true}
+				return v
+			}(), wantPhase: v1alpha1.VMIFailed, wantReason: ReasonLauncherVanished, wantEvent: ReasonLauncherVanished},
 		{name: "terminal VMIs do not change", vmi: vmiIn(v1alpha1.VMISucceeded), pod: pod(inPhase(corev1.PodFailed)), wantPhase: v1alpha1.VMISucceeded},
 	}
 	for _, tc := range cases {

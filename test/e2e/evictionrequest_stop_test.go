@@ -121,6 +121,8 @@ func TestAnInterruptedEvictionRequestLeavesTheVMToThePodDeletion(t *testing.T) {
 	})
 	if s := moved.Status.MigrationState; s == nil || !s.Completed || s.MigrationName != m.Name {
 		t.Errorf("the VM should have moved by the migration that was running: %s", describe(moved))
+	} else if s.TargetNodeDomainReadyTimestamp == nil {
+		t.Errorf("the target agent must record that the guest runs in its launcher, for a source that cannot tell: %+v", s)
 	}
 	target := nodeOf(t, nodes, moved)
 	waitCounterPast(t, target.consolePath(moved), 0, 30*time.Second)

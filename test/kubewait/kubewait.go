@@ -33,25 +33,33 @@ func Event(t testing.TB, client kubernetes.Interface, ns string, match fields.Se
 	return found
 }
 
-// consistentlyInterval is how often Consistently looks.
-const consistentlyInterval = 100 * time.Millisecond
+// consistentlyInterval is how often Consistently looks, and consistentlyCheckTimeout how long
+// one look may take.
+const (
+	consistentlyInterval     = 100 * time.Millisecond
+	consistentlyCheckTimeout = 10 * time.Second
+)
 
 // Consistently checks, every 100 ms for window, that something does not happen: check returns
 // an error saying what happened. It fails the test at the first such error. One look cannot
 // show that nothing happens; a late change would pass it.
 func Consistently(t testing.TB, window time.Duration, what string, check func(context.Context) error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), window)
-	defer cancel()
+	done := time.After(window)
 	start := time.Now()
 	ticker := time.NewTicker(consistentlyInterval)
 	defer ticker.Stop()
 	for {
-		if err := check(ctx); err != nil && ctx.Err() == nil {
+		// Each look has its own deadline, not the window's: a read cut short by the window's
+		// end (a client's rate limiter refuses one that would pass it) is no answer.
+		ctx, cancel := context.WithTimeout(context.Background(), consistentlyCheckTimeout)
+		err := check(ctx)
+		cancel()
+		if err != nil {
 			t.Fatalf("want %s for %s; after %s: %v", what, window, time.Since(start).Round(time.Millisecond), err)
 		}
 		select {
-		case <-ctx.Done():
+		case <-done:
 			return
 		case <-ticker.C:
 		}

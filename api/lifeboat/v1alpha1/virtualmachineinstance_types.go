@@ -427,6 +427,11 @@ type VirtualMachineInstanceMigrationState struct {
 	// EndTimestamp is when it ended, successfully or not.
 	// +optional
 	EndTimestamp *metav1.Time `json:"endTimestamp,omitempty"`
+	// TargetNodeDomainReadyTimestamp is when the target node's agent saw the guest run in its
+	// launcher (KubeVirt's name): from then on the guest lives on the target, whatever the
+	// source still has to say, so its target pod is never deleted as a failed migration's.
+	// +optional
+	TargetNodeDomainReadyTimestamp *metav1.Time `json:"targetNodeDomainReadyTimestamp,omitempty"`
 	// Completed is true once the guest runs on the target.
 	// +optional
 	Completed bool `json:"completed,omitempty"`

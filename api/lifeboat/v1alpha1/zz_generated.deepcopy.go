@@ -734,6 +734,10 @@ func (in *VirtualMachineInstanceMigrationState) DeepCopyInto(out *VirtualMachine
 		in, out := &in.EndTimestamp, &out.EndTimestamp
 		*out = (*in).DeepCopy()
 	}
+	if in.TargetNodeDomainReadyTimestamp != nil {
+		in, out := &in.TargetNodeDomainReadyTimestamp, &out.TargetNodeDomainReadyTimestamp
+		*out = (*in).DeepCopy()
+	}
 	return
 }
 

@@ -1,0 +1,70 @@
+package agent
+
+import "time"
+
+// FailedCall is what the source agent knows, a moment after its libvirt migration call returned
+// an error, of where the guest is. The error alone does not say: a source launcher exits once
+// its guest has left by migration, and its libvirtd with it, so the reply to a call that
+// succeeded can be lost as "End of file while reading data".
+type FailedCall struct {
+	// LeftByMigration: the source launcher reported that its guest left by migration.
+	LeftByMigration bool
+	// TargetRan: the target node's agent recorded the guest running in the target launcher
+	// (the VMI's migrationState.targetNodeDomainReadyTimestamp).
+	TargetRan bool
+	// SourceAlive: the source launcher's libvirt still has the guest, alive.
+	SourceAlive bool
+	// SourceSilent: the source launcher can say no more: its reports have all been read, or the
+	// agent no longer reaches its libvirt.
+	SourceSilent bool
+	// PostCopy: the migration had switched to post-copy, where the target runs the guest
+	// before the migration is over.
+	PostCopy bool
+	// Waited is how long the agent has looked since the call failed.
+	Waited time.Duration
+}
+
+// CallOutcome is what a failed migration call turns out to have done.
+type CallOutcome int
+
+const (
+	// OutcomeWait: look again; the word of the launchers may still come.
+	OutcomeWait CallOutcome = iota
+	// OutcomeSucceeded: the guest runs on the target.
+	OutcomeSucceeded
+	// OutcomeFailed: the guest stayed on the source.
+	OutcomeFailed
+	// OutcomeUnknown: the guest is gone from the source and the target never said it runs
+	// there; it is not on the source to keep running.
+	OutcomeUnknown
+)
+
+// Bounds of the wait for word after a failed migration call. A source launcher that still has
+// its guest has its reports read within launcherReportWait. One whose guest is gone said
+// nothing, or its last words were lost with its connection: only the target can tell, and
+// its agent may be slow (a loaded node), so it is given longer: waiting costs nothing, since
+// a guest gone from the source can be nowhere else but on the target.
+const (
+	launcherReportWait = 6 * time.Second
+	targetWordWait     = 30 * time.Second
+)
+
+// DecideFailedCall says what a migration whose libvirt call failed did.
+func DecideFailedCall(c FailedCall) CallOutcome {
+	switch {
+	case c.LeftByMigration:
+		return OutcomeSucceeded
+	case c.TargetRan && !c.PostCopy:
+		// The target's libvirt resumes the guest only once the migration finished; in
+		// post-copy it runs while its memory is still on the source.
+		return OutcomeSucceeded
+	case c.SourceAlive && (c.SourceSilent || c.Waited >= launcherReportWait):
+		return OutcomeFailed
+	case c.SourceAlive:
+		return OutcomeWait
+	case c.Waited >= targetWordWait:
+		return OutcomeUnknown
+	default:
+		return OutcomeWait
+	}
+}

@@ -1,0 +1,36 @@
+package agent
+
+import (
+	"testing"
+	"time"
+)
+
+func TestDecideFailedCall(t *testing.T) {
+	cases := []struct {
+		name string
+		call FailedCall
+		want CallOutcome
+	}{
+		{"the source launcher said its guest left", FailedCall{LeftByMigration: true, SourceSilent: true}, OutcomeSucceeded},
+		{"the target runs the guest though the source said nothing (issue 43's run)",
+			FailedCall{TargetRan: true, SourceSilent: true}, OutcomeSucceeded},
+		{"the target runs the guest while the source's is paused, not yet stopped",
+			FailedCall{TargetRan: true, SourceAlive: true}, OutcomeSucceeded},
+		{"in post-copy the target runs the guest before the migration is over",
+			FailedCall{TargetRan: true, PostCopy: true, SourceSilent: true, Waited: targetWordWait}, OutcomeUnknown},
+		{"the guest is alive on the source and its launcher said all it had", FailedCall{SourceAlive: true, SourceSilent: true}, OutcomeFailed},
+		{"the guest is alive on the source: its report may still come", FailedCall{SourceAlive: true, Waited: time.Second}, OutcomeWait},
+		{"the guest is alive on the source and no report came in time", FailedCall{SourceAlive: true, Waited: launcherReportWait}, OutcomeFailed},
+		{"the guest is gone from the source, nobody said where: wait for the target",
+			FailedCall{SourceSilent: true, Waited: launcherReportWait}, OutcomeWait},
+		{"the guest is gone from the source and the target never said it runs there",
+			FailedCall{SourceSilent: true, Waited: targetWordWait}, OutcomeUnknown},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := DecideFailedCall(c.call); got != c.want {
+				t.Errorf("DecideFailedCall(%+v) = %d, want %d", c.call, got, c.want)
+			}
+		})
+	}
+}
