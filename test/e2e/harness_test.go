@@ -48,7 +48,7 @@ func startProc(t testing.TB, name string, args ...string) *proc {
 		p.stop()
 		if t.Failed() {
 			b, _ := os.ReadFile(p.LogPath())
-			t.Logf("%s log:\n%s", name, tail(string(b), 60))
+			t.Logf("%s log:\n%s", name, tail(string(b), failureLogLines))
 		}
 	})
 	return p
@@ -141,24 +141,34 @@ func startNodesWithAgentArgs(t testing.TB, n int, agentArgs func(*node.Node) []s
 		out = append(out, tn)
 		t.Cleanup(func() {
 			if t.Failed() {
-				tn.dumpContainerLogs(t)
+				tn.dumpNodeLogs(t)
 			}
 		})
 	}
 	return out
 }
 
-// dumpContainerLogs shows the end of every container log on the node, for a failed test.
-func (n *testNode) dumpContainerLogs(t testing.TB) {
-	pods, err := cluster.Kube.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.Name()})
-	if err != nil {
-		return
-	}
-	for i := range pods.Items {
-		if log, err := n.ContainerLog(&pods.Items[i], "compute"); err == nil {
-			t.Logf("container log of %s on %s:\n%s", pods.Items[i].Name, n.Name(), tail(log, 25))
+// failureLogLines is how much of each log a failed test prints: enough for the whole life of
+// a migration in an agent's or a launcher's log, so that CI's output alone explains a failure.
+const failureLogLines = 400
+
+// dumpNodeLogs prints, for a failed test, every log the node kept: each container's (pods
+// deleted during the test included), each launcher's libvirtd and its QEMUs'. The node's
+// directories are removed when the test ends, so this is all that is left of them.
+func (n *testNode) dumpNodeLogs(t testing.TB) {
+	root := n.RootDir()
+	_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(d.Name(), ".log") || d.Name() == launcher.ConsoleLog {
+			return nil
 		}
-	}
+		b, err := os.ReadFile(path)
+		if err != nil || len(b) == 0 {
+			return nil
+		}
+		rel, _ := filepath.Rel(root, path)
+		t.Logf("%s on %s:\n%s", rel, n.Name(), tail(string(b), failureLogLines))
+		return nil
+	})
 }
 
 // evictionMaxPodGracePeriod is the emulated kubelets' setting, which their agents are told:
