@@ -168,8 +168,14 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 	if code, done := exitCode(conn, name); done {
 		return code, nil
 	}
+	// Set once an event finds the domain gone: its stop event, still queued, says how it went.
+	var stopDue <-chan time.Time
 	for {
 		select {
+		case <-stopDue:
+			log.Warn("the domain went without a stop event", "domain", name, "waited", confirmTimeout)
+			notifier.Report(notify.KindDomainGone, time.Now(), 0, "")
+			return contract.ExitGuestPoweredOff, nil
 		case <-sigterm:
 			now := time.Now()
 			// The agent hears first: recording the signal in the domain waits for libvirt's job
@@ -192,7 +198,17 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 				code, done = contract.ExitGuestPoweredOff, true
 			}
 			if !done {
-				code, done = exitCode(conn, name)
+				state, reason, err := conn.State(name)
+				switch {
+				case errors.Is(err, domain.ErrNotFound):
+					// Gone since this event was sent: a late event (a busy node) must not say
+					// how, or a guest that left by migration would be reported powered off.
+					if stopDue == nil {
+						stopDue = time.After(confirmTimeout)
+					}
+				case err == nil:
+					code, done = ExitCodeFor(state, reason)
+				}
 			}
 			if done {
 				if ev.Reason == domain.ReasonMigrated {
@@ -320,7 +336,8 @@ func awaitGuest(ctx context.Context, conn *domain.Conn, name string, events <-ch
 	}
 }
 
-// confirmTimeout bounds the wait for a migrated domain's undefinition.
+// confirmTimeout bounds the waits at a domain's end: for a migrated domain's undefinition, and
+// for the stop event of a domain found gone.
 const confirmTimeout = 10 * time.Second
 
 // awaitUndefined waits until the named domain is undefined, the end of a migration's confirm
