@@ -205,15 +205,15 @@ func (m *migrations) afterFailedCall(mig *v1alpha1.VirtualMachineInstanceMigrati
 	uid := string(vmi.UID)
 	clk := m.a.cfg.Clock
 	failed := clk.Now()
-	tick := clk.NewTicker(50 * time.Millisecond)
+	tick := clk.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		c := FailedCall{
 			LeftByMigration: m.a.migratedAwaySince(uid, start),
-			TargetRan:       m.targetRan(mig, vmi),
 			PostCopy:        mode == v1alpha1.MigrationModePostCopy,
 			Waited:          clk.Since(failed),
 		}
+		c.TargetRan = !c.LeftByMigration && m.targetRan(mig, vmi)
 		c.SourceSilent = m.a.conn(uid) == nil || m.a.notifyConns.allRead(uid)
 		state, reason, err := mg.State(name)
 		c.SourceAlive = err == nil && stateOf(state, reason).Alive()
