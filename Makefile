@@ -105,7 +105,7 @@ test-security: deps binaries
 
 # Benchmarks against the real control plane; figures and how to read them: docs/benchmarks.md.
 bench: binaries
-	$(GO) test -run '^$$' -bench 'BenchmarkMarkLatency|BenchmarkStart|BenchmarkWebhookEvictions' -benchtime=1x -count=5 ./test/bench/ ./test/controlplane/ -args -signals=200
+	$(GO) test -run '^$$' -bench 'BenchmarkMarkLatency|BenchmarkStart|BenchmarkWebhookEvictions' -benchtime=1x -count=5 ./test/bench/ ./test/controlplane/
 
 # Long: every cell boots a guest and migrates it (docs/benchmarks.md); not part of make bench.
 BENCH_COUNT ?= 1
