@@ -12,7 +12,7 @@ func TestDecideFailedCall(t *testing.T) {
 		want CallOutcome
 	}{
 		{"the source launcher said its guest left", FailedCall{LeftByMigration: true, SourceSilent: true}, OutcomeSucceeded},
-		{"the target runs the guest though the source said nothing (issue 43's run)",
+		{"the target runs the guest though the source said nothing (its launcher exited with the call's reply)",
 			FailedCall{TargetRan: true, SourceSilent: true}, OutcomeSucceeded},
 		{"the target runs the guest while the source's is paused, not yet stopped",
 			FailedCall{TargetRan: true, SourceAlive: true}, OutcomeSucceeded},

@@ -20,7 +20,7 @@ import (
 // A migration's source pod deleted through the API (a drain, a pod deletion) is removed once its
 // launcher exits, and the launcher exits as soon as its guest has left, before the source agent
 // has recorded where the guest went. The controller must not take the pod's absence for the
-// VM's loss (issue 43's run: "LauncherPodVanished", then the VM was lost with a guest that had
+// VM's loss (a make test run saw "LauncherPodVanished", then the VM lost with a guest that had
 // arrived): the migration's outcome decides. The agents' writes are the test's, so the race
 // that a loaded machine loses now and then is lost every time.
 func TestASourcePodGoneBeforeTheMigrationsOutcomeLosesNothing(t *testing.T) {
