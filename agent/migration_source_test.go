@@ -208,8 +208,8 @@ func TestAMigrationThatWouldMissItsDeadlineEscalates(t *testing.T) {
 
 // vanishingSourceMigrator is a source launcher whose guest left by migration once paused, and
 // which exited with its libvirtd before the reply to the migration call, and before its last
-// report, reached the agent (a make test run that lost a VM): the call fails with the connection's end and
-// the launcher's libvirt answers no more.
+// report, reached the agent (a make test run that lost a VM): the call fails with the
+// connection's end and the launcher's libvirt answers no more.
 type vanishingSourceMigrator struct{ *stuckMigrator }
 
 func (s vanishingSourceMigrator) Migrate(ctx context.Context, _ string, _ domain.MigrateOptions) error {
