@@ -116,7 +116,7 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, pods coreinform
 		nodes:    corelisters.NewNodeLister(nodes.GetIndexer()),
 		synced:   []cache.InformerSynced{pods.Informer().HasSynced, vmis.Informer().HasSynced, configs.Informer().HasSynced, nodes.HasSynced},
 		recorder: recorder, opts: opts, certs: c, metrics: newMetrics(reg), log: log.With("component", "eviction-webhook"),
-		runCtx:   context.Background(),
+		runCtx: context.Background(),
 	}, nil
 }
 
