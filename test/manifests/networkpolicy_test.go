@@ -13,23 +13,21 @@ import (
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 )
 
-// podCIDROverlay sets the kustomize setting podCIDR, as docs/operations.md shows.
+// podCIDROverlay sets the pod network's CIDR, as docs/operations.md shows.
 const podCIDROverlay = `apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
 - %s
 patches:
-- patch: |-
-    apiVersion: v1
-    kind: ConfigMap
-    metadata: {name: lifeboat-settings}
-    data: {podCIDR: 10.42.0.0/16}
+- target: {kind: NetworkPolicy, name: lifeboat-controller}
+  patch: |-
+    - {op: replace, path: /spec/ingress/0/from/0/ipBlock/except/0, value: 10.42.0.0/16}
 `
 
 // TestTheWebhookPortAdmitsOnlyCallersOutsideThePodNetwork: the controller's NetworkPolicy admits
-// the webhook's port from every address but the pod network's (the kustomize setting podCIDR,
-// 10.244.0.0/16 unless an overlay sets it) and from the API server's konnectivity agents, the
-// metrics port from anywhere, nothing else; the settings themselves are not installed.
+// the webhook's port from every address but the pod network's (10.244.0.0/16 unless an overlay
+// sets the cluster's) and from the API server's konnectivity agents, the metrics port from
+// anywhere, nothing else.
 func TestTheWebhookPortAdmitsOnlyCallersOutsideThePodNetwork(t *testing.T) {
 	root, err := controlplane.RepoRoot()
 	if err != nil {
@@ -59,10 +57,7 @@ func TestTheWebhookPortAdmitsOnlyCallersOutsideThePodNetwork(t *testing.T) {
 			}
 			var policy *networkingv1.NetworkPolicy
 			for _, o := range objs {
-				switch key(o) {
-				case "ConfigMap lifeboat-settings":
-					t.Error("the settings ConfigMap must not be installed")
-				case "NetworkPolicy lifeboat-system/lifeboat-controller":
+				if key(o) == "NetworkPolicy lifeboat-system/lifeboat-controller" {
 					policy = &networkingv1.NetworkPolicy{}
 					if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, policy); err != nil {
 						t.Fatal(err)
