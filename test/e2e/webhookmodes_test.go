@@ -154,7 +154,7 @@ func TestAWebhookTheAPIServerCannotAuthenticate(t *testing.T) {
 	}
 
 	// Again, at once, of its new launcher pod: bounded, nothing marked.
-	answer = forgedAnswer(t, ctrl.url, launcherPod(t, moved))
+	answer = forgedAnswer(t, ctrl.url, launcherPodOn(t, moved, moved.Status.NodeName))
 	if answer.Allowed || !strings.Contains(answerMessage(answer), "at most once every 1h0m0s") {
 		t.Errorf("a second forged review within the interval: %+v, want 429 saying a VM moves at most once every 1h0m0s", answer)
 	}
@@ -202,6 +202,13 @@ func TestAWebhookTheAPIServerCannotAuthenticate(t *testing.T) {
 	waitCounterPast(t, source.consolePath(v), before+2, 30*time.Second)
 	if v.Status.MigrationState == nil || v.Status.MigrationState.Cause != v1alpha1.MigrationCauseAPIEviction {
 		t.Errorf("want the drain's migration caused by the API eviction: %+v", v.Status.MigrationState)
+	}
+	// The API server's own calls were unauthenticated: the webhook stayed permissive.
+	if got := metricValue(t, ctrl.metrics, `lifeboat_eviction_webhook_unauthenticated_reviews_total{answer="evacuating"}`); got < 2 {
+		t.Errorf("unauthenticated reviews that marked the VM = %v, want the forged one and the drain's", got)
+	}
+	if got := metricValue(t, ctrl.metrics, `lifeboat_eviction_webhook_mode{mode="permissive"}`); got != 1 {
+		t.Errorf(`after the drain, lifeboat_eviction_webhook_mode{mode="permissive"} = %v, want 1`, got)
 	}
 }
 
