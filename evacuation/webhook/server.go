@@ -231,11 +231,11 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // logMode says at start which mode this replica is in, and what that means.
 func (s *Server) logMode() {
 	mode, reason := s.mode()
-	c := ModeCondition(s.opts.ClientAuth, s.opts.ClientCAs != nil, nil)
-	if reason == ReasonAuthenticatedCallSeen {
-		c.Message = "the LifeboatConfig records that the API server presented its client certificate before (status.evictionWebhook.authenticatedCallSeen): the webhook acts only for callers presenting it"
+	var seen *metav1.Time
+	if c, err := s.configs.Get(v1alpha1.ConfigName); err == nil {
+		seen = seenInConfig(c)
 	}
-	s.log.Info("eviction webhook mode", "mode", mode, "reason", reason, "meaning", c.Message)
+	s.log.Info("eviction webhook mode", "mode", mode, "reason", reason, "meaning", ModeCondition(s.opts.ClientAuth, s.opts.ClientCAs != nil, seen).Message)
 }
 
 // ServeHTTP answers one AdmissionReview.
