@@ -128,6 +128,14 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.runCtx = ctx
 	s.logMode()
+	// Another replica's record turns this one strict (and its metric) without waiting for a call.
+	reg, err := s.configInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { s.mode() }, UpdateFunc: func(any, any) { s.mode() },
+	})
+	if err != nil {
+		return fmt.Errorf("eviction webhook: %w", err)
+	}
+	defer func() { _ = s.configInformer.RemoveEventHandler(reg) }()
 	l, err := net.Listen("tcp", s.opts.Listen)
 	if err != nil {
 		return fmt.Errorf("eviction webhook: %w", err)
