@@ -146,11 +146,13 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	}
 	var always []func(context.Context) error
 	if hookOpts.Listen != "" {
-		hookServer, err := webhook.New(kubeClient, lb, pods, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), recorder, hookOpts, reg, log)
+		hookServer, err := webhook.New(kubeClient, lb, pods, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), nodes, recorder, hookOpts, reg, log)
 		if err != nil {
 			return err
 		}
 		always = append(always, hookServer.Run)
+		// One writer of the mode's condition, so that replicas of different flags agree.
+		controllers = append(controllers, hookServer.ReportMode)
 	}
 	if podOpts.EvictionResponder {
 		evInformers := informers.NewSharedInformerFactoryWithOptions(kubeClient, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {

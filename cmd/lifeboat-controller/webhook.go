@@ -29,6 +29,7 @@ type webhookFlags struct {
 	certValidity         time.Duration
 	clientCA             string
 	clientNames          string
+	clientAuth           string
 }
 
 func (f *webhookFlags) register() {
@@ -36,8 +37,9 @@ func (f *webhookFlags) register() {
 	flag.StringVar(&f.url, "webhook-url", "", "URL the API server calls the webhook at (an API server outside the cluster, as in local test clusters); overrides --webhook-service")
 	flag.StringVar(&f.service, "webhook-service", "lifeboat-system/lifeboat-webhook", "NAMESPACE/NAME of the Service (port 443) in front of the webhook")
 	flag.DurationVar(&f.certValidity, "webhook-cert-validity", 7*24*time.Hour, "life of each self-made serving certificate; it is replaced at two thirds of it")
-	flag.StringVar(&f.clientCA, "webhook-client-ca", "", "PEM file of the CAs that sign the client certificate the API server presents to webhooks (its AdmissionConfiguration); required with --webhook-listen: the webhook acts for no one else")
+	flag.StringVar(&f.clientCA, "webhook-client-ca", "", "PEM file of the CAs that sign the client certificate the API server presents to webhooks (its AdmissionConfiguration); required with --webhook-client-auth=strict")
 	flag.StringVar(&f.clientNames, "webhook-client-names", "kube-apiserver-webhook-client", "comma-separated common names the API server's webhook client certificate may have")
+	flag.StringVar(&f.clientAuth, "webhook-client-auth", string(webhook.ClientAuthAuto), `auto: the webhook acts on reviews it cannot authenticate, within bounds (a live migration at most), until the API server once presents its client certificate, and only for the API server from then on, on every replica; strict: only for the API server from the start (docs/operations.md, "The eviction webhook")`)
 }
 
 func (f *webhookFlags) options() (webhook.Options, error) {
@@ -55,8 +57,18 @@ func (f *webhookFlags) options() (webhook.Options, error) {
 	if f.listen == "" {
 		return opts, nil
 	}
+	opts.ClientAuth = webhook.ClientAuth(f.clientAuth)
+	switch opts.ClientAuth {
+	case webhook.ClientAuthAuto:
+	case webhook.ClientAuthStrict:
+		if f.clientCA == "" {
+			return opts, errors.New("--webhook-client-ca is required with --webhook-client-auth=strict: the webhook then acts only for the API server, which it knows by its client certificate (docs/operations.md, \"The eviction webhook\")")
+		}
+	default:
+		return opts, fmt.Errorf("--webhook-client-auth=%q: want auto or strict", f.clientAuth)
+	}
 	if f.clientCA == "" {
-		return opts, errors.New("--webhook-client-ca is required with --webhook-listen: the webhook acts only for the API server, which it knows by its client certificate (docs/operations.md, \"The eviction webhook\")")
+		return opts, nil
 	}
 	pem, err := os.ReadFile(f.clientCA)
 	if err != nil {

@@ -25,6 +25,9 @@ const (
 	AnswerInProgress Answer = "in-progress"
 	// AnswerDenied: the VM cannot leave its node now; 429.
 	AnswerDenied Answer = "denied"
+	// AnswerBounded: the review, which the webhook could not authenticate, asked for more than
+	// such a review may cause (Unauthenticated); 429, nothing changed.
+	AnswerBounded Answer = "bounded"
 )
 
 // Decision is the webhook's answer to one eviction.

@@ -8,13 +8,16 @@ type metrics struct {
 	rotations prometheus.Counter
 	// unauthenticated counts requests refused because they did not come from the API server.
 	unauthenticated prometheus.Counter
+	// unauthenticatedReviews counts reviews answered in permissive mode without authentication.
+	unauthenticatedReviews *prometheus.CounterVec
+	mode                   *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) metrics {
 	m := metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lifeboat_eviction_webhook_decisions_total",
-			Help: "Evictions the webhook answered, by the VM's eviction strategy (NotAVM for other pods) and the answer (allowed, evacuating, in-progress, denied).",
+			Help: "Evictions the webhook answered, by the VM's eviction strategy (NotAVM for other pods) and the answer (allowed, evacuating, in-progress, denied, bounded).",
 		}, []string{"strategy", "answer"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "lifeboat_eviction_webhook_duration_seconds",
@@ -27,9 +30,27 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}),
 		unauthenticated: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "lifeboat_eviction_webhook_unauthenticated_requests_total",
-			Help: "Admission reviews refused (403, no side effect) because the caller did not present the API server's client certificate.",
+			Help: "Admission reviews refused (403, no side effect) because the caller did not present the API server's client certificate (strict mode).",
 		}),
+		unauthenticatedReviews: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_eviction_webhook_unauthenticated_reviews_total",
+			Help: "Admission reviews answered in permissive mode although the caller did not present the API server's client certificate, by answer (bounded: refused beyond what such a review may cause).",
+		}, []string{"answer"}),
+		mode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "lifeboat_eviction_webhook_mode",
+			Help: "1 for this replica's mode of the eviction webhook (strict: only the API server presenting its client certificate; permissive: reviews it cannot authenticate too, within bounds), 0 for the other.",
+		}, []string{"mode"}),
 	}
-	reg.MustRegister(m.decisions, m.latency, m.rotations, m.unauthenticated)
+	reg.MustRegister(m.decisions, m.latency, m.rotations, m.unauthenticated, m.unauthenticatedReviews, m.mode)
 	return m
+}
+
+func (m metrics) setMode(mode Mode) {
+	for _, each := range []Mode{ModeStrict, ModePermissive} {
+		v := 0.0
+		if each == mode {
+			v = 1
+		}
+		m.mode.WithLabelValues(string(each)).Set(v)
+	}
 }

@@ -11,7 +11,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -48,34 +49,60 @@ type Options struct {
 	Endpoint Endpoint
 	// CertValidity is how long each serving certificate lasts; it is replaced at two thirds of that.
 	CertValidity time.Duration
-	// ClientCAs and ClientNames say who the API server is: the webhook acts (marks a VMI,
-	// records an Event) only for a caller whose client certificate chains to ClientCAs and names
-	// one of ClientNames (the certificate the API server presents to webhooks, set in its
-	// AdmissionConfiguration; docs/operations.md). Everyone else is answered 403 and changes
-	// nothing.
+	// ClientCAs and ClientNames say who the API server is: a caller whose client certificate
+	// chains to ClientCAs and names one of ClientNames (the certificate the API server presents
+	// to webhooks, set in its AdmissionConfiguration; docs/operations.md). ClientCAs may be nil
+	// with ClientAuthAuto: then no caller authenticates.
 	ClientCAs   *x509.CertPool
 	ClientNames []string
+	// ClientAuth says what happens to everyone else: in strict mode they are answered 403 and
+	// change nothing; in permissive mode (auto, until the API server has once authenticated) the
+	// webhook acts for them within Unauthenticated's bounds.
+	ClientAuth ClientAuth
 }
 
 // Server is the eviction webhook.
 type Server struct {
-	kube     kubernetes.Interface
-	lifeboat lifeboatclient.Interface
-	pods     corelisters.PodLister
-	vmis     lifeboatlisters.VirtualMachineInstanceLister
-	configs  lifeboatlisters.LifeboatConfigLister
-	synced   []cache.InformerSynced
-	recorder record.EventRecorder
-	opts     Options
-	certs    *certs
-	metrics  metrics
-	log      *slog.Logger
+	kube           kubernetes.Interface
+	lifeboat       lifeboatclient.Interface
+	pods           corelisters.PodLister
+	vmis           lifeboatlisters.VirtualMachineInstanceLister
+	configs        lifeboatlisters.LifeboatConfigLister
+	configInformer cache.SharedIndexInformer
+	nodes          corelisters.NodeLister
+	synced         []cache.InformerSynced
+	recorder       record.EventRecorder
+	opts           Options
+	certs          *certs
+	metrics        metrics
+	log            *slog.Logger
+	// runCtx is Run's context, for the ratchet's background writes.
+	runCtx context.Context
+
+	// seen: this replica has seen the API server authenticate, or the LifeboatConfig says one
+	// did; recorded: the LifeboatConfig says so. Neither is ever reset.
+	seen, recorded atomic.Bool
+	// ratchet serialises turning it; recording says a background write is under way.
+	ratchet   sync.Mutex
+	recording bool
+	// refusedOnce and actedOnce log the first refused review and the first unauthenticated one
+	// acted on, with what to change.
+	refusedOnce, actedOnce sync.Once
 }
 
 // New makes the webhook and its first certificate. The pod informer should hold launcher pods only:
-// a pod it does not know is not a VM's.
+// a pod it does not know is not a VM's; nodes holds every Node (whether a VM's node is cordoned).
 func New(kube kubernetes.Interface, lb lifeboatclient.Interface, pods coreinformers.PodInformer, vmis lifeboatinformers.VirtualMachineInstanceInformer,
-	configs lifeboatinformers.LifeboatConfigInformer, recorder record.EventRecorder, opts Options, reg prometheus.Registerer, log *slog.Logger) (*Server, error) {
+	configs lifeboatinformers.LifeboatConfigInformer, nodes cache.SharedIndexInformer, recorder record.EventRecorder, opts Options, reg prometheus.Registerer, log *slog.Logger) (*Server, error) {
+	switch opts.ClientAuth {
+	case ClientAuthAuto:
+	case ClientAuthStrict:
+		if opts.ClientCAs == nil {
+			return nil, errors.New("eviction webhook: strict client authentication needs the CAs of the API server's client certificate")
+		}
+	default:
+		return nil, fmt.Errorf("eviction webhook: client authentication %q: want %s or %s", opts.ClientAuth, ClientAuthAuto, ClientAuthStrict)
+	}
 	hosts, err := opts.Endpoint.hosts()
 	if err != nil {
 		return nil, err
@@ -85,9 +112,11 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, pods coreinform
 		return nil, err
 	}
 	return &Server{
-		kube: kube, lifeboat: lb, pods: pods.Lister(), vmis: vmis.Lister(), configs: configs.Lister(),
-		synced:   []cache.InformerSynced{pods.Informer().HasSynced, vmis.Informer().HasSynced, configs.Informer().HasSynced},
+		kube: kube, lifeboat: lb, pods: pods.Lister(), vmis: vmis.Lister(), configs: configs.Lister(), configInformer: configs.Informer(),
+		nodes:    corelisters.NewNodeLister(nodes.GetIndexer()),
+		synced:   []cache.InformerSynced{pods.Informer().HasSynced, vmis.Informer().HasSynced, configs.Informer().HasSynced, nodes.HasSynced},
 		recorder: recorder, opts: opts, certs: c, metrics: newMetrics(reg), log: log.With("component", "eviction-webhook"),
+		runCtx: context.Background(),
 	}, nil
 }
 
@@ -97,6 +126,16 @@ func (s *Server) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), s.synced...) {
 		return errors.New("eviction webhook: caches did not sync")
 	}
+	s.runCtx = ctx
+	s.logMode()
+	// Another replica's record turns this one strict (and its metric) without waiting for a call.
+	reg, err := s.configInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { s.mode() }, UpdateFunc: func(any, any) { s.mode() },
+	})
+	if err != nil {
+		return fmt.Errorf("eviction webhook: %w", err)
+	}
+	defer func() { _ = s.configInformer.RemoveEventHandler(reg) }()
 	l, err := net.Listen("tcp", s.opts.Listen)
 	if err != nil {
 		return fmt.Errorf("eviction webhook: %w", err)
@@ -105,8 +144,10 @@ func (s *Server) Run(ctx context.Context) error {
 	mux.Handle(Path, s)
 	srv := &http.Server{
 		Handler: mux,
+		// A certificate is asked for but checked per request (authenticate): one that does not
+		// verify makes its caller unauthenticated, which permissive mode still answers.
 		TLSConfig: &tls.Config{GetCertificate: s.certs.getCertificate, MinVersion: tls.VersionTLS12,
-			ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: s.opts.ClientCAs},
+			ClientAuth: tls.RequestClientCert},
 		ReadHeaderTimeout: 10 * time.Second,
 		// An AdmissionReview is small and answered within the API server's 5 s webhook timeout;
 		// bounds keep slow clients from pinning goroutines and buffers (issue 26).
@@ -195,12 +236,25 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// logMode says at start which mode this replica is in, and what that means.
+func (s *Server) logMode() {
+	mode, reason := s.mode()
+	var seen *metav1.Time
+	if c, err := s.configs.Get(v1alpha1.ConfigName); err == nil {
+		seen = seenInConfig(c)
+	}
+	s.log.Info("eviction webhook mode", "mode", mode, "reason", reason, "meaning", ModeCondition(s.opts.ClientAuth, s.opts.ClientCAs != nil, seen).Message)
+}
+
 // ServeHTTP answers one AdmissionReview.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	if caller, ok := s.fromAPIServer(r); !ok {
+	caller, authenticated := authenticate(r.TLS, s.opts.ClientCAs, s.opts.ClientNames)
+	if authenticated {
+		s.sawAuthenticatedCall(r.Context())
+	} else if mode, reason := s.mode(); mode == ModeStrict {
 		s.metrics.unauthenticated.Inc()
-		s.log.Warn("refused an admission review from a caller that is not the API server", "remote", r.RemoteAddr, "caller", caller)
+		s.refuse(r, caller, reason)
 		http.Error(w, "the eviction webhook answers only the API server", http.StatusForbidden)
 		return
 	}
@@ -210,7 +264,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := review.Request
-	d, strategy := s.admit(r.Context(), req)
+	d, strategy := s.admit(r.Context(), req, authenticated)
 	resp := &admissionv1.AdmissionResponse{UID: req.UID, Allowed: d.Allowed()}
 	if !d.Allowed() {
 		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: d.Code(), Reason: metav1.StatusReasonTooManyRequests, Message: d.Message}
@@ -222,9 +276,30 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.metrics.decisions.WithLabelValues(strategy, string(d.Answer)).Inc()
 	s.metrics.latency.Observe(time.Since(start).Seconds())
+	if !authenticated {
+		s.metrics.unauthenticatedReviews.WithLabelValues(string(d.Answer)).Inc()
+	}
 	if !d.Allowed() || strategy != strategyNotAVM {
-		s.log.Info("eviction", "pod", req.Namespace+"/"+req.Name, "user", req.UserInfo.Username, "dryRun", dryRun(req),
+		s.log.Info("eviction", "pod", req.Namespace+"/"+req.Name, "user", req.UserInfo.Username, "authenticated", authenticated, "dryRun", dryRun(req),
 			"strategy", strategy, "answer", d.Answer, "message", d.Message)
+	}
+}
+
+// refuse logs a refused caller; the first refusal of this replica also says what to change, in
+// the log and in a Warning Event on the LifeboatConfig.
+func (s *Server) refuse(r *http.Request, caller, reason string) {
+	first := false
+	s.refusedOnce.Do(func() { first = true })
+	if !first {
+		s.log.Warn("refused an admission review from a caller that is not the API server", "remote", r.RemoteAddr, "caller", caller)
+		return
+	}
+	fix := refusalFix(reason)
+	s.log.Error("refused an admission review from a caller that is not the API server (the first this replica refused)",
+		"remote", r.RemoteAddr, "caller", caller, "mode", ModeStrict, "reason", reason, "fix", fix)
+	if c, err := s.configs.Get(v1alpha1.ConfigName); err == nil {
+		s.recorder.Eventf(c, corev1.EventTypeWarning, ReasonEvictionWebhookRefusedCaller,
+			"the eviction webhook (strict, %s) refused a caller presenting %s: %s", reason, caller, fix)
 	}
 }
 
@@ -253,8 +328,9 @@ func decodeReview(body io.Reader) (*admissionv1.AdmissionReview, error) {
 // strategyNotAVM is the strategy label of an eviction of a pod that is not a running VM's.
 const strategyNotAVM = "NotAVM"
 
-// admit decides one eviction and marks the VMI when the decision says so.
-func (s *Server) admit(ctx context.Context, req *admissionv1.AdmissionRequest) (Decision, string) {
+// admit decides one eviction and marks the VMI when the decision says so; a review that is not
+// authenticated is held to Unauthenticated's bounds.
+func (s *Server) admit(ctx context.Context, req *admissionv1.AdmissionRequest, authenticated bool) (Decision, string) {
 	if req.Resource.Resource != "pods" || req.SubResource != "eviction" || req.Operation != admissionv1.Create {
 		return Decision{Answer: AnswerAllowed}, strategyNotAVM
 	}
@@ -267,11 +343,11 @@ func (s *Server) admit(ctx context.Context, req *admissionv1.AdmissionRequest) (
 	if vmi != nil {
 		strategy = string(v1alpha1.EffectiveEvictionStrategy(vmi, config))
 	}
-	d := Decide(pod, vmi, config, dryRun(req))
+	d := s.decide(pod, vmi, config, dryRun(req), authenticated)
 	if !d.Mark {
 		return d, strategy
 	}
-	marked, err := s.mark(ctx, pod, vmi, config, req.UserInfo.Username)
+	marked, err := s.mark(ctx, pod, vmi, config, req.UserInfo.Username, authenticated)
 	if err != nil {
 		s.log.Error("marking the VMI for evacuation", "vmi", vmi.Namespace+"/"+vmi.Name, "err", err)
 		return Decision{Answer: AnswerDenied, Message: fmt.Sprintf("VMI %q could not be marked for evacuation (%v); try again", vmi.Namespace+"/"+vmi.Name, err)}, strategy
@@ -294,11 +370,41 @@ func (s *Server) observe(namespace, name string) (*corev1.Pod, *v1alpha1.Virtual
 	return pod, vmi
 }
 
+// decide is Decide, held to Unauthenticated's bounds for a review that is not authenticated.
+func (s *Server) decide(pod *corev1.Pod, vmi *v1alpha1.VirtualMachineInstance, config *v1alpha1.LifeboatConfig, dryRun, authenticated bool) Decision {
+	d := Decide(pod, vmi, config, dryRun)
+	if authenticated || d.Answer != AnswerEvacuating {
+		return d
+	}
+	cordoned := false
+	if n, err := s.nodes.Get(vmi.Status.NodeName); err == nil {
+		cordoned = n.Spec.Unschedulable
+	}
+	return Unauthenticated(d, vmi, v1alpha1.EffectiveEvictionStrategy(vmi, config), cordoned,
+		v1alpha1.UnauthenticatedMigrationInterval(config), time.Now())
+}
+
 // mark decides again on the VMI as the API server has it and writes the mark; the answer is the
-// decision on that fresh copy (another eviction may have marked it a moment ago).
-func (s *Server) mark(ctx context.Context, pod *corev1.Pod, cached *v1alpha1.VirtualMachineInstance, config *v1alpha1.LifeboatConfig, user string) (Decision, error) {
+// decision on that fresh copy (another eviction may have marked it a moment ago). For a review
+// that is not authenticated it first reads the LifeboatConfig afresh: another replica may have
+// turned the ratchet a moment ago.
+func (s *Server) mark(ctx context.Context, pod *corev1.Pod, cached *v1alpha1.VirtualMachineInstance, config *v1alpha1.LifeboatConfig, user string, authenticated bool) (Decision, error) {
 	ctx, cancel := context.WithTimeout(ctx, markTimeout)
 	defer cancel()
+	if !authenticated {
+		permissive, err := s.stillPermissive(ctx)
+		if err != nil {
+			return Decision{}, err
+		}
+		if !permissive {
+			return Decision{Answer: AnswerBounded, Message: "the API server has presented its client certificate to the eviction webhook, which now acts only for callers presenting it"}, nil
+		}
+		s.actedOnce.Do(func() {
+			s.log.Warn("acting on an eviction review the webhook cannot authenticate (permissive mode): it may mark a VM for a live migration only, once per VMI per spec.evictionWebhook.unauthenticatedMigrationInterval unless its node is cordoned; give the API server a client certificate to make the webhook strict (docs/operations.md)",
+				"vmi", cached.Namespace+"/"+cached.Name, "user", user)
+		})
+		user = "an unauthenticated caller naming " + user
+	}
 	vmis := s.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(cached.Namespace)
 	var d Decision
 	var marked *v1alpha1.VirtualMachineInstance
@@ -311,7 +417,7 @@ func (s *Server) mark(ctx context.Context, pod *corev1.Pod, cached *v1alpha1.Vir
 		if err != nil {
 			return err
 		}
-		if d = Decide(pod, vmi, config, false); !d.Mark {
+		if d = s.decide(pod, vmi, config, false, authenticated); !d.Mark {
 			return nil
 		}
 		msg := fmt.Sprintf("an eviction of pod %s by %s asked the VM to leave node %s", pod.Name, user, vmi.Status.NodeName)
@@ -340,14 +446,4 @@ func dryRun(req *admissionv1.AdmissionRequest) bool {
 		return false
 	}
 	return eviction.DeleteOptions != nil && len(eviction.DeleteOptions.DryRun) > 0
-}
-
-// fromAPIServer reports whether r comes with the API server's client certificate, and who the
-// caller claims to be otherwise.
-func (s *Server) fromAPIServer(r *http.Request) (string, bool) {
-	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
-		return "no verified client certificate", false
-	}
-	name := r.TLS.VerifiedChains[0][0].Subject.CommonName
-	return name, slices.Contains(s.opts.ClientNames, name)
 }

@@ -100,15 +100,17 @@ func startWebhook(ctx context.Context, b *testing.B, kube kubernetes.Interface, 
 		b.Fatal(err)
 	}
 	b.Cleanup(stopRecorder)
-	hook, err := webhook.New(kube, lb, kubeInformers.Core().V1().Pods(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(),
+	nodes := informers.NewSharedInformerFactory(kube, 0)
+	hook, err := webhook.New(kube, lb, kubeInformers.Core().V1().Pods(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), nodes.Core().V1().Nodes().Informer(),
 		recorder, webhook.Options{Listen: addr, Endpoint: webhook.Endpoint{URL: url}, CertValidity: time.Hour,
-			ClientCAs: caPool(b, clusterCA), ClientNames: []string{controlplane.WebhookClientName}},
+			ClientCAs: caPool(b, clusterCA), ClientNames: []string{controlplane.WebhookClientName}, ClientAuth: webhook.ClientAuthStrict},
 		prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		b.Fatal(err)
 	}
 	kubeInformers.Start(ctx.Done())
 	lbInformers.Start(ctx.Done())
+	nodes.Start(ctx.Done())
 	go func() {
 		if err := hook.Run(ctx); err != nil {
 			b.Error(err)

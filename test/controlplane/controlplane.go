@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -67,6 +68,12 @@ type ControlPlane struct {
 	Binaries Binaries
 	// Host is the API server's URL.
 	Host string
+	// WebhookAddressWithoutClientCert is a loopback host:port at which the API server presents
+	// no client certificate to a webhook, as an API server without an AdmissionConfiguration
+	// (kubeadm's, k3s's, a managed one's) presents none to any: a test serves its webhook there
+	// to be called as on such a cluster. Everywhere else the API server presents its webhook
+	// client certificate.
+	WebhookAddressWithoutClientCert string
 
 	pki   pki
 	procs []*Process
@@ -284,6 +291,9 @@ plugins:
     kubeConfigFile: %[1]q
 `
 
+// webhookKubeconfig: an exact host:port match wins over "*" (k8s.io/apiserver's
+// defaultAuthenticationInfoResolver), so the user named for WebhookAddressWithoutClientCert, with
+// no credentials, leaves that address without a client certificate.
 const webhookKubeconfig = `apiVersion: v1
 kind: Config
 users:
@@ -291,11 +301,18 @@ users:
   user:
     client-certificate: %q
     client-key: %q
+- name: %q
+  user: {}
 `
 
 func (cp *ControlPlane) writeAdmissionConfig() (string, error) {
+	port, err := portBelowEphemeral()
+	if err != nil {
+		return "", err
+	}
+	cp.WebhookAddressWithoutClientCert = fmt.Sprintf("127.0.0.1:%d", port)
 	kubeconfig := filepath.Join(cp.Dir, "webhook-client.kubeconfig")
-	if err := os.WriteFile(kubeconfig, fmt.Appendf(nil, webhookKubeconfig, cp.pki.WebhookCert, cp.pki.WebhookKey), 0o600); err != nil {
+	if err := os.WriteFile(kubeconfig, fmt.Appendf(nil, webhookKubeconfig, cp.pki.WebhookCert, cp.pki.WebhookKey, cp.WebhookAddressWithoutClientCert), 0o600); err != nil {
 		return "", err
 	}
 	path := filepath.Join(cp.Dir, "admission.yaml")
@@ -428,6 +445,22 @@ func (cp *ControlPlane) exitedError() error {
 // FreePorts asks the kernel for unused loopback ports. They are released before use, so a
 // race with another process is possible but brief; a component that loses it fails to start
 // with a clear bind error in its log.
+// portBelowEphemeral is a free loopback port below Linux's ephemeral range (32768 and up by
+// default), kept for a later listener: a port chosen with :0, as FreePorts and every outgoing
+// connection choose theirs, is never one of these.
+func portBelowEphemeral() (int, error) {
+	for range 100 {
+		port := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port, nil
+	}
+	return 0, errors.New("no free loopback port between 20000 and 32000")
+}
+
 func FreePorts(n int) ([]int, error) {
 	var ports []int
 	var ls []net.Listener

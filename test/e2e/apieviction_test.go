@@ -38,10 +38,15 @@ type webhookController struct {
 
 func startControllerWithWebhook(t testing.TB) *webhookController {
 	t.Helper()
-	hookPort := freePort(t, "127.0.0.1")
-	c := &webhookController{url: fmt.Sprintf("https://127.0.0.1:%d%s", hookPort, webhook.Path)}
-	c.proc, c.metrics = startControllerWithMetrics(t,
-		"--webhook-listen", fmt.Sprintf("127.0.0.1:%d", hookPort), "--webhook-url", c.url, "--webhook-client-ca", cluster.CAFile())
+	return startControllerWithWebhookAt(t, fmt.Sprintf("127.0.0.1:%d", freePort(t, "127.0.0.1")))
+}
+
+// startControllerWithWebhookAt is startControllerWithWebhook with the webhook at address (host:port).
+func startControllerWithWebhookAt(t testing.TB, address string, args ...string) *webhookController {
+	t.Helper()
+	c := &webhookController{url: "https://" + address + webhook.Path}
+	c.proc, c.metrics = startControllerWithMetrics(t, append([]string{
+		"--webhook-listen", address, "--webhook-url", c.url, "--webhook-client-ca", cluster.CAFile()}, args...)...)
 	t.Cleanup(func() {
 		_ = cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(context.Background(), webhook.ConfigurationName, metav1.DeleteOptions{})
 	})
@@ -448,6 +453,15 @@ func TestACancelDoesNotOutliveTheNodesDeadline(t *testing.T) {
 // status and body.
 func forgeEvictionReview(t *testing.T, url string, pod *corev1.Pod, cert *tls.Certificate) (int, string) {
 	t.Helper()
+	code, body, err := postForgedReview(url, pod, cert)
+	if err != nil {
+		t.Fatalf("posting a forged review: %v", err)
+	}
+	return code, body
+}
+
+// postForgedReview is forgeEvictionReview, returning an error where the webhook does not answer.
+func postForgedReview(url string, pod *corev1.Pod, cert *tls.Certificate) (int, string, error) {
 	review := admissionv1.AdmissionReview{
 		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
 		Request: &admissionv1.AdmissionRequest{
@@ -459,7 +473,7 @@ func forgeEvictionReview(t *testing.T, url string, pod *corev1.Pod, cert *tls.Ce
 	}
 	body, err := json.Marshal(review)
 	if err != nil {
-		t.Fatal(err)
+		return 0, "", err
 	}
 	// The forger does not care who the server is.
 	tlsConfig := &tls.Config{InsecureSkipVerify: true}
@@ -469,9 +483,9 @@ func forgeEvictionReview(t *testing.T, url string, pod *corev1.Pod, cert *tls.Ce
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConfig}}
 	resp, err := client.Post(url, "application/json", bytes.NewReader(body))
 	if err != nil {
-		t.Fatalf("posting a forged review: %v", err)
+		return 0, "", err
 	}
 	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(out)
+	out, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(out), err
 }

@@ -181,7 +181,7 @@ func deployLifeboat(t testing.TB, n *realnode.Node) string {
 		ctx := context.Background()
 		// The namespace stays: the migration CA in it is the cluster's, as the controller
 		// replicas of other tests use it.
-		_, _ = cluster.Kubectl(ctx, "delete", "-n", "lifeboat-system", "deployment,daemonset,service,serviceaccount,role,rolebinding",
+		_, _ = cluster.Kubectl(ctx, "delete", "-n", "lifeboat-system", "deployment,daemonset,service,serviceaccount,role,rolebinding,networkpolicy",
 			"-l", "app.kubernetes.io/part-of=lifeboat", "--ignore-not-found", "--wait")
 		_, _ = cluster.Kubectl(ctx, "delete", "clusterrole,clusterrolebinding,validatingwebhookconfiguration,validatingadmissionpolicy,validatingadmissionpolicybinding",
 			"-l", "app.kubernetes.io/part-of=lifeboat", "--ignore-not-found")

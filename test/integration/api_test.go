@@ -269,6 +269,9 @@ func TestLifeboatConfigClientAndDefaults(t *testing.T) {
 	t.Cleanup(func() { _ = configs.Delete(context.Background(), v1alpha1.ConfigName, metav1.DeleteOptions{}) })
 	nextEvent(t, w, watch.Added, v1alpha1.ConfigName)
 
+	if got := v1alpha1.UnauthenticatedMigrationInterval(created); got != time.Hour {
+		t.Errorf("spec.evictionWebhook.unauthenticatedMigrationInterval defaulted to %s, want 1h", got)
+	}
 	m := created.Spec.Migrations
 	if m.ParallelMigrationsPerCluster == nil || *m.ParallelMigrationsPerCluster != 5 ||
 		m.ParallelOutboundMigrationsPerNode == nil || *m.ParallelOutboundMigrationsPerNode != 2 {
@@ -386,6 +389,8 @@ spec: %s
 		{"config with unknown feature gate", fmt.Sprintf(config, "cluster", "{featureGates: [NodePressureEviction]}"), []string{`Unsupported value: "NodePressureEviction"`, `supported values: "NodePressureEvictionLiveMigration"`}},
 		{"config with zero parallel migrations", fmt.Sprintf(config, "cluster", "{migrations: {parallelMigrationsPerCluster: 0}}"), []string{"spec.migrations.parallelMigrationsPerCluster", "greater than or equal to 1"}},
 		{"config with negative bandwidth", fmt.Sprintf(config, "cluster", "{migrations: {bandwidthPerMigration: -1Mi}}"), []string{"bandwidthPerMigration cannot be negative"}},
+		{"config with a forged review's interval under a minute", fmt.Sprintf(config, "cluster", "{evictionWebhook: {unauthenticatedMigrationInterval: 30s}}"), []string{"unauthenticatedMigrationInterval must be at least 1m"}},
+		{"config with a forged review's interval that is no duration", fmt.Sprintf(config, "cluster", "{evictionWebhook: {unauthenticatedMigrationInterval: hourly}}"), []string{"spec.evictionWebhook.unauthenticatedMigrationInterval"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -500,5 +505,45 @@ func TestAVMOfImagesAndCloudInitIsAccepted(t *testing.T) {
 	if created.Spec.CPUs != 1 || len(created.Spec.Volumes) != 2 || created.Spec.Volumes[0].ContainerDisk.Image != "quay.io/containerdisks/fedora:42" ||
 		created.Spec.Volumes[1].CloudInitNoCloud.UserData != v.Spec.Volumes[1].CloudInitNoCloud.UserData {
 		t.Errorf("the spec did not round-trip (with cpus defaulted to 1): %+v", created.Spec)
+	}
+}
+
+// TestTheWebhooksRatchetCannotBeUndone: once the LifeboatConfig records that the API server
+// authenticated to the eviction webhook, no write of its status (the controller's, a stolen
+// token's, an admin's) removes or moves that record; only deleting the LifeboatConfig does.
+func TestTheWebhooksRatchetCannotBeUndone(t *testing.T) {
+	ctx := context.Background()
+	configs := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs()
+	c, err := configs.Create(ctx, &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = configs.Delete(context.Background(), v1alpha1.ConfigName, metav1.DeleteOptions{}) })
+	seen := metav1.NewTime(time.Now().Truncate(time.Second))
+	c.Status.EvictionWebhook = &v1alpha1.EvictionWebhookStatus{AuthenticatedCallSeen: &seen}
+	if c, err = configs.UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("recording the first authenticated call: %v", err)
+	}
+	later := metav1.NewTime(seen.Add(time.Hour))
+	for name, change := range map[string]func(*v1alpha1.LifeboatConfig){
+		"removing the time":   func(c *v1alpha1.LifeboatConfig) { c.Status.EvictionWebhook.AuthenticatedCallSeen = nil },
+		"removing the field":  func(c *v1alpha1.LifeboatConfig) { c.Status.EvictionWebhook = nil },
+		"removing the status": func(c *v1alpha1.LifeboatConfig) { c.Status = v1alpha1.LifeboatConfigStatus{} },
+		"moving the time":     func(c *v1alpha1.LifeboatConfig) { c.Status.EvictionWebhook.AuthenticatedCallSeen = &later },
+	} {
+		changed := c.DeepCopy()
+		change(changed)
+		_, err := configs.UpdateStatus(ctx, changed, metav1.UpdateOptions{})
+		if err == nil || !strings.Contains(err.Error(), "authenticatedCallSeen cannot be changed or removed once set") {
+			t.Errorf("%s: %v, want it refused", name, err)
+		}
+	}
+	// The main resource's writes leave the status alone.
+	c.Spec.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrate)
+	if c, err = configs.Update(ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("changing the spec: %v", err)
+	}
+	if c.Status.EvictionWebhook == nil || c.Status.EvictionWebhook.AuthenticatedCallSeen == nil || !c.Status.EvictionWebhook.AuthenticatedCallSeen.Equal(&seen) {
+		t.Errorf("the record changed with the spec: %+v", c.Status)
 	}
 }

@@ -46,6 +46,7 @@ var wantObjects = []string{
 	"RoleBinding lifeboat-system/lifeboat-controller",
 	"Deployment lifeboat-system/lifeboat-controller",
 	"Service lifeboat-system/lifeboat-webhook",
+	"NetworkPolicy lifeboat-system/lifeboat-controller",
 	"ValidatingWebhookConfiguration lifeboat-eviction",
 	"ValidatingAdmissionPolicy lifeboat-vmi-node-paths",
 	"ValidatingAdmissionPolicyBinding lifeboat-vmi-node-paths",

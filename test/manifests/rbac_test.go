@@ -115,6 +115,9 @@ var rbacCases = []struct {
 	{"controller patches a launcher pod's readiness gate", controllerSA, access{verb: "patch", resource: "pods", subresource: "status", namespace: "ns", name: "p"}, true},
 	{"controller may not update a pod's status", controllerSA, access{verb: "update", resource: "pods", subresource: "status", namespace: "ns", name: "p"}, false},
 	{"controller may not change the configuration", controllerSA, access{verb: "update", group: "lifeboat.dev", resource: "lifeboatconfigs", name: "cluster"}, false},
+	// Issue 44: the eviction webhook's ratchet and mode condition.
+	{"controller records the webhook's mode in the configuration's status", controllerSA, access{verb: "update", group: "lifeboat.dev", resource: "lifeboatconfigs", subresource: "status", name: "cluster"}, true},
+	{"agent may not write the configuration's status (the webhook's ratchet)", agentSA, access{verb: "update", group: "lifeboat.dev", resource: "lifeboatconfigs", subresource: "status", name: "cluster"}, false},
 	{"controller may not delete nodes", controllerSA, access{verb: "delete", resource: "nodes", name: "n"}, false},
 	// Issue 7: the EvictionRequest responder.
 	{"controller watches Evictions", controllerSA, access{verb: "watch", group: "lifecycle.k8s.io", resource: "evictions"}, true},

@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -81,4 +82,16 @@ func ReadWriteMany(statuses []VolumeStatus, volume string) (recorded, rwx bool) 
 func BlockClaim(statuses []VolumeStatus, volume string) bool {
 	info := ClaimInfo(statuses, volume)
 	return info != nil && info.VolumeMode != nil && *info.VolumeMode == corev1.PersistentVolumeBlock
+}
+
+// DefaultUnauthenticatedMigrationInterval is spec.evictionWebhook.unauthenticatedMigrationInterval's default.
+const DefaultUnauthenticatedMigrationInterval = time.Hour
+
+// UnauthenticatedMigrationInterval is how often a review the eviction webhook cannot authenticate
+// may mark one VMI whose node is not cordoned; config may be nil.
+func UnauthenticatedMigrationInterval(config *LifeboatConfig) time.Duration {
+	if config == nil || config.Spec.EvictionWebhook.UnauthenticatedMigrationInterval == nil {
+		return DefaultUnauthenticatedMigrationInterval
+	}
+	return config.Spec.EvictionWebhook.UnauthenticatedMigrationInterval.Duration
 }

@@ -23,7 +23,9 @@ const (
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster,categories=lifeboat
+// +kubebuilder:subresource:status
 // +kubebuilder:validation:XValidation:rule="self.metadata.name == 'cluster'",message="the LifeboatConfig must be named 'cluster'; there is one per cluster"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.status) || !has(oldSelf.status.evictionWebhook) || !has(oldSelf.status.evictionWebhook.authenticatedCallSeen) || (has(self.status) && has(self.status.evictionWebhook) && has(self.status.evictionWebhook.authenticatedCallSeen) && self.status.evictionWebhook.authenticatedCallSeen == oldSelf.status.evictionWebhook.authenticatedCallSeen)",message="status.evictionWebhook.authenticatedCallSeen cannot be changed or removed once set: the eviction webhook stays strict (docs/operations.md)"
 // +kubebuilder:printcolumn:name="Eviction Strategy",type=string,JSONPath=`.spec.evictionStrategy`
 // +kubebuilder:printcolumn:name="Feature Gates",type=string,JSONPath=`.spec.featureGates`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
@@ -35,6 +37,9 @@ type LifeboatConfig struct {
 
 	// +optional
 	Spec LifeboatConfigSpec `json:"spec,omitempty"`
+
+	// +optional
+	Status LifeboatConfigStatus `json:"status,omitempty"`
 }
 
 // LifeboatConfigSpec is the cluster admin's configuration.
@@ -70,6 +75,53 @@ type LifeboatConfigSpec struct {
 	// +listType=set
 	// +optional
 	AllowedNodeDirectories []string `json:"allowedNodeDirectories,omitempty"`
+
+	// EvictionWebhook bounds what the eviction webhook does for a review it cannot authenticate.
+	// +kubebuilder:default={}
+	// +optional
+	EvictionWebhook EvictionWebhookConfig `json:"evictionWebhook,omitempty"`
+}
+
+// EvictionWebhookConfig bounds the eviction webhook's permissive mode (docs/operations.md), where
+// the API server presents no client certificate and anyone who reaches the webhook could post a
+// review: such a review may start only a live migration.
+type EvictionWebhookConfig struct {
+	// UnauthenticatedMigrationInterval is how long after a VMI's last evacuation (its mark, or the
+	// mark's end) an eviction review the webhook cannot authenticate may mark it again, unless
+	// its node is cordoned: a forged review moves a VM at most once per interval.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m')",message="unauthenticatedMigrationInterval must be at least 1m"
+	// +kubebuilder:default="1h"
+	// +optional
+	UnauthenticatedMigrationInterval *metav1.Duration `json:"unauthenticatedMigrationInterval,omitempty"`
+}
+
+// ConfigConditionEvictionWebhookStrict is True where the eviction webhook acts only for the API
+// server, known by its client certificate, and False where it also acts, within bounds, on
+// reviews it cannot authenticate.
+const ConfigConditionEvictionWebhookStrict = "EvictionWebhookStrict"
+
+// LifeboatConfigStatus is what lifeboat-controller observed of the cluster.
+type LifeboatConfigStatus struct {
+	// Conditions: EvictionWebhookStrict.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// EvictionWebhook is what the eviction webhook has seen of its callers.
+	// +optional
+	EvictionWebhook *EvictionWebhookStatus `json:"evictionWebhook,omitempty"`
+}
+
+// EvictionWebhookStatus is what the eviction webhook has seen of its callers.
+type EvictionWebhookStatus struct {
+	// AuthenticatedCallSeen is when a replica of the webhook first saw the API server present its
+	// client certificate. From then on every replica acts only for callers that present it,
+	// across restarts; the field cannot be removed (to go back, delete and recreate the
+	// LifeboatConfig).
+	// +optional
+	AuthenticatedCallSeen *metav1.Time `json:"authenticatedCallSeen,omitempty"`
 }
 
 // NodePressureReliefConfig is when node agents move VMs ahead of the kubelet's node-pressure eviction.

@@ -39,6 +39,8 @@ type LifeboatConfigsGetter interface {
 type LifeboatConfigInterface interface {
 	Create(ctx context.Context, lifeboatConfig *lifeboatv1alpha1.LifeboatConfig, opts v1.CreateOptions) (*lifeboatv1alpha1.LifeboatConfig, error)
 	Update(ctx context.Context, lifeboatConfig *lifeboatv1alpha1.LifeboatConfig, opts v1.UpdateOptions) (*lifeboatv1alpha1.LifeboatConfig, error)
+	// Add a +genclient:noStatus comment above the type to avoid generating UpdateStatus().
+	UpdateStatus(ctx context.Context, lifeboatConfig *lifeboatv1alpha1.LifeboatConfig, opts v1.UpdateOptions) (*lifeboatv1alpha1.LifeboatConfig, error)
 	Delete(ctx context.Context, name string, opts v1.DeleteOptions) error
 	DeleteCollection(ctx context.Context, opts v1.DeleteOptions, listOpts v1.ListOptions) error
 	Get(ctx context.Context, name string, opts v1.GetOptions) (*lifeboatv1alpha1.LifeboatConfig, error)
