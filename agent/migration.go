@@ -369,6 +369,12 @@ var errNoProxy = errors.New("the migration has no target proxy")
 // clearMark is what a successful migration does to its VMI: the guest runs on the target now.
 func clearMark(vmi *v1alpha1.VirtualMachineInstance, mig *v1alpha1.VirtualMachineInstanceMigration, now metav1.Time) {
 	vmi.Status.NodeName = mig.Status.TargetNode
+	// The guest's launcher is the target pod the controller recorded; without a recorded UID
+	// (a migration begun before it was recorded) the VMI controller records the pod it finds.
+	vmi.Status.LauncherPod = nil
+	if mig.Status.TargetPodUID != "" {
+		vmi.Status.LauncherPod = &v1alpha1.LauncherPodRef{Name: mig.Status.TargetPod, UID: mig.Status.TargetPodUID}
+	}
 	v1alpha1.ClearEvacuationMark(&vmi.Status, "Evacuated",
 		fmt.Sprintf("the VM moved from node %s to node %s by migration %s", mig.Status.SourceNode, mig.Status.TargetNode, mig.Name), now)
 }
