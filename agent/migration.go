@@ -52,10 +52,11 @@ type migrations struct {
 	a        *Agent
 	lifeboat lifeboatclient.Interface
 	// listers are the caches of the migrations from and to this node.
-	listers []lifeboatlisters.VirtualMachineInstanceMigrationLister
-	synced  []cache.InformerSynced
-	queue   workqueue.TypedRateLimitingInterface[string]
-	address string // this node's address, where target proxies listen
+	listers   []lifeboatlisters.VirtualMachineInstanceMigrationLister
+	informers []cache.SharedIndexInformer
+	synced    []cache.InformerSynced
+	queue     workqueue.TypedRateLimitingInterface[string]
+	address   string // this node's address, where target proxies listen
 
 	mu     sync.Mutex
 	active map[string]*activeMigration // by migration UID
@@ -88,6 +89,7 @@ func (a *Agent) newMigrations(lb lifeboatclient.Interface, informers []lifeboati
 	}
 	for _, informer := range informers {
 		m.listers = append(m.listers, informer.Lister())
+		m.informers = append(m.informers, informer.Informer())
 		m.synced = append(m.synced, informer.Informer().HasSynced)
 		_, _ = informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) }, DeleteFunc: enqueue,
@@ -232,6 +234,13 @@ func (m *migrations) prepareTarget(ctx context.Context, mig *v1alpha1.VirtualMac
 	}
 	if !m.a.connected(uid) {
 		return fmt.Errorf("the target launcher of %s is not connected yet", mig.Spec.VMIName)
+	}
+	// The proxies forward into the directory's pod: it must be the target the controller
+	// recorded. Linked and connected, it stays linked until its launcher disconnects.
+	if m.a.cfg.PodInformer != nil {
+		if p, ok := m.a.linkedPod(uid); !ok || p.Namespace != mig.Namespace || p.Name != mig.Status.TargetPod || p.UID != mig.Status.TargetPodUID {
+			return fmt.Errorf("the directory of %s does not link the migration's recorded target pod %s (UID %s) yet", mig.Spec.VMIName, mig.Status.TargetPod, mig.Status.TargetPodUID)
+		}
 	}
 	// The target launcher loads QEMU's capabilities as it starts, a probe of seconds for a
 	// node's first launcher; the guest must not be sent before, or the migration waits on the
