@@ -61,6 +61,8 @@ var wantObjects = []string{
 	"ValidatingAdmissionPolicyBinding lifeboat-agent-migrations",
 	"ValidatingAdmissionPolicy lifeboat-controller-pods",
 	"ValidatingAdmissionPolicyBinding lifeboat-controller-pods",
+	"ValidatingAdmissionPolicy lifeboat-reserved-metadata",
+	"ValidatingAdmissionPolicyBinding lifeboat-reserved-metadata",
 }
 
 func key(o *unstructured.Unstructured) string {
