@@ -110,7 +110,10 @@ func (a *Agent) recordedPods(uid string) []RecordedPod {
 			// The migration names its VMI by name; the recorded pod, found by its recorded
 			// name and UID, says by its controller which VMI UID that is.
 			p := a.podByKey(mig.Namespace, mig.Status.TargetPod)
-			if ref := v1alpha1.VMIController(p); p != nil && p.UID == mig.Status.TargetPodUID && ref != nil && string(ref.UID) == uid && ref.Name == mig.Spec.VMIName {
+			if p == nil || p.UID != mig.Status.TargetPodUID {
+				continue
+			}
+			if ref := v1alpha1.VMIController(p); ref != nil && string(ref.UID) == uid && ref.Name == mig.Spec.VMIName {
 				recorded = append(recorded, RecordedPod{Namespace: mig.Namespace, Name: mig.Status.TargetPod, UID: mig.Status.TargetPodUID})
 			}
 		}
