@@ -1,14 +1,25 @@
 package agent
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	kubefake "k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 
+	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
 
@@ -116,4 +127,78 @@ func TestLinkPod(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRecordedPods: the pods recorded for a VMI on this node are its own launcher, from the
+// VMI's status, and the targets of migrations reaching this node that the VMI controls, found
+// by recorded name and UID; a failed migration's target, a target not on this node (not made
+// yet, or deleted) and a pod under the target's name with another UID are not.
+func TestRecordedPods(t *testing.T) {
+	const node = "node-1"
+	vmiController := func(name string, uid types.UID) []metav1.OwnerReference {
+		return []metav1.OwnerReference{*metav1.NewControllerRef(&v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: name, UID: uid}},
+			v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))}
+	}
+	here := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: "here", UID: "uid-here"},
+		Status: v1alpha1.VirtualMachineInstanceStatus{NodeName: node, LauncherPod: &v1alpha1.LauncherPodRef{Name: "launcher-here-a", UID: "pod-here"}}}
+	incoming := func(name, vmi, pod string, podUID types.UID, phase v1alpha1.VirtualMachineInstanceMigrationPhase) *v1alpha1.VirtualMachineInstanceMigration {
+		return &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: name, UID: types.UID("uid-" + name)},
+			Spec:   v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: vmi},
+			Status: v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: phase, SourceNode: "node-2", TargetNode: node, TargetPod: pod, TargetPodUID: podUID}}
+	}
+	pod := func(name string, uid types.UID, owner []metav1.OwnerReference) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: name, UID: uid, OwnerReferences: owner}, Spec: corev1.PodSpec{NodeName: node}}
+	}
+	a := newPodsAgent(t, node,
+		[]runtime.Object{here,
+			incoming("arriving", "arriving", "launcher-arriving-t", "pod-arriving", v1alpha1.MigrationPreparingTarget),
+			incoming("failed", "failed", "launcher-failed-t", "pod-failed", v1alpha1.MigrationFailed),
+			incoming("gone", "gone", "launcher-gone-t", "pod-gone", v1alpha1.MigrationRunning),
+			incoming("remade", "remade", "launcher-remade-t", "pod-remade", v1alpha1.MigrationRunning)},
+		pod("launcher-here-a", "pod-here", vmiController("here", "uid-here")),
+		pod("launcher-arriving-t", "pod-arriving", vmiController("arriving", "uid-arriving")),
+		pod("launcher-failed-t", "pod-failed", vmiController("failed", "uid-failed")),
+		pod("launcher-remade-t", "pod-other", vmiController("remade", "uid-remade")))
+	for _, tt := range []struct {
+		vmiUID string
+		want   []RecordedPod
+	}{
+		{"uid-here", []RecordedPod{{Namespace: "tenant", Name: "launcher-here-a", UID: "pod-here"}}},
+		{"uid-arriving", []RecordedPod{{Namespace: "tenant", Name: "launcher-arriving-t", UID: "pod-arriving"}}},
+		{"uid-failed", nil},
+		{"uid-gone", nil},
+		{"uid-remade", nil},
+	} {
+		if got := a.recordedPods(tt.vmiUID); !slices.Equal(got, tt.want) {
+			t.Errorf("recordedPods(%s) = %+v, want %+v", tt.vmiUID, got, tt.want)
+		}
+	}
+}
+
+// newPodsAgent is an agent on node whose informers hold objects and, for its pod informer, pods.
+func newPodsAgent(t *testing.T, node string, objects []runtime.Object, pods ...*corev1.Pod) *Agent {
+	t.Helper()
+	client := lifeboatfake.NewSimpleClientset(objects...)
+	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
+	var kubeObjects []runtime.Object
+	for _, p := range pods {
+		kubeObjects = append(kubeObjects, p)
+	}
+	podInformer := coreinformers.NewPodInformer(kubefake.NewSimpleClientset(kubeObjects...), metav1.NamespaceAll, 0, cache.Indexers{})
+	a, err := New(Config{NodeName: node, Recorder: record.NewFakeRecorder(10), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister(), PodInformer: podInformer},
+		client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
+		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	informers.Start(ctx.Done())
+	go podInformer.Run(ctx.Done())
+	informers.WaitForCacheSync(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), podInformer.HasSynced) {
+		t.Fatal("caches did not sync")
+	}
+	return a
 }
