@@ -232,6 +232,10 @@ func (c *Controller) targetPod(m *v1alpha1.VirtualMachineInstanceMigration, v *v
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
+	if err == nil && !metav1.IsControlledBy(pod, v) {
+		// Someone else's pod under the target's name is not the target: it is never recorded.
+		return nil, nil
+	}
 	return pod, err
 }
 

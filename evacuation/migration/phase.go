@@ -88,7 +88,8 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachin
 			return status, CreateTargetPod, nil
 		}
 		setPhase(&status, v1alpha1.MigrationScheduling, now)
-		status.TargetPod = target.Name
+		// By UID too: the target node's agent binds the migration to this pod only.
+		status.TargetPod, status.TargetPodUID = target.Name, target.UID
 		return status, NoAction, []Event{{corev1.EventTypeNormal, "TargetPodCreated", "created target pod " + target.Name}}
 	case v1alpha1.MigrationScheduling:
 		if target == nil {

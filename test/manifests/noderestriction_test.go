@@ -44,6 +44,7 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	vmi.Status.NodeName, vmi.Status.Phase = nodeA.Name, v1alpha1.VMIRunning
+	vmi.Status.LauncherPod = &v1alpha1.LauncherPodRef{Name: "launcher-vm-abcde", UID: "5d1d7c1e-0000-4000-8000-000000000001"}
 	if _, err = admin.VirtualMachineInstances(ns).UpdateStatus(ctx, vmi, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -89,6 +90,9 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 	wantForbidden(t, "node A's agent moving its VMI to node C", writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) { v.Status.NodeName = nodeC.Name }),
 		"the agent of node restrict-a may not move VMI vm to node restrict-c")
 	wantForbidden(t, "an agent token bound to no node", writeVMI(agentClient(t, nil), false, mark), "the agent's token names no node")
+	wantForbidden(t, "node A's agent naming another pod its VMI's launcher", writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) {
+		v.Status.LauncherPod = &v1alpha1.LauncherPodRef{Name: "lookalike", UID: "5d1d7c1e-0000-4000-8000-000000000002"}
+	}), "the agent of node restrict-a may not change the launcher pod of VMI vm")
 
 	ready := func(m *v1alpha1.VirtualMachineInstanceMigration) { m.Status.Phase = v1alpha1.MigrationTargetReady }
 	if err := writeMigration(agentB, ready); err != nil {
@@ -108,7 +112,10 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("node A's agent recording the migration on its VMI: %v", err)
 	}
-	if err := writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) { v.Status.NodeName = nodeB.Name }); err != nil {
+	if err := writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) {
+		v.Status.NodeName = nodeB.Name
+		v.Status.LauncherPod = &v1alpha1.LauncherPodRef{Name: "launcher-vm-target", UID: "5d1d7c1e-0000-4000-8000-000000000003"}
+	}); err != nil {
 		t.Errorf("node A's agent handing its VMI to the migration's target: %v", err)
 	}
 	wantForbidden(t, "node A's agent writing the VMI after it left", writeVMI(agentA, false, mark), "the agent of node restrict-a may not write VMI vm: it runs on node restrict-b")

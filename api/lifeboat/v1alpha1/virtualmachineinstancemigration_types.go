@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // +genclient
@@ -79,6 +80,10 @@ type VirtualMachineInstanceMigrationStatus struct {
 	// TargetPod is the launcher pod that receives the guest.
 	// +optional
 	TargetPod string `json:"targetPod,omitempty"`
+	// TargetPodUID is that pod's UID, as lifeboat's controller made it: the target node's agent
+	// binds the migration's proxies to this pod only.
+	// +optional
+	TargetPodUID types.UID `json:"targetPodUID,omitempty"`
 	// TargetProxy is where the target node's agent listens for this migration, set when the
 	// target is ready; the source node's agent forwards the migration there.
 	// +optional
