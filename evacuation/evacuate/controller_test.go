@@ -60,7 +60,11 @@ func TestMigrationsCountBeforeTheCacheShowsThem(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range list.Items {
-		_ = migInformer.Informer().GetIndexer().Add(&list.Items[i])
+		m := &list.Items[i]
+		if got, want := m.EvacuatedVMI(), "uid-"+m.Spec.VMIName; string(got) != want {
+			t.Errorf("migration %s records that it evacuates VMI %q, want %q", m.Name, got, want)
+		}
+		_ = migInformer.Informer().GetIndexer().Add(m)
 	}
 	if _, err := c.sync(ctx); err != nil {
 		t.Fatal(err)
