@@ -18,17 +18,18 @@ import (
 
 // TestATenantCannotStarveEvacuations (issue 45, N3): a tenant creates five migrations of its own
 // VM whose target can go nowhere, and, all along, migrations in its own namespace that carry the
-// labels of another tenant's VM's evacuation and fail at once. With room for one evacuation in
-// the whole cluster, the other tenant's VM, evicted by its kubelet for node pressure, still moves
-// within its grace period: neither the stuck migrations nor the forged failures count. The
-// tenant's second to fifth migrations fail at once, saying why, and are counted.
+// labels of other tenants' VMs' evacuations and fail at once. With room for one evacuation in
+// the whole cluster, another tenant's VM evicted by its kubelet for node pressure, then another
+// one evicted through the API as a drain does, still move at once: neither the stuck migrations
+// nor the forged failures count. The tenant's second to fifth migrations fail at once, saying
+// why, and are counted.
 func TestATenantCannotStarveEvacuations(t *testing.T) {
 	const grace = 60
 	setConfig(t, true, func(c *v1alpha1.LifeboatConfig) {
 		// One migration the tenant's counted would have starved every evacuation.
 		c.Spec.Migrations.ParallelMigrationsPerCluster = ptr.To[int32](1)
 	})
-	_, metrics := startControllerWithMetrics(t)
+	metrics := startControllerWithWebhook(t).metrics
 	const pin = "e2e.lifeboat.dev/pinned"
 	source := startNodes(t, 1, func(c *node.Config) {
 		c.Labels, c.EvictionMaxPodGracePeriod = map[string]string{pin: "yes"}, grace
@@ -40,11 +41,13 @@ func TestATenantCannotStarveEvacuations(t *testing.T) {
 	victim := createVMI(t, other, newVMI("victim", live, func(v *v1alpha1.VirtualMachineInstance) {
 		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](grace)
 	}))
-	for _, v := range []*v1alpha1.VirtualMachineInstance{own, victim} {
+	drained := createVMI(t, other, newVMI("drained", live))
+	for _, v := range []*v1alpha1.VirtualMachineInstance{own, victim, drained} {
 		v = waitVMI(t, v.Namespace, v.Name, 2*bootTimeout, "phase Running", running)
 		waitCounterPast(t, source.consolePath(v), 0, bootTimeout)
 	}
 	victim = waitVMI(t, other, victim.Name, time.Second, "running", running)
+	drained = waitVMI(t, other, drained.Name, time.Second, "running", running)
 	target := startNodes(t, 1, func(c *node.Config) { c.EvictionMaxPodGracePeriod = grace })[0]
 
 	// What the tenant may do with "create virtualmachineinstancemigrations" in its namespace;
@@ -63,12 +66,14 @@ func TestATenantCannotStarveEvacuations(t *testing.T) {
 		}
 		stuck = append(stuck, m.Name)
 	}
+	// Each names, in turn, one of the other tenant's VMs.
 	forged := func(i int) error {
+		v := []*v1alpha1.VirtualMachineInstance{victim, drained}[i%2]
 		_, err := migrations.Create(ctx, &v1alpha1.VirtualMachineInstanceMigration{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("forged-%d", i), Labels: map[string]string{
-				v1alpha1.LabelVMIName: victim.Name, v1alpha1.LabelVMIUID: string(victim.UID), v1alpha1.LabelEvacuation: "true"}},
-			Spec:   v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: victim.Name},
-			Status: v1alpha1.VirtualMachineInstanceMigrationStatus{Evacuation: &v1alpha1.MigrationEvacuation{VMIUID: string(victim.UID)}},
+				v1alpha1.LabelVMIName: v.Name, v1alpha1.LabelVMIUID: string(v.UID), v1alpha1.LabelEvacuation: "true"}},
+			Spec:   v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: v.Name},
+			Status: v1alpha1.VirtualMachineInstanceMigrationStatus{Evacuation: &v1alpha1.MigrationEvacuation{VMIUID: string(v.UID)}},
 		}, metav1.CreateOptions{})
 		return err
 	}
@@ -131,8 +136,6 @@ func TestATenantCannotStarveEvacuations(t *testing.T) {
 		return running(v) && v.Status.NodeName == target.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
 	})
 	t.Logf("the victim moved %s after its eviction", time.Since(signalled).Round(time.Millisecond))
-	stop()
-	t.Logf("the tenant forged %d failures", <-forging)
 	if s := moved.Status.MigrationState; s.Cause != v1alpha1.MigrationCauseNodePressure {
 		t.Errorf("the victim's migration: %+v; want cause NodePressure", s)
 	}
@@ -143,6 +146,25 @@ func TestATenantCannotStarveEvacuations(t *testing.T) {
 	}
 	if err := evicted(); err != nil {
 		t.Fatal(err)
+	}
+
+	// A drain's eviction of the other VM's pod: refused while lifeboat moves it, which it does at once.
+	waitBudget(t, drained, 1)
+	evictedAt := time.Now()
+	if code, msg := evictPod(t, launcherPod(t, drained), false); code != 429 {
+		t.Fatalf("evicting the drained VM's pod: %d %q, want 429 while lifeboat moves it", code, msg)
+	}
+	moved = waitVMI(t, other, drained.Name, time.Minute, "running on "+target.Name()+" by a completed migration", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return running(v) && v.Status.NodeName == target.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
+	})
+	t.Logf("the drained VM moved %s after its eviction", time.Since(evictedAt).Round(time.Millisecond))
+	stop()
+	t.Logf("the tenant forged %d failures", <-forging)
+	if s := moved.Status.MigrationState; s.Cause != v1alpha1.MigrationCauseAPIEviction {
+		t.Errorf("the drained VM's migration: %+v; want cause APIEviction", s)
+	}
+	if m := waitMigrationEnded(t, moved); m.CreationTimestamp.Sub(evictedAt) > 15*time.Second {
+		t.Errorf("the drained VM's migration %s was created %s after the eviction; forged failures must not delay it", m.Name, m.CreationTimestamp.Sub(evictedAt))
 	}
 	// All along, the tenant's first migration still waited for its target.
 	if first, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(tenant).Get(context.Background(), stuck[0], metav1.GetOptions{}); err != nil || first.Status.Phase.Terminal() {
