@@ -195,7 +195,7 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 			return wait, nil
 		}
 		if refusal != nil {
-			status, action, events = Refused(m, refusal, now)
+			status, action, events = Refused(status, refusal, now)
 			c.refused.WithLabelValues(refusal.Kind).Inc()
 			c.log.Info("migration refused", "migration", key, "refusal", refusal.Kind, "reason", refusal.Reason)
 		}

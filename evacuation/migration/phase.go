@@ -105,9 +105,10 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachin
 	return status, NoAction, nil
 }
 
-// Refused is the status of a migration Admit refused before its target pod was made: failed at once.
-func Refused(m *v1alpha1.VirtualMachineInstanceMigration, refusal *Refusal, now metav1.Time) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
-	return failed(*m.Status.DeepCopy(), nil, ReasonRefused, refusal.Reason, now)
+// Refused ends status, Next's for a migration about to get its target pod, as Failed at once:
+// Admit refused it.
+func Refused(status v1alpha1.VirtualMachineInstanceMigrationStatus, refusal *Refusal, now metav1.Time) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
+	return failed(status, nil, ReasonRefused, refusal.Reason, now)
 }
 
 // failed ends status as Failed for reason, with a Warning Event of eventReason; the target pod,
