@@ -59,6 +59,7 @@ func watchLaunchers(ctx context.Context, root string, known map[string]bool, fou
 	return watch(ctx, w, root, known, found, gone, rescanned)
 }
 
+// watch reports what w sees under root, rescanning after each error w reports.
 func watch(ctx context.Context, w *fsnotify.Watcher, root string, known map[string]bool, found, gone chan<- string, rescanned func(error)) error {
 	if err := scan(ctx, w, root, known, found, gone); err != nil {
 		return err
