@@ -250,7 +250,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 	}
 	found, gone := make(chan string), make(chan string)
 	errc := make(chan error, 1)
-	go func() { errc <- discover(ctx, a.cfg.DomainsDir, found, gone) }()
+	go func() { errc <- discover(ctx, a.cfg.DomainsDir, found, gone, a.rescanned) }()
 	for range workers {
 		go wait.UntilWithContext(ctx, a.runWorker, time.Second)
 	}
@@ -283,6 +283,12 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 			})
 		}
 	}
+}
+
+// rescanned records that the launcher watch lost events (err says why) and rescans.
+func (a *Agent) rescanned(err error) {
+	a.cfg.Metrics.LauncherRescans.Inc()
+	a.cfg.Log.Warn("the watch of launcher directories lost events; rescanning them", "dir", a.cfg.DomainsDir, "err", err)
 }
 
 // connect dials a launcher's libvirt and feeds its domain's changes to the queue until the

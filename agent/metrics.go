@@ -12,6 +12,8 @@ type Metrics struct {
 	MarkLatency prometheus.Histogram
 	// EvacuationsLost counts marked VMs still on the node when their deadline passed.
 	EvacuationsLost prometheus.Counter
+	// LauncherRescans counts rescans of the launcher directories after the watch lost events.
+	LauncherRescans prometheus.Counter
 	// LauncherDirsRemoved counts per-VMI directories removed after their launcher pods were deleted.
 	LauncherDirsRemoved prometheus.Counter
 	// PodNetworks counts pod networks built in launcher pods, by binding and result.
@@ -50,6 +52,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_evacuations_lost_total",
 			Help: "VMs marked for evacuation that were still on the node when the kubelet's deadline passed.",
 		}),
+		LauncherRescans: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_agent_launcher_rescans_total",
+			Help: "Rescans of the launcher directories after their watch failed or lost events (an inotify queue overflow).",
+		}),
 		LauncherDirsRemoved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "lifeboat_agent_launcher_dirs_removed_total",
 			Help: "Per-VMI launcher directories removed because their VMI had no launcher pod left on the node.",
@@ -85,7 +91,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(1<<20, 2, 12),
 		}),
 	}
-	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.MigrationConnectionsRefused,
+	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.MigrationConnectionsRefused,
 		m.ReliefDecisions, m.ReliefAvailable, m.DirtyRateEstimates, m.DirtyRateEstimated)
 	return m
 }

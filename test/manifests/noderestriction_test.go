@@ -105,6 +105,9 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 		"the agent of node restrict-c may not write migration m, which goes from node restrict-a to node restrict-b")
 	wantForbidden(t, "node A's agent redirecting its migration to node C", writeMigration(agentA, func(m *v1alpha1.VirtualMachineInstanceMigration) { m.Status.TargetNode = nodeC.Name }),
 		"the agent of node restrict-a may not change the nodes of migration m")
+	wantForbidden(t, "node A's agent recording its migration as an evacuation's", writeMigration(agentA, func(m *v1alpha1.VirtualMachineInstanceMigration) {
+		m.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: "uid-of-a-vm"}
+	}), "the agent of node restrict-a may not change the evacuation record of migration m")
 
 	// The migration moves the VMI to node B: B's agent may write it from then on, and A's not.
 	if err := writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) {
