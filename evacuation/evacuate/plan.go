@@ -65,7 +65,7 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 	active, outbound := 0, map[string]int{}
 	migrating := map[string]bool{}                                       // VMI names (namespace/name) with an unfinished migration
 	failures := map[string][]*v1alpha1.VirtualMachineInstanceMigration{} // VMI UID → its failed migrations
-	ended := map[string]bool{}                                           // UIDs of migrations that ended
+	failedUIDs := map[string]bool{}                                      // UIDs of migrations that failed
 	nodeOf := map[string]string{}                                        // VMI names (namespace/name) → node
 	for _, vmi := range vmis {
 		nodeOf[vmi.Namespace+"/"+vmi.Name] = vmi.Status.NodeName
@@ -75,9 +75,8 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 		evacuated := string(m.EvacuatedVMI())
 		switch m.Status.Phase {
 		case v1alpha1.MigrationSucceeded:
-			ended[string(m.UID)] = true
 		case v1alpha1.MigrationFailed:
-			ended[string(m.UID)] = true
+			failedUIDs[string(m.UID)] = true
 			if evacuated != "" && m.Status.EndTimestamp != nil {
 				failures[evacuated] = append(failures[evacuated], m)
 			}
@@ -99,7 +98,7 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 
 	var candidates []Candidate
 	for _, vmi := range vmis {
-		if !marked(vmi) || migrating[vmi.Namespace+"/"+vmi.Name] || openMigration(vmi, ended) || vmi.DeletionTimestamp != nil {
+		if !marked(vmi) || migrating[vmi.Namespace+"/"+vmi.Name] || openMigration(vmi, failedUIDs) || vmi.DeletionTimestamp != nil {
 			continue
 		}
 		switch v1alpha1.EffectiveEvictionStrategy(vmi, config) {
@@ -164,10 +163,13 @@ func marked(vmi *v1alpha1.VirtualMachineInstance) bool {
 
 // openMigration: the VMI records a migration that has not ended (its record may be written
 // before or after the migration object's). A migration that failed while its source agent was
-// down ends on the migration object only, so that one's word counts too.
-func openMigration(vmi *v1alpha1.VirtualMachineInstance, ended map[string]bool) bool {
+// down ends on the migration object only, so that one's word counts too. A success does not:
+// its agent writes it on the VMI first, so a VMI that does not show it yet is a cache behind
+// (a restarted controller's lists, or a watch late under load), still marked on the node it
+// left, and another migration would move the VM back.
+func openMigration(vmi *v1alpha1.VirtualMachineInstance, failed map[string]bool) bool {
 	s := vmi.Status.MigrationState
-	return s != nil && !s.Completed && !s.Failed && !ended[s.MigrationUID]
+	return s != nil && !s.Completed && !s.Failed && !failed[s.MigrationUID]
 }
 
 func migratable(vmi *v1alpha1.VirtualMachineInstance) bool {

@@ -124,6 +124,11 @@ func TestPlan(t *testing.T) {
 			})},
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationFailed, 6*time.Second)},
 			want:       []string{"a:NodePressure"}},
+		{name: "the migration reads succeeded but the VMI's copy is behind, still marked on the node it left: none more",
+			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 60, func(v *v1alpha1.VirtualMachineInstance) {
+				v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationName: "a-mig", MigrationUID: "a-mig-uid"}
+			})},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationSucceeded, 6*time.Second)}},
 		{name: "External: left to the external controller",
 			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "APIEviction", 0, withStrategy(v1alpha1.EvictionStrategyExternal))}, external: []string{"a"}},
 		{name: "None: never migrated",
