@@ -178,7 +178,8 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	log.Info("libvirt migration ended", "mode", mode, "err", result)
 	where := ""
 	if result != nil {
-		switch m.afterFailedCall(mig, vmi, mg, name, start, mode) {
+		outcome, seen := m.afterFailedCall(mig, vmi, mg, name, start, mode)
+		switch outcome {
 		case OutcomeSucceeded:
 			// The reply to the migration call can be lost as the source daemon exits.
 			log.Warn("the migration call failed, but the guest left this node by migration and runs on the target", "err", result)
@@ -193,18 +194,28 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 			}
 		default:
 			where = fmt.Sprintf("the guest is no longer on node %s, and node %s never reported it running", mig.Status.SourceNode, mig.Status.TargetNode)
+			if seen.SourceExit != nil {
+				where = fmt.Sprintf("the source launcher on node %s ended with exit code %d before its guest left, and node %s never reported it running",
+					mig.Status.SourceNode, *seen.SourceExit, mig.Status.TargetNode)
+			}
 		}
 	}
 	m.record(mig, vmi, mode, result, where)
 }
 
+// exitReadInterval is how often a failed call's wait reads the source launcher's exit code.
+const exitReadInterval = 500 * time.Millisecond
+
 // afterFailedCall finds out what a migration whose libvirt call failed did, from the source
 // launcher's reports and its libvirt (mg) and from what the target agent recorded on the VMI,
 // waiting for their word within DecideFailedCall's bounds.
-func (m *migrations) afterFailedCall(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mg Migrator, name string, start time.Time, mode v1alpha1.MigrationMode) CallOutcome {
+func (m *migrations) afterFailedCall(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mg Migrator, name string, start time.Time, mode v1alpha1.MigrationMode) (CallOutcome, FailedCall) {
 	uid := string(vmi.UID)
 	clk := m.a.cfg.Clock
 	failed := clk.Now()
+	// The source launcher's exit code, read from its pod's status every exitReadInterval until known.
+	var exit *int32
+	var exitRead time.Time
 	tick := clk.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -214,11 +225,18 @@ func (m *migrations) afterFailedCall(mig *v1alpha1.VirtualMachineInstanceMigrati
 			Waited:          clk.Since(failed),
 		}
 		c.TargetRan = !c.LeftByMigration && m.targetRan(mig, vmi)
+		if pod := vmi.Status.LauncherPod; pod != nil && m.a.cfg.LauncherExit != nil && exit == nil && clk.Since(exitRead) >= exitReadInterval {
+			exitRead = clk.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			exit, _ = m.a.cfg.LauncherExit(ctx, vmi.Namespace, pod.Name, pod.UID)
+			cancel()
+		}
+		c.SourceExit = exit
 		c.SourceSilent = m.a.conn(uid) == nil || m.a.notifyConns.allRead(uid)
 		state, reason, err := mg.State(name)
 		c.SourceAlive = err == nil && stateOf(state, reason).Alive()
 		if outcome := DecideFailedCall(c); outcome != OutcomeWait {
-			return outcome
+			return outcome, c
 		}
 		<-tick.C()
 	}

@@ -17,6 +17,10 @@ type FailedCall struct {
 	// SourceSilent: the source launcher can say no more: its reports have all been read, or the
 	// agent no longer reaches its libvirt.
 	SourceSilent bool
+	// SourceExit is the source launcher's exit code once its container ended; nil while it runs
+	// or when its pod is gone. A launcher exits 0 once its guest has left by migration, so any
+	// other code says the guest did not leave with its knowledge (killed by a hard eviction, say).
+	SourceExit *int32
 	// PostCopy: the migration had switched to post-copy, where the target runs the guest
 	// before the migration is over.
 	PostCopy bool
@@ -62,6 +66,10 @@ func DecideFailedCall(c FailedCall) CallOutcome {
 		return OutcomeFailed
 	case c.SourceAlive:
 		return OutcomeWait
+	case c.SourceExit != nil && *c.SourceExit != 0:
+		// Ended without seeing its guest leave; had the guest arrived, the target's record,
+		// written before the source confirms, would be there.
+		return OutcomeUnknown
 	case c.Waited >= targetWordWait:
 		return OutcomeUnknown
 	default:

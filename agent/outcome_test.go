@@ -3,6 +3,8 @@ package agent
 import (
 	"testing"
 	"time"
+
+	"k8s.io/utils/ptr"
 )
 
 func TestDecideFailedCall(t *testing.T) {
@@ -23,6 +25,12 @@ func TestDecideFailedCall(t *testing.T) {
 		{"the guest is alive on the source and no report came in time", FailedCall{SourceAlive: true, Waited: launcherReportWait}, OutcomeFailed},
 		{"the guest is gone from the source, nobody said where: wait for the target",
 			FailedCall{SourceSilent: true, Waited: launcherReportWait}, OutcomeWait},
+		{"the source launcher was killed and the target says nothing: the guest did not leave",
+			FailedCall{SourceSilent: true, SourceExit: ptr.To[int32](137)}, OutcomeUnknown},
+		{"the source launcher exited 0 and nobody said where the guest went: wait for the target",
+			FailedCall{SourceSilent: true, SourceExit: ptr.To[int32](0), Waited: launcherReportWait}, OutcomeWait},
+		{"the source launcher was killed after the target ran the guest",
+			FailedCall{TargetRan: true, SourceSilent: true, SourceExit: ptr.To[int32](137)}, OutcomeSucceeded},
 		{"the guest is gone from the source and the target never said it runs there",
 			FailedCall{SourceSilent: true, Waited: targetWordWait}, OutcomeUnknown},
 	}
