@@ -108,27 +108,27 @@ func Config(config *v1alpha1.LifeboatConfig) Result {
 func Controller(lease *coordinationv1.Lease, deployment *appsv1.Deployment, now time.Time) Result {
 	r := Result{Check: "controller"}
 	logs := fmt.Sprintf("kubectl -n %s logs deploy/%s", Namespace, ControllerName)
-	replicas := ""
+	replicas, short := "", false
 	if deployment != nil {
 		want := int32(1)
 		if deployment.Spec.Replicas != nil {
 			want = *deployment.Spec.Replicas
 		}
 		replicas = fmt.Sprintf("Deployment %s/%s: %d of %d replicas available", Namespace, ControllerName, deployment.Status.AvailableReplicas, want)
-		defer func() {
-			if r.Status == OK && deployment.Status.AvailableReplicas < want {
-				r.Status = Warn
-				r.Fix = fmt.Sprintf("kubectl -n %s describe deploy/%s", Namespace, ControllerName)
-			}
-		}()
+		short = deployment.Status.AvailableReplicas < want
 	}
 	if holder, renewed, ok := leading(lease, now); ok {
 		r.Status = OK
 		r.Message = fmt.Sprintf("%s leads (Lease %s/%s renewed %s ago)", holder, Namespace, LeaseName, now.Sub(renewed).Truncate(time.Second))
-		if replicas != "" {
-			r.Message += "; " + replicas
-		} else {
+		switch {
+		case replicas == "":
 			r.Message += fmt.Sprintf("; no Deployment %s/%s: it runs outside the cluster", Namespace, ControllerName)
+		case short:
+			// Every replica serves the webhook: fewer of them, less room when one fails.
+			r.Status, r.Message = Warn, r.Message+"; "+replicas
+			r.Fix = fmt.Sprintf("kubectl -n %s describe deploy/%s", Namespace, ControllerName)
+		default:
+			r.Message += "; " + replicas
 		}
 		return r
 	}
