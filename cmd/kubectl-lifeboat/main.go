@@ -7,7 +7,8 @@
 //	kubectl lifeboat evacuate-cancel VM  cancel its evacuation (needs the cancel-evacuation permission)
 //	kubectl lifeboat status VM           the VM, its instance and its evacuation story
 //	kubectl lifeboat console VM          the guest's serial console (Ctrl+] leaves; needs pods/exec)
-//	kubectl lifeboat check [-o json]     check that lifeboat can protect the cluster's VMs (exit 1 if not)
+//	kubectl lifeboat check [-o json]     check that lifeboat can protect the cluster's VMs (exit 1 if not);
+//	                                     -n limits the checks of VMs and migrations to a namespace
 //
 // Flags (before or after the command): --kubeconfig, --context, -n/--namespace, --as, as kubectl's.
 package main
@@ -30,7 +31,7 @@ import (
 )
 
 const usage = `usage: kubectl lifeboat COMMAND VM [-n NAMESPACE] [--kubeconfig FILE] [--context NAME] [--as USER]
-       kubectl lifeboat check [-o json] [--stuck-after DURATION]
+       kubectl lifeboat check [-o json] [--stuck-after DURATION] [-n NAMESPACE]
 
 commands:
   start            start the VM
@@ -41,7 +42,7 @@ commands:
   status           show the VM, its instance and its evacuation story
   console          connect to the VM's serial console (Ctrl+] leaves; needs create on pods/exec)
   check            check the installation and what protects each node's VMs, a line per check;
-                   exit status 1 if any fails (-o json for scripts)
+                   exit status 1 if any fails (-o json for scripts; -n: only that namespace's VMs)
 `
 
 func main() {
@@ -97,6 +98,11 @@ func run(args []string, out io.Writer) error {
 		return err
 	}
 	if isCheck {
+		// Cluster-wide unless -n names a namespace: the kubeconfig's default is not a choice.
+		scope := ""
+		if flags.Changed("namespace") {
+			scope = namespace
+		}
 		ext, err := apiextensions.NewForConfig(rest)
 		if err != nil {
 			return err
@@ -104,7 +110,7 @@ func run(args []string, out io.Writer) error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		return runCheck(ctx, check.Clients{Kube: kube, Lifeboat: lb, Extensions: ext},
-			check.Options{StuckAfter: *stuckAfter, NodeTimeout: 5 * time.Second}, *output, out, time.Now())
+			check.Options{StuckAfter: *stuckAfter, NodeTimeout: 5 * time.Second, Namespace: scope}, *output, out, time.Now())
 	}
 	c := &client{lb: lb, kube: kube, namespace: namespace, out: out}
 	if command == "console" {

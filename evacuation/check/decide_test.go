@@ -79,7 +79,9 @@ func TestCRD(t *testing.T) {
 		{"newer than the binary", crd(true, established, map[string]apiextensionsv1.JSONSchemaProps{"a": str, "b": str, "c": str}), Warn, "newer than this kubectl-lifeboat: the served v1alpha1 schema has spec.c"},
 		{"as expected", crd(true, established, both), OK, "v1alpha1 served"},
 	} {
-		t.Run(tc.name, func(t *testing.T) { want(t, CRD("kinds.lifeboat.dev", tc.crd, reflect.TypeFor[kind]()), tc.status, tc.says) })
+		t.Run(tc.name, func(t *testing.T) {
+			want(t, CRD("kinds.lifeboat.dev", tc.crd, reflect.TypeFor[kind]()), tc.status, tc.says)
+		})
 	}
 }
 

@@ -36,6 +36,8 @@ type Options struct {
 	StuckAfter time.Duration
 	// NodeTimeout bounds each node's configz read through the API server.
 	NodeTimeout time.Duration
+	// Namespace, if set, limits the checks of VMs, their namespaces and migrations to it.
+	Namespace string
 }
 
 // CRDs are lifeboat's CRDs and the Go type of each one's kind.
@@ -100,7 +102,7 @@ func Run(ctx context.Context, c Clients, o Options, now time.Time) (Report, erro
 	nodes := nodeList.Items
 	var vmis []v1alpha1.VirtualMachineInstance
 	if crdsServed {
-		list, err := c.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+		list, err := c.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(o.Namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			add(unreadable("VMs", "the VMIs", err))
 		} else {
@@ -132,14 +134,18 @@ func Run(ctx context.Context, c Clients, o Options, now time.Time) (Report, erro
 	if !crdsServed {
 		return rep, nil
 	}
-	namespaces, err := c.Kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	var listNamespaces metav1.ListOptions
+	if o.Namespace != "" {
+		listNamespaces.FieldSelector = "metadata.name=" + o.Namespace
+	}
+	namespaces, err := c.Kube.CoreV1().Namespaces().List(ctx, listNamespaces)
 	if err != nil {
 		add(unreadable("VM namespaces' Pod Security", "the namespaces", err))
 	} else {
 		add(PodSecurity(namespaces.Items, vmis)...)
 	}
 	add(Migratable(vmis, nodes, config)...)
-	migrations, err := c.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	migrations, err := c.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(o.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		add(unreadable("migrations", "the migrations", err))
 	} else {
