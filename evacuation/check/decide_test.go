@@ -182,26 +182,29 @@ func vm(ns, name, node, memory string, mutate ...func(*v1alpha1.VirtualMachineIn
 func TestAgents(t *testing.T) {
 	ds := &appsv1.DaemonSet{}
 	for _, tc := range []struct {
-		name   string
-		ds     *appsv1.DaemonSet
-		nodes  []corev1.Node
-		pods   []corev1.Pod
-		vmis   []v1alpha1.VirtualMachineInstance
-		checks []string
-		status []Status
-		says   []string
+		name    string
+		ds      *appsv1.DaemonSet
+		outside bool
+		nodes   []corev1.Node
+		pods    []corev1.Pod
+		vmis    []v1alpha1.VirtualMachineInstance
+		checks  []string
+		status  []Status
+		says    []string
 	}{
-		{"ready everywhere", ds, []corev1.Node{node("a", true), node("b", true), node("cp", false)}, []corev1.Pod{agentPod("a", true), agentPod("b", true)}, nil,
+		{"ready everywhere", ds, false, []corev1.Node{node("a", true), node("b", true), node("cp", false)}, []corev1.Pod{agentPod("a", true), agentPod("b", true)}, nil,
 			[]string{"agents"}, []Status{OK}, []string{"ready on all 2 VM node(s)"}},
-		{"no DaemonSet", nil, []corev1.Node{node("a", true)}, nil, nil, []string{"agents"}, []Status{Fail}, []string{"no DaemonSet lifeboat-system/lifeboat-agent"}},
-		{"not ready on a VM node", ds, []corev1.Node{node("a", true), node("b", true)}, []corev1.Pod{agentPod("a", true), agentPod("b", false)}, nil,
+		{"no DaemonSet", nil, false, []corev1.Node{node("a", true)}, nil, nil, []string{"agents"}, []Status{Fail}, []string{"no DaemonSet lifeboat-system/lifeboat-agent: no node can run VMs"}},
+		{"no DaemonSet, the controller outside the cluster", nil, true, []corev1.Node{node("a", true)}, nil, nil, []string{"agents"}, []Status{Unknown}, []string{"agents run outside it too are not seen"}},
+		{"the controller outside the cluster, a DaemonSet", ds, true, []corev1.Node{node("a", true)}, nil, nil, []string{"agent on node a"}, []Status{Fail}, []string{"no ready agent"}},
+		{"not ready on a VM node", ds, false, []corev1.Node{node("a", true), node("b", true)}, []corev1.Pod{agentPod("a", true), agentPod("b", false)}, nil,
 			[]string{"agent on node b"}, []Status{Fail}, []string{"no ready agent: VMs scheduled there will not start"}},
-		{"VMs on a node without one", ds, []corev1.Node{node("a", true), node("b", false)}, []corev1.Pod{agentPod("a", true)}, []v1alpha1.VirtualMachineInstance{vm("ns", "web", "b", "1Gi")},
+		{"VMs on a node without one", ds, false, []corev1.Node{node("a", true), node("b", false)}, []corev1.Pod{agentPod("a", true)}, []v1alpha1.VirtualMachineInstance{vm("ns", "web", "b", "1Gi")},
 			[]string{"agent on node b"}, []Status{Fail}, []string{"yet 1 VM(s) run there (ns/web)", "not labelled lifeboat.dev/kvm=true"}},
-		{"no VM node", ds, []corev1.Node{node("a", false)}, nil, nil, []string{"agents"}, []Status{Warn}, []string{"no node is labelled lifeboat.dev/kvm=true"}},
+		{"no VM node", ds, false, []corev1.Node{node("a", false)}, nil, nil, []string{"agents"}, []Status{Warn}, []string{"no node is labelled lifeboat.dev/kvm=true"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Agents(tc.nodes, tc.ds, tc.pods, tc.vmis)
+			got := Agents(tc.nodes, tc.ds, tc.pods, tc.vmis, tc.outside)
 			if len(got) != len(tc.checks) {
 				t.Fatalf("got %+v, want %d result(s)", got, len(tc.checks))
 			}
@@ -430,5 +433,23 @@ func TestReportFailed(t *testing.T) {
 	}
 	if !(Report{Results: []Result{{Status: OK}, {Status: Fail}}}).Failed() {
 		t.Error("a report with a failure did not fail")
+	}
+}
+
+func TestOutside(t *testing.T) {
+	held := &coordinationv1.Lease{Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("host_1"), LeaseDurationSeconds: ptr.To[int32](15), RenewTime: &metav1.MicroTime{Time: now}}}
+	for _, tc := range []struct {
+		name       string
+		lease      *coordinationv1.Lease
+		deployment *appsv1.Deployment
+		want       bool
+	}{
+		{"leading without a Deployment", held, nil, true},
+		{"leading from the Deployment", held, &appsv1.Deployment{}, false},
+		{"nobody leads", nil, nil, false},
+	} {
+		if got := Outside(tc.lease, tc.deployment, now); got != tc.want {
+			t.Errorf("%s: Outside = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

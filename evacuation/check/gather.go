@@ -85,10 +85,12 @@ func Run(ctx context.Context, c Clients, o Options, now time.Time) (Report, erro
 
 	lease, err := get(c.Kube.CoordinationV1().Leases(Namespace).Get(ctx, LeaseName, metav1.GetOptions{}))
 	deployment, err2 := get(c.Kube.AppsV1().Deployments(Namespace).Get(ctx, ControllerName, metav1.GetOptions{}))
+	outside := false
 	if err = firstError(err, err2); err != nil {
 		add(unreadable("controller", "the controller's Lease and Deployment", err))
 	} else {
 		add(Controller(lease, deployment, now))
+		outside = Outside(lease, deployment, now)
 	}
 
 	add(checkWebhook(ctx, c.Kube))
@@ -110,7 +112,7 @@ func Run(ctx context.Context, c Clients, o Options, now time.Time) (Report, erro
 		}
 	}
 
-	add(checkAgents(ctx, c.Kube, nodes, vmis)...)
+	add(checkAgents(ctx, c.Kube, nodes, vmis, outside)...)
 
 	vmsOn := vmsByNode(vmis)
 	var vmNodes []string
@@ -252,7 +254,7 @@ func readyEndpoints(ctx context.Context, kube kubernetes.Interface, namespace, n
 	return &n, nil
 }
 
-func checkAgents(ctx context.Context, kube kubernetes.Interface, nodes []corev1.Node, vmis []v1alpha1.VirtualMachineInstance) []Result {
+func checkAgents(ctx context.Context, kube kubernetes.Interface, nodes []corev1.Node, vmis []v1alpha1.VirtualMachineInstance, outside bool) []Result {
 	ds, err := get(kube.AppsV1().DaemonSets(Namespace).Get(ctx, AgentName, metav1.GetOptions{}))
 	if err != nil {
 		return []Result{unreadable("agents", "DaemonSet "+Namespace+"/"+AgentName, err)}
@@ -273,7 +275,7 @@ func checkAgents(ctx context.Context, kube kubernetes.Interface, nodes []corev1.
 			}
 		}
 	}
-	return Agents(nodes, ds, pods, vmis)
+	return Agents(nodes, ds, pods, vmis, outside)
 }
 
 type kubeletRead struct {
