@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"reflect"
 	"strings"
@@ -19,8 +20,10 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -451,5 +454,16 @@ func TestOutside(t *testing.T) {
 		if got := Outside(tc.lease, tc.deployment, now); got != tc.want {
 			t.Errorf("%s: Outside = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+func TestProxyError(t *testing.T) {
+	refused := apierrors.NewGenericServerResponse(400, "get", schema.GroupResource{Resource: "nodes"}, "node-1", "", 0, true)
+	if got := proxyError(refused, []byte("address not allowed\n")); got != "HTTP 400: address not allowed" {
+		t.Errorf("a plain-text refusal: %q", got)
+	}
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "nodes/proxy"}, "node-1", errors.New("no"))
+	if got := proxyError(forbidden, []byte(`{"kind":"Status"}`)); got != forbidden.Error() {
+		t.Errorf("a Status: %q, want the API error", got)
 	}
 }

@@ -3,8 +3,10 @@ package check
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -297,7 +299,7 @@ func kubeletEvictions(ctx context.Context, kube kubernetes.Interface, nodes []st
 			defer cancel()
 			raw, err := kube.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", node, "proxy", "configz").DoRaw(ctx)
 			if err != nil {
-				out[i].why = err.Error()
+				out[i].why = proxyError(err, raw)
 				return
 			}
 			out[i].settings, err = ParseConfigz(raw)
@@ -308,6 +310,24 @@ func kubeletEvictions(ctx context.Context, kube kubernetes.Interface, nodes []st
 	}
 	wg.Wait()
 	return out
+}
+
+// proxyError says why a read through the node proxy failed: the proxy's own refusals (an address
+// it will not proxy to, a kubelet that does not answer) come as plain text, which client-go's
+// error leaves out.
+func proxyError(err error, body []byte) string {
+	text := strings.TrimSpace(string(body))
+	if text == "" || json.Valid(body) {
+		return err.Error()
+	}
+	if len(text) > 200 {
+		text = text[:200] + "…"
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return fmt.Sprintf("HTTP %d: %s", status.Status().Code, text)
+	}
+	return text
 }
 
 // ParseConfigz reads the eviction settings from a kubelet's /configz answer.
