@@ -462,8 +462,13 @@ func TestProxyError(t *testing.T) {
 	if got := proxyError(refused, []byte("address not allowed\n")); got != "HTTP 400: address not allowed" {
 		t.Errorf("a plain-text refusal: %q", got)
 	}
+	// What kube-apiserver answers for a node at a loopback address.
+	body := []byte(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"address not allowed","reason":"BadRequest","code":400}`)
+	if got := proxyError(refused, body); got != "HTTP 400: address not allowed" {
+		t.Errorf("a Status: %q", got)
+	}
 	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "nodes/proxy"}, "node-1", errors.New("no"))
 	if got := proxyError(forbidden, []byte(`{"kind":"Status"}`)); got != forbidden.Error() {
-		t.Errorf("a Status: %q, want the API error", got)
+		t.Errorf("a Status without a message: %q, want the API error", got)
 	}
 }

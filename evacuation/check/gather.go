@@ -313,9 +313,13 @@ func kubeletEvictions(ctx context.Context, kube kubernetes.Interface, nodes []st
 }
 
 // proxyError says why a read through the node proxy failed: the proxy's own refusals (an address
-// it will not proxy to, a kubelet that does not answer) come as plain text, which client-go's
-// error leaves out.
+// it will not proxy to, a kubelet that does not answer) come as a Status or plain text in the
+// body, which client-go's error for a raw read leaves out.
 func proxyError(err error, body []byte) string {
+	var status metav1.Status
+	if json.Unmarshal(body, &status) == nil && status.Kind == "Status" && status.Message != "" {
+		return fmt.Sprintf("HTTP %d: %s", status.Code, status.Message)
+	}
 	text := strings.TrimSpace(string(body))
 	if text == "" || json.Valid(body) {
 		return err.Error()
@@ -323,9 +327,9 @@ func proxyError(err error, body []byte) string {
 	if len(text) > 200 {
 		text = text[:200] + "…"
 	}
-	var status apierrors.APIStatus
-	if errors.As(err, &status) {
-		return fmt.Sprintf("HTTP %d: %s", status.Status().Code, text)
+	var apiStatus apierrors.APIStatus
+	if errors.As(err, &apiStatus) {
+		return fmt.Sprintf("HTTP %d: %s", apiStatus.Status().Code, text)
 	}
 	return text
 }

@@ -147,7 +147,7 @@ func TestCheck(t *testing.T) {
 	wantLine(t, rep.line(t, "eviction webhook"), check.OK, "registered at "+hook.url)
 	wantLine(t, rep.line(t, "webhook authentication"), check.Unknown, "not recorded")
 	// Emulated nodes serve no kubelet API, and the API server proxies to no loopback address.
-	wantLine(t, rep.line(t, "node "+home.Name()+" eviction"), check.Unknown, "not served through the API server")
+	wantLine(t, rep.line(t, "node "+home.Name()+" eviction"), check.Unknown, "not served through the API server (HTTP 400: address not allowed)")
 	wantLine(t, rep.line(t, "VM namespaces' Pod Security"), check.OK, "all 1 VM namespace(s) enforce restricted")
 	wantLine(t, rep.line(t, "VMs"), check.OK, "all 1 running VM(s) can live-migrate")
 	wantLine(t, rep.line(t, "migrations"), check.OK, "0 in flight")
