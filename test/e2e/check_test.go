@@ -12,9 +12,13 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensions "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/check"
@@ -235,5 +239,75 @@ func (s *standIn) exclude(t *testing.T, nodeName string) {
 	patch := fmt.Appendf(nil, `{"spec":{"template":{"spec":{"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchFields":[{"key":"metadata.name","operator":"NotIn","values":[%q]}]}]}}}}}}}`, nodeName)
 	if _, err := cluster.Kube.AppsV1().DaemonSets(s.ds.Namespace).Patch(context.Background(), s.ds.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCheckInstallationFailures: a webhook registered for a Service with no ready endpoint, and a
+// CRD older than the plugin (its schema without a field of the types), each fail their line.
+func TestCheckInstallationFailures(t *testing.T) {
+	ctx := context.Background()
+	// The controller registers the webhook for the Service of the manifests, which selects the
+	// Deployment's pods: there are none here.
+	startController(t, "--webhook-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t, "127.0.0.1")), "--webhook-client-ca", cluster.CAFile())
+	t.Cleanup(func() {
+		_ = cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(context.Background(), webhook.ConfigurationName, metav1.DeleteOptions{})
+	})
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "lifeboat-webhook", Namespace: controlplane.LifeboatNamespace},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app.kubernetes.io/name": check.ControllerName},
+			Ports: []corev1.ServicePort{{Name: "webhook", Port: webhook.ServicePort, TargetPort: intstr.FromInt32(8443)}}},
+	}
+	if _, err := cluster.Kube.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cluster.Kube.CoreV1().Services(svc.Namespace).Delete(context.Background(), svc.Name, metav1.DeleteOptions{})
+	})
+	rep, code := waitCheck(t, time.Minute, "eviction webhook", check.Fail, "its Service lifeboat-system/lifeboat-webhook has no ready endpoint: the API server cannot reach it")
+	if code != 1 || !rep.Failed {
+		t.Errorf("a webhook without endpoints: exit %d, failed %v; want 1, true", code, rep.Failed)
+	}
+
+	// The LifeboatConfig's CRD as an older release had it: without spec.nodePressureRelief.
+	crds := apiextensions.NewForConfigOrDie(cluster.Config).ApiextensionsV1().CustomResourceDefinitions()
+	name := "lifeboatconfigs." + v1alpha1.GroupName
+	original, err := crds.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	older := original.DeepCopy()
+	delete(older.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"].Properties, "nodePressureRelief")
+	if _, err := crds.Update(ctx, older, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			current, err := crds.Get(context.Background(), name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			current.Spec = original.Spec
+			_, err = crds.Update(context.Background(), current, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
+			t.Errorf("restoring CRD %s: %v", name, err)
+			return
+		}
+		// The next test's LifeboatConfig must keep the field: wait until the API server serves
+		// the restored schema, which a dry-run create shows by keeping it.
+		probe := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName},
+			Spec: v1alpha1.LifeboatConfigSpec{NodePressureRelief: &v1alpha1.NodePressureReliefConfig{Enabled: true}}}
+		err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			got, err := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs().Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			return apierrors.IsAlreadyExists(err) || (err == nil && got.Spec.NodePressureRelief != nil), nil
+		})
+		if err != nil {
+			t.Errorf("CRD %s: the restored schema was not served within 30s", name)
+		}
+	})
+	rep, code = waitCheck(t, time.Minute, "CRD "+name, check.Fail, "older than this kubectl-lifeboat: the served v1alpha1 schema lacks spec.nodePressureRelief")
+	if code != 1 || !rep.Failed {
+		t.Errorf("an older CRD: exit %d, failed %v; want 1, true", code, rep.Failed)
 	}
 }
