@@ -69,7 +69,14 @@ func run(args []string, out io.Writer) error {
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
-	isCheck := flags.NArg() == 1 && flags.Arg(0) == "check"
+	isCheck := flags.Arg(0) == "check"
+	if isCheck && flags.NArg() != 1 {
+		flags.Usage()
+		return errors.New("check takes no VM name (-n limits it to a namespace's VMs)")
+	}
+	if *stuckAfter <= 0 {
+		return fmt.Errorf("--stuck-after=%s: want a positive duration", *stuckAfter)
+	}
 	if !isCheck && flags.NArg() != 2 {
 		flags.Usage()
 		return errors.New("want a command and a VM's name")
