@@ -15,7 +15,7 @@ import (
 // errChecksFailed ends a check that found failures: the report has said what they are.
 var errChecksFailed = errors.New("checks failed")
 
-// check runs every check of the cluster and prints the report, as text or JSON; it returns
+// runCheck runs every check of the cluster and prints the report, as text or JSON; it returns
 // errChecksFailed when a check failed.
 func runCheck(ctx context.Context, clients check.Clients, opts check.Options, output string, out io.Writer, now time.Time) error {
 	report, err := check.Run(ctx, clients, opts, now)

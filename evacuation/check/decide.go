@@ -5,7 +5,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"reflect"
-	"slices"
 	"strings"
 	"time"
 
@@ -400,15 +399,12 @@ func NodeEviction(node string, kubelet *KubeletEviction, why string, vms []*v1al
 		return r
 	}
 	r.Message = fmt.Sprintf("soft memory.available<%s, evictionMaxPodGracePeriod %ds", kubelet.SoftMemory, kubelet.MaxPodGracePeriod)
-	largest := slices.MaxFunc(append([]*v1alpha1.VirtualMachineInstance{nil}, vms...), func(a, b *v1alpha1.VirtualMachineInstance) int {
-		switch {
-		case a == nil:
-			return -1
-		case b == nil:
-			return 1
+	var largest *v1alpha1.VirtualMachineInstance
+	for _, v := range vms {
+		if largest == nil || v.Spec.Memory.Cmp(largest.Spec.Memory) > 0 {
+			largest = v
 		}
-		return a.Spec.Memory.Cmp(b.Spec.Memory)
-	})
+	}
 	if largest == nil {
 		r.Status, r.Message = OK, r.Message+fmt.Sprintf(": a VM pod gets up to %ds; no VM runs there; %s", kubelet.MaxPodGracePeriod, relief)
 		return r
