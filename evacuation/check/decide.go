@@ -239,7 +239,7 @@ func Agents(nodes []corev1.Node, daemonSet *appsv1.DaemonSet, agentPods []corev1
 	switch {
 	case daemonSet == nil && outside:
 		return []Result{{Check: "agents", Status: Unknown,
-			Message: fmt.Sprintf("no DaemonSet %s/%s, and the controller runs outside the cluster: agents run outside it too are not seen from the API", Namespace, AgentName),
+			Message: fmt.Sprintf("no DaemonSet %s/%s, and the controller runs outside the cluster: agents that run outside it too are not seen from the API", Namespace, AgentName),
 			Fix:     "on a cluster of your own, " + installFix}}
 	case daemonSet == nil:
 		return []Result{{Check: "agents", Status: Fail, Message: fmt.Sprintf("no DaemonSet %s/%s: no node can run VMs", Namespace, AgentName), Fix: installFix}}

@@ -198,7 +198,7 @@ func TestAgents(t *testing.T) {
 		{"ready everywhere", ds, false, []corev1.Node{node("a", true), node("b", true), node("cp", false)}, []corev1.Pod{agentPod("a", true), agentPod("b", true)}, nil,
 			[]string{"agents"}, []Status{OK}, []string{"ready on all 2 VM node(s)"}},
 		{"no DaemonSet", nil, false, []corev1.Node{node("a", true)}, nil, nil, []string{"agents"}, []Status{Fail}, []string{"no DaemonSet lifeboat-system/lifeboat-agent: no node can run VMs"}},
-		{"no DaemonSet, the controller outside the cluster", nil, true, []corev1.Node{node("a", true)}, nil, nil, []string{"agents"}, []Status{Unknown}, []string{"agents run outside it too are not seen"}},
+		{"no DaemonSet, the controller outside the cluster", nil, true, []corev1.Node{node("a", true)}, nil, nil, []string{"agents"}, []Status{Unknown}, []string{"agents that run outside it too are not seen"}},
 		{"the controller outside the cluster, a DaemonSet", ds, true, []corev1.Node{node("a", true)}, nil, nil, []string{"agent on node a"}, []Status{Fail}, []string{"no ready agent"}},
 		{"not ready on a VM node", ds, false, []corev1.Node{node("a", true), node("b", true)}, []corev1.Pod{agentPod("a", true), agentPod("b", false)}, nil,
 			[]string{"agent on node b"}, []Status{Fail}, []string{"no ready agent: VMs scheduled there will not start"}},
