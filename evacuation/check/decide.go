@@ -225,7 +225,7 @@ func WebhookAuthentication(c *metav1.Condition) Result {
 	case c.Status == metav1.ConditionTrue:
 		r.Status, r.Message = OK, fmt.Sprintf("the API server authenticates (%s): %s", c.Reason, c.Message)
 	default:
-		r.Status, r.Message, r.Fix = Warn, fmt.Sprintf("the API server does not authenticate (%s): %s", c.Reason, c.Message), fix
+		r.Status, r.Message, r.Fix = Warn, fmt.Sprintf("the API server has not authenticated to it (%s): %s", c.Reason, c.Message), fix
 	}
 	return r
 }

@@ -147,7 +147,7 @@ func TestWebhookAuthentication(t *testing.T) {
 	}{
 		{"not recorded", nil, Unknown, "not recorded"},
 		{"strict", &metav1.Condition{Status: metav1.ConditionTrue, Reason: "AuthenticatedCallSeen", Message: "seen"}, OK, "the API server authenticates (AuthenticatedCallSeen)"},
-		{"permissive", &metav1.Condition{Status: metav1.ConditionFalse, Reason: "NoAuthenticatedCallSeen", Message: "not seen"}, Warn, "does not authenticate (NoAuthenticatedCallSeen)"},
+		{"permissive", &metav1.Condition{Status: metav1.ConditionFalse, Reason: "NoAuthenticatedCallSeen", Message: "not seen"}, Warn, "has not authenticated to it (NoAuthenticatedCallSeen)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) { want(t, WebhookAuthentication(tc.cond), tc.status, tc.says) })
 	}

@@ -155,7 +155,7 @@ func TestCheck(t *testing.T) {
 	if auth := rep.line(t, "webhook authentication"); auth.Status == check.Unknown {
 		wantLine(t, auth, check.Unknown, "not recorded")
 	} else {
-		wantLine(t, auth, check.Warn, "the API server does not authenticate (NoAuthenticatedCallSeen)")
+		wantLine(t, auth, check.Warn, "the API server has not authenticated to it (NoAuthenticatedCallSeen)")
 	}
 	// Emulated nodes serve no kubelet API, and the API server proxies to no loopback address.
 	wantLine(t, rep.line(t, "node "+home.Name()+" eviction"), check.Unknown, "not served through the API server (HTTP 400: address not allowed)")
