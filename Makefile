@@ -285,6 +285,7 @@ demo: deps $(CLUSTER) lifeboat-bins
 	@echo "  $(CLUSTER) evict default/demo --dir $(DEMO_DIR) && $(CLUSTER) follow default/demo --dir $(DEMO_DIR)   # again"
 	@echo "  export KUBECONFIG=$(DEMO_DIR)/admin.kubeconfig PATH=$$($(CLUSTER) bin-dir):\$$PATH"
 	@echo "  kubectl get vm,vmi,pods -o wide; PATH=$(CURDIR)/bin:\$$PATH kubectl lifeboat status demo"
+	@echo "  PATH=$(CURDIR)/bin:\$$PATH kubectl lifeboat check   # what protects the VMs here, a line per check"
 	@echo "  $(CLUSTER) ask default/demo --dir $(DEMO_DIR)   # the guest's answer through its Service"
 	@echo "  kubectl drain NODE --ignore-daemonsets --delete-emptydir-data && kubectl uncordon NODE   # a drain live-migrates the VM too"
 	@echo "  $(CLUSTER) console default/demo --dir $(DEMO_DIR)     # the guest's serial console"

@@ -7,6 +7,8 @@
 //	kubectl lifeboat evacuate-cancel VM  cancel its evacuation (needs the cancel-evacuation permission)
 //	kubectl lifeboat status VM           the VM, its instance and its evacuation story
 //	kubectl lifeboat console VM          the guest's serial console (Ctrl+] leaves; needs pods/exec)
+//	kubectl lifeboat check [-o json]     check that lifeboat can protect the cluster's VMs (exit 1 if not);
+//	                                     -n limits the checks of VMs and migrations to a namespace
 //
 // Flags (before or after the command): --kubeconfig, --context, -n/--namespace, --as, as kubectl's.
 package main
@@ -20,13 +22,16 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	apiextensions "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
+	"github.com/lifeboat-vm/lifeboat/evacuation/check"
 )
 
 const usage = `usage: kubectl lifeboat COMMAND VM [-n NAMESPACE] [--kubeconfig FILE] [--context NAME] [--as USER]
+       kubectl lifeboat check [-o json] [--stuck-after DURATION] [-n NAMESPACE]
 
 commands:
   start            start the VM
@@ -36,10 +41,16 @@ commands:
   evacuate-cancel  cancel the VM's evacuation from its node
   status           show the VM, its instance and its evacuation story
   console          connect to the VM's serial console (Ctrl+] leaves; needs create on pods/exec)
+  check            check the installation and what protects each node's VMs, a line per check;
+                   exit status 1 if any fails (-o json for scripts; -n: only that namespace's VMs)
 `
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil {
+	err := run(os.Args[1:], os.Stdout)
+	if errors.Is(err, errChecksFailed) {
+		os.Exit(1)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
@@ -53,12 +64,25 @@ func run(args []string, out io.Writer) error {
 	flags.StringVar(&overrides.CurrentContext, "context", "", "the kubeconfig context")
 	flags.StringVarP(&overrides.Context.Namespace, "namespace", "n", "", "the VM's namespace")
 	flags.StringVar(&overrides.AuthInfo.Impersonate, "as", "", "the user to act as")
+	output := flags.StringP("output", "o", "text", "check's output: text or json")
+	stuckAfter := flags.Duration("stuck-after", 15*time.Minute, "check: how long a migration may run before it counts as stuck")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
-	if flags.NArg() != 2 {
+	isCheck := flags.Arg(0) == "check"
+	if isCheck && flags.NArg() != 1 {
+		flags.Usage()
+		return errors.New("check takes no VM name (-n limits it to a namespace's VMs)")
+	}
+	if *stuckAfter <= 0 {
+		return fmt.Errorf("--stuck-after=%s: want a positive duration", *stuckAfter)
+	}
+	if !isCheck && flags.NArg() != 2 {
 		flags.Usage()
 		return errors.New("want a command and a VM's name")
+	}
+	if *output != "text" && *output != "json" {
+		return fmt.Errorf("-o %q: want text or json", *output)
 	}
 	command, name := flags.Arg(0), flags.Arg(1)
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
@@ -79,6 +103,21 @@ func run(args []string, out io.Writer) error {
 	kube, err := kubernetes.NewForConfig(rest)
 	if err != nil {
 		return err
+	}
+	if isCheck {
+		// Cluster-wide unless -n names a namespace: the kubeconfig's default is not a choice.
+		scope := ""
+		if flags.Changed("namespace") {
+			scope = namespace
+		}
+		ext, err := apiextensions.NewForConfig(rest)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		return runCheck(ctx, check.Clients{Kube: kube, Lifeboat: lb, Extensions: ext},
+			check.Options{StuckAfter: *stuckAfter, NodeTimeout: 5 * time.Second, Namespace: scope}, *output, out, time.Now())
 	}
 	c := &client{lb: lb, kube: kube, namespace: namespace, out: out}
 	if command == "console" {

@@ -74,6 +74,16 @@ func TestDemoClusterMovesTheVMOnADrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What the README says an admin runs whenever in doubt: the check passes, its controller
+	// line saying who leads.
+	checkCmd := exec.Command(filepath.Join(bins.Dir(), "kubectl"), "lifeboat", "check")
+	checkCmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(dir, "admin.kubeconfig"), "PATH="+filepath.Join(root, "bin")+string(os.PathListSeparator)+os.Getenv("PATH"))
+	checked, err := checkCmd.CombinedOutput()
+	t.Logf("kubectl lifeboat check:\n%s", checked)
+	if err != nil || !strings.Contains(string(checked), "\nok      controller: ") || !strings.Contains(string(checked), " 0 fail, ") {
+		t.Errorf("kubectl lifeboat check on the demo cluster: %v; want exit 0, an ok controller line and 0 fail; it printed:\n%s", err, checked)
+	}
+
 	drain := exec.Command(filepath.Join(bins.Dir(), "kubectl"), "--kubeconfig", filepath.Join(dir, "admin.kubeconfig"),
 		"drain", from, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=3m")
 	drained, err := drain.CombinedOutput()

@@ -97,6 +97,8 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 	}
 	controller, err := startChild(cp.Dir, filepath.Join(o.bin, "lifeboat-controller"),
 		"--kubeconfig", cp.Kubeconfig, "--acceleration", o.acceleration,
+		// As the Deployment runs it: the Lease says who leads (kubectl lifeboat check reads it).
+		"--leader-elect",
 		"--webhook-listen", hook, "--webhook-url", "https://"+hook+webhook.Path, "--webhook-client-ca", cp.CAFile(), "--metrics-listen", metrics, "--metrics-insecure")
 	if err != nil {
 		return nil, stop, err
