@@ -5,11 +5,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,33 +19,15 @@ import (
 	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
-	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 )
 
 // The agent keeps serving through an inotify overflow (issue 45, N7): held up while a launcher
 // churns files in its run volume, it loses events for real, counts a rescan, and still goes on
 // to the next launcher that comes, where it used to exit and stop every evacuation on its node.
 func TestTheAgentKeepsServingThroughAnInotifyOverflow(t *testing.T) {
-	limit, err := os.ReadFile("/proc/sys/fs/inotify/max_queued_events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	queue, err := strconv.Atoi(strings.TrimSpace(string(limit)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	queue := inotifyQueue(t)
 	root := t.TempDir()
-	launcher := func(uid string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Join(root, uid), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		l, err := net.Listen("unix", filepath.Join(root, uid, contract.LibvirtSocket))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-	}
+	launcher := fakeLaunchers(t, root)
 	// Which launchers the agent dials: no libvirt answers in this test.
 	dialed := make(chan string, 1000)
 	dial := func(_ context.Context, _, uid string) (DomainConn, error) {

@@ -94,17 +94,7 @@ func TestVanished(t *testing.T) {
 // it used to end the agent (issue 45, N7).
 func TestAWatcherErrorRescansAndKeepsDiscovering(t *testing.T) {
 	root := t.TempDir()
-	launcher := func(uid string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Join(root, uid), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		l, err := net.Listen("unix", filepath.Join(root, uid, contract.LibvirtSocket))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-	}
+	launcher := fakeLaunchers(t, root)
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		t.Fatal(err)
@@ -164,26 +154,9 @@ func TestAWatcherErrorRescansAndKeepsDiscovering(t *testing.T) {
 // A launcher that churns files in its run volume while the agent is busy overflows the kernel's
 // inotify queue for real: discovery rescans and goes on finding launchers (issue 45, N7).
 func TestAnInotifyOverflowRescansInsteadOfEnding(t *testing.T) {
-	limit, err := os.ReadFile("/proc/sys/fs/inotify/max_queued_events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	queue, err := strconv.Atoi(strings.TrimSpace(string(limit)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	queue := inotifyQueue(t)
 	root := t.TempDir()
-	launcher := func(uid string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Join(root, uid), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		l, err := net.Listen("unix", filepath.Join(root, uid, contract.LibvirtSocket))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-	}
+	launcher := fakeLaunchers(t, root)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// Unbuffered, as the agent's: while nobody takes a report, discovery reads no event.
@@ -230,4 +203,33 @@ func TestAnInotifyOverflowRescansInsteadOfEnding(t *testing.T) {
 			t.Fatal("a launcher that came after the overflow was not found within 30s")
 		}
 	}
+}
+
+// fakeLaunchers returns a function that makes a launcher's directory under root with its libvirt
+// socket listening, as a launcher pod's run volume has it.
+func fakeLaunchers(t *testing.T, root string) func(uid string) {
+	return func(uid string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(root, uid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("unix", filepath.Join(root, uid, contract.LibvirtSocket))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+	}
+}
+
+// inotifyQueue is the kernel's limit of queued inotify events, past which a watcher overflows.
+func inotifyQueue(t *testing.T) int {
+	limit, err := os.ReadFile("/proc/sys/fs/inotify/max_queued_events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue, err := strconv.Atoi(strings.TrimSpace(string(limit)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return queue
 }
