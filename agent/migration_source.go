@@ -203,19 +203,20 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	m.record(mig, vmi, mode, result, where)
 }
 
-// exitReadInterval is how often a failed call's wait reads the source launcher's exit code.
-const exitReadInterval = 500 * time.Millisecond
+// remoteReadInterval is how often a failed call's wait reads what the API server holds: the
+// target's record and the source launcher's exit code.
+const remoteReadInterval = 500 * time.Millisecond
 
 // afterFailedCall finds out what a migration whose libvirt call failed did, from the source
-// launcher's reports and its libvirt (mg) and from what the target agent recorded on the VMI,
-// waiting for their word within DecideFailedCall's bounds.
+// launcher's reports and its libvirt (mg), its exit code and what the target agent recorded on
+// the VMI, waiting for their word within DecideFailedCall's bounds.
 func (m *migrations) afterFailedCall(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, mg Migrator, name string, start time.Time, mode v1alpha1.MigrationMode) (CallOutcome, FailedCall) {
 	uid := string(vmi.UID)
 	clk := m.a.cfg.Clock
 	failed := clk.Now()
-	// The source launcher's exit code, read from its pod's status every exitReadInterval until known.
+	var targetRan bool
 	var exit *int32
-	var exitRead time.Time
+	var remoteRead time.Time
 	tick := clk.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -224,14 +225,16 @@ func (m *migrations) afterFailedCall(mig *v1alpha1.VirtualMachineInstanceMigrati
 			PostCopy:        mode == v1alpha1.MigrationModePostCopy,
 			Waited:          clk.Since(failed),
 		}
-		c.TargetRan = !c.LeftByMigration && m.targetRan(mig, vmi)
-		if pod := vmi.Status.LauncherPod; pod != nil && m.a.cfg.LauncherExit != nil && exit == nil && clk.Since(exitRead) >= exitReadInterval {
-			exitRead = clk.Now()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			exit, _ = m.a.cfg.LauncherExit(ctx, vmi.Namespace, pod.Name, pod.UID)
-			cancel()
+		if !c.LeftByMigration && clk.Since(remoteRead) >= remoteReadInterval {
+			remoteRead = clk.Now()
+			targetRan = targetRan || m.targetRan(mig, vmi)
+			if pod := vmi.Status.LauncherPod; pod != nil && m.a.cfg.LauncherExit != nil && exit == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				exit, _ = m.a.cfg.LauncherExit(ctx, vmi.Namespace, pod.Name, pod.UID)
+				cancel()
+			}
 		}
-		c.SourceExit = exit
+		c.TargetRan, c.SourceExit = targetRan, exit
 		c.SourceSilent = m.a.conn(uid) == nil || m.a.notifyConns.allRead(uid)
 		state, reason, err := mg.State(name)
 		c.SourceAlive = err == nil && stateOf(state, reason).Alive()
