@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,9 +12,6 @@ import (
 	"strconv"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/lifeboat-vm/lifeboat/agent"
@@ -28,8 +26,8 @@ const configzTimeout = 10 * time.Second
 // source that answers: the kubelet's live configuration (/configz on its authenticated port,
 // with the agent's own credentials: RBAC nodes/configz), the file --kubelet-config names, or
 // else the upstream defaults with --eviction-max-pod-grace-period if given. It says which.
-func kubeletSettings(ctx context.Context, o options, restConfig *rest.Config, kube kubernetes.Interface, log *slog.Logger) (pressure.KubeletSettings, string, error) {
-	data, err := readConfigz(ctx, restConfig, kube, o.nodeName, o.nodeAddress)
+func kubeletSettings(ctx context.Context, o options, restConfig *rest.Config, log *slog.Logger) (pressure.KubeletSettings, string, error) {
+	data, err := readConfigz(ctx, restConfig, o.nodeAddress, o.kubeletPort)
 	if err == nil {
 		s, err := pressure.ReadKubeletConfig(data)
 		if err != nil {
@@ -56,32 +54,15 @@ func kubeletSettings(ctx context.Context, o options, restConfig *rest.Config, ku
 	return s, agent.KubeletSourceDefaults, nil
 }
 
-// readConfigz reads the kubelet's /configz at the node's address and the port its Node
-// publishes. The connection stays on the node (the agent is on its network), and does not check
-// the kubelet's serving certificate, which most kubelets sign themselves, as the API server does
-// not by default either.
-func readConfigz(ctx context.Context, restConfig *rest.Config, kube kubernetes.Interface, nodeName, address string) ([]byte, error) {
+// readConfigz reads the kubelet's /configz at the node's address. The connection stays on the
+// node (the agent is on its network), and does not check the kubelet's serving certificate,
+// which most kubelets sign themselves, as the API server does not by default either.
+func readConfigz(ctx context.Context, restConfig *rest.Config, address string, port int) ([]byte, error) {
+	if address == "" || port == 0 {
+		return nil, errors.New("no --node-address or --kubelet-port")
+	}
 	ctx, cancel := context.WithTimeout(ctx, configzTimeout)
 	defer cancel()
-	node, err := kube.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
-	if err != nil {
-		return nil, err
-	}
-	port := node.Status.DaemonEndpoints.KubeletEndpoint.Port
-	if port == 0 {
-		return nil, fmt.Errorf("node %s publishes no kubelet port", nodeName)
-	}
-	if address == "" {
-		for _, a := range node.Status.Addresses {
-			if a.Type == corev1.NodeInternalIP {
-				address = a.Address
-				break
-			}
-		}
-	}
-	if address == "" {
-		return nil, fmt.Errorf("node %s has no InternalIP and --node-address is not set", nodeName)
-	}
 	// The agent's credentials (its service account token in a cluster), and no CA.
 	client, err := rest.HTTPClientFor(&rest.Config{
 		BearerToken: restConfig.BearerToken, BearerTokenFile: restConfig.BearerTokenFile,
@@ -91,7 +72,7 @@ func readConfigz(ctx context.Context, restConfig *rest.Config, kube kubernetes.I
 	if err != nil {
 		return nil, err
 	}
-	url := "https://" + net.JoinHostPort(address, strconv.Itoa(int(port))) + "/configz"
+	url := "https://" + net.JoinHostPort(address, strconv.Itoa(port)) + "/configz"
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err

@@ -45,7 +45,7 @@ type options struct {
 	healthListen                                                     string
 	devicePluginDir, kubeletPodsDir, certDir, namespace              string
 	procRoot, cgroupRoot                                             string
-	workers, deviceSlots                                             int
+	workers, deviceSlots, kubeletPort                                int
 	maxPodGracePeriod                                                int64
 	podDirResync                                                     time.Duration
 }
@@ -60,6 +60,7 @@ func main() {
 	flag.StringVar(&o.listen, "listen", "127.0.0.1:8185", "address of /metrics and /healthz; loopback by default, as the metrics tell what every VM on the node does")
 	flag.StringVar(&o.healthListen, "healthz-listen", "", "another address serving /healthz only, for the kubelet's probe (e.g. \":8186\"); empty: none")
 	flag.IntVar(&o.workers, "workers", 4, "reconcile workers")
+	flag.IntVar(&o.kubeletPort, "kubelet-port", 10250, "the kubelet's port (its configuration's port), where the agent reads the kubelet's live configuration (/configz) at --node-address; 0: do not")
 	flag.StringVar(&o.kubeletConfig, "kubelet-config", "",
 		"the node kubelet's KubeletConfiguration file, read for its eviction settings where the kubelet's live configuration (/configz) cannot be read")
 	flag.Int64Var(&o.maxPodGracePeriod, "eviction-max-pod-grace-period", -1,
@@ -101,7 +102,7 @@ func run(o options, log *slog.Logger) error {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
-	settings, source, err := kubeletSettings(ctx, o, restConfig, kubeClient, log)
+	settings, source, err := kubeletSettings(ctx, o, restConfig, log)
 	if err != nil {
 		return err
 	}
