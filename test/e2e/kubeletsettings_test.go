@@ -153,3 +153,18 @@ func waitVMsAtRisk(t *testing.T, what string, ok func(*metav1.Condition) bool) m
 	}
 	return *cond
 }
+
+// TestTheAgentReadsTheRealKubeletsLiveConfiguration: lifeboat deployed from manifests/ (which
+// mount nothing of the node's configuration) reads the real kubelet's eviction settings from its
+// /configz with the agent's own token and RBAC nodes/configz: its soft threshold (1Gi, above the
+// hard 100Mi) acts first, with the kubelet's evictionMaxPodGracePeriod.
+func TestTheAgentReadsTheRealKubeletsLiveConfiguration(t *testing.T) {
+	real := startRealNode(t)
+	deployLifeboat(t, real)
+	e := waitExposure(t, real.Name(), "read from the kubelet's /configz", func(e v1alpha1.NodeEvictionExposure) bool {
+		return e.Source == agent.KubeletSourceConfigz
+	})
+	if e.Threshold != "soft" || e.AtRisk {
+		t.Errorf("node %s: %+v; want the soft threshold acting first, nothing at risk", real.Name(), e)
+	}
+}
