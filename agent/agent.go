@@ -14,6 +14,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/cache"
@@ -59,9 +60,10 @@ type Config struct {
 	// loop's ticks, the wait for the launcher's last report); nil means the real clock.
 	Now   func() time.Time
 	Clock clock.WithTicker
-	// LauncherExit reads the exit code of the launcher of the VMI with uid on this node, nil
-	// while it runs; a restarted agent uses it to learn how a migration it lost track of ended.
-	LauncherExit func(ctx context.Context, namespace, vmiUID string) (*int32, error)
+	// LauncherExit reads the exit code of the launcher in pod namespace/name with podUID on this
+	// node, nil while it runs; a restarted agent uses it to learn how a migration it lost track
+	// of ended.
+	LauncherExit func(ctx context.Context, namespace, name string, podUID types.UID) (*int32, error)
 	// PodInformer, if set, holds this node's launcher pods: the agent links each VMI's directory
 	// to its pod's run volume (poddirs.go), and a pod deleted through the API gives its SIGTERM
 	// its cause and deadline (PodDeletion).
@@ -109,6 +111,9 @@ type Agent struct {
 	// relieving is the node's LabelMemoryPressureRelief as this agent last set it; nil until it has.
 	// Only the relief goroutine uses it.
 	relieving *bool
+	// links holds, by VMI UID, the pod its directory links to (poddirs.go).
+	linksMu sync.Mutex
+	links   map[string]RecordedPod
 	// exposed is the node's AnnotationEvictionExposure as this agent last set it; nil until it
 	// has. Only the relief goroutine uses it.
 	exposed *v1alpha1.NodeEvictionExposure
@@ -140,7 +145,7 @@ func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.Virtual
 	a := &Agent{
 		cfg: cfg, lifeboat: lb, informer: vmis.Informer(),
 		queue:     workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "agent"}),
-		launchers: map[string]*launcher{}, notifyConns: newNotifyConns(),
+		launchers: map[string]*launcher{}, notifyConns: newNotifyConns(), links: map[string]RecordedPod{},
 	}
 	if err := a.informer.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
 		return []string{string(obj.(metav1.Object).GetUID())}, nil
@@ -179,23 +184,17 @@ func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.Virtual
 // podDeletion is the deletion through the API of the VMI's launcher pod on this node, nil if
 // there is none (or no pod informer).
 func (a *Agent) podDeletion(vmi *v1alpha1.VirtualMachineInstance) *PodDeletion {
-	if a.cfg.PodInformer == nil {
+	p, ok := a.linkedPod(string(vmi.UID))
+	if !ok || p.DeletionTimestamp == nil {
 		return nil
 	}
-	for _, obj := range a.cfg.PodInformer.GetStore().List() {
-		p, ok := obj.(*corev1.Pod)
-		if !ok || p.Labels[v1alpha1.LabelVMIUID] != string(vmi.UID) || p.Spec.NodeName != a.cfg.NodeName || p.DeletionTimestamp == nil {
-			continue
+	d := &PodDeletion{Deadline: p.DeletionTimestamp.Time}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			d.DisruptionReason = c.Reason
 		}
-		d := &PodDeletion{Deadline: p.DeletionTimestamp.Time}
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
-				d.DisruptionReason = c.Reason
-			}
-		}
-		return d
 	}
-	return nil
+	return d
 }
 
 func (a *Agent) enqueueAll() {
@@ -259,7 +258,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 	}
 	found, gone := make(chan string), make(chan string)
 	errc := make(chan error, 1)
-	go func() { errc <- discover(ctx, a.cfg.DomainsDir, found, gone) }()
+	go func() { errc <- discover(ctx, a.cfg.DomainsDir, found, gone, a.rescanned) }()
 	for range workers {
 		go wait.UntilWithContext(ctx, a.runWorker, time.Second)
 	}
@@ -268,7 +267,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 		go a.runRelief(ctx)
 	}
 	if a.cfg.PodInformer != nil {
-		dirs := &podDirs{a: a, notify: map[string]*notifyServing{}}
+		dirs := &podDirs{a: a, notify: map[string]*notifyServing{}, impostors: map[types.UID]bool{}}
 		go dirs.run(ctx, a.cfg.PodDirResync)
 	}
 	a.cfg.Log.Info("agent started", "node", a.cfg.NodeName, "domainsDir", a.cfg.DomainsDir)
@@ -292,6 +291,12 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 			})
 		}
 	}
+}
+
+// rescanned records that the launcher watch lost events (err says why) and rescans.
+func (a *Agent) rescanned(err error) {
+	a.cfg.Metrics.LauncherRescans.Inc()
+	a.cfg.Log.Warn("the watch of launcher directories lost events; rescanning them", "dir", a.cfg.DomainsDir, "err", err)
 }
 
 // connect dials a launcher's libvirt and feeds its domain's changes to the queue until the

@@ -16,10 +16,15 @@ type Metrics struct {
 	MarkLatency prometheus.Histogram
 	// EvacuationsLost counts marked VMs still on the node when their deadline passed.
 	EvacuationsLost prometheus.Counter
+	// LauncherRescans counts rescans of the launcher directories after the watch lost events.
+	LauncherRescans prometheus.Counter
 	// LauncherDirsRemoved counts per-VMI directories removed after their launcher pods were deleted.
 	LauncherDirsRemoved prometheus.Counter
 	// PodNetworks counts pod networks built in launcher pods, by binding and result.
 	PodNetworks *prometheus.CounterVec
+	// LauncherImpostors counts pods on the node that claim to be a VMI's launcher by their
+	// labels but are not the pod lifeboat's controller recorded for it; each is refused once.
+	LauncherImpostors prometheus.Counter
 	// MigrationConnectionsRefused counts connections to target proxies whose TLS handshake failed.
 	MigrationConnectionsRefused prometheus.Counter
 	// ReliefDecisions counts node-pressure relief decisions by result; ReliefAvailable is the
@@ -69,6 +74,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_evacuations_lost_total",
 			Help: "VMs marked for evacuation that were still on the node when the kubelet's deadline passed.",
 		}),
+		LauncherRescans: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_agent_launcher_rescans_total",
+			Help: "Rescans of the launcher directories after their watch failed or lost events (an inotify queue overflow).",
+		}),
 		LauncherDirsRemoved: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "lifeboat_agent_launcher_dirs_removed_total",
 			Help: "Per-VMI launcher directories removed because their VMI had no launcher pod left on the node.",
@@ -77,6 +86,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_pod_networks_total",
 			Help: "Guests' sides of the pod network the agent built in launcher pods, by binding (masquerade, bridge; unknown when the VMI could not be read) and result (built, failed).",
 		}, []string{"binding", "result"}),
+		LauncherImpostors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_agent_launcher_impostors_total",
+			Help: "Pods on this node labelled as a VMI's launcher that are not the launcher pod lifeboat's controller recorded for it (in the VMI's or its migration's status): the agent linked nothing of the VM to them. Each pod counts once.",
+		}),
 		MigrationConnectionsRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "lifeboat_agent_migration_connections_refused_total",
 			Help: "Connections to this node's migration target proxies refused at the TLS handshake: no certificate, another node's or CA's, or another migration's.",
@@ -116,7 +129,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while node-pressure relief is on for the node (set so, or unset where the kubelet's grace is too short for a migration).",
 		}),
 	}
-	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherDirsRemoved, m.PodNetworks, m.MigrationConnectionsRefused,
+	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.MigrationConnectionsRefused,
 		m.ReliefDecisions, m.ReliefAvailable, m.DirtyRateEstimates, m.DirtyRateEstimated,
 		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn)
 	return m

@@ -53,10 +53,11 @@ type migrations struct {
 	a        *Agent
 	lifeboat lifeboatclient.Interface
 	// listers are the caches of the migrations from and to this node.
-	listers []lifeboatlisters.VirtualMachineInstanceMigrationLister
-	synced  []cache.InformerSynced
-	queue   workqueue.TypedRateLimitingInterface[string]
-	address string // this node's address, where target proxies listen
+	listers   []lifeboatlisters.VirtualMachineInstanceMigrationLister
+	informers []cache.SharedIndexInformer
+	synced    []cache.InformerSynced
+	queue     workqueue.TypedRateLimitingInterface[string]
+	address   string // this node's address, where target proxies listen
 
 	mu     sync.Mutex
 	active map[string]*activeMigration // by migration UID
@@ -89,6 +90,7 @@ func (a *Agent) newMigrations(lb lifeboatclient.Interface, informers []lifeboati
 	}
 	for _, informer := range informers {
 		m.listers = append(m.listers, informer.Lister())
+		m.informers = append(m.informers, informer.Informer())
 		m.synced = append(m.synced, informer.Informer().HasSynced)
 		_, _ = informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) }, DeleteFunc: enqueue,
@@ -233,6 +235,13 @@ func (m *migrations) prepareTarget(ctx context.Context, mig *v1alpha1.VirtualMac
 	}
 	if !m.a.connected(uid) {
 		return fmt.Errorf("the target launcher of %s is not connected yet", mig.Spec.VMIName)
+	}
+	// The proxies forward into the directory's pod: it must be the target the controller
+	// recorded. Linked and connected, it stays linked until its launcher disconnects.
+	if m.a.cfg.PodInformer != nil {
+		if p, ok := m.a.linkedPod(uid); !ok || p.Namespace != mig.Namespace || p.Name != mig.Status.TargetPod || p.UID != mig.Status.TargetPodUID {
+			return fmt.Errorf("the directory of %s does not link the migration's recorded target pod %s (UID %s) yet", mig.Spec.VMIName, mig.Status.TargetPod, mig.Status.TargetPodUID)
+		}
 	}
 	// The target launcher loads QEMU's capabilities as it starts, a probe of seconds for a
 	// node's first launcher; the guest must not be sent before, or the migration waits on the
@@ -405,6 +414,12 @@ var errNoProxy = errors.New("the migration has no target proxy")
 // clearMark is what a successful migration does to its VMI: the guest runs on the target now.
 func clearMark(vmi *v1alpha1.VirtualMachineInstance, mig *v1alpha1.VirtualMachineInstanceMigration, now metav1.Time) {
 	vmi.Status.NodeName = mig.Status.TargetNode
+	// The guest's launcher is the target pod the controller recorded; without a recorded UID
+	// (a migration begun before it was recorded) the VMI controller records the pod it finds.
+	vmi.Status.LauncherPod = nil
+	if mig.Status.TargetPodUID != "" {
+		vmi.Status.LauncherPod = &v1alpha1.LauncherPodRef{Name: mig.Status.TargetPod, UID: mig.Status.TargetPodUID}
+	}
 	v1alpha1.ClearEvacuationMark(&vmi.Status, "Evacuated",
 		fmt.Sprintf("the VM moved from node %s to node %s by migration %s", mig.Status.SourceNode, mig.Status.TargetNode, mig.Name), now)
 }

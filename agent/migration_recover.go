@@ -113,8 +113,9 @@ func (m *migrations) recoverSource(ctx context.Context, mig *v1alpha1.VirtualMac
 		if state, reason, err := mg.State(name); err == nil {
 			o.PostCopyBroken = state == domain.Paused && reason == domain.ReasonPostcopyFailed
 		}
-	} else if m.a.cfg.LauncherExit != nil {
-		if o.LauncherExit, err = m.a.cfg.LauncherExit(ctx, vmi.Namespace, uid); err != nil {
+	} else if pod := vmi.Status.LauncherPod; m.a.cfg.LauncherExit != nil && pod != nil {
+		// The source launcher is the pod the VMI records, not any pod labelled for it.
+		if o.LauncherExit, err = m.a.cfg.LauncherExit(ctx, vmi.Namespace, pod.Name, pod.UID); err != nil {
 			return 0, fmt.Errorf("reading how the source launcher of %s ended: %w", vmi.Name, err)
 		}
 	}

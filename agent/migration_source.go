@@ -267,7 +267,7 @@ func (m *migrations) tightened(mig *v1alpha1.VirtualMachineInstanceMigration, ui
 // markCleared reports whether an evacuation's reason went away: its VMI is no longer marked for
 // evacuation from the source node (someone cancelled the evacuation).
 func (m *migrations) markCleared(mig *v1alpha1.VirtualMachineInstanceMigration, uid string) bool {
-	if mig.Labels[v1alpha1.LabelEvacuation] != "true" {
+	if mig.EvacuatedVMI() == "" {
 		return false
 	}
 	vmi := m.a.cachedVMI(uid)

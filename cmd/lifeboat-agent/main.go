@@ -241,17 +241,21 @@ func annotateNode(kube kubernetes.Interface, node string) func(ctx context.Conte
 	}
 }
 
-// launcherExit reads, from the kubelet's record of its pod, how the launcher of a VMI on this
-// node ended.
-func launcherExit(client kubernetes.Interface, nodeName string) func(ctx context.Context, namespace, vmiUID string) (*int32, error) {
-	return func(ctx context.Context, namespace, vmiUID string) (*int32, error) {
+// launcherExit reads, from the kubelet's record of the pod, how the launcher in it ended: only
+// the pod with that UID on this node counts.
+func launcherExit(client kubernetes.Interface, nodeName string) func(ctx context.Context, namespace, name string, podUID types.UID) (*int32, error) {
+	return func(ctx context.Context, namespace, name string, podUID types.UID) (*int32, error) {
+		// Listed, not read: the agent may list pods but not get them (manifests/agent-rbac.yaml).
 		pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{
-			LabelSelector: v1alpha1.LabelVMIUID + "=" + vmiUID, FieldSelector: "spec.nodeName=" + nodeName,
+			FieldSelector: "metadata.name=" + name + ",spec.nodeName=" + nodeName,
 		})
 		if err != nil {
 			return nil, err
 		}
 		for _, pod := range pods.Items {
+			if pod.UID != podUID {
+				continue
+			}
 			for _, cs := range pod.Status.ContainerStatuses {
 				if cs.Name == contract.ContainerName && cs.State.Terminated != nil {
 					return &cs.State.Terminated.ExitCode, nil

@@ -120,10 +120,10 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	nodes, boundPods := evacuate.NewCapacityInformers(kubeClient)
 	evacuationController := evacuate.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), nodes, boundPods, recorder, log)
 	budgets := disruption.NewBudgetInformer(kubeClient)
-	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, budgets, nodes, recorder, podOpts, log)
 	disruptionController := disruption.New(kubeClient, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), pods, budgets, recorder, log)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), kube.RequestsMetric)
+	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, budgets, nodes, recorder, podOpts, reg, log)
 	cancelController := cancellation.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), recorder, cancellation.NewMetrics(reg), log)
 	vmController := vm.New(lb, lbv1.VirtualMachines(), lbv1.VirtualMachineInstances(), pods, recorder, reg, log)
 	if o.nodeCertValidity < time.Minute {

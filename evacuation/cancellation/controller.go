@@ -75,12 +75,13 @@ func Requested(v *v1alpha1.VirtualMachineInstance) bool {
 	return ok
 }
 
-// Cancellable lists the migrations a cancel deletes: the VMI's unfinished evacuation migrations that
-// have not started moving memory.
+// Cancellable lists the migrations a cancel deletes: the VMI's unfinished evacuation migrations
+// (as the evacuation controller recorded them, whatever anyone's labels say) that have not
+// started moving memory.
 func Cancellable(vmi *v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.VirtualMachineInstanceMigration) []*v1alpha1.VirtualMachineInstanceMigration {
 	var out []*v1alpha1.VirtualMachineInstanceMigration
 	for _, m := range migrations {
-		if m.Labels[v1alpha1.LabelEvacuation] != "true" || m.Labels[v1alpha1.LabelVMIUID] != string(vmi.UID) ||
+		if m.EvacuatedVMI() != vmi.UID ||
 			m.Status.Phase == v1alpha1.MigrationRunning || m.Status.Phase.Terminal() || m.DeletionTimestamp != nil {
 			continue
 		}

@@ -15,9 +15,11 @@ import (
 func TestCancellable(t *testing.T) {
 	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{UID: "uid-a"}}
 	mig := func(name, uid string, evacuation bool, phase v1alpha1.VirtualMachineInstanceMigrationPhase) *v1alpha1.VirtualMachineInstanceMigration {
-		m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.LabelVMIUID: uid}}}
+		// Every one carries the labels of an evacuation's migration; only the record says it is one.
+		m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: name,
+			Labels: map[string]string{v1alpha1.LabelVMIUID: uid, v1alpha1.LabelEvacuation: "true"}}}
 		if evacuation {
-			m.Labels[v1alpha1.LabelEvacuation] = "true"
+			m.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: uid}
 		}
 		m.Status.Phase = phase
 		return m

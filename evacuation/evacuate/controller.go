@@ -9,11 +9,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
@@ -203,6 +205,15 @@ func (c *Controller) create(ctx context.Context, cand Candidate) error {
 	if cand.Deadline != nil {
 		msg += ", deadline " + cand.Deadline.UTC().Format(time.RFC3339)
 	}
+	if err := c.record(ctx, created, vmi); err != nil {
+		// Unrecorded, it would pass for a person's migration: better none, and a retry.
+		if derr := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(created.Namespace).Delete(ctx, created.Name,
+			metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &created.UID}}); derr != nil && !apierrors.IsNotFound(derr) {
+			err = errors.Join(err, fmt.Errorf("deleting it again: %w", derr))
+		}
+		c.recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonFailedToMigrate, "recording migration %s as its evacuation's: %v", created.Name, err)
+		return fmt.Errorf("recording migration %s/%s as an evacuation's: %w", created.Namespace, created.Name, err)
+	}
 	c.mu.Lock()
 	c.unseen[created.Namespace+"/"+created.Name] = c.now()
 	c.mu.Unlock()
@@ -211,13 +222,37 @@ func (c *Controller) create(ctx context.Context, cand Candidate) error {
 	return nil
 }
 
-// awaitingCache reports whether a migration this controller created is not in its cache yet.
+// record writes, in the new migration's status, that this controller made it to evacuate vmi:
+// status is what no tenant can write, so this is what tells the migrations that count against
+// the evacuation limits from anyone else's. The migration controller may write the status first.
+func (c *Controller) record(ctx context.Context, m *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance) error {
+	client := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(m.Namespace)
+	m = m.DeepCopy()
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		m.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: string(vmi.UID)}
+		_, err := client.UpdateStatus(ctx, m, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			fresh, gerr := client.Get(ctx, m.Name, metav1.GetOptions{})
+			if gerr != nil {
+				return gerr
+			}
+			if fresh.UID != m.UID {
+				return fmt.Errorf("migration %s was replaced", m.Name)
+			}
+			m = fresh
+		}
+		return err
+	})
+}
+
+// awaitingCache reports whether a migration this controller created is not in its cache yet
+// with its record: without the record it would not count against the limits.
 func (c *Controller) awaitingCache() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for key, created := range c.unseen {
 		ns, name, _ := cache.SplitMetaNamespaceKey(key)
-		if _, err := c.migrations.VirtualMachineInstanceMigrations(ns).Get(name); err == nil || c.now().Sub(created) > cacheMaxWait {
+		if m, err := c.migrations.VirtualMachineInstanceMigrations(ns).Get(name); (err == nil && m.EvacuatedVMI() != "") || c.now().Sub(created) > cacheMaxWait {
 			delete(c.unseen, key)
 		}
 	}

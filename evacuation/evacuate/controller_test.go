@@ -2,9 +2,11 @@ package evacuate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,12 +62,60 @@ func TestMigrationsCountBeforeTheCacheShowsThem(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range list.Items {
-		_ = migInformer.Informer().GetIndexer().Add(&list.Items[i])
+		m := &list.Items[i]
+		if got, want := m.EvacuatedVMI(), "uid-"+m.Spec.VMIName; string(got) != want {
+			t.Errorf("migration %s records that it evacuates VMI %q, want %q", m.Name, got, want)
+		}
+		_ = migInformer.Informer().GetIndexer().Add(m)
 	}
 	if _, err := c.sync(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if created != 2 {
 		t.Errorf("created %d migrations once the cache showed the first two, want still 2", created)
+	}
+}
+
+// TestAnUnrecordedMigrationIsDeleted: a migration the controller could not record as its own
+// would pass for a person's, outside the evacuation limits; it is deleted and tried again.
+func TestAnUnrecordedMigrationIsDeleted(t *testing.T) {
+	v := markedVMI("a", "n1", "NodePressure", 30)
+	client := lifeboatfake.NewSimpleClientset()
+	client.PrependReactor("create", "virtualmachineinstancemigrations", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		m := a.(k8stesting.CreateAction).GetObject().(*v1alpha1.VirtualMachineInstanceMigration)
+		m.Name, m.UID = m.GenerateName+"x", "mig-uid"
+		return false, nil, nil
+	})
+	client.PrependReactor("update", "virtualmachineinstancemigrations", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "status" {
+			return true, nil, errors.New("the API server is unavailable")
+		}
+		return false, nil, nil
+	})
+	factory := lifeboatinformers.NewSharedInformerFactory(client, 0)
+	vmiInformer := factory.Lifeboat().V1alpha1().VirtualMachineInstances()
+	_ = vmiInformer.Informer().GetIndexer().Add(v)
+	nodes, pods := NewCapacityInformers(kubefake.NewClientset())
+	recorder := record.NewFakeRecorder(10)
+	c := New(client, vmiInformer, factory.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations(), factory.Lifeboat().V1alpha1().LifeboatConfigs(),
+		nodes, pods, recorder, slog.New(slog.NewTextHandler(io.Discard, nil)))
+
+	if _, err := c.sync(context.Background()); err == nil {
+		t.Error("sync succeeded although the migration could not be recorded; want an error, so that it is retried")
+	}
+	list, err := client.LifeboatV1alpha1().VirtualMachineInstanceMigrations("ns").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 0 {
+		t.Errorf("the unrecorded migration was left: %v", list.Items)
+	}
+	select {
+	case e := <-recorder.Events:
+		if !strings.Contains(e, ReasonFailedToMigrate) {
+			t.Errorf("event %q, want %s", e, ReasonFailedToMigrate)
+		}
+	default:
+		t.Errorf("no Event told the VMI's owner")
 	}
 }

@@ -51,7 +51,11 @@ const (
 )
 
 // Plan decides which marked VMIs get a migration now. migrations are all existing migrations;
-// config may be nil (defaults: 5 per cluster, 2 outbound per node). capacityChanged is the last
+// config may be nil (defaults: 5 per cluster, 2 outbound per node). Only migrations this
+// controller recorded as its own (status.evacuation) count against those limits and in a VMI's
+// backoff: anyone who may create a migration could otherwise fill the limits with migrations
+// that never end, or fail migrations in another VM's name (N3). A person's migration still keeps
+// its VMI from getting a second one. capacityChanged is the last
 // time a node came, changed what it accepts, or had a pod end: a VMI whose last migration found no
 // node for its target is retried only after such a change (and its backoff), since nothing else
 // could place the target now.
@@ -68,15 +72,20 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 	}
 	for _, m := range migrations {
 		key := m.Namespace + "/" + m.Spec.VMIName
+		evacuated := string(m.EvacuatedVMI())
 		switch m.Status.Phase {
 		case v1alpha1.MigrationSucceeded:
 			ended[string(m.UID)] = true
 		case v1alpha1.MigrationFailed:
 			ended[string(m.UID)] = true
-			if uid := m.Labels[v1alpha1.LabelVMIUID]; uid != "" && m.Status.EndTimestamp != nil {
-				failures[uid] = append(failures[uid], m)
+			if evacuated != "" && m.Status.EndTimestamp != nil {
+				failures[evacuated] = append(failures[evacuated], m)
 			}
 		default:
+			migrating[key] = true
+			if evacuated == "" {
+				continue // a person's: the migration controller holds these to a limit of their own
+			}
 			// A migration the migration controller has not picked up yet has no source node in
 			// its status: it leaves from where its VMI runs.
 			source := m.Status.SourceNode
@@ -85,7 +94,6 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 			}
 			active++
 			outbound[source]++
-			migrating[key] = true
 		}
 	}
 

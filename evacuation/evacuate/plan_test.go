@@ -44,16 +44,43 @@ func notMigratable(v *v1alpha1.VirtualMachineInstance) {
 
 func unmarked(v *v1alpha1.VirtualMachineInstance) { v.Status.EvacuationNodeName = "" }
 
+// migration is an evacuation migration of vmi (in namespace ns), recorded as this controller's.
 func migration(vmi, source string, phase v1alpha1.VirtualMachineInstanceMigrationPhase, endedAgo time.Duration) *v1alpha1.VirtualMachineInstanceMigration {
 	m := &v1alpha1.VirtualMachineInstanceMigration{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: vmi + "-mig", UID: types.UID(vmi + "-mig-uid"), Labels: map[string]string{v1alpha1.LabelVMIUID: "uid-" + vmi}},
-		Spec:       v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: vmi},
-		Status:     v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: phase, SourceNode: source},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: vmi + "-mig", UID: types.UID(vmi + "-mig-uid"),
+			Labels: map[string]string{v1alpha1.LabelVMIUID: "uid-" + vmi, v1alpha1.LabelEvacuation: "true"}},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: vmi},
+		Status: v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: phase, SourceNode: source,
+			Evacuation: &v1alpha1.MigrationEvacuation{VMIUID: "uid-" + vmi}},
 	}
 	if endedAgo != 0 {
 		m.Status.EndTimestamp = ptr.To(metav1.NewTime(now.Add(-endedAgo)))
 	}
 	return m
+}
+
+// manual is a person's migration in namespace ns: the same labels, but no record of the
+// controller's (a tenant may set any label).
+func manual(ns, name string, m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMachineInstanceMigration {
+	m.Namespace, m.Name, m.UID, m.Status.Evacuation = ns, name, types.UID(ns+"-"+name), nil
+	return m
+}
+
+// forged is a tenant's migration of a VMI that does not exist, failed at once, carrying the
+// labels of the evacuation migrations of the VMI whose UID is victim.
+func forged(name, victim string, endedAgo time.Duration) *v1alpha1.VirtualMachineInstanceMigration {
+	m := manual("tenant", name, migration("gone", "", v1alpha1.MigrationFailed, endedAgo))
+	m.Labels[v1alpha1.LabelVMIUID] = victim
+	return m
+}
+
+// tenantsStuck are five of a tenant's migrations of its own VMI that wait for a target forever.
+func tenantsStuck() []*v1alpha1.VirtualMachineInstanceMigration {
+	var ms []*v1alpha1.VirtualMachineInstanceMigration
+	for i := range 5 {
+		ms = append(ms, manual("tenant", fmt.Sprintf("stuck-%d", i), migration("own", "n1", v1alpha1.MigrationScheduling, 0)))
+	}
+	return ms
 }
 
 func unschedulable(m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMachineInstanceMigration {
@@ -147,6 +174,19 @@ func TestPlan(t *testing.T) {
 			vmis:            []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "Drain", 0)},
 			migrations:      []*v1alpha1.VirtualMachineInstanceMigration{unschedulable(migration("a", "n1", v1alpha1.MigrationFailed, 2*time.Second))},
 			capacityChanged: time.Second, retryAfter: 3 * time.Second},
+		{name: "a tenant's five stuck migrations do not count against the limits",
+			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 30), markedVMI("b", "n1", "Drain", 0)},
+			migrations: tenantsStuck(), config: config(5, 2), want: []string{"a:NodePressure", "b:Drain"}},
+		{name: "a person's unfinished migration of the VMI itself: no second one",
+			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "Drain", 0)},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{manual("ns", "by-hand", migration("a", "n1", v1alpha1.MigrationScheduling, 0))}},
+		{name: "forged failures (labels naming the VMI, no record) do not hold it back",
+			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 60)},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				forged("forged-1", "uid-a", time.Second), forged("forged-2", "uid-a", 2*time.Second),
+				manual("ns", "forged-3", migration("a", "n1", v1alpha1.MigrationFailed, 3*time.Second)),
+			},
+			want: []string{"a:NodePressure"}},
 		{name: "failures before this mark do not count",
 			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 60)},
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationFailed, 2*time.Minute)},

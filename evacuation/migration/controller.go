@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -47,13 +48,14 @@ type Controller struct {
 	recorder   record.EventRecorder
 	opts       vmi.PodOptions
 	log        *slog.Logger
+	refused    *prometheus.CounterVec
 }
 
 // New wires the controller to its informers; the pod informer should hold launcher pods, the
 // node informer the cluster's nodes (read for the devices they offer target pods).
 func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations lifeboatinformers.VirtualMachineInstanceMigrationInformer,
 	vmis lifeboatinformers.VirtualMachineInstanceInformer, configs lifeboatinformers.LifeboatConfigInformer, pods coreinformers.PodInformer,
-	budgets, nodes cache.SharedIndexInformer, recorder record.EventRecorder, opts vmi.PodOptions, log *slog.Logger) *Controller {
+	budgets, nodes cache.SharedIndexInformer, recorder record.EventRecorder, opts vmi.PodOptions, reg prometheus.Registerer, log *slog.Logger) *Controller {
 	c := &Controller{
 		kube: kube, lifeboat: lb, migrations: migrations.Lister(), vmis: vmis.Lister(), configs: configs.Lister(), pods: pods.Lister(),
 		budgets: policylisters.NewPodDisruptionBudgetLister(budgets.GetIndexer()),
@@ -62,7 +64,12 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations life
 			pods.Informer().HasSynced, budgets.HasSynced, nodes.HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "migration"}),
 		recorder: recorder, opts: opts, log: log.With("controller", "migration"),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_migrations_refused_total",
+			Help: "Migrations failed before their target pod was made, by refusal: Concurrent (their VMI already had one under way), ManualLimit (as many Manual migrations as spec.migrations.parallelManualMigrationsPerCluster allows were under way).",
+		}, []string{"refusal"}),
 	}
+	reg.MustRegister(c.refused)
 	_, _ = migrations.Informer().AddEventHandler(worker.Handler(c.enqueue))
 	// A VMI's or a pod's change concerns the migrations of that VMI.
 	byVMI := cache.ResourceEventHandlerFuncs{
@@ -178,6 +185,21 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 
 	limits, now := c.limits(), metav1.Now()
 	status, action, events := Next(m, v, target, limits, now)
+	if action == CreateTargetPod {
+		all, err := c.migrations.List(labels.Everything())
+		if err != nil {
+			return 0, err
+		}
+		refusal, wait := Admit(m, all, ManualLimit(c.config()), now.Time)
+		if wait > 0 {
+			return wait, nil
+		}
+		if refusal != nil {
+			status, action, events = Refused(status, refusal, now)
+			c.refused.WithLabelValues(refusal.Kind).Inc()
+			c.log.Info("migration refused", "migration", key, "refusal", refusal.Kind, "reason", refusal.Reason)
+		}
+	}
 	switch action {
 	case CreateTargetPod:
 		if !c.budgetCoversTarget(v) {
@@ -230,6 +252,10 @@ func (c *Controller) targetPod(m *v1alpha1.VirtualMachineInstanceMigration, v *v
 	}
 	pod, err := c.pods.Pods(m.Namespace).Get(vmi.TargetPodName(v, m))
 	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err == nil && !metav1.IsControlledBy(pod, v) {
+		// Someone else's pod under the target's name is not the target: it is never recorded.
 		return nil, nil
 	}
 	return pod, err

@@ -37,13 +37,7 @@ type Event struct{ Type, Reason, Message string }
 func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachineInstance, target *corev1.Pod, limits Limits, now metav1.Time) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
 	status := *m.Status.DeepCopy()
 	fail := func(reason string) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
-		setPhase(&status, v1alpha1.MigrationFailed, now)
-		status.FailureReason, status.EndTimestamp = reason, &now
-		action := NoAction
-		if target != nil {
-			action = DeleteTargetPod
-		}
-		return status, action, []Event{{corev1.EventTypeWarning, "MigrationFailed", reason}}
+		return failed(status, target, "MigrationFailed", reason, now)
 	}
 	switch {
 	case status.Phase != v1alpha1.MigrationSucceeded && GuestInTarget(m, v):
@@ -88,7 +82,8 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachin
 			return status, CreateTargetPod, nil
 		}
 		setPhase(&status, v1alpha1.MigrationScheduling, now)
-		status.TargetPod = target.Name
+		// By UID too: the target node's agent binds the migration to this pod only.
+		status.TargetPod, status.TargetPodUID = target.Name, target.UID
 		return status, NoAction, []Event{{corev1.EventTypeNormal, "TargetPodCreated", "created target pod " + target.Name}}
 	case v1alpha1.MigrationScheduling:
 		if target == nil {
@@ -124,6 +119,24 @@ func GuestInTarget(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.Virt
 	}
 	s := v.Status.MigrationState
 	return s != nil && s.MigrationUID == string(m.UID) && s.TargetNodeDomainReadyTimestamp != nil
+}
+
+// Refused ends status, Next's for a migration about to get its target pod, as Failed at once:
+// Admit refused it.
+func Refused(status v1alpha1.VirtualMachineInstanceMigrationStatus, refusal *Refusal, now metav1.Time) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
+	return failed(status, nil, ReasonRefused, refusal.Reason, now)
+}
+
+// failed ends status as Failed for reason, with a Warning Event of eventReason; the target pod,
+// if any, must go.
+func failed(status v1alpha1.VirtualMachineInstanceMigrationStatus, target *corev1.Pod, eventReason, reason string, now metav1.Time) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
+	setPhase(&status, v1alpha1.MigrationFailed, now)
+	status.FailureReason, status.EndTimestamp = reason, &now
+	action := NoAction
+	if target != nil {
+		action = DeleteTargetPod
+	}
+	return status, action, []Event{{corev1.EventTypeWarning, eventReason, reason}}
 }
 
 // requested is the cause and deadline its creator put on a migration; a migration without them

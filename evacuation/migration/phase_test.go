@@ -151,3 +151,18 @@ func TestUnschedulableFailuresAreMarked(t *testing.T) {
 		}
 	}
 }
+
+// The target pod is recorded by name and UID once it exists: the target node's agent binds the
+// migration to that pod, not to any pod labelled for the VMI.
+func TestTheTargetPodIsRecordedByNameAndUID(t *testing.T) {
+	now := metav1.NewTime(time.Date(2026, 11, 27, 22, 0, 0, 0, time.UTC))
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm"}}
+	vmi.Status.Phase, vmi.Status.NodeName = v1alpha1.VMIRunning, "a"
+	m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: now}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
+	m.Status.Phase = v1alpha1.MigrationPending
+	target := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "launcher-vm-target", UID: "t1"}, Status: corev1.PodStatus{Phase: corev1.PodPending}}
+	status, _, _ := Next(m, vmi, target, LimitsFrom(nil), now)
+	if status.Phase != v1alpha1.MigrationScheduling || status.TargetPod != "launcher-vm-target" || status.TargetPodUID != "t1" {
+		t.Errorf("phase %s, target pod %q UID %q; want Scheduling, launcher-vm-target, t1", status.Phase, status.TargetPod, status.TargetPodUID)
+	}
+}

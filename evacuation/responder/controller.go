@@ -262,14 +262,13 @@ func (c *Controller) observe(ev *lifecyclev1alpha1.Eviction) (Observation, error
 		return obs, err
 	}
 	obs.VMI = vmi
-	migrations, err := c.migrations.VirtualMachineInstanceMigrations(ev.Namespace).List(labels.SelectorFromSet(labels.Set{
-		v1alpha1.LabelVMIUID: string(vmi.UID), v1alpha1.LabelEvacuation: "true",
-	}))
+	migrations, err := c.migrations.VirtualMachineInstanceMigrations(ev.Namespace).List(labels.Everything())
 	if err != nil {
 		return obs, err
 	}
 	for _, m := range migrations {
-		if m.CreationTimestamp.Before(&ev.CreationTimestamp) || (m.Status.SourceNode != "" && m.Status.SourceNode != pod.Spec.NodeName) {
+		// The evacuation's migrations are those the evacuation controller recorded as such.
+		if m.EvacuatedVMI() != vmi.UID || m.CreationTimestamp.Before(&ev.CreationTimestamp) || (m.Status.SourceNode != "" && m.Status.SourceNode != pod.Spec.NodeName) {
 			continue
 		}
 		if obs.Migration == nil || obs.Migration.CreationTimestamp.Before(&m.CreationTimestamp) {

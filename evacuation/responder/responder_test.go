@@ -259,6 +259,10 @@ func TestSecondRequesterJoinsAndWithdraws(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pending.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: string(v.UID)}
+	if pending, err = cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).UpdateStatus(ctx, pending, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	if err := erc.Join(ctx, second); err != nil {
 		t.Fatal(err)

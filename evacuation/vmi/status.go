@@ -38,12 +38,18 @@ var phaseOrder = map[v1alpha1.VirtualMachineInstancePhase]int{
 }
 
 // NextStatus is the VMI status the launcher pod implies, and the events to record for the change.
-// pod is nil when the VMI has no launcher pod. Phases only move forward; Running and the
+// pod is nil when the VMI has no launcher pod; the first pod is recorded as its launcher. Phases only move forward; Running and the
 // conditions on a running guest are the agent's to set.
 func NextStatus(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, now metav1.Time) (v1alpha1.VirtualMachineInstanceStatus, []Event) {
 	status := *vmi.Status.DeepCopy()
 	if status.Phase.Terminal() {
 		return status, nil
+	}
+	if status.LauncherPod == nil && pod != nil {
+		// The node's agent binds the VM to the pod recorded here, where only lifeboat writes,
+		// and to no other pod however it is labelled. A completed migration moves the record to
+		// its target pod; nothing else replaces it.
+		status.LauncherPod = &v1alpha1.LauncherPodRef{Name: pod.Name, UID: pod.UID}
 	}
 	advance := func(p v1alpha1.VirtualMachineInstancePhase) bool {
 		if phaseOrder[p] > phaseOrder[status.Phase] {

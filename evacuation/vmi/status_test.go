@@ -1,6 +1,7 @@
 package vmi
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -127,6 +129,46 @@ func TestNextStatus(t *testing.T) {
 			}
 			if len(events) != 1 || events[0].Reason != tc.wantEvent || !strings.Contains(events[0].Message, tc.wantMessage) {
 				t.Errorf("events = %+v, want one %s containing %q", events, tc.wantEvent, tc.wantMessage)
+			}
+		})
+	}
+}
+
+func TestNextStatusRecordsTheLauncherPod(t *testing.T) {
+	now := metav1.NewTime(time.Date(2026, 11, 27, 22, 0, 0, 0, time.UTC))
+	recorded := func(name string, uid types.UID) func(*v1alpha1.VirtualMachineInstance) {
+		return func(v *v1alpha1.VirtualMachineInstance) {
+			v.Status.LauncherPod = &v1alpha1.LauncherPodRef{Name: name, UID: uid}
+		}
+	}
+	withUID := func(uid types.UID) podOpt { return func(p *corev1.Pod) { p.UID = uid } }
+	cases := []struct {
+		name   string
+		vmi    *v1alpha1.VirtualMachineInstance
+		change func(*v1alpha1.VirtualMachineInstance)
+		pod    *corev1.Pod
+		want   *v1alpha1.LauncherPodRef
+	}{
+		{name: "no pod: nothing recorded", vmi: vmiIn("")},
+		{name: "the pod just made is recorded by name and UID", vmi: vmiIn(v1alpha1.VMIPending), pod: pod(withUID("p1")),
+			want: &v1alpha1.LauncherPodRef{Name: "launcher-vm-abcde", UID: "p1"}},
+		{name: "a recorded pod stays recorded", vmi: vmiIn(v1alpha1.VMIScheduling), change: recorded("launcher-vm-abcde", "p1"),
+			pod: pod(onNode("node-1"), withUID("p1")), want: &v1alpha1.LauncherPodRef{Name: "launcher-vm-abcde", UID: "p1"}},
+		{name: "a pod made again under the recorded name does not replace the record", vmi: vmiIn(v1alpha1.VMIRunning),
+			change: recorded("launcher-vm-abcde", "p1"), pod: pod(onNode("node-1"), inPhase(corev1.PodRunning), withUID("p2")),
+			want: &v1alpha1.LauncherPodRef{Name: "launcher-vm-abcde", UID: "p1"}},
+		{name: "a migration's target, recorded when it completed, stays", vmi: vmiIn(v1alpha1.VMIRunning),
+			change: recorded("launcher-vm-target-x", "t1"), pod: pod(onNode("node-2"), inPhase(corev1.PodRunning), withUID("t1")),
+			want: &v1alpha1.LauncherPodRef{Name: "launcher-vm-target-x", UID: "t1"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.change != nil {
+				tc.change(tc.vmi)
+			}
+			status, _ := NextStatus(tc.vmi, tc.pod, now)
+			if !reflect.DeepEqual(status.LauncherPod, tc.want) {
+				t.Errorf("launcherPod = %+v, want %+v", status.LauncherPod, tc.want)
 			}
 		})
 	}

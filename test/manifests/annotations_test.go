@@ -147,3 +147,50 @@ func TestOnlyTheirOwnersSteerAnEvacuation(t *testing.T) {
 		t.Errorf("removing a cancel request: %v", err)
 	}
 }
+
+// Only lifeboat's controller records that a migration is an evacuation's (issue 45, N3): the
+// record (status.evacuation) is what makes a migration count against the evacuation limits and in
+// its VMI's backoff, so a namespace user who may create and edit migrations must not be able to
+// write it, neither with the migration nor after, whatever labels they put on it.
+func TestOnlyTheControllerRecordsAnEvacuation(t *testing.T) {
+	install(t)
+	ctx := context.Background()
+	ns := testNamespace(t)
+	user := editor(t, ns, "vm-editor", false).LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns)
+	record := &v1alpha1.MigrationEvacuation{VMIUID: "uid-of-another-tenants-vm"}
+	// lifeboat's labels on it are refused by lifeboat-reserved-metadata
+	// (TestOnlyLifeboatLabelsLaunchersAndMigrations); the record is what would count.
+	forged := migration("forged", nil)
+	forged.Status.Evacuation = record
+	var m *v1alpha1.VirtualMachineInstanceMigration
+	// The authorizer sees the new RoleBinding a moment after it is stored.
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		m, err = user.Create(ctx, forged, metav1.CreateOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("a user's migration carrying an evacuation record: %v", err)
+	}
+	if m.Status.Evacuation != nil {
+		t.Errorf("the API server kept the record a user sent with a new migration: %+v", m.Status.Evacuation)
+	}
+	m.Status.Evacuation = record
+	if m, err = user.Update(ctx, m, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	} else if m.Status.Evacuation != nil {
+		t.Errorf("the API server kept the record a user sent with an update of the migration: %+v", m.Status.Evacuation)
+	}
+	m.Status.Evacuation = record
+	if _, err := user.UpdateStatus(ctx, m, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("a user writing the record in the migration's status: %v; want it forbidden", err)
+	}
+
+	saUser, groups := serviceAccountUser(controllerSA)
+	cfg := rest.CopyConfig(cluster.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: saUser, Groups: groups}
+	controller := lifeboatclient.NewForConfigOrDie(cfg).LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns)
+	if m, err = controller.UpdateStatus(ctx, m, metav1.UpdateOptions{}); err != nil || m.EvacuatedVMI() != types.UID(record.VMIUID) {
+		t.Errorf("lifeboat's controller recording an evacuation's migration: %v, %+v", err, m)
+	}
+}

@@ -2,6 +2,7 @@ package manifests
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,6 +63,8 @@ var wantObjects = []string{
 	"ValidatingAdmissionPolicyBinding lifeboat-agent-migrations",
 	"ValidatingAdmissionPolicy lifeboat-controller-pods",
 	"ValidatingAdmissionPolicyBinding lifeboat-controller-pods",
+	"ValidatingAdmissionPolicy lifeboat-reserved-metadata",
+	"ValidatingAdmissionPolicyBinding lifeboat-reserved-metadata",
 }
 
 func key(o *unstructured.Unstructured) string {
@@ -309,8 +312,13 @@ func TestExamples(t *testing.T) {
 		}
 		dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 		for _, pod := range []*corev1.Pod{source, target} {
-			// Owner references name a VMI the API server does not know; they are not what is tested.
+			// Owner references name a VMI the API server does not know, and lifeboat.dev/ labels
+			// and annotations only lifeboat's controller may set (lifeboat-reserved-metadata); they
+			// are not what is tested.
 			pod.OwnerReferences = nil
+			for _, m := range []map[string]string{pod.Labels, pod.Annotations} {
+				maps.DeleteFunc(m, func(k, _ string) bool { return strings.HasPrefix(k, v1alpha1.GroupName+"/") })
+			}
 			if _, err := cluster.Kube.CoreV1().Pods(ns.Name).Create(context.Background(), pod, dryRun); err != nil {
 				t.Errorf("launcher pod %s refused in the restricted namespace: %v", pod.Name, err)
 			}

@@ -44,6 +44,7 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	vmi.Status.NodeName, vmi.Status.Phase = nodeA.Name, v1alpha1.VMIRunning
+	vmi.Status.LauncherPod = &v1alpha1.LauncherPodRef{Name: "launcher-vm-abcde", UID: "5d1d7c1e-0000-4000-8000-000000000001"}
 	if _, err = admin.VirtualMachineInstances(ns).UpdateStatus(ctx, vmi, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -89,6 +90,9 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 	wantForbidden(t, "node A's agent moving its VMI to node C", writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) { v.Status.NodeName = nodeC.Name }),
 		"the agent of node restrict-a may not move VMI vm to node restrict-c")
 	wantForbidden(t, "an agent token bound to no node", writeVMI(agentClient(t, nil), false, mark), "the agent's token names no node")
+	wantForbidden(t, "node A's agent naming another pod its VMI's launcher", writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) {
+		v.Status.LauncherPod = &v1alpha1.LauncherPodRef{Name: "lookalike", UID: "5d1d7c1e-0000-4000-8000-000000000002"}
+	}), "the agent of node restrict-a may not change the launcher pod of VMI vm")
 
 	ready := func(m *v1alpha1.VirtualMachineInstanceMigration) { m.Status.Phase = v1alpha1.MigrationTargetReady }
 	if err := writeMigration(agentB, ready); err != nil {
@@ -101,6 +105,9 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 		"the agent of node restrict-c may not write migration m, which goes from node restrict-a to node restrict-b")
 	wantForbidden(t, "node A's agent redirecting its migration to node C", writeMigration(agentA, func(m *v1alpha1.VirtualMachineInstanceMigration) { m.Status.TargetNode = nodeC.Name }),
 		"the agent of node restrict-a may not change the nodes of migration m")
+	wantForbidden(t, "node A's agent recording its migration as an evacuation's", writeMigration(agentA, func(m *v1alpha1.VirtualMachineInstanceMigration) {
+		m.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: "uid-of-a-vm"}
+	}), "the agent of node restrict-a may not change the evacuation record of migration m")
 
 	// The migration moves the VMI to node B: B's agent may write it from then on, and A's not.
 	if err := writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) {
@@ -108,7 +115,10 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("node A's agent recording the migration on its VMI: %v", err)
 	}
-	if err := writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) { v.Status.NodeName = nodeB.Name }); err != nil {
+	if err := writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) {
+		v.Status.NodeName = nodeB.Name
+		v.Status.LauncherPod = &v1alpha1.LauncherPodRef{Name: "launcher-vm-target", UID: "5d1d7c1e-0000-4000-8000-000000000003"}
+	}); err != nil {
 		t.Errorf("node A's agent handing its VMI to the migration's target: %v", err)
 	}
 	wantForbidden(t, "node A's agent writing the VMI after it left", writeVMI(agentA, false, mark), "the agent of node restrict-a may not write VMI vm: it runs on node restrict-b")

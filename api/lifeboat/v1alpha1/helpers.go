@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // VMIController is obj's controller reference when a VirtualMachineInstance controls it, as one
@@ -58,6 +59,15 @@ func (p VirtualMachineInstancePhase) Terminal() bool { return p == VMISucceeded 
 // Terminal reports whether a migration in this phase has ended.
 func (p VirtualMachineInstanceMigrationPhase) Terminal() bool {
 	return p == MigrationSucceeded || p == MigrationFailed
+}
+
+// EvacuatedVMI is the UID of the VMI the evacuation controller recorded, in the migration's
+// status, that it made this migration to move; "" for any other migration, whatever its labels.
+func (m *VirtualMachineInstanceMigration) EvacuatedVMI() types.UID {
+	if m.Status.Evacuation == nil {
+		return ""
+	}
+	return types.UID(m.Status.Evacuation.VMIUID)
 }
 
 // ClaimInfo is what statuses record of volume's claim, or nil.

@@ -159,6 +159,15 @@ type MigrationsConfig struct {
 	// +optional
 	ParallelOutboundMigrationsPerNode *int32 `json:"parallelOutboundMigrationsPerNode,omitempty"`
 
+	// ParallelManualMigrationsPerCluster is the most Manual migrations (those people create,
+	// not the evacuation controller) waiting for or running on a target at once in the cluster.
+	// They have a limit of their own so that no one's migrations hold back evacuations, which
+	// count only against the two limits above; one past it fails at once.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:default=5
+	// +optional
+	ParallelManualMigrationsPerCluster *int32 `json:"parallelManualMigrationsPerCluster,omitempty"`
+
 	// BandwidthPerMigration caps each migration's transfer rate in bytes per second, for example 64Mi.
 	// Unset or zero means no cap.
 	// +kubebuilder:validation:XValidation:rule="!quantity(string(self)).isLessThan(quantity('0'))",message="bandwidthPerMigration cannot be negative"

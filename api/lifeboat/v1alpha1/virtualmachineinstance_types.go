@@ -4,6 +4,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // +genclient
@@ -384,6 +385,11 @@ type VirtualMachineInstanceStatus struct {
 	// NodeName is the node the guest runs on.
 	// +optional
 	NodeName string `json:"nodeName,omitempty"`
+	// LauncherPod is the launcher pod the guest runs in, as lifeboat's controller made it (and a
+	// completed migration moved it): the node's agent binds the VM's sockets and libvirt
+	// connection to this pod only, never to one that merely carries lifeboat's labels.
+	// +optional
+	LauncherPod *LauncherPodRef `json:"launcherPod,omitempty"`
 	// EvacuationNodeName, when equal to NodeName, marks the VMI for evacuation from that node.
 	// +optional
 	EvacuationNodeName string `json:"evacuationNodeName,omitempty"`
@@ -405,6 +411,15 @@ type VirtualMachineInstanceStatus struct {
 	// MigrationState describes the latest migration of this VMI.
 	// +optional
 	MigrationState *VirtualMachineInstanceMigrationState `json:"migrationState,omitempty"`
+}
+
+// LauncherPodRef names a launcher pod in the VMI's namespace by name and UID: a pod deleted and
+// made again under the same name is another pod.
+type LauncherPodRef struct {
+	// Name is the pod's name.
+	Name string `json:"name"`
+	// UID is the pod's UID.
+	UID types.UID `json:"uid"`
 }
 
 // VirtualMachineInstanceMigrationState is the VMI's record of its latest migration.

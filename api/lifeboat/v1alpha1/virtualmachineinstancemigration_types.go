@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // +genclient
@@ -79,6 +80,10 @@ type VirtualMachineInstanceMigrationStatus struct {
 	// TargetPod is the launcher pod that receives the guest.
 	// +optional
 	TargetPod string `json:"targetPod,omitempty"`
+	// TargetPodUID is that pod's UID, as lifeboat's controller made it: the target node's agent
+	// binds the migration's proxies to this pod only.
+	// +optional
+	TargetPodUID types.UID `json:"targetPodUID,omitempty"`
 	// TargetProxy is where the target node's agent listens for this migration, set when the
 	// target is ready; the source node's agent forwards the migration there.
 	// +optional
@@ -107,6 +112,22 @@ type VirtualMachineInstanceMigrationStatus struct {
 	// Progress is the memory transfer's latest figures, written by the source agent while it runs.
 	// +optional
 	Progress *MigrationProgress `json:"progress,omitempty"`
+	// Evacuation is the evacuation controller's record that it made this migration for an
+	// evacuation mark, written through the status subresource right after it created the
+	// migration. Labels and annotations are the creator's to choose; status is not (the API
+	// server drops it from creates and from writes to the migration itself), so only a migration
+	// with this record counts against the evacuation limits and in its VMI's evacuation backoff.
+	// A migration without it is Manual.
+	// +optional
+	Evacuation *MigrationEvacuation `json:"evacuation,omitempty"`
+}
+
+// MigrationEvacuation identifies the VMI an evacuation migration moves, as the evacuation
+// controller saw it.
+type MigrationEvacuation struct {
+	// VMIUID is the UID of the VMI the migration moves off its node.
+	// +kubebuilder:validation:MinLength=1
+	VMIUID string `json:"vmiUID"`
 }
 
 // MigrationProgress is a running migration's transfer, as libvirt reports it.
