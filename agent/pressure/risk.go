@@ -12,8 +12,9 @@ import (
 // any evicted pod.
 const hardEvictionGrace = time.Second
 
-// AssumedLinkRate is the transfer rate a migration without a bandwidth cap is assumed to reach
-// (a 10 Gbit/s link): lifeboat cannot know the network, so the figure is said wherever it is used.
+// AssumedLinkRate is the transfer rate in bytes per second a migration without a bandwidth cap is
+// assumed to reach (a 10 Gbit/s link): lifeboat cannot know the network, so the figure is said
+// wherever it is used.
 const AssumedLinkRate = 1250_000_000
 
 // ReliefMode is the LifeboatConfig's choice for node-pressure relief.
@@ -120,7 +121,7 @@ func (e Exposure) String() string {
 	}
 	rate := ""
 	if e.Assumed {
-		rate = fmt.Sprintf(", assuming %s/s with no bandwidthPerMigration", quantity(AssumedLinkRate))
+		rate = ", assuming 10 Gbit/s with no bandwidthPerMigration"
 	}
 	s += fmt.Sprintf("; the largest VM (%s) needs at least %s to migrate%s", quantity(e.LargestVM), e.Migration.Round(100*time.Millisecond), rate)
 	switch {
