@@ -81,6 +81,11 @@ type Config struct {
 	// LabelNode sets (true) or removes (false) the node's label LabelMemoryPressureRelief, which
 	// keeps migrations from targeting it while relief finds it short of memory.
 	LabelNode func(ctx context.Context, relieving bool) error
+	// KubeletSource says where MaxPodGracePeriod and Thresholds came from (KubeletSourceConfigz,
+	// KubeletSourceFile, KubeletSourceDefaults), and PublishExposure sets the node's
+	// AnnotationEvictionExposure: what they mean for the node's VMs.
+	KubeletSource   string
+	PublishExposure func(ctx context.Context, e v1alpha1.NodeEvictionExposure) error
 	// ServeNotify serves a launcher's notify socket at path, for the VMI with vmiUID, until ctx
 	// ends (notifyserver.Server.Serve).
 	ServeNotify func(ctx context.Context, path, vmiUID string) error
@@ -109,6 +114,9 @@ type Agent struct {
 	// links holds, by VMI UID, the pod its directory links to (poddirs.go).
 	linksMu sync.Mutex
 	links   map[string]RecordedPod
+	// exposed is the node's AnnotationEvictionExposure as this agent last set it; nil until it
+	// has. Only the relief goroutine uses it.
+	exposed *v1alpha1.NodeEvictionExposure
 	// signalled holds, by VMI UID, the SIGTERM a launcher reported (a *signal), which its domain's
 	// metadata may not show yet: libvirt holds that write while a migration runs.
 	signalled sync.Map

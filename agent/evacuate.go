@@ -1,10 +1,7 @@
 package agent
 
 import (
-	"fmt"
 	"time"
-
-	"sigs.k8s.io/yaml"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
@@ -47,23 +44,4 @@ func EvictionDeadline(signal time.Time, podGrace time.Duration, maxGrace *int64)
 		grace = min(grace, time.Duration(*maxGrace)*time.Second)
 	}
 	return signal.Add(max(grace, time.Second)), maxGrace == nil
-}
-
-// MaxPodGracePeriodFromKubeletConfig reads evictionMaxPodGracePeriod from a KubeletConfiguration
-// file, where leaving it out means the kubelet's default, 0.
-func MaxPodGracePeriodFromKubeletConfig(data []byte) (int64, error) {
-	var cfg struct {
-		Kind                      string `json:"kind"`
-		EvictionMaxPodGracePeriod int64  `json:"evictionMaxPodGracePeriod"`
-	}
-	if err := yaml.Unmarshal(data, &cfg); err != nil {
-		return 0, fmt.Errorf("reading the kubelet configuration: %w", err)
-	}
-	if cfg.Kind != "KubeletConfiguration" {
-		return 0, fmt.Errorf("the kubelet configuration has kind %q, want KubeletConfiguration", cfg.Kind)
-	}
-	if cfg.EvictionMaxPodGracePeriod < 0 {
-		return 0, fmt.Errorf("evictionMaxPodGracePeriod is negative (%d)", cfg.EvictionMaxPodGracePeriod)
-	}
-	return cfg.EvictionMaxPodGracePeriod, nil
 }

@@ -84,27 +84,6 @@ func TestEvictionDeadline(t *testing.T) {
 	}
 }
 
-func TestMaxPodGracePeriodFromKubeletConfig(t *testing.T) {
-	cases := []struct {
-		name    string
-		yaml    string
-		want    int64
-		wantErr bool
-	}{
-		{"set", "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nevictionMaxPodGracePeriod: 300\n", 300, false},
-		{"left out: the kubelet's default 0", "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n", 0, false},
-		{"not a kubelet configuration", "kind: Pod\n", 0, true},
-		{"negative", "kind: KubeletConfiguration\nevictionMaxPodGracePeriod: -5\n", 0, true},
-		{"not YAML", ":\n\t-", 0, true},
-	}
-	for _, tc := range cases {
-		got, err := MaxPodGracePeriodFromKubeletConfig([]byte(tc.yaml))
-		if (err != nil) != tc.wantErr || got != tc.want {
-			t.Errorf("%s: got %d, %v; want %d, error %v", tc.name, got, err, tc.want, tc.wantErr)
-		}
-	}
-}
-
 // TestStateOf: libvirt's states as the agent counts them; only a stopped or crashed guest is gone.
 func TestStateOf(t *testing.T) {
 	for _, tc := range []struct {

@@ -1,6 +1,10 @@
 package agent
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lifeboat-vm/lifeboat/agent/pressure"
+)
 
 // Metrics are the agent's Prometheus metrics.
 type Metrics struct {
@@ -31,6 +35,24 @@ type Metrics struct {
 	// (agent.SampleResult); DirtyRateEstimated is the rates measured.
 	DirtyRateEstimates *prometheus.CounterVec
 	DirtyRateEstimated prometheus.Histogram
+	// VMsAtRisk is 1 while a VM on the node can be saved neither by the kubelet's eviction grace
+	// nor by relief; EvictionGrace is that grace, LargestVMMigration the least time the node's
+	// largest VM takes to migrate, and ReliefOn whether relief is on (pressure.Exposure).
+	VMsAtRisk, EvictionGrace, LargestVMMigration, ReliefOn prometheus.Gauge
+}
+
+// exposure sets the gauges of what the kubelet's eviction settings mean for the node's VMs.
+func (m *Metrics) exposure(e pressure.Exposure) {
+	bit := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	m.VMsAtRisk.Set(bit(e.AtRisk))
+	m.EvictionGrace.Set(e.Grace.Seconds())
+	m.LargestVMMigration.Set(e.Migration.Seconds())
+	m.ReliefOn.Set(bit(e.Relief))
 }
 
 // NewMetrics registers the agent's metrics.
@@ -90,8 +112,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Guests' dirty rates as QEMU's page sampling measured them when their migrations from this node began.",
 			Buckets: prometheus.ExponentialBuckets(1<<20, 2, 12),
 		}),
+		VMsAtRisk: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "lifeboat_agent_node_vms_at_risk",
+			Help: "1 while a VM on the node can be saved neither by the kubelet's eviction grace (too short for its migration) nor by node-pressure relief (off), else 0.",
+		}),
+		EvictionGrace: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "lifeboat_agent_node_eviction_grace_seconds",
+			Help: "The grace the kubelet gives a VM pod it evicts for memory at the threshold that acts first (0: no memory threshold).",
+		}),
+		LargestVMMigration: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "lifeboat_agent_node_largest_vm_migration_seconds",
+			Help: "The least time the node's largest live-migrating VM takes to migrate: its memory at bandwidthPerMigration (10 Gbit/s assumed without one), as if the guest wrote nothing.",
+		}),
+		ReliefOn: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "lifeboat_agent_node_pressure_relief_on",
+			Help: "1 while node-pressure relief is on for the node (set so, or unset where the kubelet's grace is too short for a migration).",
+		}),
 	}
 	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.MigrationConnectionsRefused,
-		m.ReliefDecisions, m.ReliefAvailable, m.DirtyRateEstimates, m.DirtyRateEstimated)
+		m.ReliefDecisions, m.ReliefAvailable, m.DirtyRateEstimates, m.DirtyRateEstimated,
+		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn)
 	return m
 }

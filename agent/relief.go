@@ -23,26 +23,31 @@ const reliefInterval = 2 * time.Second
 // before the API server defaulted it.
 var defaultReliefMargin = resource.MustParse("512Mi")
 
-// runRelief moves VMs off the node before the kubelet has to evict them, while the
-// LifeboatConfig turns relief on (pressure.Relieve decides).
+// runRelief moves VMs off the node before the kubelet has to evict them, while relief is on
+// (pressure.Relieve decides).
 func (a *Agent) runRelief(ctx context.Context) {
 	wait.UntilWithContext(ctx, a.relieve, reliefInterval)
 }
 
+// Each round also publishes what the kubelet's settings mean for the node's VMs, as the VMs on
+// the node and the LifeboatConfig change (exposure.go): relief left unset turns on where the
+// kubelet's grace is too short.
 func (a *Agent) relieve(ctx context.Context) {
 	config := a.eviction().Config
-	if config == nil || config.Spec.NodePressureRelief == nil || !config.Spec.NodePressureRelief.Enabled {
-		a.labelRelieving(ctx, false)
-		return
-	}
-	margin := defaultReliefMargin
-	if m := config.Spec.NodePressureRelief.Margin; m != nil {
-		margin = *m
-	}
 	mem, err := a.cfg.Memory()
 	if err != nil {
 		a.cfg.Log.Warn("reading the node's memory for relief", "err", err)
 		return
+	}
+	exposure := a.exposure(config, mem.Capacity)
+	a.publishExposure(ctx, exposure)
+	if !exposure.Relief {
+		a.labelRelieving(ctx, false)
+		return
+	}
+	margin := defaultReliefMargin
+	if config != nil && config.Spec.NodePressureRelief != nil && config.Spec.NodePressureRelief.Margin != nil {
+		margin = *config.Spec.NodePressureRelief.Margin
 	}
 	vmis, pods := a.reliefCandidates(config)
 	r := pressure.Relieve(mem, a.cfg.Thresholds, uint64(margin.Value()), pods)

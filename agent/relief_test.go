@@ -54,7 +54,7 @@ func TestReliefMarksTheVMsTheKubeletWouldEvictFirst(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			config := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}}
-			config.Spec.NodePressureRelief = &v1alpha1.NodePressureReliefConfig{Enabled: tc.enabled, Margin: ptr.To(resource.MustParse("512Mi"))}
+			config.Spec.NodePressureRelief = &v1alpha1.NodePressureReliefConfig{Enabled: ptr.To(tc.enabled), Margin: ptr.To(resource.MustParse("512Mi"))}
 			client := lifeboatfake.NewSimpleClientset(config,
 				vm("big", "2Gi", v1alpha1.EvictionStrategyLiveMigrate, true),
 				vm("small", "256Mi", v1alpha1.EvictionStrategyLiveMigrate, true),

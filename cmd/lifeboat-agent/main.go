@@ -23,6 +23,7 @@ import (
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/lifeboat-vm/lifeboat/agent"
 	"github.com/lifeboat-vm/lifeboat/agent/deviceplugin"
@@ -44,7 +45,7 @@ type options struct {
 	healthListen                                                     string
 	devicePluginDir, kubeletPodsDir, certDir, namespace              string
 	procRoot, cgroupRoot                                             string
-	workers, deviceSlots                                             int
+	workers, deviceSlots, kubeletPort                                int
 	maxPodGracePeriod                                                int64
 	podDirResync                                                     time.Duration
 }
@@ -59,9 +60,11 @@ func main() {
 	flag.StringVar(&o.listen, "listen", "127.0.0.1:8185", "address of /metrics and /healthz; loopback by default, as the metrics tell what every VM on the node does")
 	flag.StringVar(&o.healthListen, "healthz-listen", "", "another address serving /healthz only, for the kubelet's probe (e.g. \":8186\"); empty: none")
 	flag.IntVar(&o.workers, "workers", 4, "reconcile workers")
-	flag.StringVar(&o.kubeletConfig, "kubelet-config", "", "the node kubelet's KubeletConfiguration file, read for evictionMaxPodGracePeriod and the memory.available eviction thresholds")
+	flag.IntVar(&o.kubeletPort, "kubelet-port", 10250, "the kubelet's port (its configuration's port), where the agent reads the kubelet's live configuration (/configz) at --node-address; 0: do not")
+	flag.StringVar(&o.kubeletConfig, "kubelet-config", "",
+		"the node kubelet's KubeletConfiguration file, read for its eviction settings where the kubelet's live configuration (/configz) cannot be read")
 	flag.Int64Var(&o.maxPodGracePeriod, "eviction-max-pod-grace-period", -1,
-		"the node kubelet's evictionMaxPodGracePeriod in seconds, if --kubelet-config is not given; -1 means unknown (the pod's grace period is assumed)")
+		"the node kubelet's evictionMaxPodGracePeriod in seconds, where neither /configz nor --kubelet-config can be read; -1: the kubelet's default, 0")
 	flag.DurationVar(&o.podDirResync, "launcher-dir-resync", 10*time.Second, "how often every launcher directory link is checked against the pods")
 	flag.StringVar(&o.devicePluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins",
 		"the kubelet's device plugin directory, where the agent serves devices.lifeboat.dev/* to launcher pods; empty turns the device plugins off")
@@ -89,21 +92,28 @@ func run(o options, log *slog.Logger) error {
 	if o.deviceSlots <= 0 {
 		return fmt.Errorf("--device-slots=%d: must be positive", o.deviceSlots)
 	}
-	maxGrace, thresholds, err := kubeletSettings(o)
+	kubeClient, lb, err := kube.Clients(o.kubeconfig)
 	if err != nil {
 		return err
 	}
-	if maxGrace == nil {
-		log.Warn("the kubelet's evictionMaxPodGracePeriod is unknown (give --kubelet-config or --eviction-max-pod-grace-period): evacuation deadlines assume the pod's own grace period, which the kubelet may cut short")
-	} else {
-		log.Info("evacuation deadlines use the kubelet's evictionMaxPodGracePeriod", "seconds", *maxGrace)
-	}
-	kubeClient, lb, err := kube.Clients(o.kubeconfig)
+	restConfig, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
+	settings, source, err := kubeletSettings(ctx, o, restConfig, log)
+	if err != nil {
+		return err
+	}
+	if source == agent.KubeletSourceDefaults {
+		log.Warn("the kubelet's eviction settings could not be read: its upstream defaults are assumed (no evictionSoft, evictionHard memory.available<100Mi, evictionMaxPodGracePeriod as --eviction-max-pod-grace-period says, else 0)",
+			"evictionMaxPodGracePeriod", settings.MaxPodGracePeriod)
+	} else {
+		log.Info("the kubelet's eviction settings", "source", source, "evictionMaxPodGracePeriod", settings.MaxPodGracePeriod,
+			"softMemoryAvailable", settings.Soft, "hardMemoryAvailable", settings.Hard)
+	}
+	maxGrace, thresholds := &settings.MaxPodGracePeriod, settings.Thresholds
 	recorder, stopRecorder, err := kube.Recorder(ctx, kubeClient, "lifeboat-agent", o.nodeName)
 	if err != nil {
 		return err
@@ -158,6 +168,8 @@ func run(o options, log *slog.Logger) error {
 		Thresholds:        thresholds,
 		PodWorkingSet:     func(uid string) (uint64, bool) { return pressure.PodWorkingSet(o.cgroupRoot, uid) },
 		LabelNode:         labelNode(kubeClient, o.nodeName),
+		KubeletSource:     source,
+		PublishExposure:   annotateNode(kubeClient, o.nodeName),
 	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs(),
 		[]migrationinformers.VirtualMachineInstanceMigrationInformer{outbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations(), inbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
 	if err != nil {
@@ -195,30 +207,6 @@ func run(o options, log *slog.Logger) error {
 	return err
 }
 
-// kubeletSettings are the kubelet's evictionMaxPodGracePeriod (nil if unknown) and memory.available
-// thresholds (none without --kubelet-config), from its configuration file, read once.
-func kubeletSettings(o options) (*int64, pressure.Thresholds, error) {
-	if o.kubeletConfig == "" {
-		if o.maxPodGracePeriod >= 0 {
-			return &o.maxPodGracePeriod, pressure.Thresholds{}, nil
-		}
-		return nil, pressure.Thresholds{}, nil
-	}
-	data, err := os.ReadFile(o.kubeletConfig)
-	if err != nil {
-		return nil, pressure.Thresholds{}, err
-	}
-	maxGrace, err := agent.MaxPodGracePeriodFromKubeletConfig(data)
-	if err != nil {
-		return nil, pressure.Thresholds{}, fmt.Errorf("%s: %w", o.kubeletConfig, err)
-	}
-	thresholds, err := pressure.ThresholdsFromKubeletConfig(data)
-	if err != nil {
-		return nil, pressure.Thresholds{}, fmt.Errorf("%s: %w", o.kubeletConfig, err)
-	}
-	return &maxGrace, thresholds, nil
-}
-
 // labelNode sets or removes the node's LabelMemoryPressureRelief by a merge patch of that label
 // alone (all manifests/agent-node-restriction.yaml lets an agent change).
 func labelNode(kube kubernetes.Interface, node string) func(ctx context.Context, relieving bool) error {
@@ -228,6 +216,23 @@ func labelNode(kube kubernetes.Interface, node string) func(ctx context.Context,
 			value = "true"
 		}
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{v1alpha1.LabelMemoryPressureRelief: value}}})
+		if err != nil {
+			return err
+		}
+		_, err = kube.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
+		return err
+	}
+}
+
+// annotateNode sets the node's AnnotationEvictionExposure by a merge patch of that annotation
+// alone (manifests/agent-node-restriction.yaml lets an agent change no other).
+func annotateNode(kube kubernetes.Interface, node string) func(ctx context.Context, e v1alpha1.NodeEvictionExposure) error {
+	return func(ctx context.Context, e v1alpha1.NodeEvictionExposure) error {
+		value, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{v1alpha1.AnnotationEvictionExposure: string(value)}}})
 		if err != nil {
 			return err
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/kube"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
+	"github.com/lifeboat-vm/lifeboat/evacuation/atrisk"
 	"github.com/lifeboat-vm/lifeboat/evacuation/cancellation"
 	"github.com/lifeboat-vm/lifeboat/evacuation/disruption"
 	"github.com/lifeboat-vm/lifeboat/evacuation/evacuate"
@@ -143,6 +144,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 		cancelController.Run,
 		func(ctx context.Context) error { return vmController.Run(ctx, workers) },
 		func(ctx context.Context) error { return signer.Run(ctx, 1) },
+		atrisk.New(lb, nodes, lbv1.LifeboatConfigs(), log).Run,
 	}
 	var always []func(context.Context) error
 	if hookOpts.Listen != "" {

@@ -119,15 +119,28 @@ func startNodesWithAgentArgs(t testing.TB, n int, agentArgs func(*node.Node) []s
 		}
 	}
 	var out []*testNode
-	// The agent is told the same evictionMaxPodGracePeriod as its node's kubelet.
-	maxGrace := map[string]int64{}
-	record := func(c *node.Config) { maxGrace[c.Name] = c.EvictionMaxPodGracePeriod }
+	// The agent reads the same eviction settings as its node's kubelet has, from a file: an
+	// emulated kubelet serves no /configz, and evicts only when a test says so (node.EvictPod), as
+	// a soft eviction at its MemoryPressure threshold with its evictionMaxPodGracePeriod.
+	kubeletConfig := map[string]string{}
+	record := func(c *node.Config) {
+		threshold := c.MemoryPressure.Threshold
+		if threshold.IsZero() {
+			threshold = resource.MustParse("500Mi")
+		}
+		path := filepath.Join(c.RootDir, "kubelet-config.yaml")
+		if err := os.WriteFile(path, fmt.Appendf(nil, "kind: KubeletConfiguration\napiVersion: kubelet.config.k8s.io/v1beta1\n"+
+			"evictionSoft: {memory.available: %s}\nevictionHard: {}\nevictionMaxPodGracePeriod: %d\n", threshold.String(), c.EvictionMaxPodGracePeriod), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		kubeletConfig[c.Name] = path
+	}
 	configure = append(append([]func(*node.Config){withLauncher}, configure...), record)
 	for _, n := range node.StartN(context.Background(), t, cluster.Kube, n, configure...) {
 		port := freePort(t, n.Address())
 		tn := &testNode{Node: n, metrics: fmt.Sprintf("http://%s:%d/metrics", n.Address(), port)}
 		args := []string{"--kubeconfig", cluster.Kubeconfig, "--node-name", n.Name(),
-			"--eviction-max-pod-grace-period", strconv.FormatInt(maxGrace[n.Name()], 10), "--node-address", n.Address(),
+			"--kubelet-port=0", "--kubelet-config", kubeletConfig[n.Name()], "--node-address", n.Address(),
 			"--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", fmt.Sprintf("%s:%d", n.Address(), port),
 			"--kubelet-pods-dir", n.HostPath("/var/lib/kubelet/pods"), "--launcher-dir-resync", "1s",
 			"--cert-dir", filepath.Join(n.HostPath("/var/run/lifeboat"), "pki"),

@@ -103,7 +103,7 @@ func startRealNode(t testing.TB, configure ...func(*kubeletv1beta1.KubeletConfig
 // overlay adapts manifests/ to the real test node, which has neither a registry nor a route
 // from its pod network to the API server (the kubernetes Service): images are never pulled,
 // lifeboat's own pods use the node's network and reach the API server on loopback, the agent
-// reads this kubelet's configuration and listens on a free port of the node's address, one
+// reads this kubelet's /configz on its port and listens on a free port of the node's address, one
 // controller replica runs (two on one host network would share ports), and launchers are TCG
 // guests. Launcher pods are on the pod network, as in a cluster.
 const overlay = `apiVersion: kustomize.config.k8s.io/v1beta1
@@ -124,12 +124,12 @@ patches:
             imagePullPolicy: Never
             env: [{name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}, {name: KUBERNETES_SERVICE_PORT, value: "%[3]s"}]
           volumes:
-          - {name: kubelet-config, hostPath: {path: %[4]s}}
           - {name: kubelet-pods, hostPath: {path: %[7]s}}
 - target: {kind: DaemonSet, name: lifeboat-agent}
   patch: |-
     - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--listen=%[5]s:%[6]d"}
     - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--healthz-listen="}
+    - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--kubelet-port=%[4]d"}
     - {op: replace, path: /spec/template/spec/containers/0/ports/0/containerPort, value: %[6]d}
 - patch: |-
     apiVersion: apps/v1
@@ -170,7 +170,7 @@ func deployLifeboat(t testing.TB, n *realnode.Node) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kustomization := fmt.Sprintf(overlay, base, n.Name(), apiPort, filepath.Join(n.Dir, "kubelet.yaml"), n.Address(), ports[0], n.PodsDir())
+	kustomization := fmt.Sprintf(overlay, base, n.Name(), apiPort, n.KubeletConfig.Port, n.Address(), ports[0], n.PodsDir())
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -291,7 +291,7 @@ func reliefOnAndOff(t testing.TB) (on, off pressedRun, threshold uint64) {
 	deployLifeboat(t, real)
 	relief := func(on bool) func(*v1alpha1.LifeboatConfig) {
 		return func(c *v1alpha1.LifeboatConfig) {
-			c.Spec.NodePressureRelief = &v1alpha1.NodePressureReliefConfig{Enabled: on, Margin: ptr.To(resource.MustParse(fmt.Sprint(reliefMargin)))}
+			c.Spec.NodePressureRelief = &v1alpha1.NodePressureReliefConfig{Enabled: ptr.To(on), Margin: ptr.To(resource.MustParse(fmt.Sprint(reliefMargin)))}
 		}
 	}
 	setConfig(t, true, relief(true))

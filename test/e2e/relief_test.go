@@ -48,7 +48,7 @@ func (m nodeMemory) set(t *testing.T, available uint64) {
 // pressure.TestRelieve's.)
 func TestReliefMovesAVMBeforeTheKubeletHasToEvict(t *testing.T) {
 	setConfig(t, true, func(c *v1alpha1.LifeboatConfig) {
-		c.Spec.NodePressureRelief = &v1alpha1.NodePressureReliefConfig{Enabled: true, Margin: ptr.To(resource.MustParse("512Mi"))}
+		c.Spec.NodePressureRelief = &v1alpha1.NodePressureReliefConfig{Enabled: ptr.To(true), Margin: ptr.To(resource.MustParse("512Mi"))}
 	})
 	startController(t)
 	kubeletConfig := filepath.Join(t.TempDir(), "kubelet.yaml")

@@ -20,7 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/lifeboat-vm/lifeboat/agent"
+	"github.com/lifeboat-vm/lifeboat/agent/pressure"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	vmipods "github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
@@ -233,9 +233,9 @@ func TestExamples(t *testing.T) {
 			}
 		}
 		// What the agent reads from the node's file (--kubelet-config) for its deadlines.
-		grace, err := agent.MaxPodGracePeriodFromKubeletConfig(data)
-		if err != nil || grace != 60 || grace != int64(cfg.EvictionMaxPodGracePeriod) {
-			t.Errorf("the agent reads evictionMaxPodGracePeriod %d (%v), want 60", grace, err)
+		settings, err := pressure.ReadKubeletConfig(data)
+		if err != nil || settings.MaxPodGracePeriod != 60 || settings.MaxPodGracePeriod != int64(cfg.EvictionMaxPodGracePeriod) {
+			t.Errorf("the agent reads evictionMaxPodGracePeriod %d (%v), want 60", settings.MaxPodGracePeriod, err)
 		}
 	})
 

@@ -183,8 +183,9 @@ func TestTheControllerCreatesOnlyLauncherPods(t *testing.T) {
 }
 
 // TestAnAgentChangesOnlyItsNodesReliefLabel: node-pressure relief lets an agent set and remove
-// lifeboat.dev/memory-pressure-relief on its own Node; every other node, every other label and
-// the Node's spec are refused with a message saying so.
+// lifeboat.dev/memory-pressure-relief on its own Node, and it publishes what its kubelet's
+// eviction settings mean in lifeboat.dev/eviction-exposure; every other node, every other label
+// or annotation and the Node's spec are refused with a message saying so.
 func TestAnAgentChangesOnlyItsNodesReliefLabel(t *testing.T) {
 	install(t)
 	nodeA, nodeB := createNode(t, "relief-a"), createNode(t, "relief-b")
@@ -224,7 +225,16 @@ func TestAnAgentChangesOnlyItsNodesReliefLabel(t *testing.T) {
 	}
 	wantForbidden(t, "node A's agent labelling node B", patch(agentA, nodeB.Name, label(v1alpha1.LabelMemoryPressureRelief, "true"), false),
 		"the agent of node relief-a may not write node relief-b")
-	only := "the agent of node relief-a may change only the label lifeboat.dev/memory-pressure-relief of its node"
+	annotation := func(key string, value any) map[string]any {
+		return map[string]any{"metadata": map[string]any{"annotations": map[string]any{key: value}}}
+	}
+	if err := patch(agentA, nodeA.Name, annotation(v1alpha1.AnnotationEvictionExposure, `{"atRisk":true}`), false); err != nil {
+		t.Errorf("node A's agent publishing its node's eviction exposure: %v", err)
+	}
+	wantForbidden(t, "node A's agent annotating node B", patch(agentA, nodeB.Name, annotation(v1alpha1.AnnotationEvictionExposure, `{}`), false),
+		"the agent of node relief-a may not write node relief-b")
+	only := "the agent of node relief-a may change only the label lifeboat.dev/memory-pressure-relief and the annotation lifeboat.dev/eviction-exposure of its node"
+	wantForbidden(t, "node A's agent setting another annotation on its node", patch(agentA, nodeA.Name, annotation("example.com/other", "x"), false), only)
 	wantForbidden(t, "node A's agent setting another label on its node", patch(agentA, nodeA.Name, label(v1alpha1.LabelKVMNode, "true"), false), only)
 	wantForbidden(t, "node A's agent cordoning its node", patch(agentA, nodeA.Name, map[string]any{"spec": map[string]any{"unschedulable": true}}, false), only)
 	wantForbidden(t, "an agent token bound to no node", patch(nodeClient(nil), nodeA.Name, label(v1alpha1.LabelMemoryPressureRelief, "true"), false),

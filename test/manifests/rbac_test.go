@@ -47,8 +47,10 @@ var rbacCases = []struct {
 	{"agent watches its node's launcher pods, to read a SIGTERM that follows a deletion", agentSA, access{verb: "watch", resource: "pods"}, true},
 	{"agent may not read secrets", agentSA, access{verb: "get", resource: "secrets", namespace: "lifeboat-system", name: "lifeboat-webhook-tls"}, false},
 	{"agent may not read nodes", agentSA, access{verb: "get", resource: "nodes", name: "n"}, false},
-	{"agent labels its node for node-pressure relief (the policy keeps it to its own node and that label)", agentSA, access{verb: "patch", resource: "nodes", name: "n"}, true},
+	{"agent labels and annotates its node (the policy keeps it to its own node, that label and that annotation)", agentSA, access{verb: "patch", resource: "nodes", name: "n"}, true},
 	{"agent may not update a node whole", agentSA, access{verb: "update", resource: "nodes", name: "n"}, false},
+	{"agent reads its kubelet's live configuration (/configz)", agentSA, access{verb: "get", resource: "nodes", subresource: "configz", name: "n"}, true},
+	{"agent may not proxy to a kubelet (exec into its pods)", agentSA, access{verb: "get", resource: "nodes", subresource: "proxy", name: "n"}, false},
 	{"agent may not write a node's status", agentSA, access{verb: "patch", resource: "nodes", subresource: "status", name: "n"}, false},
 
 	// The controller: VMI, evacuation and migration controllers.

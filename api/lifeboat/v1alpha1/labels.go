@@ -16,6 +16,9 @@ const (
 	// within the node-pressure relief margin: migrations do not target it, so VMs moved off one
 	// node under pressure do not land on another.
 	LabelMemoryPressureRelief = "lifeboat.dev/memory-pressure-relief"
+	// AnnotationEvictionExposure on a Node is its agent's NodeEvictionExposure (JSON): what the
+	// node kubelet's eviction settings mean for the VMs on it.
+	AnnotationEvictionExposure = "lifeboat.dev/eviction-exposure"
 	// LabelEvacuation is "true" on the migrations the evacuation controller makes for a mark.
 	LabelEvacuation = "lifeboat.dev/evacuation"
 	// AnnotationCause and AnnotationDeadline (RFC 3339) on a new migration say why it is made and

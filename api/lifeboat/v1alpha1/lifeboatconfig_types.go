@@ -101,9 +101,13 @@ type EvictionWebhookConfig struct {
 // reviews it cannot authenticate.
 const ConfigConditionEvictionWebhookStrict = "EvictionWebhookStrict"
 
+// ConfigConditionVMsAtRisk is True while some node has a VM that neither its kubelet's eviction
+// grace nor node-pressure relief can save from memory pressure; its message names the nodes.
+const ConfigConditionVMsAtRisk = "VMsAtRisk"
+
 // LifeboatConfigStatus is what lifeboat-controller observed of the cluster.
 type LifeboatConfigStatus struct {
-	// Conditions: EvictionWebhookStrict.
+	// Conditions: EvictionWebhookStrict, VMsAtRisk.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -126,9 +130,11 @@ type EvictionWebhookStatus struct {
 
 // NodePressureReliefConfig is when node agents move VMs ahead of the kubelet's node-pressure eviction.
 type NodePressureReliefConfig struct {
-	// Enabled turns relief on; it is off by default.
+	// Enabled turns relief on (true) or off (false). Unset, each agent turns it on for its node
+	// where the kubelet's eviction grace is too short for the node's largest VM to migrate
+	// (docs/operations.md, "The kubelet's eviction settings").
 	// +optional
-	Enabled bool `json:"enabled,omitempty"`
+	Enabled *bool `json:"enabled,omitempty"`
 
 	// Margin above the kubelet's soft memory.available threshold (its hard one where there is no
 	// soft) at which an agent starts moving VMs: the memory the node may still lose while a VM
