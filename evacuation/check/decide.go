@@ -342,12 +342,16 @@ type Protection struct {
 
 // ProtectionOf reads the protection a LifeboatConfig (nil: none) gives.
 func ProtectionOf(config *v1alpha1.LifeboatConfig) Protection {
-	p := Protection{Gate: v1alpha1.FeatureGateEnabled(config, v1alpha1.FeatureGateNodePressureEvictionLiveMigration), Margin: "512Mi"}
+	// Relief left unset is on wherever the kubelet's grace is too short for a migration, which is
+	// every node where this check would need it.
+	p := Protection{Gate: v1alpha1.FeatureGateEnabled(config, v1alpha1.FeatureGateNodePressureEvictionLiveMigration), Margin: "512Mi", Relief: true}
 	if config == nil {
 		return p
 	}
 	if r := config.Spec.NodePressureRelief; r != nil {
-		p.Relief = r.Enabled
+		if r.Enabled != nil {
+			p.Relief = *r.Enabled
+		}
 		if r.Margin != nil {
 			p.Margin = r.Margin.String()
 		}
