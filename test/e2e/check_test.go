@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/check"
@@ -304,7 +305,7 @@ func TestCheckInstallationFailures(t *testing.T) {
 		// The next test's LifeboatConfig must keep the field: wait until the API server serves
 		// the restored schema, which a dry-run create shows by keeping it.
 		probe := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName},
-			Spec: v1alpha1.LifeboatConfigSpec{NodePressureRelief: &v1alpha1.NodePressureReliefConfig{Enabled: true}}}
+			Spec: v1alpha1.LifeboatConfigSpec{NodePressureRelief: &v1alpha1.NodePressureReliefConfig{Enabled: ptr.To(true)}}}
 		err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 			got, err := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs().Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 			return apierrors.IsAlreadyExists(err) || (err == nil && got.Spec.NodePressureRelief != nil), nil
