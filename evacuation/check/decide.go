@@ -207,11 +207,6 @@ func Webhook(config *admissionregistrationv1.ValidatingWebhookConfiguration, web
 	return r
 }
 
-// ConditionEvictionWebhookStrict is the LifeboatConfig condition in which the controller says
-// whether the API server authenticates to the eviction webhook (issue 44). Controllers that do
-// not record it leave the check unknown.
-const ConditionEvictionWebhookStrict = "EvictionWebhookStrict"
-
 // WebhookAuthentication says whether the API server authenticates to the webhook, from the
 // LifeboatConfig's condition (nil: not recorded).
 func WebhookAuthentication(c *metav1.Condition) Result {
@@ -220,7 +215,7 @@ func WebhookAuthentication(c *metav1.Condition) Result {
 	switch {
 	case c == nil:
 		r.Status = Unknown
-		r.Message = "not recorded: the controller writes no " + ConditionEvictionWebhookStrict + " condition on the LifeboatConfig, and the API server does not say which client certificate it presents to webhooks"
+		r.Message = "not recorded: the controller writes no " + v1alpha1.ConfigConditionEvictionWebhookStrict + " condition on the LifeboatConfig, and the API server does not say which client certificate it presents to webhooks"
 		r.Fix = "if drains of VM nodes hang, see docs/operations.md, \"The eviction webhook\""
 	case c.Status == metav1.ConditionTrue:
 		r.Status, r.Message = OK, fmt.Sprintf("the API server authenticates (%s): %s", c.Reason, c.Message)

@@ -202,15 +202,7 @@ func readConfig(ctx context.Context, lb lifeboatclient.Interface) (*v1alpha1.Lif
 	if err := json.Unmarshal(raw, &config); err != nil {
 		return nil, nil, err
 	}
-	var status struct {
-		Status struct {
-			Conditions []metav1.Condition `json:"conditions"`
-		} `json:"status"`
-	}
-	if err := json.Unmarshal(raw, &status); err != nil {
-		return nil, nil, err
-	}
-	return &config, meta.FindStatusCondition(status.Status.Conditions, ConditionEvictionWebhookStrict), nil
+	return &config, meta.FindStatusCondition(config.Status.Conditions, v1alpha1.ConfigConditionEvictionWebhookStrict), nil
 }
 
 func checkWebhook(ctx context.Context, kube kubernetes.Interface) Result {
