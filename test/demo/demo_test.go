@@ -5,10 +5,12 @@ package demo
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,13 +38,18 @@ func TestDemoClusterMovesTheVMOnADrain(t *testing.T) {
 	}
 	vars := []string{"DEMO_DIR=" + dir, "DEMO_NODES=" + nodes}
 	t.Cleanup(func() {
-		if out, err := makeIn(root, append([]string{"demo-down"}, vars...)...); err != nil {
+		if t.Failed() {
+			dumpLogs(t, dir, nodes)
+		}
+		if out, err := makeIn(root, time.Minute, append([]string{"demo-down"}, vars...)...); err != nil {
 			t.Errorf("make demo-down: %v\n%s", err, out)
 		}
 		_ = os.RemoveAll(nodes)
 	})
 
-	out, err := makeIn(root, append([]string{"demo"}, vars...)...)
+	// make demo takes 1 to 3 minutes here, building nothing (make test built the binaries
+	// first); its own steps have deadlines, and this one says which step ran out if one did not.
+	out, err := makeIn(root, demoTimeout, append([]string{"demo"}, vars...)...)
 	if err != nil {
 		t.Fatalf("make demo: %v\n%s", err, out)
 	}
@@ -108,12 +115,49 @@ func TestDemoClusterMovesTheVMOnADrain(t *testing.T) {
 	}
 }
 
-// makeIn runs make in dir with args and returns what it printed.
-func makeIn(dir string, args ...string) (string, error) {
+// demoTimeout bounds make demo: several times its longest run on a loaded 2-core machine.
+const demoTimeout = 15 * time.Minute
+
+// makeIn runs make in dir with args and returns what it printed. Past timeout it stops make and
+// everything make started (SIGTERM to the process group), and returns what they had printed; a
+// process that outlives make holding its output is not waited for.
+func makeIn(dir string, timeout time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	var out bytes.Buffer
-	cmd := exec.Command("make", append([]string{"--no-print-directory"}, args...)...)
+	cmd := exec.CommandContext(ctx, "make", append([]string{"--no-print-directory"}, args...)...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
 	err := cmd.Run()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("make %s did not finish within %s (%v); the last command it ran is the last '+' line below", args[0], timeout, err)
+	}
 	return out.String(), err
 }
+
+// dumpLogs prints the tail of every log the demo cluster kept: the control plane's and the
+// controller's in dir, each node's agent, containers and libvirt daemons under nodes. Both are
+// removed when the test ends, so a CI log holds all that is left of them.
+func dumpLogs(t *testing.T, dirs ...string) {
+	for _, root := range dirs {
+		_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(d.Name(), ".log") {
+				return nil
+			}
+			b, err := os.ReadFile(path)
+			if err != nil || len(b) == 0 {
+				return nil
+			}
+			lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+			lines = lines[max(0, len(lines)-logLines):]
+			t.Logf("%s (last %d lines):\n%s", path, len(lines), strings.Join(lines, "\n"))
+			return nil
+		})
+	}
+}
+
+// logLines is how much of each log a failed run prints.
+const logLines = 200
