@@ -114,7 +114,7 @@ const (
 	ReasonDestroyed       = "Destroyed"
 	ReasonGuestCrashed    = "GuestCrashed"
 	ReasonGuestRunning    = "GuestRunning"
-	ReasonGuestNotRunning = "GuestNotRunning"
+	ReasonGuestNotRunning = v1alpha1.VMIReasonGuestNotRunning
 	ReasonMigratable      = "Migratable"
 	// ReasonNodePressure is the EvictionRequested reason (and the migration cause) of a
 	// kubelet's node-pressure eviction.
