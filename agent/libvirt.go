@@ -95,6 +95,7 @@ func stateOf(s domain.State, r domain.Reason) DomainState {
 
 func (c *libvirtConn) Shutdown(_ context.Context, name string) error { return c.conn.Shutdown(name) }
 func (c *libvirtConn) Destroy(_ context.Context, name string) error  { return c.conn.Destroy(name) }
+func (c *libvirtConn) DomainNames(context.Context) ([]string, error) { return c.conn.DomainNames() }
 
 func (c *libvirtConn) Close() error {
 	c.cancel()

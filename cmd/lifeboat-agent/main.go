@@ -47,7 +47,7 @@ type options struct {
 	procRoot, cgroupRoot                                             string
 	workers, deviceSlots, kubeletPort                                int
 	maxPodGracePeriod                                                int64
-	podDirResync                                                     time.Duration
+	podDirResync, apiLostAfter                                       time.Duration
 }
 
 func main() {
@@ -73,6 +73,8 @@ func main() {
 	flag.StringVar(&o.namespace, "namespace", "lifeboat-system", "lifeboat's namespace, whose ConfigMap "+migrationtls.CAConfigMap+" holds the migration CA")
 	flag.StringVar(&o.procRoot, "proc-root", "/proc", "the node's /proc, read for the node's memory capacity (MemTotal)")
 	flag.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "the node's root cgroup file system, read for memory.available as the kubelet computes it")
+	flag.DurationVar(&o.apiLostAfter, "api-server-lost-after", time.Minute,
+		"how long without reaching the API server (or without running: a frozen node) counts as cut off; the agent pauses and kills nothing meanwhile, and once back reports the outage (Event on its Node) and destroys guests whose VM was restarted elsewhere; 0: do not probe")
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("node", o.nodeName)
@@ -170,6 +172,7 @@ func run(o options, log *slog.Logger) error {
 		LabelNode:         labelNode(kubeClient, o.nodeName),
 		KubeletSource:     source,
 		PublishExposure:   annotateNode(kubeClient, o.nodeName),
+		APILostAfter:      o.apiLostAfter,
 	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs(),
 		[]migrationinformers.VirtualMachineInstanceMigrationInformer{outbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations(), inbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
 	if err != nil {
