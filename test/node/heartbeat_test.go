@@ -86,3 +86,43 @@ func nodeHealthy(n *corev1.Node) string {
 	}
 	return ""
 }
+
+// A frozen node (Freeze) renews no Lease and posts no status, so the node lifecycle controller
+// marks it NotReady after its grace period; thawed, it is Ready again.
+func TestAFrozenNodeGoesNotReadyAndComesBack(t *testing.T) {
+	t.Parallel()
+	node := startNodes(t, 1)[0]
+	waitNode := func(what string, cond func(*corev1.Node) bool) {
+		t.Helper()
+		var last *corev1.Node
+		err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+			n, err := cluster.Kube.CoreV1().Nodes().Get(ctx, node.Name(), metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			last = n
+			return cond(n), nil
+		})
+		if err != nil {
+			t.Fatalf("node %s: want %s; last %+v", node.Name(), what, last.Status.Conditions)
+		}
+	}
+	waitNode("Ready and untainted", func(n *corev1.Node) bool { return nodeHealthy(n) == "" })
+	node.Freeze()
+	frozenAt := time.Now()
+	waitNode("NotReady while frozen", func(n *corev1.Node) bool { return nodeHealthy(n) != "" && !nodeReady(n) })
+	if renewed := waitForLease(t, node).Spec.RenewTime.Time; renewed.After(frozenAt.Add(time.Second)) {
+		t.Errorf("a frozen node renewed its lease at %s, frozen at %s", renewed, frozenAt)
+	}
+	node.Thaw()
+	waitNode("Ready and untainted once thawed", func(n *corev1.Node) bool { return nodeHealthy(n) == "" })
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

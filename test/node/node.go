@@ -22,6 +22,7 @@ type Node struct {
 	broadcaster record.EventBroadcaster
 	recorder    record.EventRecorder
 	pods        *podController
+	freezer     *freezer
 
 	cancel     context.CancelFunc
 	background sync.WaitGroup
@@ -41,7 +42,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("creating the root directory of node %s: %w", cfg.Name, err)
 	}
 	ctx = klog.NewContext(ctx, cfg.Logger)
-	n := &Node{cfg: cfg, layout: newLayout(cfg)}
+	n := &Node{cfg: cfg, layout: newLayout(cfg), freezer: newFreezer()}
 	if cfg.Network != nil {
 		nn, err := cfg.Network.node()
 		if err != nil {
@@ -63,6 +64,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		n.broadcaster.Shutdown()
 		return nil, err
 	}
+	n.pods.freezer = n.freezer
 	n.background.Go(func() { n.runLease(runCtx) })
 	n.background.Go(func() { n.runStatus(runCtx) })
 	if err := n.pods.start(ctx, runCtx); err != nil {
