@@ -17,7 +17,8 @@ import (
 // elsewhere) only once the node is known to have stopped it:
 //
 //	what is known                                   verdict
-//	the Node object is gone (deleted)               GuestGone (NodeDeleted)
+//	the Node object is gone (deleted), and the pod  GuestGone (NodeDeleted); while the pod is there,
+//	  gone or ended                                   WaitForNode: pod GC removes it soon
 //	the launcher pod ended (Succeeded/Failed)       GuestGone (its kubelet, or pod GC on an out-of-service node, recorded it)
 //	the node has node.kubernetes.io/out-of-service  GuestGone (NodeOutOfService: the admin says the node is off)
 //	the node is Ready                               NodeAnswers (its kubelet and agent carry out what the API says)
@@ -97,8 +98,14 @@ func OutOfServiceTaintCommand(node string) string {
 // elsewhere (the table above). It is pure: the same input gives the same answer.
 func DecideNodeLoss(in NodeLossInput) NodeLoss {
 	if in.Node == nil {
-		return NodeLoss{Verdict: GuestGone, Reason: ReasonNodeDeleted,
-			Message: fmt.Sprintf("node %s was deleted, and its guests with it; the VM may start on another node", in.NodeName)}
+		if in.Pod == nil || PodEnded(in.Pod) {
+			return NodeLoss{Verdict: GuestGone, Reason: ReasonNodeDeleted,
+				Message: fmt.Sprintf("node %s was deleted, and its guests with it; the VM may start on another node", in.NodeName)}
+		}
+		// Kubernetes' pod GC removes the pods of a deleted node (after a short quarantine, in
+		// case the Node object comes back, or was not seen yet).
+		return NodeLoss{Verdict: WaitForNode, Reason: ReasonWaitingForNode,
+			Message: fmt.Sprintf("node %s does not exist; once Kubernetes' pod garbage collector removes its launcher pod %s (within a minute or so of the Node's deletion), the VM may start on another node", in.NodeName, in.Pod.Name)}
 	}
 	ready := readyCondition(in.Node)
 	isReady := ready != nil && ready.Status == corev1.ConditionTrue

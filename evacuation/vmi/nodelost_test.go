@@ -68,8 +68,12 @@ func TestDecideNodeLoss(t *testing.T) {
 	}{
 		{name: "a Ready node answers", in: NodeLossInput{NodeName: "node-2", Node: node("node-2"), Pod: running}, want: NodeAnswers},
 		{name: "a Ready node whose pod was deleted still answers: its kubelet stops the pod", in: NodeLossInput{NodeName: "node-2", Node: node("node-2")}, want: NodeAnswers},
-		{name: "a deleted Node took its guests", in: NodeLossInput{NodeName: "node-2", Pod: running},
+		{name: "a deleted Node took its guests", in: NodeLossInput{NodeName: "node-2"},
 			want: GuestGone, wantReason: ReasonNodeDeleted, wantMessage: []string{"node node-2 was deleted"}},
+		{name: "a deleted Node whose pod pod GC marked Failed", in: NodeLossInput{NodeName: "node-2", Pod: pod(onNode("node-2"), inPhase(corev1.PodFailed))},
+			want: GuestGone, wantReason: ReasonNodeDeleted},
+		{name: "a pod bound to a Node that does not exist (yet, or any more): wait for pod GC", in: NodeLossInput{NodeName: "node-2", Pod: running},
+			want: WaitForNode, wantReason: ReasonWaitingForNode, wantMessage: []string{"node node-2 does not exist", "pod garbage collector"}},
 		{name: "NotReady (Unknown): wait, saying since when and what to do", in: NodeLossInput{NodeName: "node-2", Node: lost, Pod: running},
 			want: WaitForNode, wantReason: ReasonWaitingForNode, wantMessage: []string{
 				"node node-2 is NotReady (Unknown) since 2026-11-28T12:01:05Z (" + unknown + ")", "the VM may still run there",
