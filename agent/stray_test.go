@@ -228,3 +228,67 @@ func TestAnIncomingMigrationIsNotAStray(t *testing.T) {
 		t.Error("the target of a running migration was destroyed")
 	}
 }
+
+// The running agent sees its VMI leave the node (the instance deleted, and a new one of the same
+// name made on node-2, as a VM's run strategy does once the node was declared off) and destroys
+// the guest that still runs here, without a restart or a launcher event to prompt it.
+func TestARunningAgentDestroysTheGuestOfAReplacedVMI(t *testing.T) {
+	old := vmiNamed("old", "node-1", v1alpha1.VMIRunning)
+	client := lifeboatfake.NewSimpleClientset(old)
+	recorder := record.NewFakeRecorder(100)
+	metrics := NewMetrics(prometheus.NewRegistry())
+	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
+	root := t.TempDir()
+	fakeLaunchers(t, root)("old")
+	libvirt := &strayLibvirt{name: "ns_vm", state: DomainRunning}
+	dial := func(_ context.Context, _, uid string) (DomainConn, error) {
+		if uid != "old" {
+			return nil, errors.New("no such launcher")
+		}
+		return libvirt, nil
+	}
+	a, err := New(Config{NodeName: "node-1", DomainsDir: root, Dial: dial, Recorder: recorder, Metrics: metrics,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister()},
+		client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
+		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	informers.Start(ctx.Done())
+	go func() { _ = a.Run(ctx, 1) }()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("want %s within 10s", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor("the agent connected to the launcher", func() bool { return a.connected("old") })
+	// Running as it should: nothing destroyed.
+	time.Sleep(200 * time.Millisecond)
+	libvirt.mu.Lock()
+	destroyed := libvirt.destroyed
+	libvirt.mu.Unlock()
+	if destroyed != 0 {
+		t.Fatal("the guest of a VMI running on this node was destroyed")
+	}
+
+	vmis := client.LifeboatV1alpha1().VirtualMachineInstances("ns")
+	if err := vmis.Delete(ctx, "vm", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vmis.Create(ctx, vmiNamed("new", "node-2", v1alpha1.VMIRunning), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the stray guest destroyed", func() bool {
+		libvirt.mu.Lock()
+		defer libvirt.mu.Unlock()
+		return libvirt.destroyed == 1
+	})
+	waitFor("the metric", func() bool { return testutil.ToFloat64(metrics.StrayGuestsDestroyed.WithLabelValues(StrayVMIReplaced)) == 1 })
+}
