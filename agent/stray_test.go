@@ -290,5 +290,7 @@ func TestARunningAgentDestroysTheGuestOfAReplacedVMI(t *testing.T) {
 		defer libvirt.mu.Unlock()
 		return libvirt.destroyed == 1
 	})
-	waitFor("the metric", func() bool { return testutil.ToFloat64(metrics.StrayGuestsDestroyed.WithLabelValues(StrayVMIReplaced)) == 1 })
+	waitFor("the metric", func() bool {
+		return testutil.ToFloat64(metrics.StrayGuestsDestroyed.WithLabelValues(StrayVMIReplaced)) == 1
+	})
 }

@@ -359,7 +359,7 @@ func TestALostNodesPodFlowsAwayOnlyWithTheOutOfServiceTaint(t *testing.T) {
 	// A pod of no VM on the same node: what Kubernetes alone does with it after the taint.
 	bystander, err := cluster.Kube.CoreV1().Pods(ns).Create(context.Background(), &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "bystander"},
-		Spec: corev1.PodSpec{NodeName: lost.name, Containers: []corev1.Container{{Name: "c", Image: "example.org/bystander:1"}}},
+		Spec:       corev1.PodSpec{NodeName: lost.name, Containers: []corev1.Container{{Name: "c", Image: "example.org/bystander:1"}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
