@@ -132,5 +132,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.MigrationConnectionsRefused,
 		m.ReliefDecisions, m.ReliefAvailable, m.DirtyRateEstimates, m.DirtyRateEstimated,
 		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn)
+	// Each decision is served from the start, at 0: no SIGTERM yet reads as 0, not as a series
+	// that is missing, which a renamed metric would look like too.
+	for _, d := range []string{DecisionEvacuate, DecisionShutdown} {
+		m.SignalDecisions.WithLabelValues(d)
+	}
 	return m
 }
