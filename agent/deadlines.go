@@ -16,23 +16,29 @@ import (
 // would hold the agent's workers, and with them every other VM's evacuation on the node. The rule
 // is one deadline per kind of call, far above what a healthy daemon takes:
 //
-//   - libvirtCallDeadline for every call that reads or changes a domain (look-up, state,
-//     metadata, job statistics, shutdown, destroy, suspend, resume, post-copy, dirty rate): a
-//     healthy daemon answers them in milliseconds;
+//   - libvirtCallDeadline for the calls that take no lock of the domain's jobs (look-up, state,
+//     metadata): a healthy daemon answers them in milliseconds;
+//   - libvirtJobDeadline for every other call on a domain (job statistics, dirty rate, shutdown,
+//     destroy, suspend, resume, post-copy, starting a dirty-rate sample): those may wait for the
+//     domain's job lock, which libvirt itself gives up on after 30 s with an error of its own, so
+//     a healthy daemon busy with another job still answers first;
 //   - libvirtCapabilitiesDeadline for loading QEMU's capabilities, a probe of QEMU that takes
 //     seconds on a node's first launcher (about 4 s under TCG);
-//   - a connection must open within connect's 30 s (DialLibvirt honours its context);
+//   - a connection must open within connect's 30 s (LibvirtDialer honours its context);
 //   - a migration has no deadline of its own here: it waits on a connection of its own, and
 //     its context (the migration's) aborts it.
 //
-// Calls to one launcher take turns: a call waits at most launcherTurnWait for the one before it,
-// then fails (the caller retries later), so one launcher holds one worker at most. A call past its
+// The workers' calls to one launcher take turns: a call waits at most launcherTurnWait for the one
+// before it, then fails (the caller retries later), so one launcher holds one worker at most. A
+// migration's own loop, on a goroutine of its own, takes no turn (withoutTurns): it neither waits
+// behind a worker's call that waits for the domain's job lock nor holds a worker up. A call past its
 // deadline is abandoned: the worker stops waiting, the connection is cut (libvirtRelay, which ends
 // the abandoned call too) and never used again, the abandonment is counted
 // (lifeboat_agent_libvirt_calls_abandoned_total), logged and recorded as an Event on the VMI, and
 // the agent reconnects after reconnectAfterStall, twice as long after each further stall.
 const (
 	libvirtCallDeadline         = 10 * time.Second
+	libvirtJobDeadline          = 45 * time.Second
 	libvirtCapabilitiesDeadline = 2 * time.Minute
 	launcherTurnWait            = time.Second
 	reconnectAfterStall         = 30 * time.Second
@@ -56,8 +62,15 @@ var (
 // cutter is a DomainConn that can end its stream at once (libvirtConn).
 type cutter interface{ Cut() }
 
-// guardedConn gives every call to a launcher's connection its deadline and its turn (see above).
+// guardedConn gives every call to a launcher's connection its deadline and, unless it is a
+// migration loop's view (withoutTurns), its turn (see above).
 type guardedConn struct {
+	*guard
+	takesTurns bool
+}
+
+// guard is what a connection's views share.
+type guard struct {
 	inner DomainConn
 	mg    Migrator // inner as a Migrator; nil if it is not one
 	// onStall is told once, when the first call passes its deadline.
@@ -73,15 +86,26 @@ type guardedConn struct {
 }
 
 func newGuardedConn(inner DomainConn, onStall func(call string, deadline time.Duration)) *guardedConn {
-	g := &guardedConn{inner: inner, onStall: onStall, turn: make(chan struct{}, 1), stalled: make(chan struct{}),
-		closed: make(chan struct{}), changes: make(chan struct{}, 1)}
+	g := &guardedConn{guard: &guard{inner: inner, onStall: onStall, turn: make(chan struct{}, 1), stalled: make(chan struct{}),
+		closed: make(chan struct{}), changes: make(chan struct{}, 1)}, takesTurns: true}
 	g.mg, _ = inner.(Migrator)
 	go g.forwardChanges()
 	return g
 }
 
+// withoutTurns is the view of g for a migration's own loop: the same deadlines, no turns.
+func (g *guardedConn) withoutTurns() *guardedConn { return &guardedConn{guard: g.guard} }
+
+// loopMigrator is mg as a migration's own loop uses it (withoutTurns).
+func loopMigrator(mg Migrator) Migrator {
+	if g, ok := mg.(*guardedConn); ok {
+		return g.withoutTurns()
+	}
+	return mg
+}
+
 // forwardChanges passes the connection's changes on until it ends, stalls or is closed.
-func (g *guardedConn) forwardChanges() {
+func (g *guard) forwardChanges() {
 	defer close(g.changes)
 	in := g.inner.Changes()
 	for {
@@ -103,7 +127,7 @@ func (g *guardedConn) forwardChanges() {
 }
 
 // hasStalled reports whether a call passed its deadline.
-func (g *guardedConn) hasStalled() bool {
+func (g *guard) hasStalled() bool {
 	select {
 	case <-g.stalled:
 		return true
@@ -118,16 +142,18 @@ func guarded[T any](ctx context.Context, g *guardedConn, call string, deadline t
 	if g.hasStalled() {
 		return zero, fmt.Errorf("%s: %w", call, errLauncherStalled)
 	}
-	wait := time.NewTimer(min(launcherTurnWait, deadline))
-	defer wait.Stop()
-	select {
-	case g.turn <- struct{}{}:
-	case <-g.stalled:
-		return zero, fmt.Errorf("%s: %w", call, errLauncherStalled)
-	case <-wait.C:
-		return zero, fmt.Errorf("%s: %w", call, errLauncherBusy)
-	case <-ctx.Done():
-		return zero, ctx.Err()
+	if g.takesTurns {
+		wait := time.NewTimer(min(launcherTurnWait, deadline))
+		defer wait.Stop()
+		select {
+		case g.turn <- struct{}{}:
+		case <-g.stalled:
+			return zero, fmt.Errorf("%s: %w", call, errLauncherStalled)
+		case <-wait.C:
+			return zero, fmt.Errorf("%s: %w", call, errLauncherBusy)
+		case <-ctx.Done():
+			return zero, ctx.Err()
+		}
 	}
 	type result struct {
 		v   T
@@ -138,7 +164,9 @@ func guarded[T any](ctx context.Context, g *guardedConn, call string, deadline t
 	go func() {
 		defer g.calls.Done()
 		// The turn is the call's until it has really ended, abandoned or not.
-		defer func() { <-g.turn }()
+		if g.takesTurns {
+			defer func() { <-g.turn }()
+		}
 		v, err := f()
 		done <- result{v, err}
 	}()
@@ -157,7 +185,7 @@ func guarded[T any](ctx context.Context, g *guardedConn, call string, deadline t
 
 // stall gives up on the connection: it is cut, which ends the call that stalled, and so are the
 // calls and changes after it.
-func (g *guardedConn) stall(call string, deadline time.Duration) {
+func (g *guard) stall(call string, deadline time.Duration) {
 	g.stallOnce.Do(func() {
 		close(g.stalled)
 		if c, ok := g.inner.(cutter); ok {
@@ -176,12 +204,12 @@ func (g *guardedConn) Observe(ctx context.Context, name string) (*Domain, error)
 }
 
 func (g *guardedConn) Shutdown(ctx context.Context, name string) error {
-	_, err := guarded(ctx, g, "shutdown", libvirtCallDeadline, func() (struct{}, error) { return struct{}{}, g.inner.Shutdown(ctx, name) })
+	_, err := guarded(ctx, g, "shutdown", libvirtJobDeadline, func() (struct{}, error) { return struct{}{}, g.inner.Shutdown(ctx, name) })
 	return err
 }
 
 func (g *guardedConn) Destroy(ctx context.Context, name string) error {
-	_, err := guarded(ctx, g, "destroy", libvirtCallDeadline, func() (struct{}, error) { return struct{}{}, g.inner.Destroy(ctx, name) })
+	_, err := guarded(ctx, g, "destroy", libvirtJobDeadline, func() (struct{}, error) { return struct{}{}, g.inner.Destroy(ctx, name) })
 	return err
 }
 
@@ -226,11 +254,11 @@ func (g *guardedConn) Migrate(ctx context.Context, name string, opts domain.Migr
 }
 
 func (g *guardedConn) JobStats(name string) (domain.JobStats, error) {
-	return guarded(context.Background(), g, "job-stats", libvirtCallDeadline, func() (domain.JobStats, error) { return g.mg.JobStats(name) })
+	return guarded(context.Background(), g, "job-stats", libvirtJobDeadline, func() (domain.JobStats, error) { return g.mg.JobStats(name) })
 }
 
 func (g *guardedConn) StartDirtyRateCalc(name string, period time.Duration, mode domain.DirtyRateMode) error {
-	return g.call("start-dirty-rate", libvirtCallDeadline, func() error { return g.mg.StartDirtyRateCalc(name, period, mode) })
+	return g.call("start-dirty-rate", libvirtJobDeadline, func() error { return g.mg.StartDirtyRateCalc(name, period, mode) })
 }
 
 func (g *guardedConn) DirtyRate(name string) (uint64, bool, error) {
@@ -238,7 +266,7 @@ func (g *guardedConn) DirtyRate(name string) (uint64, bool, error) {
 		v  uint64
 		ok bool
 	}
-	r, err := guarded(context.Background(), g, "dirty-rate", libvirtCallDeadline, func() (rate, error) {
+	r, err := guarded(context.Background(), g, "dirty-rate", libvirtJobDeadline, func() (rate, error) {
 		v, ok, err := g.mg.DirtyRate(name)
 		return rate{v, ok}, err
 	})
@@ -246,7 +274,7 @@ func (g *guardedConn) DirtyRate(name string) (uint64, bool, error) {
 }
 
 func (g *guardedConn) StartPostCopy(name string) error {
-	return g.call("start-post-copy", libvirtCallDeadline, func() error { return g.mg.StartPostCopy(name) })
+	return g.call("start-post-copy", libvirtJobDeadline, func() error { return g.mg.StartPostCopy(name) })
 }
 
 func (g *guardedConn) State(name string) (domain.State, domain.Reason, error) {
@@ -265,11 +293,11 @@ func (g *guardedConn) State(name string) (domain.State, domain.Reason, error) {
 }
 
 func (g *guardedConn) Suspend(name string) error {
-	return g.call("suspend", libvirtCallDeadline, func() error { return g.mg.Suspend(name) })
+	return g.call("suspend", libvirtJobDeadline, func() error { return g.mg.Suspend(name) })
 }
 
 func (g *guardedConn) Resume(name string) error {
-	return g.call("resume", libvirtCallDeadline, func() error { return g.mg.Resume(name) })
+	return g.call("resume", libvirtJobDeadline, func() error { return g.mg.Resume(name) })
 }
 
 func (g *guardedConn) LoadQEMUCapabilities() error {
