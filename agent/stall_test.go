@@ -136,6 +136,7 @@ func (h *healthyLauncher) Close() error                           { return nil }
 // until it stalls; from then on it passes keepalives only, so libvirt's client would wait for
 // ever.
 func TestAStalledLauncherHoldsOneWorkerAndTheOthersAreEvacuatedOnTime(t *testing.T) {
+	needRoot(t)
 	// Short paths: a unix socket's path holds 107 bytes.
 	root, err := os.MkdirTemp("", "stall")
 	if err != nil {
@@ -344,6 +345,7 @@ func countEvents(events []string, prefix string) int {
 // holds the dial no longer than its context: the relay is cut, the launcher's end of the
 // connection sees it close, and nothing of the relay is left.
 func TestADaemonThatNeverAnswersDoesNotHoldTheDial(t *testing.T) {
+	needRoot(t)
 	root, err := os.MkdirTemp("", "mute")
 	if err != nil {
 		t.Fatal(err)
@@ -395,5 +397,13 @@ func TestADaemonThatNeverAnswersDoesNotHoldTheDial(t *testing.T) {
 	}
 	if entries, err := os.ReadDir(relays); err != nil || len(entries) != 0 {
 		t.Errorf("the relays' directory after a cut dial: %v, %v; want it empty", entries, err)
+	}
+}
+
+// needRoot fails a test that gives sockets to the launchers' user, or runs a daemon as it.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("a launcher's socket and libvirtd are its user's (107), which needs root: run the tests as root, as make test and .ci/run do (README, Prerequisites)")
 	}
 }
