@@ -333,11 +333,12 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 	})
 	if err != nil {
 		a.cfg.Log.Error("cannot connect to a launcher's libvirt", "vmiUID", uid, "socket", socket, "err", err, "lastDialErr", dialErr)
+		a.forget(uid)
 		if errors.Is(dialErr, context.DeadlineExceeded) {
 			// The launcher's daemon took the connection and never answered.
 			a.launcherStalled(uid, "connect", connectTimeout)
+			go a.reconnectLater(ctx, uid)
 		}
-		a.forget(uid)
 		return
 	}
 	// Every call from here on has its deadline and its turn (deadlines.go).
