@@ -55,6 +55,8 @@ type VMFacts struct {
 	// Selector is that nodeSelector, "" for none.
 	OtherNodes []string
 	Selector   string
+	// NodesUnknown: the nodes could not be read, so where it could go is not known.
+	NodesUnknown bool
 	// Memory is the guest's memory in bytes.
 	Memory int64
 }
@@ -100,7 +102,7 @@ func wantsMigration(s v1alpha1.EvictionStrategy) bool {
 
 // pinned says why the VM has nowhere to go, or "".
 func (v VMFacts) pinned() string {
-	if len(v.OtherNodes) > 0 {
+	if len(v.OtherNodes) > 0 || v.NodesUnknown {
 		return ""
 	}
 	if v.Selector == "" {
@@ -119,6 +121,9 @@ func (v VMFacts) notMigratable() string {
 
 func (v VMFacts) targets() string {
 	n := len(v.OtherNodes)
+	if v.NodesUnknown {
+		return "where it can go is not known here (the nodes could not be read)"
+	}
 	named := strings.Join(v.OtherNodes[:min(n, 3)], ", ")
 	if n > 3 {
 		named += ", …"
@@ -221,7 +226,8 @@ func IfOutOfMemory(v VMFacts, c ClusterFacts) Fate {
 	return Fate{VerdictLost, fmt.Sprintf("%s, but %s, and %s: turn relief on (spec.nodePressureRelief.enabled unset or true), or give the kubelet a longer evictionMaxPodGracePeriod", kubelet, copyOnce, relief)}
 }
 
-// FactsOf reads a VMI's facts; nodes are every Node, for where it could go.
+// FactsOf reads a VMI's facts; nodes are every Node, for where it could go (nil: they could not
+// be read).
 func FactsOf(vmi *v1alpha1.VirtualMachineInstance, config *v1alpha1.LifeboatConfig, nodes []corev1.Node) VMFacts {
 	f := VMFacts{Running: active(vmi), Node: vmi.Status.NodeName, Memory: vmi.Spec.Memory.Value()}
 	f.Strategy, f.StrategyFrom = StrategyOf(vmi, config)
@@ -231,7 +237,7 @@ func FactsOf(vmi *v1alpha1.VirtualMachineInstance, config *v1alpha1.LifeboatConf
 			f.NotMigratable = c.Reason + ": " + c.Message
 		}
 	}
-	f.OtherNodes = otherNodes(vmi, nodes)
+	f.OtherNodes, f.NodesUnknown = otherNodes(vmi, nodes), nodes == nil
 	if len(vmi.Spec.NodeSelector) > 0 {
 		f.Selector = labels.Set(vmi.Spec.NodeSelector).String()
 	}
