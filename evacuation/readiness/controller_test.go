@@ -97,4 +97,3 @@ func TestTheLeaderKeepsReady(t *testing.T) {
 	}
 	waitReady(metav1.ConditionFalse, ReasonNoLeader)
 }
-
