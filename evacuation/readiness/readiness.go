@@ -130,10 +130,10 @@ type Controller struct {
 // eviction webhook.
 func New(kube kubernetes.Interface, lb lifeboatclient.Interface, configs lifeboatinformers.LifeboatConfigInformer, leader string, webhook bool, log *slog.Logger) *Controller {
 	return &Controller{kube: kube, lb: lb, configs: configs.Lister(), informer: configs.Informer(), leader: leader, webhook: webhook,
-		interval: time.Minute, log: log.With("controller", "readiness")}
+		interval: 5 * time.Minute, log: log.With("controller", "readiness")}
 }
 
-// Run writes the condition at once, again whenever the LifeboatConfig changes or a minute has
+// Run writes the condition at once, again whenever the LifeboatConfig changes or five minutes have
 // passed (the CRDs and the webhook's registration are read then), and Stopped when ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), c.informer.HasSynced) {
