@@ -163,7 +163,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			// kubectl lifeboat check sees through (the Lease's renewals).
 			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			if err := c.write(stopCtx, Stopped(c.leader, time.Now())); err != nil {
+			if err := c.writeStopped(stopCtx); err != nil {
 				c.log.Warn("could not leave Ready False on stopping", "err", err)
 			}
 			return nil
@@ -205,6 +205,19 @@ func (c *Controller) decide(ctx context.Context) metav1.Condition {
 		}
 	}
 	return Condition(in)
+}
+
+// writeStopped leaves Ready False (NoLeader) if the condition is still this replica's: a leader
+// that lost its Lease never overwrites what the next one wrote.
+func (c *Controller) writeStopped(ctx context.Context) error {
+	cached, err := c.configs.Get(v1alpha1.ConfigName)
+	if err != nil {
+		return nil
+	}
+	if old := meta.FindStatusCondition(cached.Status.Conditions, v1alpha1.ConfigConditionReady); old == nil || !strings.HasPrefix(old.Message, "replica "+c.leader+" ") {
+		return nil
+	}
+	return c.write(ctx, Stopped(c.leader, time.Now()))
 }
 
 // write sets the condition on the cached LifeboatConfig if it differs.
