@@ -90,7 +90,11 @@ func (c *client) protection(ctx context.Context, i *v1alpha1.VirtualMachineInsta
 	} else if config == nil {
 		line("LifeboatConfig: none (%s): no default eviction strategy, the feature gate off", v1alpha1.ConfigName)
 	}
-	line("eviction strategy %s, from %s", facts.Strategy, facts.StrategyFrom)
+	if configErr != nil && i.Spec.EvictionStrategy == nil {
+		line("eviction strategy: unknown, the VMI sets none and the LifeboatConfig's default cannot be read")
+	} else {
+		line("eviction strategy %s, from %s", facts.Strategy, facts.StrategyFrom)
+	}
 	switch {
 	case facts.Migratable:
 		line("live migration: possible")
@@ -150,6 +154,9 @@ func (c *client) protection(ctx context.Context, i *v1alpha1.VirtualMachineInsta
 	if protection.Gate {
 		gate = "on: a node-pressure eviction becomes an evacuation, as its strategy says"
 	}
+	if configErr != nil {
+		gate = "unknown (it is the LifeboatConfig's)"
+	}
 	line("feature gate %s %s", v1alpha1.FeatureGateNodePressureEvictionLiveMigration, gate)
 	if facts.Running {
 		var node *corev1.Node
@@ -177,10 +184,19 @@ func (c *client) protection(ctx context.Context, i *v1alpha1.VirtualMachineInsta
 			line("node %s: %s; %s (its agent, kubelet settings from %s)", facts.Node, relief, exposure.Message, exposure.Source)
 		}
 	}
+	drained, pressure := check.IfDrained(facts, cluster), check.IfOutOfMemory(facts, cluster)
+	if configErr != nil && facts.Running {
+		// Its default strategy, the feature gate and relief's margin are the LifeboatConfig's.
+		unknown := check.Fate{Verdict: check.VerdictUnknown, Why: "the LifeboatConfig cannot be read, and its eviction strategy, feature gate and relief decide; ask a cluster admin to run kubectl lifeboat status"}
+		if i.Spec.EvictionStrategy == nil {
+			drained = unknown
+		}
+		pressure = unknown
+	}
 	fmt.Fprintln(c.out, "If its node were drained:")
-	line("%s", check.IfDrained(facts, cluster))
+	line("%s", drained)
 	fmt.Fprintln(c.out, "If its node ran out of memory:")
-	line("%s", check.IfOutOfMemory(facts, cluster))
+	line("%s", pressure)
 }
 
 // exposureOf is the node's published eviction exposure, nil if it has none.

@@ -9,6 +9,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -119,10 +120,62 @@ func TestStatusSaysWhatProtectsTheVMAndWhatWouldHappen(t *testing.T) {
 	}
 }
 
-func runStatus(t *testing.T, ns, name string) string {
+// A namespace user, who may read its VMs but not the nodes, the webhook's configuration or the
+// LifeboatConfig, is told what is not known rather than a guess.
+func TestStatusSaysWhatANamespaceUserCannotKnow(t *testing.T) {
+	ctx := context.Background()
+	ns := cluster.Namespace(t, "status-user-")
+	makeNode(t, "status-user-node", map[string]string{v1alpha1.LabelKVMNode: "true"}, "")
+	if _, err := cluster.Kube.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "vm-reader"},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{v1alpha1.GroupName}, Resources: []string{"virtualmachines", "virtualmachineinstances", "virtualmachineinstancemigrations"}, Verbs: []string{"get", "list"}},
+			{APIGroups: []string{"policy"}, Resources: []string{"poddisruptionbudgets"}, Verbs: []string{"get"}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cluster.Kube.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "vm-reader"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "status-user", APIGroup: rbacv1.GroupName}},
+		RoleRef:    rbacv1.RoleRef{Kind: "Role", Name: "vm-reader", APIGroup: rbacv1.GroupName},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	makeVM(t, ns, "own", func(s *v1alpha1.VirtualMachineInstanceSpec) { s.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrate) },
+		metav1.Condition{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionFalse, Reason: "LocalDisk", Message: "boot.disk is a file on the node"})
+	makeVM(t, ns, "defaulted", nil, metav1.Condition{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionTrue, Reason: "Migratable"})
+	out := runStatus(t, ns, "own", "--as", "status-user")
+	for _, want := range []string{
+		"  LifeboatConfig: unknown, cannot read it (",
+		"  eviction strategy LiveMigrate, from the VMI's spec.evictionStrategy\n",
+		"  other nodes: unknown, cannot list the nodes (",
+		"  eviction webhook: unknown, cannot read ValidatingWebhookConfiguration lifeboat-eviction (",
+		"  node status-node-1: unknown, cannot read it\n",
+		"  feature gate NodePressureEvictionLiveMigration unknown (it is the LifeboatConfig's)\n",
+		// Its own strategy and the agent's word decide a drain, whatever else is unknown.
+		"If its node were drained:\n  the drain waits: the eviction webhook refuses the eviction (429) for ever, since the VM cannot live-migrate (LocalDisk: boot.disk is a file on the node)",
+		"If its node ran out of memory:\n  unknown: the LifeboatConfig cannot be read",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status of own as a namespace user lacks %q", want)
+		}
+	}
+	out = runStatus(t, ns, "defaulted", "--as", "status-user")
+	for _, want := range []string{
+		"  eviction strategy: unknown, the VMI sets none and the LifeboatConfig's default cannot be read\n",
+		"If its node were drained:\n  unknown: the LifeboatConfig cannot be read",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status of defaulted as a namespace user lacks %q", want)
+		}
+	}
+}
+
+func runStatus(t *testing.T, ns, name string, flags ...string) string {
 	t.Helper()
 	var out strings.Builder
-	if err := run([]string{"status", name, "-n", ns, "--kubeconfig", cluster.Kubeconfig}, &out); err != nil {
+	if err := run(append([]string{"status", name, "-n", ns, "--kubeconfig", cluster.Kubeconfig}, flags...), &out); err != nil {
 		t.Fatalf("kubectl lifeboat status %s: %v", name, err)
 	}
 	t.Logf("kubectl lifeboat status %s -n %s:\n%s", name, ns, out.String())
