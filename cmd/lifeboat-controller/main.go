@@ -147,11 +147,12 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 		func(ctx context.Context) error { return signer.Run(ctx, 1) },
 		atrisk.New(lb, nodes, lbv1.LifeboatConfigs(), log).Run,
 	}
-	host, err := os.Hostname()
+	// The Ready condition names the replica as the Lease does.
+	identity, err := o.leader.id()
 	if err != nil {
 		return err
 	}
-	controllers = append(controllers, readiness.New(kubeClient, lb, lbv1.LifeboatConfigs(), host, hookOpts.Listen != "", log).Run)
+	controllers = append(controllers, readiness.New(kubeClient, lb, lbv1.LifeboatConfigs(), identity, hookOpts.Listen != "", log).Run)
 	var always []func(context.Context) error
 	if hookOpts.Listen != "" {
 		hookServer, err := webhook.New(kubeClient, lb, pods, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), nodes, recorder, hookOpts, reg, log)
