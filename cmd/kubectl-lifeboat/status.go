@@ -90,6 +90,16 @@ func (c *client) protection(ctx context.Context, i *v1alpha1.VirtualMachineInsta
 	} else if config == nil {
 		line("LifeboatConfig: none (%s): no default eviction strategy, the feature gate off", v1alpha1.ConfigName)
 	}
+	if config != nil {
+		switch cond := meta.FindStatusCondition(config.Status.Conditions, v1alpha1.ConfigConditionReady); {
+		case cond == nil:
+			line("lifeboat controller: Ready not recorded (the controller of this release writes it)")
+		case cond.Status == metav1.ConditionTrue:
+			line("lifeboat controller: Ready %s (%s)", cond.Status, cond.Reason)
+		default:
+			line("lifeboat controller: Ready %s (%s): %s", cond.Status, cond.Reason, cond.Message)
+		}
+	}
 	if configErr != nil && i.Spec.EvictionStrategy == nil {
 		line("eviction strategy: unknown, the VMI sets none and the LifeboatConfig's default cannot be read")
 	} else {

@@ -41,7 +41,8 @@ func TestStatusSaysWhatProtectsTheVMAndWhatWouldHappen(t *testing.T) {
 		_ = cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs().Delete(ctx, v1alpha1.ConfigName, metav1.DeleteOptions{})
 	})
 	config.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConfigConditionEvictionWebhookStrict, Status: metav1.ConditionFalse,
-		Reason: "NoAuthenticatedCallSeen", Message: "permissive", LastTransitionTime: metav1.Now()}}
+		Reason: "NoAuthenticatedCallSeen", Message: "permissive", LastTransitionTime: metav1.Now()},
+		{Type: v1alpha1.ConfigConditionReady, Status: metav1.ConditionTrue, Reason: "ControllerReady", Message: "replica a leads", LastTransitionTime: metav1.Now()}}
 	if _, err := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs().UpdateStatus(ctx, config, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +84,7 @@ func TestStatusSaysWhatProtectsTheVMAndWhatWouldHappen(t *testing.T) {
 	}
 	out := runStatus(t, ns, "mover")
 	for _, want := range []string{
-		"Protected by:\n",
+		"Protected by:\n  lifeboat controller: Ready True (ControllerReady)\n",
 		"  eviction strategy LiveMigrate, from the LifeboatConfig's spec.evictionStrategy, as the VMI sets none\n",
 		"  live migration: possible\n",
 		"  other nodes: 1 it may run on (status-node-2)\n",

@@ -60,7 +60,7 @@ func TestKubectlLifeboat(t *testing.T) {
 	})
 	mustKubectlLifeboat(t, "VM "+ns+"/managed: Running, ready true, run strategy Always", "status", vm.Name, "-n", ns)
 	// What protects it and what would happen to it (issue 46): the sections and the strategy's origin.
-	for _, want := range []string{"Protected by:\n  eviction strategy LiveMigrate, from the VMI's spec.evictionStrategy\n",
+	for _, want := range []string{"Protected by:\n", "  eviction strategy LiveMigrate, from the VMI's spec.evictionStrategy\n",
 		"  live migration: possible\n", "If its node were drained:\n  ", "If its node ran out of memory:\n  "} {
 		mustKubectlLifeboat(t, want, "status", vm.Name, "-n", ns)
 	}
