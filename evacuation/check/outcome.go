@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	vmipkg "github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
 
 // What would happen to a VM if its node were drained or ran out of memory: the eviction strategy
@@ -59,6 +60,9 @@ type VMFacts struct {
 	NodesUnknown bool
 	// Memory is the guest's memory in bytes.
 	Memory int64
+	// PodGraceSeconds is its launcher pod's terminationGracePeriodSeconds (0: not known), the
+	// other bound of a soft eviction's grace.
+	PodGraceSeconds int64
 }
 
 // ClusterFacts are what the cluster adds.
@@ -179,6 +183,10 @@ func IfOutOfMemory(v VMFacts, c ClusterFacts) Fate {
 		return Fate{VerdictLost, fmt.Sprintf("node %s's kubelet has no memory.available eviction threshold: the kernel's OOM killer acts instead, and nothing can move the VM first; give the kubelet evictionSoft memory.available (manifests/examples/kubelet-config.yaml)", v.Node)}
 	}
 	grace := time.Duration(e.GraceSeconds * float64(time.Second))
+	if own := time.Duration(v.PodGraceSeconds) * time.Second; e.Threshold == "soft" && own > 0 && own < grace {
+		// The agent published the grace of the node's largest VM's pod; this one's is shorter.
+		grace = max(own, time.Second)
+	}
 	kubelet := fmt.Sprintf("the kubelet's %s memory.available threshold gives its pod %s", e.Threshold, grace)
 	movable := wantsMigration(v.Strategy) && v.Migratable
 	var relief string
@@ -229,7 +237,7 @@ func IfOutOfMemory(v VMFacts, c ClusterFacts) Fate {
 // FactsOf reads a VMI's facts; nodes are every Node, for where it could go (nil: they could not
 // be read).
 func FactsOf(vmi *v1alpha1.VirtualMachineInstance, config *v1alpha1.LifeboatConfig, nodes []corev1.Node) VMFacts {
-	f := VMFacts{Running: active(vmi), Node: vmi.Status.NodeName, Memory: vmi.Spec.Memory.Value()}
+	f := VMFacts{Running: active(vmi), Node: vmi.Status.NodeName, Memory: vmi.Spec.Memory.Value(), PodGraceSeconds: vmipkg.PodGracePeriodSeconds(vmi)}
 	f.Strategy, f.StrategyFrom = StrategyOf(vmi, config)
 	if c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionLiveMigratable); c != nil {
 		f.Migratable = c.Status == metav1.ConditionTrue

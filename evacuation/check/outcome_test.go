@@ -77,6 +77,12 @@ func TestFate(t *testing.T) {
 		{"no bandwidth cap: 1 GiB fits 1s at 10 Gbit/s", vm(lm), noCap, VerdictMigrates, nil, VerdictMigrates, []string{"900ms at an assumed 10 Gbit/s"}},
 		{"nothing published", vm(lm), unpublished, VerdictMigrates, nil, VerdictUnknown, []string{"lifeboat.dev/eviction-exposure", "kubectl lifeboat check"}},
 		{"no memory threshold", vm(lm), noThreshold, VerdictMigrates, nil, VerdictLost, []string{"OOM killer"}},
+		{"its own pod grace is shorter than the one published", func() VMFacts { v := vm(lm); v.PodGraceSeconds = 10; return v }(), cluster, VerdictMigrates, nil,
+			VerdictLost, []string{"gives its pod 10s", "16s"}},
+		{"its own pod grace is longer: the published one holds", func() VMFacts { v := vm(lm); v.PodGraceSeconds = 60; return v }(), cluster, VerdictMigrates, nil,
+			VerdictMigrates, []string{"gives its pod 30s"}},
+		{"nodes unreadable: where it goes is not known", func() VMFacts { v := vm(lm); v.OtherNodes, v.NodesUnknown = nil, true; return v }(), cluster,
+			VerdictMigrates, []string{"where it can go is not known here"}, VerdictMigrates, nil},
 		{"not running", VMFacts{Strategy: lm}, cluster, VerdictNothing, nil, VerdictNothing, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -120,6 +126,9 @@ func TestFactsOf(t *testing.T) {
 	if !f.Running || f.Node != "a" || f.Strategy != v1alpha1.EvictionStrategyLiveMigrate || f.StrategyFrom != FromConfig ||
 		f.Migratable || f.NotMigratable != "LocalDisk: boot.disk is a node file" || len(f.OtherNodes) != 0 || f.Selector != "disk=ssd" || f.Memory != 1<<30 {
 		t.Errorf("FactsOf = %+v", f)
+	}
+	if f.PodGraceSeconds != 45 {
+		t.Errorf("FactsOf: pod grace %ds, want the default 30s + 15s", f.PodGraceSeconds)
 	}
 	vmi.Spec.NodeSelector = nil
 	vmi.Spec.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyNone)
