@@ -143,7 +143,9 @@ func TestStatusSaysWhatANamespaceUserCannotKnow(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	makeVM(t, ns, "own", func(s *v1alpha1.VirtualMachineInstanceSpec) { s.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrate) },
+	makeVM(t, ns, "own", func(s *v1alpha1.VirtualMachineInstanceSpec) {
+		s.EvictionStrategy = ptr.To(v1alpha1.EvictionStrategyLiveMigrate)
+	},
 		metav1.Condition{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionFalse, Reason: "LocalDisk", Message: "boot.disk is a file on the node"})
 	makeVM(t, ns, "defaulted", nil, metav1.Condition{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionTrue, Reason: "Migratable"})
 	out := runStatus(t, ns, "own", "--as", "status-user")
