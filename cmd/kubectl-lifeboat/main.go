@@ -5,7 +5,8 @@
 //	kubectl lifeboat restart VM          make its instance again (Always, RerunOnFailure)
 //	kubectl lifeboat migrate VM          live-migrate it now (a migration with cause Manual)
 //	kubectl lifeboat evacuate-cancel VM  cancel its evacuation (needs the cancel-evacuation permission)
-//	kubectl lifeboat status VM           the VM, its instance and its evacuation story
+//	kubectl lifeboat status VM           the VM, its instance, what protects it, what a drain or memory
+//	                                     pressure on its node would do to it, and its evacuation story
 //	kubectl lifeboat console VM          the guest's serial console (Ctrl+] leaves; needs pods/exec)
 //	kubectl lifeboat check [-o json]     check that lifeboat can protect the cluster's VMs (exit 1 if not);
 //	                                     -n limits the checks of VMs and migrations to a namespace
@@ -39,7 +40,8 @@ commands:
   restart          make the VM's instance again
   migrate          live-migrate the VM to another node now
   evacuate-cancel  cancel the VM's evacuation from its node
-  status           show the VM, its instance and its evacuation story
+  status           show the VM, its instance, what protects it now, what a drain or memory
+                   pressure on its node would do to it, and its evacuation story
   console          connect to the VM's serial console (Ctrl+] leaves; needs create on pods/exec)
   check            check the installation and what protects each node's VMs, a line per check;
                    exit status 1 if any fails (-o json for scripts; -n: only that namespace's VMs)

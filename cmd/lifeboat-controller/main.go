@@ -27,6 +27,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/evacuation/evacuate"
 	"github.com/lifeboat-vm/lifeboat/evacuation/migration"
 	"github.com/lifeboat-vm/lifeboat/evacuation/nodecerts"
+	"github.com/lifeboat-vm/lifeboat/evacuation/readiness"
 	"github.com/lifeboat-vm/lifeboat/evacuation/responder"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vm"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
@@ -146,6 +147,12 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 		func(ctx context.Context) error { return signer.Run(ctx, 1) },
 		atrisk.New(lb, nodes, lbv1.LifeboatConfigs(), log).Run,
 	}
+	// The Ready condition names the replica as the Lease does.
+	identity, err := o.leader.id()
+	if err != nil {
+		return err
+	}
+	controllers = append(controllers, readiness.New(kubeClient, lb, lbv1.LifeboatConfigs(), identity, hookOpts.Listen != "", log).Run)
 	var always []func(context.Context) error
 	if hookOpts.Listen != "" {
 		hookServer, err := webhook.New(kubeClient, lb, pods, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), nodes, recorder, hookOpts, reg, log)

@@ -74,6 +74,11 @@ var rbacCases = []struct {
 	{"controller applies its webhook configuration with its CA bundle", controllerSA, access{verb: "patch", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "lifeboat-eviction"}, true},
 	{"controller reads its webhook configuration to keep the other replicas' CAs", controllerSA, access{verb: "get", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "lifeboat-eviction"}, true},
 	{"controller may not change other webhooks", controllerSA, access{verb: "patch", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "other"}, false},
+	// Issue 46: the Ready condition reads lifeboat's CRDs, and no other.
+	{"controller reads lifeboat's CRDs for its Ready condition", controllerSA, access{verb: "get", group: "apiextensions.k8s.io", resource: "customresourcedefinitions", name: "lifeboatconfigs.lifeboat.dev"}, true},
+	{"controller reads the VMI CRD", controllerSA, access{verb: "get", group: "apiextensions.k8s.io", resource: "customresourcedefinitions", name: "virtualmachineinstances.lifeboat.dev"}, true},
+	{"controller may not read other CRDs", controllerSA, access{verb: "get", group: "apiextensions.k8s.io", resource: "customresourcedefinitions", name: "other.example.org"}, false},
+	{"controller may not change its CRDs", controllerSA, access{verb: "update", group: "apiextensions.k8s.io", resource: "customresourcedefinitions", name: "lifeboatconfigs.lifeboat.dev"}, false},
 	{"controller may not list webhooks", controllerSA, access{verb: "list", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations"}, false},
 	{"controller may not change mutating webhooks", controllerSA, access{verb: "patch", group: "admissionregistration.k8s.io", resource: "mutatingwebhookconfigurations", name: "lifeboat-eviction"}, false},
 	{"controller may not read secrets (its certificate lives in memory)", controllerSA, access{verb: "get", resource: "secrets", namespace: "lifeboat-system", name: "lifeboat-webhook-tls"}, false},
