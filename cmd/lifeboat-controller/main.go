@@ -42,9 +42,11 @@ type options struct {
 	heartbeat       responder.Settings
 	hook            webhookFlags
 	leader          election
-	// namespace keeps the migration CA; node certificates live at most nodeCertValidity.
+	// namespace keeps the migration CA; node certificates live at most nodeCertValidity, and
+	// go to agentAccount's tokens (in namespace) for their own node.
 	namespace        string
 	nodeCertValidity time.Duration
+	agentAccount     string
 }
 
 func main() {
@@ -60,6 +62,7 @@ func main() {
 	o.hook.register()
 	flag.StringVar(&o.namespace, "namespace", "lifeboat-system", "lifeboat's namespace, where the migration CA is kept (Secret "+nodecerts.CASecret+") and published (ConfigMap "+migrationtls.CAConfigMap+")")
 	flag.DurationVar(&o.nodeCertValidity, "node-cert-validity", 24*time.Hour, "longest life of a node's migration certificate; agents renew theirs at 70 to 90% of it")
+	flag.StringVar(&o.agentAccount, "agent-service-account", "lifeboat-agent", "the agents' service account, in --namespace: only its tokens bound to a node get that node's migration certificate")
 	o.leader.addFlags(flag.CommandLine)
 	flag.Parse()
 	o.heartbeat = responder.Settings{Min: responder.MinHeartbeatInterval, Max: *heartbeat}
@@ -134,7 +137,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 		return err
 	}
 	csrInformers := nodecerts.NewInformer(kubeClient)
-	signer := nodecerts.New(kubeClient, ca, csrInformers.Certificates().V1().CertificateSigningRequests(), recorder, o.nodeCertValidity, reg, log)
+	signer := nodecerts.New(kubeClient, ca, nodecerts.AgentUsername(o.namespace, o.agentAccount), csrInformers.Certificates().V1().CertificateSigningRequests(), recorder, o.nodeCertValidity, reg, log)
 	// The controllers run in the leader only; every replica serves the webhook and metrics.
 	controllers := []func(context.Context) error{
 		func(ctx context.Context) error { return vmiController.Run(ctx, workers) },

@@ -65,6 +65,10 @@ var wantObjects = []string{
 	"ValidatingAdmissionPolicyBinding lifeboat-controller-pods",
 	"ValidatingAdmissionPolicy lifeboat-reserved-metadata",
 	"ValidatingAdmissionPolicyBinding lifeboat-reserved-metadata",
+	"ValidatingAdmissionPolicy lifeboat-launcher-devices",
+	"ValidatingAdmissionPolicyBinding lifeboat-launcher-devices",
+	"ValidatingAdmissionPolicy lifeboat-post-copy-device",
+	"ValidatingAdmissionPolicyBinding lifeboat-post-copy-device",
 }
 
 func key(o *unstructured.Unstructured) string {
