@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/informers"
 
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	"github.com/lifeboat-vm/lifeboat/api/identity"
 	"github.com/lifeboat-vm/lifeboat/api/kube"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
@@ -47,6 +48,8 @@ type options struct {
 	namespace        string
 	nodeCertValidity time.Duration
 	agentAccount     string
+	// policyUser is the username the admission policies hold the controller to (identity.Check).
+	policyUser string
 }
 
 func main() {
@@ -62,6 +65,8 @@ func main() {
 	o.hook.register()
 	flag.StringVar(&o.namespace, "namespace", "lifeboat-system", "lifeboat's namespace, where the migration CA is kept (Secret "+nodecerts.CASecret+") and published (ConfigMap "+migrationtls.CAConfigMap+")")
 	flag.DurationVar(&o.nodeCertValidity, "node-cert-validity", 24*time.Hour, "longest life of a node's migration certificate; agents renew theirs at 70 to 90% of it")
+	flag.StringVar(&o.policyUser, "policy-user", identity.Controller,
+		"the user lifeboat's admission policies (manifests/) hold the controller to; running as another service account, which they would not hold, it refuses to start. Empty: no check")
 	flag.StringVar(&o.agentAccount, "agent-service-account", "lifeboat-agent", "the agents' service account, in --namespace: only its tokens bound to a node get that node's migration certificate")
 	o.leader.addFlags(flag.CommandLine)
 	flag.Parse()
@@ -97,6 +102,9 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
+	if err := identity.Check(ctx, kubeClient, o.policyUser); err != nil {
+		return err
+	}
 	recorder, stopRecorder, err := kube.Recorder(ctx, kubeClient, "lifeboat-controller", "")
 	if err != nil {
 		return err
