@@ -25,6 +25,9 @@ type Metrics struct {
 	// LauncherImpostors counts pods on the node that claim to be a VMI's launcher by their
 	// labels but are not the pod lifeboat's controller recorded for it; each is refused once.
 	LauncherImpostors prometheus.Counter
+	// LibvirtCallsAbandoned counts calls to launchers' libvirt abandoned at their deadline, by
+	// call (deadlines.go); each cut its launcher's connection.
+	LibvirtCallsAbandoned *prometheus.CounterVec
 	// MigrationConnectionsRefused counts connections to target proxies whose TLS handshake failed.
 	MigrationConnectionsRefused prometheus.Counter
 	// ReliefDecisions counts node-pressure relief decisions by result; ReliefAvailable is the
@@ -90,6 +93,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_launcher_impostors_total",
 			Help: "Pods on this node labelled as a VMI's launcher that are not the launcher pod lifeboat's controller recorded for it (in the VMI's or its migration's status): the agent linked nothing of the VM to them. Each pod counts once.",
 		}),
+		LibvirtCallsAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_agent_libvirt_calls_abandoned_total",
+			Help: "Calls to a launcher's libvirt the agent stopped waiting for at their deadline, by call; each cut that launcher's connection.",
+		}, []string{"call"}),
 		MigrationConnectionsRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "lifeboat_agent_migration_connections_refused_total",
 			Help: "Connections to this node's migration target proxies refused at the TLS handshake: no certificate, another node's or CA's, or another migration's.",
@@ -129,8 +136,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while node-pressure relief is on for the node (set so, or unset where the kubelet's grace is too short for a migration).",
 		}),
 	}
-	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.MigrationConnectionsRefused,
+	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.LibvirtCallsAbandoned, m.MigrationConnectionsRefused,
 		m.ReliefDecisions, m.ReliefAvailable, m.DirtyRateEstimates, m.DirtyRateEstimated,
 		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn)
+	// Each decision is served from the start, at 0: no SIGTERM yet reads as 0, not as a series
+	// that is missing, which a renamed metric would look like too.
+	for _, d := range []string{DecisionEvacuate, DecisionShutdown} {
+		m.SignalDecisions.WithLabelValues(d)
+	}
 	return m
 }

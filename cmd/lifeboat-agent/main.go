@@ -157,9 +157,10 @@ func run(o options, log *slog.Logger) error {
 	var a *agent.Agent
 	notifyServer := notifyserver.New([]uint32{contract.UID}, func(m *notify.Message, pid int32) { a.HandleNotify(m, pid) }, reg, log)
 	a, err = agent.New(agent.Config{
-		NodeName:          o.nodeName,
-		DomainsDir:        filepath.Join(o.runDir, "domains"),
-		Dial:              agent.DialLibvirt,
+		NodeName:   o.nodeName,
+		DomainsDir: filepath.Join(o.runDir, "domains"),
+		// libvirt's client reaches each launcher through a relay whose socket is root's alone.
+		Dial:              agent.LibvirtDialer(filepath.Join(o.runDir, "libvirt-relays")),
 		Configs:           configInformers.Lifeboat().V1alpha1().LifeboatConfigs().Lister(),
 		MaxPodGracePeriod: maxGrace,
 		NodeAddress:       o.nodeAddress,
@@ -186,6 +187,10 @@ func run(o options, log *slog.Logger) error {
 	notifyServer.HandleNetwork(a.SetupNetwork)
 	notifyServer.HandleEnd(a.HandleNotifyEnd)
 	if err := os.MkdirAll(filepath.Join(o.runDir, "domains"), 0o755); err != nil {
+		return err
+	}
+	// The relays of an agent before this one are gone with it.
+	if err := os.RemoveAll(filepath.Join(o.runDir, "libvirt-relays")); err != nil {
 		return err
 	}
 

@@ -9,7 +9,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 )
 
 // TestNodeStaysReady watches a node for longer than kube-controller-manager's
@@ -22,18 +23,9 @@ func TestNodeStaysReady(t *testing.T) {
 
 	// The API server taints every new Node not-ready (admission plugin TaintNodesByCondition);
 	// the node lifecycle controller lifts the taint once it sees the node Ready.
-	var last *corev1.Node
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
-		n, err := cluster.Kube.CoreV1().Nodes().Get(ctx, node.Name(), metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = n
-		return nodeHealthy(n) == "", nil
-	})
-	if err != nil {
-		t.Fatalf("node %s: expected Ready and untainted after registering: %s", node.Name(), nodeHealthy(last))
-	}
+	kubewait.For(t, waitTimeout, "node "+node.Name()+" Ready and untainted after registering", func(ctx context.Context) (*corev1.Node, error) {
+		return cluster.Kube.CoreV1().Nodes().Get(ctx, node.Name(), metav1.GetOptions{})
+	}, func(n *corev1.Node) bool { return nodeHealthy(n) == "" }, nodeHealthy)
 
 	ticker := time.NewTicker(2 * time.Second)
 	defer ticker.Stop()
@@ -54,21 +46,13 @@ func TestNodeStaysReady(t *testing.T) {
 // waitForLease waits for the node's Lease in kube-node-lease, held and owned by the node.
 func waitForLease(t *testing.T, node *Node) *coordinationv1.Lease {
 	t.Helper()
-	var last *coordinationv1.Lease
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
-		lease, err := cluster.Kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, node.Name(), metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = lease
+	return kubewait.For(t, waitTimeout, "node "+node.Name()+"'s lease held, renewed and owned by the Node", func(ctx context.Context) (*coordinationv1.Lease, error) {
+		return cluster.Kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, node.Name(), metav1.GetOptions{})
+	}, func(lease *coordinationv1.Lease) bool {
 		owned := len(lease.OwnerReferences) == 1 && lease.OwnerReferences[0].Kind == "Node" && lease.OwnerReferences[0].Name == node.Name()
 		held := lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity == node.Name()
-		return owned && held && lease.Spec.RenewTime != nil, nil
-	})
-	if err != nil {
-		t.Fatalf("node %s: expected its lease held, renewed and owned by the Node; last seen %+v", node.Name(), last)
-	}
-	return last
+		return owned && held && lease.Spec.RenewTime != nil
+	}, nil)
 }
 
 // nodeHealthy says what is wrong with n for the scheduler, or "" if nothing is.
