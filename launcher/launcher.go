@@ -163,6 +163,7 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 		return contract.ExitFailed, err
 	}
 	notifier.Report(notify.KindDomainStarted, time.Now(), 0, "")
+	go boundConsoleLog(ctx, filepath.Join(dir, contract.ConsoleLog), log)
 
 	// A stop event may have come before we listened for it; start from the current state.
 	if code, done := exitCode(conn, name); done {

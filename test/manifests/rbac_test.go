@@ -99,6 +99,8 @@ var rbacCases = []struct {
 	{"controller creates a VM's instance", controllerSA, access{verb: "create", group: "lifeboat.dev", resource: "virtualmachineinstances", namespace: "ns"}, true},
 	{"controller deletes a VM's ended or halted instance", controllerSA, access{verb: "delete", group: "lifeboat.dev", resource: "virtualmachineinstances", namespace: "ns", name: "vm"}, true},
 	{"controller asks who holds a metrics caller's token", controllerSA, access{verb: "create", group: "authentication.k8s.io", resource: "tokenreviews"}, true},
+	{"controller asks who it is, as it starts (the policies must name it)", controllerSA, access{verb: "create", group: "authentication.k8s.io", resource: "selfsubjectreviews"}, true},
+	{"agent asks who it is, as it starts (the policies must name it)", agentSA, access{verb: "create", group: "authentication.k8s.io", resource: "selfsubjectreviews"}, true},
 	{"controller watches VMs", controllerSA, access{verb: "watch", group: "lifeboat.dev", resource: "virtualmachines"}, true},
 	{"controller sets a VM's finalizer", controllerSA, access{verb: "update", group: "lifeboat.dev", resource: "virtualmachines", namespace: "ns", name: "vm"}, true},
 	{"controller writes a VM's status", controllerSA, access{verb: "update", group: "lifeboat.dev", resource: "virtualmachines", subresource: "status", namespace: "ns", name: "vm"}, true},
