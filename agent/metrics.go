@@ -31,6 +31,9 @@ type Metrics struct {
 	// node's memory.available at each decision.
 	ReliefDecisions *prometheus.CounterVec
 	ReliefAvailable prometheus.Histogram
+	// ReliefLine is the memory.available below which relief moves VMs, so that a dashboard can
+	// draw it beside the node's memory.available and the kubelet's thresholds.
+	ReliefLine prometheus.Gauge
 	// DirtyRateEstimates counts the dirty rates sampled at migrations' starts, by result
 	// (agent.SampleResult); DirtyRateEstimated is the rates measured.
 	DirtyRateEstimates *prometheus.CounterVec
@@ -103,6 +106,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "The node's memory.available when node-pressure relief decided to move VMs.",
 			Buckets: prometheus.ExponentialBuckets(64<<20, 2, 10),
 		}),
+		ReliefLine: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "lifeboat_agent_node_pressure_relief_line_bytes",
+			Help: "The node's memory.available below which node-pressure relief moves VMs away: the kubelet's acting threshold plus spec.nodePressureRelief.margin (0 while relief is off or the kubelet has no memory threshold).",
+		}),
 		DirtyRateEstimates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lifeboat_agent_dirty_rate_estimates_total",
 			Help: "Guests' dirty rates sampled by QEMU as their migrations from this node began, by result: measured, unavailable (the first pass over memory judged without one), or late (the first pass ended before the sample did).",
@@ -130,7 +137,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.MigrationConnectionsRefused,
-		m.ReliefDecisions, m.ReliefAvailable, m.DirtyRateEstimates, m.DirtyRateEstimated,
+		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated,
 		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn)
 	return m
 }
