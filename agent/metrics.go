@@ -38,6 +38,9 @@ type Metrics struct {
 	// (agent.SampleResult); DirtyRateEstimated is the rates measured.
 	DirtyRateEstimates *prometheus.CounterVec
 	DirtyRateEstimated prometheus.Histogram
+	// MigrationDowntime is how long migrations to this node stopped their guests, as the target
+	// launchers report it from libvirt's statistics.
+	MigrationDowntime prometheus.Histogram
 	// VMsAtRisk is 1 while a VM on the node can be saved neither by the kubelet's eviction grace
 	// nor by relief; EvictionGrace is that grace, LargestVMMigration the least time the node's
 	// largest VM takes to migrate, and ReliefOn whether relief is on (pressure.Exposure).
@@ -119,6 +122,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Guests' dirty rates as QEMU's page sampling measured them when their migrations from this node began.",
 			Buckets: prometheus.ExponentialBuckets(1<<20, 2, 12),
 		}),
+		MigrationDowntime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "lifeboat_agent_migration_downtime_seconds",
+			Help:    "How long each migration to this node stopped its guest for the switch-over (libvirt's downtime, reported by the target launcher).",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+		}),
 		VMsAtRisk: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "lifeboat_agent_node_vms_at_risk",
 			Help: "1 while a VM on the node can be saved neither by the kubelet's eviction grace (too short for its migration) nor by node-pressure relief (off), else 0.",
@@ -137,7 +145,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.MigrationConnectionsRefused,
-		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated,
+		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated, m.MigrationDowntime,
 		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn)
 	return m
 }
