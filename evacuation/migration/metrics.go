@@ -69,6 +69,14 @@ func registerMetrics(reg prometheus.Registerer, migrations cache.SharedIndexInfo
 		Name: "lifeboat_migrations_ended_total",
 		Help: "Migrations seen to end, by cause and phase (Succeeded, Failed).",
 	}, []string{"cause", "phase"})
+	// Present from the start, so that an alert on their increase sees the first end.
+	for _, cause := range []v1alpha1.MigrationCause{v1alpha1.MigrationCauseNodePressure, v1alpha1.MigrationCauseNodePressureRelief,
+		v1alpha1.MigrationCauseAPIEviction, v1alpha1.MigrationCauseEvictionRequest, v1alpha1.MigrationCauseDrain,
+		v1alpha1.MigrationCausePodDeleted, v1alpha1.MigrationCauseManual} {
+		for _, phase := range []v1alpha1.VirtualMachineInstanceMigrationPhase{v1alpha1.MigrationSucceeded, v1alpha1.MigrationFailed} {
+			ended.WithLabelValues(string(cause), string(phase))
+		}
+	}
 	reg.MustRegister(ended, cacheCollector{migrations: lifeboatlisters.NewVirtualMachineInstanceMigrationLister(migrations.GetIndexer())})
 	_, _ = migrations.AddEventHandler(countEnded(ended))
 }

@@ -52,6 +52,8 @@ func newMetrics(reg prometheus.Registerer, expiry func() time.Time) metrics {
 		Name: "lifeboat_eviction_webhook_certificate_expiry_timestamp_seconds",
 		Help: "When this replica's serving certificate expires (Unix time).",
 	}, func() float64 { return float64(expiry().Unix()) })
+	// Present from the start, so that an alert on its increase sees the first one.
+	m.unauthenticatedReviews.WithLabelValues(string(AnswerBounded))
 	reg.MustRegister(m.decisions, m.latency, m.rotations, m.unauthenticated, m.unauthenticatedReviews, m.mode, certExpiry)
 	return m
 }
