@@ -90,7 +90,7 @@ func queried(t *testing.T, registered map[string]metric, expr string) []string {
 		}
 		names = append(names, name)
 		for _, matcher := range vs.LabelMatchers {
-			if matcher.Name != labels.MetricName && !m.labels[matcher.Name] {
+			if matcher.Name != model.MetricNameLabel && !m.labels[matcher.Name] {
 				t.Errorf("%q selects %s by label %q, which it does not carry", expr, name, matcher.Name)
 			}
 		}
