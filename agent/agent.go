@@ -110,6 +110,9 @@ type Agent struct {
 	// migratedAway holds, by VMI UID, when a launcher reported its guest left by migration; it is
 	// forgotten a while after the launcher's directory goes.
 	migratedAway sync.Map
+	// arrived holds, by VMI UID, the time of the last Migrated report counted: a launcher
+	// repeats its reports on each new connection, and each arrival counts once.
+	arrived sync.Map
 	// notifyConns says whether a launcher's reports have all been read.
 	notifyConns *notifyConns
 	// relieving is the node's LabelMemoryPressureRelief as this agent last set it; nil until it has.
@@ -228,6 +231,11 @@ func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 	if m.Kind == notify.KindDomainGone && m.Reason == notify.ReasonMigrated {
 		a.migratedAway.Store(m.VMI.UID, m.Time)
 	}
+	if m.Kind == notify.KindMigrated {
+		if last, ok := a.arrived.Swap(m.VMI.UID, m.Time); !ok || !last.(time.Time).Equal(m.Time) {
+			a.cfg.Metrics.MigrationDowntime.Observe((time.Duration(m.DowntimeMilliseconds) * time.Millisecond).Seconds())
+		}
+	}
 	if m.Kind == notify.KindHello {
 		a.notifyConns.opened(m.VMI.UID)
 	}
@@ -289,6 +297,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 			delete(a.stalls, uid)
 			a.mu.Unlock()
 			a.signalled.Delete(uid)
+			a.arrived.Delete(uid)
 			// A migration that just ended may still read what the launcher last reported
 			// (leftByMigration waits launcherReportWait for it): forget it after that.
 			at, _ := a.migratedAway.Load(uid)

@@ -34,10 +34,16 @@ type Metrics struct {
 	// node's memory.available at each decision.
 	ReliefDecisions *prometheus.CounterVec
 	ReliefAvailable prometheus.Histogram
+	// ReliefLine is the memory.available below which relief moves VMs, so that a dashboard can
+	// draw it beside the node's memory.available and the kubelet's thresholds.
+	ReliefLine prometheus.Gauge
 	// DirtyRateEstimates counts the dirty rates sampled at migrations' starts, by result
 	// (agent.SampleResult); DirtyRateEstimated is the rates measured.
 	DirtyRateEstimates *prometheus.CounterVec
 	DirtyRateEstimated prometheus.Histogram
+	// MigrationDowntime is how long migrations to this node stopped their guests, as the target
+	// launchers report it from libvirt's statistics.
+	MigrationDowntime prometheus.Histogram
 	// VMsAtRisk is 1 while a VM on the node can be saved neither by the kubelet's eviction grace
 	// nor by relief; EvictionGrace is that grace, LargestVMMigration the least time the node's
 	// largest VM takes to migrate, and ReliefOn whether relief is on (pressure.Exposure).
@@ -110,6 +116,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "The node's memory.available when node-pressure relief decided to move VMs.",
 			Buckets: prometheus.ExponentialBuckets(64<<20, 2, 10),
 		}),
+		ReliefLine: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "lifeboat_agent_node_pressure_relief_line_bytes",
+			Help: "The node's memory.available below which node-pressure relief moves VMs away: the kubelet's acting threshold plus spec.nodePressureRelief.margin (0 while relief is off or the kubelet has no memory threshold).",
+		}),
 		DirtyRateEstimates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lifeboat_agent_dirty_rate_estimates_total",
 			Help: "Guests' dirty rates sampled by QEMU as their migrations from this node began, by result: measured, unavailable (the first pass over memory judged without one), or late (the first pass ended before the sample did).",
@@ -118,6 +128,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name:    "lifeboat_agent_dirty_rate_estimate_bytes_per_second",
 			Help:    "Guests' dirty rates as QEMU's page sampling measured them when their migrations from this node began.",
 			Buckets: prometheus.ExponentialBuckets(1<<20, 2, 12),
+		}),
+		MigrationDowntime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "lifeboat_agent_migration_downtime_seconds",
+			Help:    "How long each migration to this node stopped its guest for the switch-over (libvirt's downtime, reported by the target launcher).",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}),
 		VMsAtRisk: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "lifeboat_agent_node_vms_at_risk",
@@ -137,7 +152,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.LibvirtCallsAbandoned, m.MigrationConnectionsRefused,
-		m.ReliefDecisions, m.ReliefAvailable, m.DirtyRateEstimates, m.DirtyRateEstimated,
+		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated, m.MigrationDowntime,
 		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn)
 	// Each decision is served from the start, at 0: no SIGTERM yet reads as 0, not as a series
 	// that is missing, which a renamed metric would look like too.
