@@ -96,7 +96,7 @@ func registered(t *testing.T) map[string]metric {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodecerts.New(kubeClient, ca, nodecerts.NewInformer(kubeClient).Certificates().V1().CertificateSigningRequests(), recorder, time.Hour, controller, log)
+	nodecerts.New(kubeClient, ca, "system:serviceaccount:lifeboat-system:lifeboat-agent", nodecerts.NewInformer(kubeClient).Certificates().V1().CertificateSigningRequests(), recorder, time.Hour, controller, log)
 	if _, err := webhook.New(kubeClient, lb, pods, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), nodes, recorder,
 		webhook.Options{Endpoint: webhook.Endpoint{URL: "https://127.0.0.1:8443" + webhook.Path}, CertValidity: time.Hour, ClientAuth: webhook.ClientAuthAuto},
 		controller, log); err != nil {
