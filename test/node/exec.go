@@ -27,6 +27,8 @@ const (
 	// (streamingConnectionIdleTimeout, and the CRI streaming server's).
 	streamIdleTimeout     = 4 * time.Hour
 	streamCreationTimeout = remotecommand.DefaultStreamCreationTimeout
+	// outputGrace is how long an exec'd command's output is copied on after it has exited.
+	outputGrace = 10 * time.Second
 )
 
 // running is the process of the container of pod named name, and its run (restart count), or
@@ -102,7 +104,7 @@ func (e containerExecutor) ExecInContainer(ctx context.Context, _, _, _ string, 
 	var stdio commandIO
 	var err error
 	if tty {
-		err = stdio.terminal(in, out)
+		err = stdio.terminal(out)
 	} else {
 		err = stdio.pipes(in, out, errOut)
 	}
@@ -115,6 +117,14 @@ func (e containerExecutor) ExecInContainer(ctx context.Context, _, _, _ string, 
 	stdio.closeChild()
 	if err != nil {
 		return err
+	}
+	if tty && in != nil {
+		// Typed input goes to the terminal; when the stream ends (the caller has left), the
+		// terminal hangs up, as a closed terminal session's does.
+		go func() {
+			_, _ = io.Copy(stdio.terminalFD, in)
+			_ = p.Signal(syscall.SIGHUP)
+		}()
 	}
 	if tty && resize != nil {
 		go func() {
@@ -136,7 +146,7 @@ func (e containerExecutor) ExecInContainer(ctx context.Context, _, _, _ string, 
 	if err != nil {
 		return err
 	}
-	stdio.wait()
+	stdio.wait(outputGrace)
 	if code := exitCode(state); code != 0 {
 		return utilexec.CodeExitError{Err: fmt.Errorf("command terminated with exit code %d", code), Code: int(code)}
 	}
@@ -301,8 +311,9 @@ func (c *commandIO) pipes(in io.Reader, out, errOut io.Writer) error {
 	return nil
 }
 
-// terminal gives the command a new terminal as stdin, stdout and stderr, its output to out.
-func (c *commandIO) terminal(in io.Reader, out io.Writer) error {
+// terminal gives the command a new terminal as stdin, stdout and stderr, its output to out. What
+// is typed into it is written to terminalFD.
+func (c *commandIO) terminal(out io.Writer) error {
 	ptmx, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
 	if err != nil {
 		return fmt.Errorf("opening a terminal: %w", err)
@@ -319,9 +330,6 @@ func (c *commandIO) terminal(in io.Reader, out io.Writer) error {
 	}
 	pts := os.NewFile(fd, "pts")
 	c.child = []*os.File{pts, pts, pts}
-	if in != nil {
-		go func() { _, _ = io.Copy(ptmx, in) }()
-	}
 	if out == nil {
 		out = io.Discard
 	}
@@ -341,8 +349,19 @@ func (c *commandIO) closeChild() {
 	}
 }
 
-// wait waits until the command's output is copied.
-func (c *commandIO) wait() { c.copying.Wait() }
+// wait waits until the command's output is copied, but no longer than grace: a process the
+// command left running in the background may hold its output open.
+func (c *commandIO) wait(grace time.Duration) {
+	copied := make(chan struct{})
+	go func() {
+		c.copying.Wait()
+		close(copied)
+	}()
+	select {
+	case <-copied:
+	case <-time.After(grace):
+	}
+}
 
 // close closes what is left, which ends the copying of stdin.
 func (c *commandIO) close() {

@@ -174,6 +174,20 @@ func TestKubectlExec(t *testing.T) {
 	if got := terminal.String(); !strings.Contains(got, "/dev/pts/") || !strings.Contains(got, "terminal") || !strings.Contains(got, "42 100") {
 		t.Errorf("exec with a terminal printed %q, want a /dev/pts terminal sized 42 100", got)
 	}
+
+	// A caller who leaves hangs the terminal up: its command gets SIGHUP (129 = 128+1).
+	req = cluster.Kube.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(pod.Name).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Container: "main", Command: []string{"sleep", "3600"}, Stdin: true, Stdout: true, TTY: true}, scheme.ParameterCodec)
+	if executor, err = remotecommand.NewSPDYExecutor(cluster.Config, "POST", req.URL()); err != nil {
+		t.Fatal(err)
+	}
+	leaving, left := io.Pipe()
+	time.AfterFunc(time.Second, func() { left.Close() })
+	start := time.Now()
+	err = executor.StreamWithContext(t.Context(), remotecommand.StreamOptions{Stdin: leaving, Stdout: io.Discard, Tty: true})
+	if err == nil || !strings.Contains(err.Error(), "exit code 129") || time.Since(start) > 30*time.Second {
+		t.Errorf("exec of sleep on a terminal whose caller left: %v after %s; want exit code 129 at once", err, time.Since(start).Round(time.Millisecond))
+	}
 }
 
 // fixedSize reports one terminal size, and then that there are no more.
