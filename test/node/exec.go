@@ -2,13 +2,14 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
-	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -129,7 +130,9 @@ func (e containerExecutor) ExecInContainer(ctx context.Context, _, _, _ string, 
 	if tty && resize != nil {
 		go func() {
 			for size := range resize {
-				_ = unix.IoctlSetWinsize(int(stdio.terminalFD.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: size.Height, Col: size.Width})
+				_ = stdio.terminalControl(func(fd int) error {
+					return unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, &unix.Winsize{Row: size.Height, Col: size.Width})
+				})
 			}
 		}()
 	}
@@ -137,7 +140,8 @@ func (e containerExecutor) ExecInContainer(ctx context.Context, _, _, _ string, 
 	go func() {
 		select {
 		case <-ctx.Done():
-			_ = p.Signal(syscall.SIGKILL)
+			// The exec shim kills the command.
+			_ = p.Signal(syscall.SIGTERM)
 		case <-exited:
 		}
 	}()
@@ -153,38 +157,37 @@ func (e containerExecutor) ExecInContainer(ctx context.Context, _, _, _ string, 
 	return nil
 }
 
-// start starts cmd in the container's namespaces. They are joined by a thread of the node's
-// that forks the command and then ends with its goroutine, never to run anything else: a
-// thread with a mount namespace of its own first unshares its file system attributes, which
-// the other threads of the process share.
-func (e containerExecutor) start(cmd []string, files []*os.File, tty bool) (*os.Process, error) {
-	spec := e.proc.spec
-	binary, byDescriptor := e.binaries[cmd[0]]
-	var pinned *os.File
-	if byDescriptor {
-		// As for the container's command: opened as root here, executed through the descriptor.
-		var err error
-		if pinned, err = os.OpenFile(binary, unix.O_PATH|unix.O_CLOEXEC, 0); err != nil {
-			return nil, fmt.Errorf("opening %s: %w", binary, err)
-		}
-		defer pinned.Close()
-	}
+// start starts cmd in the container's namespaces, through an exec shim (a re-execution of the
+// node's binary, see runExecShim) that joins them and starts the command as its child. The node
+// joins no namespace itself: a thread of its own that did would have to end, and a process
+// started from that thread with a parent-death signal (a container's shim) would die with it.
+func (e containerExecutor) start(cmd []string, stdio []*os.File, tty bool) (*os.Process, error) {
+	spec := execSpec{Args: cmd, Env: e.proc.spec.Env, Dir: e.proc.spec.Dir, User: e.proc.spec.User, TTY: tty}
 	pid := e.proc.pid()
-	var namespaces []*os.File
+	paths := []string{fmt.Sprintf("/proc/%d/ns/mnt", pid), fmt.Sprintf("/proc/%d/ns/pid", pid)}
+	if e.proc.spec.NetNS != "" {
+		paths, spec.NetNS = append(paths, e.proc.spec.NetNS), true
+	}
+	var extra []*os.File
 	defer func() {
-		for _, ns := range namespaces {
-			ns.Close()
+		for _, f := range extra {
+			f.Close()
 		}
 	}()
-	for _, path := range []string{fmt.Sprintf("/proc/%d/ns/mnt", pid), fmt.Sprintf("/proc/%d/ns/pid", pid), spec.NetNS} {
-		if path == "" {
-			continue
-		}
+	for _, path := range paths {
 		ns, err := os.Open(path)
 		if err != nil {
 			return nil, fmt.Errorf("opening the container's namespace %s: %w", path, err)
 		}
-		namespaces = append(namespaces, ns)
+		extra = append(extra, ns)
+	}
+	if binary, ok := e.binaries[cmd[0]]; ok {
+		// As for the container's command: opened as root here, executed through the descriptor.
+		pinned, err := os.OpenFile(binary, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("opening %s: %w", binary, err)
+		}
+		extra, spec.Pinned = append(extra, pinned), true
 	}
 	// The namespaces opened are the container's only if its shim had not exited, and so not been
 	// reaped and its PID reused, before they were.
@@ -193,57 +196,35 @@ func (e containerExecutor) start(cmd []string, files []*os.File, tty bool) (*os.
 		return nil, errors.New("the container is not running")
 	default:
 	}
-
-	type started struct {
-		p   *os.Process
-		err error
+	encoded, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
 	}
-	result := make(chan started, 1)
-	go func() {
-		// Never unlocked: the thread ends with this goroutine.
-		runtime.LockOSThread()
-		p, err := func() (*os.Process, error) {
-			if err := unix.Unshare(unix.CLONE_FS); err != nil {
-				return nil, fmt.Errorf("unsharing the thread's file system attributes: %w", err)
-			}
-			kinds := []int{unix.CLONE_NEWNS, unix.CLONE_NEWPID, unix.CLONE_NEWNET}
-			for i, ns := range namespaces {
-				if err := unix.Setns(int(ns.Fd()), kinds[i]); err != nil {
-					return nil, fmt.Errorf("joining the container's namespace %s: %w", ns.Name(), err)
-				}
-			}
-			if spec.User.NoNewPrivs {
-				if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-					return nil, fmt.Errorf("setting no_new_privs: %w", err)
-				}
-			}
-			path := cmd[0]
-			if pinned != nil {
-				// /proc is the container's, in whose PID namespace the command starts.
-				path = fmt.Sprintf("/proc/self/fd/%d", pinned.Fd())
-			} else if !strings.Contains(path, "/") {
-				// Looked up in the container's mount namespace, which this thread is in now.
-				var err error
-				if path, err = lookPath(path, spec.Env); err != nil {
-					return nil, err
-				}
-			}
-			attr := &syscall.SysProcAttr{Credential: &syscall.Credential{
-				Uid: spec.User.UID, Gid: spec.User.GID, Groups: spec.User.Groups,
-			}}
-			if tty {
-				attr.Setsid, attr.Setctty, attr.Ctty = true, true, 0
-			}
-			p, err := os.StartProcess(path, cmd, &os.ProcAttr{Dir: spec.Dir, Env: spec.Env, Files: files, Sys: attr})
-			if err != nil {
-				return nil, fmt.Errorf("starting %s in the container: %w", cmd[0], err)
-			}
-			return p, nil
-		}()
-		result <- started{p, err}
-	}()
-	res := <-result
-	return res.p, res.err
+	reportR, reportW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer reportR.Close()
+	files := append(append(slices.Clone(stdio), reportW), extra...)
+	p, err := os.StartProcess("/proc/self/exe", []string{"/proc/self/exe"}, &os.ProcAttr{
+		Env: []string{execShimEnv + "=" + string(encoded)}, Files: files,
+		// The shim dies with the node (and the command with its container).
+		Sys: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
+	})
+	reportW.Close()
+	if err != nil {
+		return nil, fmt.Errorf("starting the exec shim: %w", err)
+	}
+	// The shim closes the pipe once it has reported, and so does its exit.
+	report, err := io.ReadAll(reportR)
+	if err == nil && string(report) == shimStarted {
+		return p, nil
+	}
+	state, _ := p.Wait()
+	if len(report) == 0 {
+		return nil, fmt.Errorf("the exec shim exited with code %d before starting %s", exitCode(state), cmd[0])
+	}
+	return nil, errors.New(string(report))
 }
 
 // lookPath finds name in the PATH of env (which the node always sets), or in the default one.
@@ -320,15 +301,22 @@ func (c *commandIO) terminal(out io.Writer) error {
 	}
 	c.terminalFD = ptmx
 	c.parent = append(c.parent, ptmx)
-	if err := unix.IoctlSetPointerInt(int(ptmx.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+	if err := c.terminalControl(func(fd int) error { return unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0) }); err != nil {
 		return fmt.Errorf("unlocking the terminal: %w", err)
 	}
 	// The terminal's other side, opened through the controlling one: no path to resolve.
-	fd, _, errno := unix.Syscall(unix.SYS_IOCTL, ptmx.Fd(), unix.TIOCGPTPEER, uintptr(unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC))
-	if errno != 0 {
-		return fmt.Errorf("opening the terminal's other side: %w", errno)
+	var pts *os.File
+	err = c.terminalControl(func(fd int) error {
+		peer, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TIOCGPTPEER, uintptr(unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC))
+		if errno != 0 {
+			return errno
+		}
+		pts = os.NewFile(peer, "pts")
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("opening the terminal's other side: %w", err)
 	}
-	pts := os.NewFile(fd, "pts")
 	c.child = []*os.File{pts, pts, pts}
 	if out == nil {
 		out = io.Discard
@@ -336,6 +324,20 @@ func (c *commandIO) terminal(out io.Writer) error {
 	// Ends with EIO once the command, and whatever it left holding the terminal, is gone.
 	c.copying.Go(func() { _, _ = io.Copy(out, ptmx) })
 	return nil
+}
+
+// terminalControl calls f with the terminal's controlling side, unless it is closed. (Its Fd
+// would make it blocking, so that closing it would not end a read.)
+func (c *commandIO) terminalControl(f func(fd int) error) error {
+	raw, err := c.terminalFD.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := raw.Control(func(fd uintptr) { ferr = f(int(fd)) }); err != nil {
+		return err
+	}
+	return ferr
 }
 
 // closeChild closes the command's ends once it has them (or has failed to start).

@@ -115,20 +115,25 @@ func TestKubectlExec(t *testing.T) {
 	pod.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: data}}
 	pod = createPod(t, ns, pod)
-	waitForPod(t, ns, pod.Name, "Ready", isReady)
+	pod = waitForPod(t, ns, pod.Name, "Ready", isReady)
 
-	// The emptyDir is mounted in the container's mount namespace only; $$ is a PID of the
-	// container's PID namespace, where the shim is 1 and sleep 2.
-	script := fmt.Sprintf(`for i in 1 2 3 4 5 6 7 8 9 10; do [ -e %s/mark ] && break; sleep 0.2; done; cat %[1]s/mark; echo "$GREETING"; id -u; echo "pid $$"`, data)
+	// The emptyDir is mounted in the container's mount namespace only, and the command is in its
+	// PID namespace too: /proc is the container's, and has the command's own entry.
+	proc, _ := node.pods.runtime.running(pod, "main")
+	if proc == nil {
+		t.Fatal("the container does not run")
+	}
+	pidNS, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", proc.pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := fmt.Sprintf(`for i in 1 2 3 4 5 6 7 8 9 10; do [ -e %s/mark ] && break; sleep 0.2; done; cat %[1]s/mark; echo "$GREETING"; id -u; readlink /proc/self/ns/pid`, data)
 	out, err := cluster.Kubectl(t.Context(), "exec", "-n", ns, pod.Name, "--", "sh", "-c", script)
 	if err != nil {
 		t.Fatalf("kubectl exec: %v", err)
 	}
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 4 || lines[0] != "inside" || lines[1] != "hello from the container" || lines[2] != "1234" {
-		t.Errorf("kubectl exec printed %q, want the container's mark, its environment and its user", out)
-	} else if pid, err := strconv.Atoi(strings.TrimPrefix(lines[3], "pid ")); err != nil || pid > 10 {
-		t.Errorf("the command's PID is %q, want one of the container's PID namespace", lines[3])
+	if want := "inside\nhello from the container\n1234\n" + pidNS + "\n"; out != want {
+		t.Errorf("kubectl exec printed %q, want the container's mark, its environment, its user and its PID namespace: %q", out, want)
 	}
 
 	// Standard input, and the exit code.
