@@ -45,10 +45,11 @@
 // server. It authenticates and authorizes callers as a kubelet with anonymous access off and
 // webhook authorization does: a client certificate of the API server's client CA, and a
 // SubjectAccessReview for nodes/proxy. Logs are the containers' raw output (follow, tailLines,
-// limitBytes and previous; no timestamps). An exec'd command joins the container's mount, PID and
-// network namespaces and runs as its user with its environment, on pipes or a terminal, through
-// the kubelet's streaming server code (k8s.io/cri-streaming). There is no attach, port-forward or
-// /configz.
+// limitBytes and previous; no timestamps). Exec streams through the kubelet's streaming server
+// code (k8s.io/cri-streaming); the command, on pipes or a terminal of its own, is started by an
+// exec shim (another re-execution of the current binary) in the container's mount, PID and
+// network namespaces, as the container's user with its environment. There is no attach,
+// port-forward or /configz.
 //
 // Image volumes are pulled from the node's image store (Config.Images, an OCI image layout),
 // unpacked once and bind-mounted read-only. A persistentVolumeClaim volume is its bound
