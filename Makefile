@@ -37,7 +37,7 @@ DEMO_DIR  ?= $(CURDIR)/.demo/cluster
 DEMO_NODES ?= /tmp/lifeboat-demo
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-mirror bench-relief test-security binaries lifeboat-bins demo demo-down clean images manifests-check e2e
+.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-mirror bench-relief test-security fuzz binaries lifeboat-bins demo demo-down clean images manifests-check e2e
 
 all: test
 
@@ -101,9 +101,20 @@ test: deps verify-generated lint binaries
 
 # Every attack docs/security.md lists, each shown refused against real processes and the real API
 # server (make test runs them too, with everything else).
-SECURITY_TESTS := TestTargetProxyRefusesAllButTheMigrationsSource|TestSourceProxyRefusesAnotherTarget|TestReview|FuzzDecodeReview|FuzzRead|TestReadRejectsMalformedFrames|TestBadConnectionsAreClosedAloneAndCounted|TestUnauthorisedPeerIsRejected|TestConnectionsPerSocketAreBounded|TestListenOpensTheSocketToThePodAndReplacesOnlyASocket|TestDialRefusesASymlinkToAnotherSocket|TestAgentsGetCertificatesForTheirOwnNodeOnly|TestAnAgentWritesOnlyWhatBelongsToItsNode|TestTheControllerCreatesOnlyLauncherPods|TestRBACAllowsWhatTheCodeDoesAndNoMore|TestOnlyTheirOwnersSteerAnEvacuation|TestANamespaceUserCannotReachTheNodesFiles|TestWorkloadPodsAreAdmitted|TestInvalidInputIsRejected|TestAPIEvictionFinalAnswers|TestSlowClientsDoNotStarveTheEndpoints|TestRestrictedLaunchersRunMoveAndReachOnlyTheirOwnSockets|TestLauncherPodsAreRestricted|TestTheControllersMetricsAnswerOnlyCallersAllowedToReadThem|TestARestrictedVMIsReceivedInPostCopy|TestAuthenticate|TestUnauthenticated|TestModeOf|TestTheRatchet|TestAPermissiveWebhookMarksOnce|TestTheWebhooksRatchetCannotBeUndone|TestTheWebhookStaysStrictOnceTheAPIServerAuthenticated|TestAWebhookTheAPIServerCannotAuthenticate|TestTheWebhookPortAdmitsOnlyCallersOutsideThePodNetwork|TestALookAlikeLauncherMovesNothing|TestLinkPod|TestRecordedPods|TestNextStatusRecordsTheLauncherPod|TestTheTargetPodIsRecordedByNameAndUID|TestOnlyLifeboatLabelsLaunchersAndMigrations|TestATenantCannotStarveEvacuations|TestOnlyTheControllerRecordsAnEvacuation|TestPlan|TestAdmit|TestAnInotifyOverflowRescansInsteadOfEnding|TestAWatcherErrorRescansAndKeepsDiscovering|TestTheAgentKeepsServingThroughAnInotifyOverflow
+SECURITY_TESTS := TestTargetProxyRefusesAllButTheMigrationsSource|TestSourceProxyRefusesAnotherTarget|TestReview|FuzzDecodeReview|FuzzRead|TestReadRejectsMalformedFrames|TestBadConnectionsAreClosedAloneAndCounted|TestUnauthorisedPeerIsRejected|TestConnectionsPerSocketAreBounded|TestListenOpensTheSocketToThePodAndReplacesOnlyASocket|TestDialRefusesASymlinkToAnotherSocket|TestAgentsGetCertificatesForTheirOwnNodeOnly|TestAnAgentWritesOnlyWhatBelongsToItsNode|TestTheControllerCreatesOnlyLauncherPods|TestRBACAllowsWhatTheCodeDoesAndNoMore|TestOnlyTheirOwnersSteerAnEvacuation|TestANamespaceUserCannotReachTheNodesFiles|TestWorkloadPodsAreAdmitted|TestInvalidInputIsRejected|TestAPIEvictionFinalAnswers|TestSlowClientsDoNotStarveTheEndpoints|TestRestrictedLaunchersRunMoveAndReachOnlyTheirOwnSockets|TestLauncherPodsAreRestricted|TestTheControllersMetricsAnswerOnlyCallersAllowedToReadThem|TestARestrictedVMIsReceivedInPostCopy|TestAuthenticate|TestUnauthenticated|TestModeOf|TestTheRatchet|TestAPermissiveWebhookMarksOnce|TestTheWebhooksRatchetCannotBeUndone|TestTheWebhookStaysStrictOnceTheAPIServerAuthenticated|TestAWebhookTheAPIServerCannotAuthenticate|TestTheWebhookPortAdmitsOnlyCallersOutsideThePodNetwork|TestALookAlikeLauncherMovesNothing|TestLinkPod|TestRecordedPods|TestNextStatusRecordsTheLauncherPod|TestTheTargetPodIsRecordedByNameAndUID|TestOnlyLifeboatLabelsLaunchersAndMigrations|TestATenantCannotStarveEvacuations|TestOnlyTheControllerRecordsAnEvacuation|TestPlan|TestAdmit|TestAnInotifyOverflowRescansInsteadOfEnding|TestAWatcherErrorRescansAndKeepsDiscovering|TestTheAgentKeepsServingThroughAnInotifyOverflow|TestAStalledLauncherHoldsOneWorkerAndTheOthersAreEvacuatedOnTime|TestADaemonThatNeverAnswersDoesNotHoldTheDial|TestAMigrationsLoopTakesNoWorkersTurn|TestTheAgentsPrivilegesArePinned|TestOnlyLaunchersGetDevices|TestOffersOnlyWhatLaunchersAskFor|TestReviewAsksRBACOnlyOfOthersThanTheNodesAgent|TestOverlayLeavesTheImageUntouchedAndRefusesBackingFiles|TestQCOW2DataFileReadsOnlyTheHeader|TestAFloodedConsoleLogIsEmptiedAndStaysSmall|TestTheRunVolumeIsBounded|TestTheConsoleDropsEscapesAimedAtTheTerminal|TestOnlyTheAccountThePoliciesNameStarts|TestThePoliciesNameLifeboatsOwnServiceAccounts|TestAControllerThePoliciesDoNotNameRefusesToStart
 test-security: deps binaries
-	$(GO) test -count=1 -timeout 30m -run '^($(SECURITY_TESTS))$$' ./agent/... ./api/... ./evacuation/... ./test/manifests/ ./test/integration/ ./test/e2e/
+	$(GO) test -count=1 -timeout 30m -run '^($(SECURITY_TESTS))$$' ./agent/... ./api/... ./cmd/... ./evacuation/... ./launcher/... ./test/manifests/ ./test/integration/ ./test/e2e/
+	$(MAKE) --no-print-directory fuzz
+
+# The fuzz targets of the security tests, each fuzzed for FUZZ_TIME beyond its seed corpus (which
+# test-security's -run covers); go test fuzzes one target of one package per run.
+FUZZ_TIME ?= 20s
+FUZZ_TARGETS := FuzzDecodeReview:./evacuation/webhook/ FuzzRead:./api/notify/
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  echo "fuzzing $${t%%:*} ($${t#*:}) for $(FUZZ_TIME)"; \
+	  $(GO) test -count=1 -run '^$$' -fuzz "^$${t%%:*}\$$" -fuzztime=$(FUZZ_TIME) "$${t#*:}"; \
+	done
 
 # Benchmarks against the real control plane; figures and how to read them: docs/benchmarks.md.
 bench: binaries
@@ -285,13 +296,15 @@ demo: deps $(CLUSTER) lifeboat-bins
 	@echo "The cluster keeps running: 2 emulated nodes with lifeboat agents, the lifeboat controller (eviction webhook,"
 	@echo "disruption budgets, EvictionRequest responder), the demo VM."
 	@echo "  $(CLUSTER) evict default/demo --dir $(DEMO_DIR) && $(CLUSTER) follow default/demo --dir $(DEMO_DIR)   # again"
-	@echo "  export KUBECONFIG=$(DEMO_DIR)/admin.kubeconfig PATH=$$($(CLUSTER) bin-dir):\$$PATH"
-	@echo "  kubectl get vm,vmi,pods -o wide; PATH=$(CURDIR)/bin:\$$PATH kubectl lifeboat status demo"
-	@echo "  PATH=$(CURDIR)/bin:\$$PATH kubectl lifeboat check   # what protects the VMs here, a line per check"
+	@echo "  export KUBECONFIG=$(DEMO_DIR)/admin.kubeconfig PATH=$(CURDIR)/bin:$$($(CLUSTER) bin-dir):\$$PATH"
+	@echo "  kubectl get vm,vmi,pods -o wide; kubectl lifeboat status demo"
+	@echo "  kubectl lifeboat check   # what protects the VMs here, a line per check"
+	@echo "  kubectl lifeboat console demo   # the guest's serial console (Ctrl+] leaves)"
+	@echo "  kubectl logs -l lifeboat.dev/vmi-name=demo --prefix --tail=20   # its launchers' logs (kubectl logs -f POD follows one)"
+	@echo "  kubectl exec \$$(kubectl get pods -l lifeboat.dev/vmi-name=demo --field-selector=status.phase=Running -o name) -- id   # a command in its launcher's container"
 	@echo "  $(CLUSTER) ask default/demo --dir $(DEMO_DIR)   # the guest's answer through its Service"
 	@echo "  kubectl drain NODE --ignore-daemonsets --delete-emptydir-data && kubectl uncordon NODE   # a drain live-migrates the VM too"
-	@echo "  $(CLUSTER) console default/demo --dir $(DEMO_DIR)     # the guest's serial console"
-	@echo "  kubectl delete vmi demo                              # shuts the guest down through ACPI"
+	@echo "  kubectl delete vmi demo   # shuts the guest down through ACPI"
 	@echo "Logs: $(DEMO_DIR)/*.log.   Stop everything: make demo-down"
 
 demo-down: $(CLUSTER)

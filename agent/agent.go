@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -105,11 +106,17 @@ type Agent struct {
 
 	mu        sync.Mutex
 	launchers map[string]*launcher // by VMI UID
+	// stalls counts, by VMI UID, the times a launcher's libvirt did not answer in time; it is
+	// forgotten with the launcher's directory.
+	stalls map[string]int
 
 	migrations *migrations
 	// migratedAway holds, by VMI UID, when a launcher reported its guest left by migration; it is
 	// forgotten a while after the launcher's directory goes.
 	migratedAway sync.Map
+	// arrived holds, by VMI UID, the time of the last Migrated report counted: a launcher
+	// repeats its reports on each new connection, and each arrival counts once.
+	arrived sync.Map
 	// notifyConns says whether a launcher's reports have all been read.
 	notifyConns *notifyConns
 	// relieving is the node's LabelMemoryPressureRelief as this agent last set it; nil until it has.
@@ -149,7 +156,7 @@ func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.Virtual
 	a := &Agent{
 		cfg: cfg, lifeboat: lb, informer: vmis.Informer(),
 		queue:     workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "agent"}),
-		launchers: map[string]*launcher{}, notifyConns: newNotifyConns(), links: map[string]RecordedPod{},
+		launchers: map[string]*launcher{}, stalls: map[string]int{}, notifyConns: newNotifyConns(), links: map[string]RecordedPod{},
 	}
 	if err := a.informer.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
 		return []string{string(obj.(metav1.Object).GetUID())}, nil
@@ -238,6 +245,11 @@ func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 	if m.Kind == notify.KindDomainGone && m.Reason == notify.ReasonMigrated {
 		a.migratedAway.Store(m.VMI.UID, m.Time)
 	}
+	if m.Kind == notify.KindMigrated {
+		if last, ok := a.arrived.Swap(m.VMI.UID, m.Time); !ok || !last.(time.Time).Equal(m.Time) {
+			a.cfg.Metrics.MigrationDowntime.Observe((time.Duration(m.DowntimeMilliseconds) * time.Millisecond).Seconds())
+		}
+	}
 	if m.Kind == notify.KindHello {
 		a.notifyConns.opened(m.VMI.UID)
 	}
@@ -298,7 +310,11 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 			go a.connect(ctx, uid)
 		case uid := <-gone:
 			a.forget(uid)
+			a.mu.Lock()
+			delete(a.stalls, uid)
+			a.mu.Unlock()
 			a.signalled.Delete(uid)
+			a.arrived.Delete(uid)
 			// A migration that just ended may still read what the launcher last reported
 			// (leftByMigration waits launcherReportWait for it): forget it after that.
 			at, _ := a.migratedAway.Load(uid)
@@ -337,15 +353,23 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 	}
 	var conn DomainConn
 	var dialErr error
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, connectTimeout, true, func(ctx context.Context) (bool, error) {
 		conn, dialErr = a.cfg.Dial(ctx, socket, uid)
 		return dialErr == nil, nil
 	})
 	if err != nil {
 		a.cfg.Log.Error("cannot connect to a launcher's libvirt", "vmiUID", uid, "socket", socket, "err", err, "lastDialErr", dialErr)
 		a.forget(uid)
+		if errors.Is(dialErr, context.DeadlineExceeded) {
+			// The launcher's daemon took the connection and never answered.
+			a.launcherStalled(uid, "connect", connectTimeout)
+			go a.reconnectLater(ctx, uid)
+		}
 		return
 	}
+	// Every call from here on has its deadline and its turn (deadlines.go).
+	guard := newGuardedConn(conn, func(call string, deadline time.Duration) { a.launcherStalled(uid, call, deadline) })
+	conn = guard
 	a.mu.Lock()
 	// Ours only: if the directory went away while we dialled and came back, the entry is another
 	// connect's, which counts and serves that launcher itself.
@@ -370,6 +394,54 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 	a.cfg.Log.Info("launcher connection ended", "vmiUID", uid)
 	a.forget(uid)
 	a.queue.Add(uid)
+	if guard.hasStalled() {
+		go a.reconnectLater(ctx, uid)
+	}
+}
+
+// connectTimeout bounds connecting to a launcher's libvirt, every attempt included.
+const connectTimeout = 30 * time.Second
+
+// launcherStalled records that a call to a launcher's libvirt passed its deadline: its
+// connection is cut (guardedConn), and the agent says so.
+func (a *Agent) launcherStalled(uid, call string, deadline time.Duration) {
+	a.cfg.Metrics.LibvirtCallsAbandoned.WithLabelValues(call).Inc()
+	a.mu.Lock()
+	a.stalls[uid]++
+	after := stallBackoff(a.stalls[uid])
+	a.mu.Unlock()
+	a.cfg.Log.Warn("a launcher's libvirt did not answer in time; the call is abandoned and its connection cut",
+		"vmiUID", uid, "call", call, "deadline", deadline, "reconnectAfter", after)
+	if vmi := a.cachedVMI(uid); vmi != nil {
+		a.cfg.Recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonLauncherStalled,
+			"The launcher's libvirt on node %s did not answer %s within %s: the agent cut its connection and connects again in %s", a.cfg.NodeName, call, deadline, after)
+	}
+}
+
+// stallBackoff is how long the agent waits before it connects again to a launcher that stalled n times.
+func stallBackoff(n int) time.Duration {
+	after := reconnectAfterStall
+	for i := 1; i < n && after < maxReconnectAfterStall; i++ {
+		after *= 2
+	}
+	return min(after, maxReconnectAfterStall)
+}
+
+// reconnectLater connects again to a launcher whose connection was cut for a stall, after its
+// backoff, if its socket is still there.
+func (a *Agent) reconnectLater(ctx context.Context, uid string) {
+	a.mu.Lock()
+	after := stallBackoff(a.stalls[uid])
+	a.mu.Unlock()
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(after):
+	}
+	if _, err := os.Lstat(filepath.Join(a.cfg.DomainsDir, uid, contract.LibvirtSocket)); err != nil {
+		return
+	}
+	a.connect(ctx, uid)
 }
 
 // connected reports whether the agent holds a connection to the launcher of the VMI with uid.
@@ -395,8 +467,11 @@ func (a *Agent) migrator(uid string) Migrator {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if l := a.launchers[uid]; l != nil {
-		if mg, ok := l.conn.(Migrator); ok {
-			return mg
+		switch c := l.conn.(type) {
+		case *guardedConn:
+			return c.migrator()
+		case Migrator:
+			return c
 		}
 	}
 	return nil

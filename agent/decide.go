@@ -5,6 +5,7 @@ package agent
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -139,30 +140,47 @@ const (
 	ReasonInterfaceNotLiveMigratable = "InterfaceNotLiveMigratable"
 )
 
-// NotMigratable says why a VMI cannot be live-migrated, and what stops it, or "" if it can. A
-// node file as disk (boot.disk) stays behind, and so does a claim only one node can mount;
-// ReadWriteMany claims stay where they are, shared. What the target can make itself moves: kernels and
-// containerDisk images from the same images, the cloud-init seed from the spec; what the guest
-// wrote to its containerDisk overlays is copied during the migration (CopiesDisks).
+// NotMigratable says why a VMI cannot be live-migrated, in words an admin acts on (what stops it
+// and what would let it move), or "" if it can. A node file as disk (boot.disk) stays behind, and
+// so does a claim only one node can mount; ReadWriteMany claims stay where they are, shared. What
+// the target can make itself moves: kernels and containerDisk images from the same images, the
+// cloud-init seed from the spec; what the guest wrote to its containerDisk overlays is copied
+// during the migration (CopiesDisks). Every obstacle is named, the first one's reason given, so
+// that fixing one does not reveal the next.
 func NotMigratable(vmi *v1alpha1.VirtualMachineInstance) (reason, message string) {
+	var why []string
+	add := func(r, m string) {
+		if reason == "" {
+			reason = r
+		}
+		why = append(why, m)
+	}
 	if vmi.Spec.Boot.Disk != "" {
-		return ReasonLocalDisk, fmt.Sprintf("boot.disk %q is a file on the node, which a migration does not copy", vmi.Spec.Boot.Disk)
+		add(ReasonLocalDisk, fmt.Sprintf("boot.disk %q is a file on the node, which a migration does not copy; "+
+			"put the disk in a containerDisk image or on a ReadWriteMany persistentVolumeClaim to let the VM move", vmi.Spec.Boot.Disk))
 	}
 	if iface, ok, _ := v1alpha1.PodInterface(&vmi.Spec); ok && iface.Bridge != nil {
-		return ReasonInterfaceNotLiveMigratable, fmt.Sprintf("interface %q has the bridge binding on the pod network: the guest has the pod's address, and the target pod another", iface.Name)
+		add(ReasonInterfaceNotLiveMigratable, fmt.Sprintf("interface %q has the bridge binding on the pod network: the guest has the pod's address, and the target pod another; "+
+			"use the masquerade binding (the guest keeps its address behind the pod's) to let the VM move", iface.Name))
 	}
 	for _, v := range vmi.Spec.Volumes {
 		if v.PersistentVolumeClaim == nil {
 			continue
 		}
+		claim := v.PersistentVolumeClaim.ClaimName
 		switch recorded, rwx := v1alpha1.ReadWriteMany(vmi.Status.VolumeStatus, v.Name); {
 		case !recorded:
-			return ReasonDisksNotLiveMigratable, fmt.Sprintf("persistentVolumeClaim %q (volume %q): its access modes are not recorded yet", v.PersistentVolumeClaim.ClaimName, v.Name)
+			add(ReasonDisksNotLiveMigratable, fmt.Sprintf("persistentVolumeClaim %q (volume %q): its access modes are not recorded yet (the controller records them when it makes the VM's pod, once the claim is bound: kubectl get pvc %s)", claim, v.Name, claim))
 		case !rwx:
-			return ReasonDisksNotLiveMigratable, fmt.Sprintf("persistentVolumeClaim %q (volume %q) is not ReadWriteMany: the target node cannot mount it while the source does", v.PersistentVolumeClaim.ClaimName, v.Name)
+			modes := "none"
+			if info := v1alpha1.ClaimInfo(vmi.Status.VolumeStatus, v.Name); info != nil && len(info.AccessModes) > 0 {
+				modes = fmt.Sprint(info.AccessModes)
+			}
+			add(ReasonDisksNotLiveMigratable, fmt.Sprintf("persistentVolumeClaim %q (volume %q) is not ReadWriteMany (its access modes: %s): the target node cannot mount it while the source does; "+
+				"copy the disk to a ReadWriteMany claim (a storage class that offers it) to let the VM move", claim, v.Name, modes))
 		}
 	}
-	return "", ""
+	return reason, strings.Join(why, "; and ")
 }
 
 // HasClaims reports whether the VMI has persistentVolumeClaim volumes.

@@ -166,6 +166,20 @@ func TestWhatAMigrationLeavesAndCopies(t *testing.T) {
 			reason: ReasonInterfaceNotLiveMigratable, names: `interface "default" has the bridge binding`},
 		{name: "a claim not recorded yet keeps the VM", spec: v1alpha1.VirtualMachineInstanceSpec{Volumes: []v1alpha1.Volume{claim}},
 			reason: ReasonDisksNotLiveMigratable, names: `persistentVolumeClaim "db-disk" (volume "data"): its access modes are not recorded yet`},
+		// Each message says what would let the VM move, in words an admin acts on.
+		{name: "a ReadWriteOnce claim: its modes, and what to do", spec: v1alpha1.VirtualMachineInstanceSpec{Volumes: []v1alpha1.Volume{claim}}, claims: claimModes(corev1.ReadWriteOnce),
+			reason: ReasonDisksNotLiveMigratable, names: `(its access modes: [ReadWriteOnce]): the target node cannot mount it while the source does; copy the disk to a ReadWriteMany claim`},
+		{name: "a node file: what to do", spec: v1alpha1.VirtualMachineInstanceSpec{Boot: v1alpha1.BootSource{Disk: "/images/root.img"}},
+			reason: ReasonLocalDisk, names: `put the disk in a containerDisk image or on a ReadWriteMany persistentVolumeClaim`},
+		{name: "a bridge binding: what to do", spec: v1alpha1.VirtualMachineInstanceSpec{
+			Interfaces: []v1alpha1.Interface{{Name: "default", Bridge: &v1alpha1.InterfaceBridge{}}}, Networks: podNetwork},
+			reason: ReasonInterfaceNotLiveMigratable, names: `use the masquerade binding`},
+		{name: "a claim not recorded: where to look", spec: v1alpha1.VirtualMachineInstanceSpec{Volumes: []v1alpha1.Volume{claim}},
+			reason: ReasonDisksNotLiveMigratable, names: `kubectl get pvc db-disk`},
+		{name: "every obstacle is named, the first one's reason given", spec: v1alpha1.VirtualMachineInstanceSpec{
+			Boot: v1alpha1.BootSource{Disk: "/images/root.img"}, Volumes: []v1alpha1.Volume{claim},
+			Interfaces: []v1alpha1.Interface{{Name: "default", Bridge: &v1alpha1.InterfaceBridge{}}}, Networks: podNetwork}, claims: claimModes(corev1.ReadWriteOnce),
+			reason: ReasonLocalDisk, names: `to let the VM move; and interface "default" has the bridge binding on the pod network: the guest has the pod's address, and the target pod another; use the masquerade binding (the guest keeps its address behind the pod's) to let the VM move; and persistentVolumeClaim "db-disk" (volume "data") is not ReadWriteMany`},
 	} {
 		vmi := &v1alpha1.VirtualMachineInstance{Spec: tc.spec, Status: v1alpha1.VirtualMachineInstanceStatus{VolumeStatus: tc.claims}}
 		reason, message := NotMigratable(vmi)

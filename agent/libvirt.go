@@ -10,25 +10,75 @@ import (
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
-// libvirtConn is a DomainConn over a launcher's libvirt socket.
+// libvirtConn is a DomainConn over a launcher's libvirt socket, through a relay the agent can cut.
 type libvirtConn struct {
 	conn    *domain.Conn
 	socket  *podsocket.Socket
+	relay   *libvirtRelay
 	changes chan struct{}
 	cancel  context.CancelFunc
 }
 
-// DialLibvirt connects to a launcher's libvirt and follows its lifecycle events. The socket is
-// a file in the launcher's pod; it is dialled as it is, never through a symlink (podsocket),
-// and held open while the connection lasts, as libvirt connects to it again for migrations.
-func DialLibvirt(ctx context.Context, socketPath, _ string) (DomainConn, error) {
-	socket, err := podsocket.Open(socketPath)
-	if err != nil {
-		return nil, err
+// LibvirtDialer connects to launchers' libvirt and follows their lifecycle events. A launcher's
+// socket is a file in its pod; it is opened as it is, never through a symlink (podsocket), and
+// held open while the connection lasts, as libvirt connects to it again for migrations. libvirt's
+// client reaches it through a relay whose socket is in a directory under relayDir (libvirtRelay):
+// a connection that does not open by ctx's end, or that the agent gives up on (guardedConn), is
+// cut there, and its calls fail at once instead of waiting for a launcher that does not answer.
+func LibvirtDialer(relayDir string) Dialer {
+	return func(ctx context.Context, socketPath, _ string) (DomainConn, error) {
+		socket, err := podsocket.Open(socketPath)
+		if err != nil {
+			return nil, err
+		}
+		session, err := domain.SessionSocket(socket.Path())
+		if err != nil {
+			socket.Close()
+			return nil, err
+		}
+		relay, err := newLibvirtRelay(relayDir, socket)
+		if err != nil {
+			socket.Close()
+			return nil, err
+		}
+		type result struct {
+			c   *libvirtConn
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			c, err := openLibvirt(relay, session)
+			done <- result{c, err}
+		}()
+		select {
+		case r := <-done:
+			if r.err != nil {
+				relay.Cut()
+				socket.Close()
+				return nil, r.err
+			}
+			r.c.socket = socket
+			return r.c, nil
+		case <-ctx.Done():
+			// The launcher's daemon took the connection and has not answered: the cut fails the
+			// open, and what it opened meanwhile is closed.
+			relay.Cut()
+			go func() {
+				if r := <-done; r.err == nil {
+					_ = r.c.conn.Close()
+					r.c.cancel()
+				}
+				socket.Close()
+			}()
+			return nil, fmt.Errorf("connecting to the launcher's libvirt at %s: %w", socketPath, ctx.Err())
+		}
 	}
-	conn, err := domain.Connect(socket.Path())
+}
+
+// openLibvirt opens a connection through relay and follows its domains' lifecycle events.
+func openLibvirt(relay *libvirtRelay, session bool) (*libvirtConn, error) {
+	conn, err := domain.ConnectSocket(relay.Path(), session)
 	if err != nil {
-		socket.Close()
 		return nil, err
 	}
 	evCtx, cancel := context.WithCancel(context.Background())
@@ -36,10 +86,9 @@ func DialLibvirt(ctx context.Context, socketPath, _ string) (DomainConn, error) 
 	if err != nil {
 		cancel()
 		conn.Close()
-		socket.Close()
 		return nil, err
 	}
-	c := &libvirtConn{conn: conn, socket: socket, changes: make(chan struct{}, 1), cancel: cancel}
+	c := &libvirtConn{conn: conn, relay: relay, changes: make(chan struct{}, 1), cancel: cancel}
 	go func() {
 		defer close(c.changes)
 		for range events {
@@ -97,7 +146,14 @@ func (c *libvirtConn) Shutdown(_ context.Context, name string) error { return c.
 func (c *libvirtConn) Destroy(_ context.Context, name string) error  { return c.conn.Destroy(name) }
 func (c *libvirtConn) DomainNames(context.Context) ([]string, error) { return c.conn.DomainNames() }
 
+// Cut ends the connection's stream to the launcher: every call waiting on it fails at once, and
+// so does every later one. Close still releases the connection.
+func (c *libvirtConn) Cut() { c.relay.Cut() }
+
+// Close cuts the connection first: libvirt's client says goodbye to the daemon on close, and a
+// daemon that does not answer would hold that too.
 func (c *libvirtConn) Close() error {
+	c.relay.Cut()
 	c.cancel()
 	err := c.conn.Close()
 	c.socket.Close()

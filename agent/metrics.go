@@ -25,16 +25,25 @@ type Metrics struct {
 	// LauncherImpostors counts pods on the node that claim to be a VMI's launcher by their
 	// labels but are not the pod lifeboat's controller recorded for it; each is refused once.
 	LauncherImpostors prometheus.Counter
+	// LibvirtCallsAbandoned counts calls to launchers' libvirt abandoned at their deadline, by
+	// call (deadlines.go); each cut its launcher's connection.
+	LibvirtCallsAbandoned *prometheus.CounterVec
 	// MigrationConnectionsRefused counts connections to target proxies whose TLS handshake failed.
 	MigrationConnectionsRefused prometheus.Counter
 	// ReliefDecisions counts node-pressure relief decisions by result; ReliefAvailable is the
 	// node's memory.available at each decision.
 	ReliefDecisions *prometheus.CounterVec
 	ReliefAvailable prometheus.Histogram
+	// ReliefLine is the memory.available below which relief moves VMs, so that a dashboard can
+	// draw it beside the node's memory.available and the kubelet's thresholds.
+	ReliefLine prometheus.Gauge
 	// DirtyRateEstimates counts the dirty rates sampled at migrations' starts, by result
 	// (agent.SampleResult); DirtyRateEstimated is the rates measured.
 	DirtyRateEstimates *prometheus.CounterVec
 	DirtyRateEstimated prometheus.Histogram
+	// MigrationDowntime is how long migrations to this node stopped their guests, as the target
+	// launchers report it from libvirt's statistics.
+	MigrationDowntime prometheus.Histogram
 	// VMsAtRisk is 1 while a VM on the node can be saved neither by the kubelet's eviction grace
 	// nor by relief; EvictionGrace is that grace, LargestVMMigration the least time the node's
 	// largest VM takes to migrate, and ReliefOn whether relief is on (pressure.Exposure).
@@ -97,6 +106,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_launcher_impostors_total",
 			Help: "Pods on this node labelled as a VMI's launcher that are not the launcher pod lifeboat's controller recorded for it (in the VMI's or its migration's status): the agent linked nothing of the VM to them. Each pod counts once.",
 		}),
+		LibvirtCallsAbandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_agent_libvirt_calls_abandoned_total",
+			Help: "Calls to a launcher's libvirt the agent stopped waiting for at their deadline, by call; each cut that launcher's connection.",
+		}, []string{"call"}),
 		MigrationConnectionsRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "lifeboat_agent_migration_connections_refused_total",
 			Help: "Connections to this node's migration target proxies refused at the TLS handshake: no certificate, another node's or CA's, or another migration's.",
@@ -110,6 +123,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "The node's memory.available when node-pressure relief decided to move VMs.",
 			Buckets: prometheus.ExponentialBuckets(64<<20, 2, 10),
 		}),
+		ReliefLine: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "lifeboat_agent_node_pressure_relief_line_bytes",
+			Help: "The node's memory.available below which node-pressure relief moves VMs away: the kubelet's acting threshold plus spec.nodePressureRelief.margin (0 while relief is off or the kubelet has no memory threshold).",
+		}),
 		DirtyRateEstimates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lifeboat_agent_dirty_rate_estimates_total",
 			Help: "Guests' dirty rates sampled by QEMU as their migrations from this node began, by result: measured, unavailable (the first pass over memory judged without one), or late (the first pass ended before the sample did).",
@@ -118,6 +135,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name:    "lifeboat_agent_dirty_rate_estimate_bytes_per_second",
 			Help:    "Guests' dirty rates as QEMU's page sampling measured them when their migrations from this node began.",
 			Buckets: prometheus.ExponentialBuckets(1<<20, 2, 12),
+		}),
+		MigrationDowntime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "lifeboat_agent_migration_downtime_seconds",
+			Help:    "How long each migration to this node stopped its guest for the switch-over (libvirt's downtime, reported by the target launcher).",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}),
 		VMsAtRisk: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "lifeboat_agent_node_vms_at_risk",
@@ -148,8 +170,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Times the agent was cut off from the API server (or did not run) for longer than --api-server-lost-after, counted when contact came back.",
 		}),
 	}
-	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.MigrationConnectionsRefused,
-		m.ReliefDecisions, m.ReliefAvailable, m.DirtyRateEstimates, m.DirtyRateEstimated,
+	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.LibvirtCallsAbandoned, m.MigrationConnectionsRefused,
+		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated, m.MigrationDowntime,
 		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn, m.StrayGuestsDestroyed, m.APIServerCutOff, m.APIServerOutages)
+	// Each decision is served from the start, at 0: no SIGTERM yet reads as 0, not as a series
+	// that is missing, which a renamed metric would look like too.
+	for _, d := range []string{DecisionEvacuate, DecisionShutdown} {
+		m.SignalDecisions.WithLabelValues(d)
+	}
 	return m
 }

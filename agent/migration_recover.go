@@ -165,7 +165,7 @@ func (m *migrations) resumeOrphan(mig *v1alpha1.VirtualMachineInstanceMigration,
 	go func() {
 		defer m.finish(string(mig.UID))
 		allowed, bandwidth := MigrationSettings(m.a.eviction().Config, vmi)
-		c := ConvergingMigration{Migrator: mg, Domain: name, Options: sourceOptions(vmi, mg, allowed, bandwidth), Clock: m.a.cfg.Clock, Log: log}
+		c := ConvergingMigration{Migrator: loopMigrator(mg), Domain: name, Options: sourceOptions(vmi, mg, allowed, bandwidth), Clock: m.a.cfg.Clock, Log: log}
 		m.record(mig, vmi, v1alpha1.MigrationModePostCopy, c.resumePostCopy(ctx, errAgentRestarted),
 			"the guest waits paused on node "+m.a.cfg.NodeName+" with part of its memory on node "+mig.Status.TargetNode)
 	}()

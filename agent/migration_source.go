@@ -68,7 +68,8 @@ func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachi
 		return fmt.Errorf("recording the start of migration %s: %w", mig.Name, err)
 	}
 	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "MigrationStarted", "moving %s from node %s to node %s", vmi.Name, mig.Status.SourceNode, mig.Status.TargetNode)
-	go m.runSource(pctx, mig.DeepCopy(), vmi, mg)
+	// The migration's loop runs on its own goroutine: its calls take no worker's turn.
+	go m.runSource(pctx, mig.DeepCopy(), vmi, loopMigrator(mg))
 	return nil
 }
 

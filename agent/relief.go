@@ -42,6 +42,7 @@ func (a *Agent) relieve(ctx context.Context) {
 	exposure := a.exposure(config, mem.Capacity)
 	a.publishExposure(ctx, exposure)
 	if !exposure.Relief {
+		a.cfg.Metrics.ReliefLine.Set(0)
 		a.labelRelieving(ctx, false)
 		return
 	}
@@ -51,6 +52,7 @@ func (a *Agent) relieve(ctx context.Context) {
 	}
 	vmis, pods := a.reliefCandidates(config)
 	r := pressure.Relieve(mem, a.cfg.Thresholds, uint64(margin.Value()), pods)
+	a.cfg.Metrics.ReliefLine.Set(float64(r.Line))
 	// The label comes off a little above the line, so that a node hovering at it does not flap.
 	switch {
 	case r.Short > 0:

@@ -48,9 +48,10 @@ func TestReliefMarksTheVMsTheKubeletWouldEvictFirst(t *testing.T) {
 		enabled    bool
 		wantMarked []string
 		wantLabels []bool // the node label's changes
+		wantLine   float64
 	}{
-		{"relief on: the largest movable VM, and the node labelled", true, []string{"big"}, []bool{true}},
-		{"relief off: nothing, and a label from before removed", false, nil, []bool{false}},
+		{"relief on: the largest movable VM, and the node labelled", true, []string{"big"}, []bool{true}, gib + 512<<20},
+		{"relief off: nothing, and a label from before removed", false, nil, []bool{false}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			config := &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}}
@@ -132,6 +133,9 @@ func TestReliefMarksTheVMsTheKubeletWouldEvictFirst(t *testing.T) {
 			}
 			if got := testutil.ToFloat64(metrics.ReliefDecisions.WithLabelValues("marked")); got != float64(len(tc.wantMarked)) {
 				t.Errorf("lifeboat_agent_node_pressure_relief_total{result=marked} = %v, want %d", got, len(tc.wantMarked))
+			}
+			if got := testutil.ToFloat64(metrics.ReliefLine); got != tc.wantLine {
+				t.Errorf("lifeboat_agent_node_pressure_relief_line_bytes = %v, want %v (the soft threshold plus the margin, 0 with relief off)", got, tc.wantLine)
 			}
 		})
 	}

@@ -42,11 +42,28 @@ func SocketURI(socketPath string, session bool) string {
 // private daemon's Libvirtd.Socket(). A daemon's socket belongs to the user it runs as, so
 // the socket's owner says which driver to ask for: root's daemon is a system daemon.
 func Connect(socketPath string) (*Conn, error) {
+	session, err := SessionSocket(socketPath)
+	if err != nil {
+		return nil, err
+	}
+	return connectURI(SocketURI(socketPath, session))
+}
+
+// SessionSocket reports whether the daemon listening on socketPath is a session daemon: its
+// socket belongs to a user other than root.
+func SessionSocket(socketPath string) (bool, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(socketPath, &st); err != nil {
-		return nil, fmt.Errorf("connecting to libvirt at %s: %w", socketPath, err)
+		return false, fmt.Errorf("connecting to libvirt at %s: %w", socketPath, err)
 	}
-	return connectURI(SocketURI(socketPath, st.Uid != 0))
+	return st.Uid != 0, nil
+}
+
+// ConnectSocket opens a connection to the libvirt daemon reached through socketPath, of the
+// kind session says (SessionSocket of the daemon's own socket): for a socket that stands in
+// for the daemon's, such as a relay's.
+func ConnectSocket(socketPath string, session bool) (*Conn, error) {
+	return connectURI(SocketURI(socketPath, session))
 }
 
 // Session reports whether the daemon is a session daemon (it runs as a user other than root).

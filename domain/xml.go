@@ -241,14 +241,16 @@ func addDisks(dom *libvirtxml.Domain, disks []Disk, bootFirst bool) error {
 }
 
 // serial is the guest's serial console: a file, or a socket whose output is logged to that file.
+// QEMU appends to the file, so that the launcher may empty it when it grows too large (a file
+// QEMU wrote at its own offset would grow on past the hole).
 func serial(opts XMLOptions, port uint) libvirtxml.DomainSerial {
 	s := libvirtxml.DomainSerial{
-		Source: &libvirtxml.DomainChardevSource{File: &libvirtxml.DomainChardevSourceFile{Path: opts.ConsoleLog}},
+		Source: &libvirtxml.DomainChardevSource{File: &libvirtxml.DomainChardevSourceFile{Path: opts.ConsoleLog, Append: "on"}},
 		Target: &libvirtxml.DomainSerialTarget{Port: &port},
 	}
 	if opts.ConsoleSocket != "" {
 		s.Source = &libvirtxml.DomainChardevSource{UNIX: &libvirtxml.DomainChardevSourceUNIX{Mode: "bind", Path: opts.ConsoleSocket}}
-		s.Log = &libvirtxml.DomainChardevLog{File: opts.ConsoleLog}
+		s.Log = &libvirtxml.DomainChardevLog{File: opts.ConsoleLog, Append: "on"}
 	}
 	return s
 }

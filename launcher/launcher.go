@@ -155,7 +155,7 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 			return contract.ExitGuestPoweredOff, err
 		}
 		log.Info("the guest arrived by migration", "domain", name, "migration", cfg.MigrationTarget)
-		go logMigrationCost(ctx, conn, name, log)
+		go reportMigrationCost(ctx, conn, name, notifier, log)
 		if err := conn.ClearGracefulShutdown(name); err != nil {
 			return contract.ExitFailed, fmt.Errorf("clearing the source pod's shutdown record from the arrived guest: %w", err)
 		}
@@ -163,6 +163,7 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 		return contract.ExitFailed, err
 	}
 	notifier.Report(notify.KindDomainStarted, time.Now(), 0, "")
+	go boundConsoleLog(ctx, filepath.Join(dir, contract.ConsoleLog), log)
 
 	// A stop event may have come before we listened for it; start from the current state.
 	if code, done := exitCode(conn, name); done {
@@ -228,10 +229,10 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 	}
 }
 
-// logMigrationCost logs what the migration that brought the guest cost it, from the statistics
-// libvirt keeps on the destination once it has finished the migration (a moment after the
-// guest runs here).
-func logMigrationCost(ctx context.Context, conn *domain.Conn, name string, log *slog.Logger) {
+// reportMigrationCost logs what the migration that brought the guest cost it, from the
+// statistics libvirt keeps on the destination once it has finished the migration (a moment
+// after the guest runs here), and tells the agent how long the guest stood still.
+func reportMigrationCost(ctx context.Context, conn *domain.Conn, name string, notifier *Notifier, log *slog.Logger) {
 	var stats domain.JobStats
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		var err error
@@ -244,6 +245,7 @@ func logMigrationCost(ctx context.Context, conn *domain.Conn, name string, log *
 	}
 	log.Info("migration statistics", "domain", name, "downtime", stats.Downtime, "elapsed", stats.Elapsed,
 		"dataTotal", stats.DataTotal)
+	notifier.ReportMigrated(time.Now(), stats.Downtime)
 }
 
 // recordGracefulShutdown writes the signal into the domain's metadata, where a restarted agent

@@ -32,7 +32,15 @@ func NewNotifier(path string, vmi notify.VMIRef, log *slog.Logger) *Notifier {
 
 // Report queues a message and sends it at once if the agent is connected. It never blocks on the agent.
 func (n *Notifier) Report(kind notify.Kind, at time.Time, podGrace int64, reason string) {
-	m := &notify.Message{Kind: kind, VMI: n.vmi, Time: at, PodGracePeriodSeconds: podGrace, Reason: reason}
+	n.queue(&notify.Message{Kind: kind, VMI: n.vmi, Time: at, PodGracePeriodSeconds: podGrace, Reason: reason})
+}
+
+// ReportMigrated queues how long the migration that brought the guest here stopped it.
+func (n *Notifier) ReportMigrated(at time.Time, downtime time.Duration) {
+	n.queue(&notify.Message{Kind: notify.KindMigrated, VMI: n.vmi, Time: at, DowntimeMilliseconds: downtime.Milliseconds()})
+}
+
+func (n *Notifier) queue(m *notify.Message) {
 	n.mu.Lock()
 	n.history = append(n.history, m)
 	n.mu.Unlock()

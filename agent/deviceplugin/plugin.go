@@ -1,5 +1,5 @@
-// Package deviceplugin serves the node's VM devices (/dev/kvm, /dev/net/tun, /dev/vhost-net,
-// /dev/userfaultfd) to the kubelet as extended resources devices.lifeboat.dev/*, through the
+// Package deviceplugin serves the node's VM devices (/dev/kvm, /dev/net/tun, /dev/userfaultfd)
+// to the kubelet as extended resources devices.lifeboat.dev/*, through the
 // kubelet's device plugin API (v1beta1), so that launcher pods get them without privilege and
 // the scheduler places a VM only where its devices are.
 package deviceplugin
@@ -33,13 +33,14 @@ type Device struct {
 // Resource is the extended resource name of d.
 func (d Device) Resource() string { return v1alpha1.DeviceResourcePrefix + d.Name }
 
-// Devices are the devices lifeboat serves; Present says which of them a node has.
+// Devices are the devices lifeboat serves; Present says which of them a node has. Only devices a
+// launcher asks for: each is a kernel interface handed out without privilege, so /dev/vhost-net,
+// which no launcher's QEMU uses (its taps are plain), is not one of them.
 var (
 	KVM         = Device{Name: "kvm", Path: "/dev/kvm"}
 	Tun         = Device{Name: "tun", Path: "/dev/net/tun"}
-	VhostNet    = Device{Name: "vhost-net", Path: "/dev/vhost-net"}
 	UserFaultFD = Device{Name: "userfaultfd", Path: "/dev/userfaultfd"}
-	Devices     = []Device{KVM, Tun, VhostNet, UserFaultFD}
+	Devices     = []Device{KVM, Tun, UserFaultFD}
 )
 
 // Timings of the plugin's watch on the kubelet, and of its health checks.

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
 
 // kubelet plays the kubelet's registration service on a real unix socket; the real kubelet's
@@ -145,9 +148,22 @@ func TestPresent(t *testing.T) {
 	for _, tc := range []struct {
 		d    Device
 		want bool
-	}{{Tun, true}, {KVM, false}, {VhostNet, false}} {
+	}{{Tun, true}, {KVM, false}, {UserFaultFD, false}} {
 		if got := presentIn(sys, tc.d); got != tc.want {
 			t.Errorf("%s present = %v, want %v", tc.d.Resource(), got, tc.want)
 		}
+	}
+}
+
+// The agent offers exactly the devices launcher pods ask for (v1alpha1's Device* resources), no
+// kernel interface more: every device offered is one any pod on the node could otherwise hold.
+func TestOffersOnlyWhatLaunchersAskFor(t *testing.T) {
+	var offered []string
+	for _, d := range Devices {
+		offered = append(offered, d.Resource())
+	}
+	want := []string{v1alpha1.DeviceKVM, v1alpha1.DeviceTun, v1alpha1.DeviceUserFaultFD}
+	if !slices.Equal(offered, want) {
+		t.Errorf("the agent offers %v, want exactly what launchers ask for, %v", offered, want)
 	}
 }

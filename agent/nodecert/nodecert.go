@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -70,6 +71,20 @@ func Start(ctx context.Context, kube kubernetes.Interface, node, dir, namespace 
 	})
 	if err != nil {
 		return nil, fmt.Errorf("the migration certificate's manager: %w", err)
+	}
+	// The manager renews at 70 to 90% of the certificate's life: one near its end means renewals
+	// fail, and migrations to and from the node will.
+	expiry := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "lifeboat_agent_migration_certificate_expiry_timestamp_seconds",
+		Help: "When this node's migration certificate expires (Unix time); NaN until one is signed.",
+	}, func() float64 {
+		if c := m.Current(); c != nil && c.Leaf != nil {
+			return float64(c.Leaf.NotAfter.Unix())
+		}
+		return math.NaN()
+	})
+	if err := reg.Register(expiry); err != nil {
+		return nil, err
 	}
 	m.Start()
 	context.AfterFunc(ctx, m.Stop)

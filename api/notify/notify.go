@@ -45,6 +45,9 @@ const (
 	KindDomainGone Kind = "DomainGone"
 	// KindFailed reports that the launcher could not start the domain.
 	KindFailed Kind = "Failed"
+	// KindMigrated reports, from a migration's target launcher, how long the migration that
+	// brought the guest stopped it (DowntimeMilliseconds, as libvirt measured it).
+	KindMigrated Kind = "Migrated"
 	// KindNetworkSetup asks the agent to build the guest's side of the pod network in the
 	// launcher's network namespace, whose descriptor travels with the frame (SCM_RIGHTS). It is
 	// the only message the agent answers: KindNetworkReady or KindNetworkFailed.
@@ -57,7 +60,7 @@ const (
 )
 
 var kinds = map[Kind]bool{
-	KindHello: true, KindDomainStarted: true, KindGracefulShutdown: true, KindDomainGone: true, KindFailed: true,
+	KindHello: true, KindDomainStarted: true, KindGracefulShutdown: true, KindDomainGone: true, KindFailed: true, KindMigrated: true,
 	KindNetworkSetup: true, KindNetworkReady: true, KindNetworkFailed: true,
 }
 
@@ -73,6 +76,8 @@ type Message struct {
 	// Reason says why, for DomainGone (the domain's stop reason: Shutdown, Destroyed, Crashed,
 	// Migrated, ...) and Failed (an error message).
 	Reason string `json:"reason,omitempty"`
+	// DowntimeMilliseconds is how long the migration stopped the guest (Migrated only).
+	DowntimeMilliseconds int64 `json:"downtimeMilliseconds,omitempty"`
 	// Lease is what the guest gets by DHCP (NetworkReady only).
 	Lease *Lease `json:"lease,omitempty"`
 }
@@ -125,6 +130,8 @@ func (m *Message) Validate() error {
 		return fmt.Errorf("%w: %s message without a time", ErrMalformed, m.Kind)
 	case m.PodGracePeriodSeconds < 0:
 		return fmt.Errorf("%w: negative pod grace period", ErrMalformed)
+	case m.DowntimeMilliseconds < 0:
+		return fmt.Errorf("%w: negative downtime", ErrMalformed)
 	}
 	return nil
 }

@@ -125,3 +125,19 @@ func FuzzRead(f *testing.F) {
 		}
 	})
 }
+
+func TestAMigratedReportCarriesItsDowntime(t *testing.T) {
+	var buf bytes.Buffer
+	m := validMessage()
+	m.Kind, m.PodGracePeriodSeconds, m.DowntimeMilliseconds = KindMigrated, 0, 87
+	if err := Write(&buf, m); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Read(&buf); err != nil || got.Kind != KindMigrated || got.DowntimeMilliseconds != 87 {
+		t.Errorf("got %+v, %v; want a Migrated report of 87 ms", got, err)
+	}
+	m.DowntimeMilliseconds = -1
+	if err := Write(io.Discard, m); !errors.Is(err, ErrMalformed) {
+		t.Errorf("Write of a negative downtime = %v, want ErrMalformed", err)
+	}
+}

@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"slices"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -151,48 +149,5 @@ func (c *client) cancelEvacuation(ctx context.Context, name string) error {
 		return fmt.Errorf("cancelling the evacuation of VM %s/%s: %w", v.Namespace, v.Name, err)
 	}
 	fmt.Fprintf(c.out, "VM %s/%s: evacuation from node %s cancelled\n", v.Namespace, v.Name, i.Status.EvacuationNodeName)
-	return nil
-}
-
-// status tells the VM's story: its state, its instance, the evacuation mark with its cause and
-// deadline, and its latest migration.
-func (c *client) status(ctx context.Context, name string, now time.Time) error {
-	v, i, err := c.get(ctx, name)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(c.out, "VM %s/%s: %s, ready %v, run strategy %s, %d restart(s)\n", v.Namespace, v.Name, v.Status.PrintableStatus, v.Status.Ready, v.Spec.RunStrategy, v.Status.Restarts)
-	if i == nil {
-		fmt.Fprintln(c.out, "no instance")
-		return nil
-	}
-	fmt.Fprintf(c.out, "instance %s: phase %s on node %s\n", i.UID, i.Status.Phase, i.Status.NodeName)
-	if i.Status.EvacuationNodeName != "" {
-		cause := ""
-		if cond := meta.FindStatusCondition(i.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); cond != nil {
-			cause = ", cause " + cond.Reason
-		}
-		deadline := ""
-		if d := i.Status.EvacuationDeadline; d != nil {
-			deadline = fmt.Sprintf(", deadline %s (in %s)", d.Format(time.RFC3339), d.Sub(now).Truncate(time.Second))
-		}
-		fmt.Fprintf(c.out, "marked for evacuation from node %s%s%s\n", i.Status.EvacuationNodeName, cause, deadline)
-	}
-	list, err := c.lb.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return fmt.Errorf("listing the migrations of VM %s/%s: %w", v.Namespace, v.Name, err)
-	}
-	// This instance's: a user's migration names the VMI only; lifeboat's carry its UID too.
-	migrations := slices.DeleteFunc(list.Items, func(m v1alpha1.VirtualMachineInstanceMigration) bool {
-		uid, labelled := m.Labels[v1alpha1.LabelVMIUID]
-		return m.Spec.VMIName != i.Name || (labelled && uid != string(i.UID)) || m.CreationTimestamp.Before(&i.CreationTimestamp)
-	})
-	if len(migrations) == 0 {
-		return nil
-	}
-	latest := slices.MaxFunc(migrations, func(a, b v1alpha1.VirtualMachineInstanceMigration) int {
-		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
-	})
-	fmt.Fprintln(c.out, vm.MigrationLine(&latest, now))
 	return nil
 }

@@ -24,8 +24,9 @@ import (
 // console connects the terminal to the serial console of the VM's (or VMI's) guest: it runs
 // `lifeboat-launcher console` in the launcher pod through pods/exec, so the caller needs no
 // more than the namespace's own permission to exec into its pods, and nothing reaches the
-// node. Ctrl+] or the end of stdin leaves.
-func (c *client) console(ctx context.Context, config *rest.Config, name string, in *os.File, errOut io.Writer) error {
+// node. Ctrl+] or the end of stdin leaves. The guest's output reaches the terminal through
+// termFilter unless raw: the guest is the VM owner's, the terminal may be a cluster admin's.
+func (c *client) console(ctx context.Context, config *rest.Config, name string, in *os.File, errOut io.Writer, raw bool) error {
 	i, err := c.lb.LifeboatV1alpha1().VirtualMachineInstances(c.namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("VM %s/%s has no instance running (kubectl lifeboat start %s starts a stopped VM)", c.namespace, name, name)
@@ -61,7 +62,11 @@ func (c *client) console(ctx context.Context, config *rest.Config, name string, 
 		defer func() { _ = term.Restore(int(in.Fd()), old) }()
 	}
 	fmt.Fprintf(errOut, "connecting to the serial console of VM %s/%s (pod %s on node %s); Ctrl+] leaves\r\n", c.namespace, name, pod.Name, pod.Spec.NodeName)
-	err = exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: in, Stdout: c.out, Stderr: errOut, Tty: tty})
+	out, stderr := c.out, errOut
+	if !raw {
+		out, stderr = newTermFilter(out), newTermFilter(stderr)
+	}
+	err = exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: in, Stdout: out, Stderr: stderr, Tty: tty})
 	if err != nil {
 		return fmt.Errorf("the console of VM %s/%s (pod %s): %w", c.namespace, name, pod.Name, err)
 	}

@@ -5,8 +5,10 @@
 //	kubectl lifeboat restart VM          make its instance again (Always, RerunOnFailure)
 //	kubectl lifeboat migrate VM          live-migrate it now (a migration with cause Manual)
 //	kubectl lifeboat evacuate-cancel VM  cancel its evacuation (needs the cancel-evacuation permission)
-//	kubectl lifeboat status VM           the VM, its instance and its evacuation story
-//	kubectl lifeboat console VM          the guest's serial console (Ctrl+] leaves; needs pods/exec)
+//	kubectl lifeboat status VM           the VM, its instance, what protects it, what a drain or memory
+//	                                     pressure on its node would do to it, and its evacuation story
+//	kubectl lifeboat console VM          the guest's serial console (Ctrl+] leaves; needs pods/exec);
+//	                                     --raw passes the guest's escape sequences to the terminal unfiltered
 //	kubectl lifeboat check [-o json]     check that lifeboat can protect the cluster's VMs (exit 1 if not);
 //	                                     -n limits the checks of VMs and migrations to a namespace
 //
@@ -39,8 +41,11 @@ commands:
   restart          make the VM's instance again
   migrate          live-migrate the VM to another node now
   evacuate-cancel  cancel the VM's evacuation from its node
-  status           show the VM, its instance and its evacuation story
-  console          connect to the VM's serial console (Ctrl+] leaves; needs create on pods/exec)
+  status           show the VM, its instance, what protects it now, what a drain or memory
+                   pressure on its node would do to it, and its evacuation story
+  console          connect to the VM's serial console (Ctrl+] leaves; needs create on pods/exec);
+                   the guest's escape sequences that could act on your terminal rather than draw
+                   (window titles, the clipboard) are dropped unless --raw
   check            check the installation and what protects each node's VMs, a line per check;
                    exit status 1 if any fails (-o json for scripts; -n: only that namespace's VMs)
 `
@@ -66,6 +71,7 @@ func run(args []string, out io.Writer) error {
 	flags.StringVar(&overrides.AuthInfo.Impersonate, "as", "", "the user to act as")
 	output := flags.StringP("output", "o", "text", "check's output: text or json")
 	stuckAfter := flags.Duration("stuck-after", 15*time.Minute, "check: how long a migration may run before it counts as stuck")
+	raw := flags.Bool("raw", false, "console: pass the guest's output to the terminal as it is, escape sequences and all")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -122,7 +128,7 @@ func run(args []string, out io.Writer) error {
 	c := &client{lb: lb, kube: kube, namespace: namespace, out: out}
 	if command == "console" {
 		// A session lasts as long as its user wants.
-		return c.console(context.Background(), rest, name, os.Stdin, os.Stderr)
+		return c.console(context.Background(), rest, name, os.Stdin, os.Stderr, *raw)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -32,6 +32,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/agent/pressure"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	migrationinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/identity"
 	"github.com/lifeboat-vm/lifeboat/api/kube"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -45,9 +46,11 @@ type options struct {
 	healthListen                                                     string
 	devicePluginDir, kubeletPodsDir, certDir, namespace              string
 	procRoot, cgroupRoot                                             string
-	workers, deviceSlots, kubeletPort                                int
-	maxPodGracePeriod                                                int64
-	podDirResync, apiLostAfter                                       time.Duration
+	// policyUser is the username the admission policies hold the agent to (identity.Check).
+	policyUser                        string
+	workers, deviceSlots, kubeletPort int
+	maxPodGracePeriod                 int64
+	podDirResync, apiLostAfter        time.Duration
 }
 
 func main() {
@@ -72,6 +75,8 @@ func main() {
 	flag.StringVar(&o.certDir, "cert-dir", "/var/lib/lifeboat/pki", "where the node's migration certificate and key are kept (requested from lifeboat's signer and renewed before they expire)")
 	flag.StringVar(&o.namespace, "namespace", "lifeboat-system", "lifeboat's namespace, whose ConfigMap "+migrationtls.CAConfigMap+" holds the migration CA")
 	flag.StringVar(&o.procRoot, "proc-root", "/proc", "the node's /proc, read for the node's memory capacity (MemTotal)")
+	flag.StringVar(&o.policyUser, "policy-user", identity.Agent,
+		"the user lifeboat's admission policies (manifests/) hold the agent to; running as another service account, which they would not hold, it refuses to start. Empty: no check")
 	flag.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "the node's root cgroup file system, read for memory.available as the kubelet computes it")
 	flag.DurationVar(&o.apiLostAfter, "api-server-lost-after", time.Minute,
 		"how long without reaching the API server (or without running: a frozen node) counts as cut off; the agent pauses and kills nothing meanwhile, and once back reports the outage (Event on its Node) and destroys guests whose VM was restarted elsewhere; 0: do not probe")
@@ -104,6 +109,9 @@ func run(o options, log *slog.Logger) error {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
+	if err := identity.Check(ctx, kubeClient, o.policyUser); err != nil {
+		return err
+	}
 	settings, source, err := kubeletSettings(ctx, o, restConfig, log)
 	if err != nil {
 		return err
@@ -151,9 +159,10 @@ func run(o options, log *slog.Logger) error {
 	var a *agent.Agent
 	notifyServer := notifyserver.New([]uint32{contract.UID}, func(m *notify.Message, pid int32) { a.HandleNotify(m, pid) }, reg, log)
 	a, err = agent.New(agent.Config{
-		NodeName:          o.nodeName,
-		DomainsDir:        filepath.Join(o.runDir, "domains"),
-		Dial:              agent.DialLibvirt,
+		NodeName:   o.nodeName,
+		DomainsDir: filepath.Join(o.runDir, "domains"),
+		// libvirt's client reaches each launcher through a relay whose socket is root's alone.
+		Dial:              agent.LibvirtDialer(filepath.Join(o.runDir, "libvirt-relays")),
 		Configs:           configInformers.Lifeboat().V1alpha1().LifeboatConfigs().Lister(),
 		MaxPodGracePeriod: maxGrace,
 		NodeAddress:       o.nodeAddress,
@@ -181,6 +190,10 @@ func run(o options, log *slog.Logger) error {
 	notifyServer.HandleNetwork(a.SetupNetwork)
 	notifyServer.HandleEnd(a.HandleNotifyEnd)
 	if err := os.MkdirAll(filepath.Join(o.runDir, "domains"), 0o755); err != nil {
+		return err
+	}
+	// The relays of an agent before this one are gone with it.
+	if err := os.RemoveAll(filepath.Join(o.runDir, "libvirt-relays")); err != nil {
 		return err
 	}
 

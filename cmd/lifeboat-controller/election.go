@@ -34,6 +34,19 @@ func (e *election) addFlags(fs *flag.FlagSet) {
 	e.name = "lifeboat-controller"
 }
 
+// id is this replica's identity in the Lease: --leader-election-identity, or the host name and a
+// random suffix, chosen once.
+func (e *election) id() (string, error) {
+	if e.identity == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return "", err
+		}
+		e.identity = host + "_" + uuid.NewString()
+	}
+	return e.identity, nil
+}
+
 // run calls lead while this replica leads, or at once without election. It returns when ctx
 // ends or lead fails, and with an error when the lease was lost: the process should then exit,
 // and be restarted as a follower, rather than guess whether another replica already leads.
@@ -41,13 +54,9 @@ func (e *election) run(ctx context.Context, kube kubernetes.Interface, log *slog
 	if !e.enabled {
 		return lead(ctx)
 	}
-	identity := e.identity
-	if identity == "" {
-		host, err := os.Hostname()
-		if err != nil {
-			return err
-		}
-		identity = host + "_" + uuid.NewString()
+	identity, err := e.id()
+	if err != nil {
+		return err
 	}
 	log = log.With("lease", e.namespace+"/"+e.name, "identity", identity)
 	// The election outlives ctx until the controllers have stopped: the lease is released only

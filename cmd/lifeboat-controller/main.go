@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/informers"
 
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	"github.com/lifeboat-vm/lifeboat/api/identity"
 	"github.com/lifeboat-vm/lifeboat/api/kube"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
@@ -27,6 +28,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/evacuation/evacuate"
 	"github.com/lifeboat-vm/lifeboat/evacuation/migration"
 	"github.com/lifeboat-vm/lifeboat/evacuation/nodecerts"
+	"github.com/lifeboat-vm/lifeboat/evacuation/readiness"
 	"github.com/lifeboat-vm/lifeboat/evacuation/responder"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vm"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
@@ -42,9 +44,13 @@ type options struct {
 	heartbeat       responder.Settings
 	hook            webhookFlags
 	leader          election
-	// namespace keeps the migration CA; node certificates live at most nodeCertValidity.
+	// namespace keeps the migration CA; node certificates live at most nodeCertValidity, and
+	// go to agentAccount's tokens (in namespace) for their own node.
 	namespace        string
 	nodeCertValidity time.Duration
+	agentAccount     string
+	// policyUser is the username the admission policies hold the controller to (identity.Check).
+	policyUser string
 }
 
 func main() {
@@ -60,6 +66,9 @@ func main() {
 	o.hook.register()
 	flag.StringVar(&o.namespace, "namespace", "lifeboat-system", "lifeboat's namespace, where the migration CA is kept (Secret "+nodecerts.CASecret+") and published (ConfigMap "+migrationtls.CAConfigMap+")")
 	flag.DurationVar(&o.nodeCertValidity, "node-cert-validity", 24*time.Hour, "longest life of a node's migration certificate; agents renew theirs at 70 to 90% of it")
+	flag.StringVar(&o.policyUser, "policy-user", identity.Controller,
+		"the user lifeboat's admission policies (manifests/) hold the controller to; running as another service account, which they would not hold, it refuses to start. Empty: no check")
+	flag.StringVar(&o.agentAccount, "agent-service-account", "lifeboat-agent", "the agents' service account, in --namespace: only its tokens bound to a node get that node's migration certificate")
 	o.leader.addFlags(flag.CommandLine)
 	flag.Parse()
 	o.heartbeat = responder.Settings{Min: responder.MinHeartbeatInterval, Max: *heartbeat}
@@ -94,6 +103,9 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
+	if err := identity.Check(ctx, kubeClient, o.policyUser); err != nil {
+		return err
+	}
 	recorder, stopRecorder, err := kube.Recorder(ctx, kubeClient, "lifeboat-controller", "")
 	if err != nil {
 		return err
@@ -134,7 +146,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 		return err
 	}
 	csrInformers := nodecerts.NewInformer(kubeClient)
-	signer := nodecerts.New(kubeClient, ca, csrInformers.Certificates().V1().CertificateSigningRequests(), recorder, o.nodeCertValidity, reg, log)
+	signer := nodecerts.New(kubeClient, ca, nodecerts.AgentUsername(o.namespace, o.agentAccount), csrInformers.Certificates().V1().CertificateSigningRequests(), recorder, o.nodeCertValidity, reg, log)
 	// The controllers run in the leader only; every replica serves the webhook and metrics.
 	controllers := []func(context.Context) error{
 		func(ctx context.Context) error { return vmiController.Run(ctx, workers) },
@@ -146,6 +158,12 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 		func(ctx context.Context) error { return signer.Run(ctx, 1) },
 		atrisk.New(lb, nodes, lbv1.LifeboatConfigs(), log).Run,
 	}
+	// The Ready condition names the replica as the Lease does.
+	identity, err := o.leader.id()
+	if err != nil {
+		return err
+	}
+	controllers = append(controllers, readiness.New(kubeClient, lb, lbv1.LifeboatConfigs(), identity, hookOpts.Listen != "", log).Run)
 	var always []func(context.Context) error
 	if hookOpts.Listen != "" {
 		hookServer, err := webhook.New(kubeClient, lb, pods, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), nodes, recorder, hookOpts, reg, log)

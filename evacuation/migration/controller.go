@@ -70,6 +70,7 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations life
 		}, []string{"refusal"}),
 	}
 	reg.MustRegister(c.refused)
+	registerMetrics(reg, migrations.Informer())
 	_, _ = migrations.Informer().AddEventHandler(worker.Handler(c.enqueue))
 	// A VMI's or a pod's change concerns the migrations of that VMI.
 	byVMI := cache.ResourceEventHandlerFuncs{

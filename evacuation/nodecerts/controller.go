@@ -37,6 +37,8 @@ type Controller struct {
 	queue    workqueue.TypedRateLimitingInterface[string]
 	recorder record.EventRecorder
 	maxLife  time.Duration
+	// agent is the agents' username (AgentUsername).
+	agent string
 	// requests counts the requests decided, by result (signed, denied).
 	requests *prometheus.CounterVec
 	log      *slog.Logger
@@ -49,9 +51,15 @@ func NewInformer(kube kubernetes.Interface) informers.SharedInformerFactory {
 	}))
 }
 
+// AgentUsername is the username of the tokens of the agents' service account, in lifeboat's
+// namespace; only they get a node's certificate for a token bound to the node.
+func AgentUsername(namespace, serviceAccount string) string {
+	return "system:serviceaccount:" + namespace + ":" + serviceAccount
+}
+
 // New wires the signer to its informer; certificates live at most maxLifetime (a request may ask
-// for less with spec.expirationSeconds).
-func New(kube kubernetes.Interface, ca *CA, csrs certinformers.CertificateSigningRequestInformer, recorder record.EventRecorder, maxLifetime time.Duration,
+// for less with spec.expirationSeconds). agent is the agents' username (AgentUsername).
+func New(kube kubernetes.Interface, ca *CA, agent string, csrs certinformers.CertificateSigningRequestInformer, recorder record.EventRecorder, maxLifetime time.Duration,
 	reg prometheus.Registerer, log *slog.Logger) *Controller {
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lifeboat_node_certificate_requests_total",
@@ -62,7 +70,7 @@ func New(kube kubernetes.Interface, ca *CA, csrs certinformers.CertificateSignin
 		requests: requests,
 		kube:     kube, ca: ca, csrs: csrs.Lister(), synced: []cache.InformerSynced{csrs.Informer().HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodecerts"}),
-		recorder: recorder, maxLife: maxLifetime, log: log.With("controller", "nodecerts"),
+		recorder: recorder, maxLife: maxLifetime, agent: agent, log: log.With("controller", "nodecerts"),
 	}
 	_, _ = csrs.Informer().AddEventHandler(worker.Handler(func(obj any) { worker.Enqueue(c.queue, obj) }))
 	return c
@@ -143,7 +151,7 @@ func (c *Controller) request(ctx context.Context, csr *certificatesv1.Certificat
 		tokenNode = v[0]
 	}
 	return Request{
-		CSR: req, Usages: csr.Spec.Usages, Username: csr.Spec.Username, TokenNode: tokenNode,
+		CSR: req, Usages: csr.Spec.Usages, Username: csr.Spec.Username, TokenNode: tokenNode, Agent: c.agent,
 		MayRequestForNode: func(node string) (bool, error) {
 			extra := map[string]authorizationv1.ExtraValue{}
 			for k, v := range csr.Spec.Extra {

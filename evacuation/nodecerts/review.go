@@ -21,9 +21,14 @@ type Request struct {
 	// identity (migrationtls.NodeNameExtra), "" if it names none.
 	Username  string
 	TokenNode string
+	// Agent is the username of lifeboat's agents (their service account's). A token bound to a
+	// node is all an agent needs, but any pod on the node has one (cert-manager's, a mesh's):
+	// the node's certificate is only for the agent's.
+	Agent string
 	// MayRequestForNode is whether RBAC lets the requester ask for a certificate of the node the
 	// request names (lifeboat.dev nodecertificates, verb create, that node's name): for agents
-	// that run outside a pod, with credentials an admin made. Only asked when TokenNode is "".
+	// that run outside a pod, with credentials an admin made. Asked of anyone but an agent with
+	// a token bound to that node.
 	MayRequestForNode func(node string) (bool, error)
 }
 
@@ -47,7 +52,8 @@ const ReasonApproved = "LifeboatNodeCertificate"
 
 // Review decides a request: the subject must be exactly one node's identity with no other name
 // than the node's own, for serving and client use only, and the requester must speak for that
-// node: its token is bound to the node (or to a pod on it), or RBAC grants it that node by name.
+// node: it is lifeboat's agent with a token bound to the node (or to a pod on it), or RBAC grants
+// it that node by name.
 func Review(r Request) (Decision, error) {
 	deny := func(reason, format string, args ...any) (Decision, error) {
 		return Decision{Reason: reason, Message: fmt.Sprintf(format, args...)}, nil
@@ -72,13 +78,16 @@ func Review(r Request) (Decision, error) {
 		return deny(ReasonMalformed, "a node certificate is for both server auth and client auth")
 	}
 	switch {
-	case r.TokenNode == node:
-	case r.TokenNode != "":
+	case r.TokenNode != "" && r.TokenNode != node:
 		return deny(ReasonNotThisNode, "%s speaks for node %s, not for node %s", r.Username, r.TokenNode, node)
+	case r.TokenNode == node && r.Username == r.Agent:
 	default:
 		allowed, err := r.MayRequestForNode(node)
 		if err != nil {
 			return Decision{}, err
+		}
+		if !allowed && r.TokenNode == node {
+			return deny(ReasonNotAuthorized, "%s is on node %s but is not lifeboat's agent (%s), and may not create lifeboat.dev nodecertificates %q", r.Username, node, r.Agent, node)
 		}
 		if !allowed {
 			return deny(ReasonNotAuthorized, "%s has no token bound to node %s and may not create lifeboat.dev nodecertificates %q", r.Username, node, node)

@@ -29,6 +29,7 @@ func TestReview(t *testing.T) {
 	usages := migrationtls.Usages
 	cases := []struct {
 		name      string
+		user      string // the agent's when ""
 		csr       *x509.CertificateRequest
 		usages    []certificatesv1.KeyUsage
 		tokenNode string
@@ -40,6 +41,9 @@ func TestReview(t *testing.T) {
 		{name: "token bound to the node: approved", csr: good(), usages: usages, tokenNode: "node-a", rbac: granted(), approve: true},
 		{name: "key encipherment as well: approved", csr: good(), usages: append([]certificatesv1.KeyUsage{certificatesv1.UsageKeyEncipherment}, usages...), tokenNode: "node-a", rbac: granted(), approve: true},
 		{name: "token bound to another node: denied naming both", csr: good(), usages: usages, tokenNode: "node-b", rbac: granted("node-a"), reason: ReasonNotThisNode, contains: "speaks for node node-b, not for node node-a"},
+		{name: "another account's token bound to the node (cert-manager's): denied", user: "system:serviceaccount:cert-manager:cert-manager", csr: good(), usages: usages, tokenNode: "node-a", rbac: granted(), reason: ReasonNotAuthorized,
+			contains: "is on node node-a but is not lifeboat's agent (" + agent + ")"},
+		{name: "another account's token bound to the node, RBAC grants that node: approved", user: "system:serviceaccount:ops:node-tool", csr: good(), usages: usages, tokenNode: "node-a", rbac: granted("node-a"), approve: true},
 		{name: "no node in the token, RBAC grants that node: approved", csr: good(), usages: usages, rbac: granted("node-a"), approve: true},
 		{name: "no node in the token, RBAC grants another node: denied", csr: good(), usages: usages, rbac: granted("node-b"), reason: ReasonNotAuthorized, contains: `nodecertificates "node-a"`},
 		{name: "not a node's common name", csr: with(func(r *x509.CertificateRequest) { r.Subject.CommonName = "system:node:node-a" }), usages: usages, tokenNode: "node-a", rbac: granted(), reason: ReasonMalformed, contains: "common name"},
@@ -54,7 +58,11 @@ func TestReview(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d, err := Review(Request{CSR: tc.csr, Usages: tc.usages, Username: "system:serviceaccount:lifeboat-system:lifeboat-agent", TokenNode: tc.tokenNode, MayRequestForNode: tc.rbac})
+			user := tc.user
+			if user == "" {
+				user = agent
+			}
+			d, err := Review(Request{CSR: tc.csr, Usages: tc.usages, Username: user, Agent: agent, TokenNode: tc.tokenNode, MayRequestForNode: tc.rbac})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -71,13 +79,22 @@ func TestReview(t *testing.T) {
 	}
 }
 
-func TestReviewAsksRBACOnlyWithoutATokenNode(t *testing.T) {
+// agent is the agents' username, as installed from manifests/.
+var agent = AgentUsername("lifeboat-system", "lifeboat-agent")
+
+func TestReviewAsksRBACOnlyOfOthersThanTheNodesAgent(t *testing.T) {
 	asked := false
 	rbac := func(string) (bool, error) { asked = true; return false, errors.New("authorizer down") }
-	if _, err := Review(Request{CSR: migrationtls.Template("node-a"), Usages: migrationtls.Usages, TokenNode: "node-a", MayRequestForNode: rbac}); err != nil || asked {
-		t.Fatalf("a node-bound token asked RBAC (asked=%v, err=%v)", asked, err)
+	if _, err := Review(Request{CSR: migrationtls.Template("node-a"), Usages: migrationtls.Usages, Username: agent, Agent: agent, TokenNode: "node-a", MayRequestForNode: rbac}); err != nil || asked {
+		t.Fatalf("the agent's node-bound token asked RBAC (asked=%v, err=%v)", asked, err)
 	}
-	if _, err := Review(Request{CSR: migrationtls.Template("node-a"), Usages: migrationtls.Usages, MayRequestForNode: rbac}); err == nil {
-		t.Fatal("an authorizer error decided the request instead of being retried")
+	for _, r := range []Request{
+		{Username: agent, Agent: agent},
+		{Username: "system:serviceaccount:cert-manager:cert-manager", Agent: agent, TokenNode: "node-a"},
+	} {
+		r.CSR, r.Usages, r.MayRequestForNode = migrationtls.Template("node-a"), migrationtls.Usages, rbac
+		if _, err := Review(r); err == nil {
+			t.Fatalf("%s (token node %q): an authorizer error decided the request instead of being retried", r.Username, r.TokenNode)
+		}
 	}
 }

@@ -13,12 +13,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	lifecyclev1alpha1 "k8s.io/api/lifecycle/v1alpha1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -145,22 +143,9 @@ func waitEvent(t *testing.T, ns, object, reason string) *corev1.Event {
 
 func waitVMI(t *testing.T, v *v1alpha1.VirtualMachineInstance, what string, cond func(*v1alpha1.VirtualMachineInstance) bool) *v1alpha1.VirtualMachineInstance {
 	t.Helper()
-	var last *v1alpha1.VirtualMachineInstance
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		got, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(v.Namespace).Get(ctx, v.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = got
-		return cond(got), nil
-	})
-	if err != nil {
-		if last == nil {
-			t.Fatalf("VMI %s: want %s; it could not be read within 30s", v.Name, what)
-		}
-		t.Fatalf("VMI %s: want %s; last status %+v", v.Name, what, last.Status)
-	}
-	return last
+	return kubewait.For(t, 30*time.Second, fmt.Sprintf("VMI %s: %s", v.Name, what), func(ctx context.Context) (*v1alpha1.VirtualMachineInstance, error) {
+		return cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(v.Namespace).Get(ctx, v.Name, metav1.GetOptions{})
+	}, cond, func(v *v1alpha1.VirtualMachineInstance) string { return fmt.Sprintf("%+v", v.Status) })
 }
 
 func ownEntry(ev *lifecyclev1alpha1.Eviction) lifecyclev1alpha1.ResponderStatus {
@@ -280,9 +265,16 @@ func TestSecondRequesterJoinsAndWithdraws(t *testing.T) {
 	if TargetState(ev) != lifecyclev1alpha1.ResponderStateActive || ownEntry(ev).CompletionTime != nil {
 		t.Fatalf("one requester withdrawing leaves lifeboat at work: %+v", ev.Status)
 	}
-	if got := waitVMI(t, v, "still marked", func(*v1alpha1.VirtualMachineInstance) bool { return true }); !isMarked(got) {
-		t.Fatalf("the mark must stay while a requester remains: %+v", got.Status)
-	}
+	kubewait.Consistently(t, 2*time.Second, "the mark kept while a requester remains", func(ctx context.Context) error {
+		got, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(v.Namespace).Get(ctx, v.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !isMarked(got) {
+			return fmt.Errorf("the mark is gone: %+v", got.Status)
+		}
+		return nil
+	})
 
 	if err := erc.Withdraw(ctx, second); err != nil {
 		t.Fatal(err)
@@ -292,13 +284,12 @@ func TestSecondRequesterJoinsAndWithdraws(t *testing.T) {
 		t.Errorf("EvictionRequested must turn False when the Eviction is canceled: %+v", got.Status.Conditions)
 	}
 	waitEvent(t, v.Namespace, erc.Name, ReasonCanceled)
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+	// Migration pending.Name had not started moving memory: the withdrawal must delete it, not
+	// leave it to start and abort.
+	kubewait.Gone(t, 10*time.Second, "migration "+pending.Name, func(ctx context.Context) error {
 		_, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).Get(ctx, pending.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
+		return err
 	})
-	if err != nil {
-		t.Errorf("migration %s had not started moving memory; the withdrawal must delete it, not leave it to start and abort", pending.Name)
-	}
 	if n := testutil.ToFloat64(metrics.Answered.WithLabelValues(OutcomeCanceled)); n != 1 {
 		t.Errorf("evictions answered canceled = %v, want 1", n)
 	}

@@ -346,7 +346,7 @@ func fieldEnv(name, path string) corev1.EnvVar {
 // which the launcher checks the files' symlinks against. The VMI's paths were checked against
 // allowed already.
 func launcherVolumes(vmi *v1alpha1.VirtualMachineInstance, allowed []string) ([]corev1.Volume, []corev1.VolumeMount, []string) {
-	volumes := []corev1.Volume{{Name: launcher.RunVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	volumes := []corev1.Volume{{Name: launcher.RunVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(runVolumeSizeLimit)}}}}
 	mounts := []corev1.VolumeMount{{Name: launcher.RunVolume, MountPath: launcher.PodRunDir}}
 	dirs := map[string]bool{} // directory → read-only
 	for _, f := range v1alpha1.NodePaths(vmi.Spec.Boot) {
@@ -422,6 +422,14 @@ func vmVolumes(vmi *v1alpha1.VirtualMachineInstance) ([]corev1.Volume, []corev1.
 	}
 	return volumes, mounts, devices
 }
+
+// runVolumeSizeLimit bounds the run volume on the node's disk: its sockets, its libvirtd's files
+// and the guest's console log, which the launcher empties past 16 MiB, hold a few MiB. Past the
+// limit the kubelet evicts the pod, so that a guest whose output outruns the launcher cannot
+// fill the node's disk (issue 45, N13). The VM state volume has none: it holds the overlays
+// the guest writes its containerDisks to, which may grow to the disks' size, unknown until the
+// images are pulled.
+var runVolumeSizeLimit = resource.MustParse("256Mi")
 
 // PodVolumePrefix names a VMI volume's volume in the launcher pod, apart from lifeboat's own.
 const PodVolumePrefix = "vol-"

@@ -553,3 +553,25 @@ func TestTheTargetPodAvoidsTheSourceAndNodesUnderRelief(t *testing.T) {
 		t.Errorf("target pod affinity %+v, want required %+v", pod.Spec.Affinity, want)
 	}
 }
+
+// A guest that floods its console cannot fill the node's disk through the run volume, where the
+// console log is: the kubelet holds it to runVolumeSizeLimit.
+func TestTheRunVolumeIsBounded(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm1", Namespace: "ns", UID: "0a1b"},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{CPUs: 1, Memory: resource.MustParse("128Mi"),
+			Boot: v1alpha1.BootSource{Container: &v1alpha1.KernelBootContainer{Image: "example.org/kernel:1", KernelPath: "/vmlinuz"}}}}
+	pod, err := NewLauncherPod(vmi, PodOptions{Image: "lifeboat-launcher:dev", Acceleration: "tcg"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.Name != launcher.RunVolume {
+			continue
+		}
+		if v.EmptyDir == nil || v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.Cmp(resource.MustParse("256Mi")) != 0 {
+			t.Errorf("the run volume is %+v, want an emptyDir limited to 256Mi", v.VolumeSource)
+		}
+		return
+	}
+	t.Errorf("the launcher pod has no run volume: %+v", pod.Spec.Volumes)
+}

@@ -73,6 +73,13 @@ func (c *certs) install(serving *tls.Certificate, ca, bundle []byte) {
 	c.serving, c.ca, c.bundle, c.issued, c.expires = serving, ca, bundle, time.Now(), serving.Leaf.NotAfter
 }
 
+// expiry is when the current certificate expires.
+func (c *certs) expiry() time.Time {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.expires
+}
+
 // getCertificate serves the current certificate (tls.Config.GetCertificate).
 func (c *certs) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	c.mu.RLock()

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestCertificateRotation serves TLS with the rotating certificate over a real socket: a client that
@@ -56,5 +58,46 @@ func TestCertificateRotation(t *testing.T) {
 	}
 	if after := serial(c.caBundle()); after == before {
 		t.Error("the installed bundle must trust the new certificate")
+	}
+}
+
+// TestTheCertificateExpiryMetricFollowsRotation: the gauge an alert watches says when the
+// certificate now served expires, before and after a rotation.
+func TestTheCertificateExpiryMetricFollowsRotation(t *testing.T) {
+	c, err := newCerts([]string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	newMetrics(reg, c.expiry)
+	expiry := func() int64 {
+		t.Helper()
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() == "lifeboat_eviction_webhook_certificate_expiry_timestamp_seconds" {
+				return int64(f.GetMetric()[0].GetGauge().GetValue())
+			}
+		}
+		t.Fatal("no certificate expiry metric")
+		return 0
+	}
+	served := func() int64 {
+		leaf, _ := c.getCertificate(nil)
+		return leaf.Leaf.NotAfter.Unix()
+	}
+	if got, want := expiry(), served(); got != want {
+		t.Errorf("expiry metric %d, want the served certificate's %d", got, want)
+	}
+	c.maxAge = 2 * time.Hour
+	serving, ca, bundle, err := c.next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.install(serving, ca, bundle)
+	if got, want := expiry(), served(); got != want {
+		t.Errorf("after rotation: expiry metric %d, want the new certificate's %d", got, want)
 	}
 }

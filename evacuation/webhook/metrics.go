@@ -1,6 +1,10 @@
 package webhook
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 type metrics struct {
 	decisions *prometheus.CounterVec
@@ -13,7 +17,8 @@ type metrics struct {
 	mode                   *prometheus.GaugeVec
 }
 
-func newMetrics(reg prometheus.Registerer) metrics {
+// newMetrics registers the webhook's metrics; expiry is when its serving certificate expires.
+func newMetrics(reg prometheus.Registerer, expiry func() time.Time) metrics {
 	m := metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lifeboat_eviction_webhook_decisions_total",
@@ -41,7 +46,15 @@ func newMetrics(reg prometheus.Registerer) metrics {
 			Help: "1 for this replica's mode of the eviction webhook (strict: only the API server presenting its client certificate; permissive: reviews it cannot authenticate too, within bounds), 0 for the other.",
 		}, []string{"mode"}),
 	}
-	reg.MustRegister(m.decisions, m.latency, m.rotations, m.unauthenticated, m.unauthenticatedReviews, m.mode)
+	// Rotation replaces the certificate at two thirds of its life: one near its end means
+	// rotation is failing, and the API server will soon refuse to call the webhook.
+	certExpiry := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "lifeboat_eviction_webhook_certificate_expiry_timestamp_seconds",
+		Help: "When this replica's serving certificate expires (Unix time).",
+	}, func() float64 { return float64(expiry().Unix()) })
+	// Present from the start, so that an alert on its increase sees the first one.
+	m.unauthenticatedReviews.WithLabelValues(string(AnswerBounded))
+	reg.MustRegister(m.decisions, m.latency, m.rotations, m.unauthenticated, m.unauthenticatedReviews, m.mode, certExpiry)
 	return m
 }
 

@@ -115,7 +115,7 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, pods coreinform
 		kube: kube, lifeboat: lb, pods: pods.Lister(), vmis: vmis.Lister(), configs: configs.Lister(), configInformer: configs.Informer(),
 		nodes:    corelisters.NewNodeLister(nodes.GetIndexer()),
 		synced:   []cache.InformerSynced{pods.Informer().HasSynced, vmis.Informer().HasSynced, configs.Informer().HasSynced, nodes.HasSynced},
-		recorder: recorder, opts: opts, certs: c, metrics: newMetrics(reg), log: log.With("component", "eviction-webhook"),
+		recorder: recorder, opts: opts, certs: c, metrics: newMetrics(reg, c.expiry), log: log.With("component", "eviction-webhook"),
 		runCtx: context.Background(),
 	}, nil
 }

@@ -8,9 +8,11 @@ package vmdisks
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -187,9 +189,18 @@ type imageInfo struct {
 
 // writeOverlay writes a qcow2 overlay on image, which the guest writes instead of the image.
 // The image's format is probed, which is safe only because the image is read-only to the guest
-// and may name no backing file of its own: a qcow2 image naming one would make QEMU open a file of
-// its author's choosing in the launcher's file system.
+// and may name no other file of its own: a qcow2 image naming a backing file or an external data
+// file would make QEMU open a file of its author's choosing in the launcher's file system (its
+// cloud-init Secrets, another disk), and give it to the guest as the disk's contents.
 func writeOverlay(ctx context.Context, image, overlay string) error {
+	// Before qemu-img, which opens an image's data file to describe it.
+	dataFile, err := qcow2DataFile(image)
+	if err != nil {
+		return err
+	}
+	if dataFile != nil {
+		return fmt.Errorf("the disk image keeps its data in an external file (%q): a containerDisk must be one self-contained image", *dataFile)
+	}
 	out, err := qemuImg(ctx, "info", "--output=json", image)
 	if err != nil {
 		return err
@@ -209,6 +220,56 @@ func writeOverlay(ctx context.Context, image, overlay string) error {
 	}
 	_, err = qemuImg(ctx, "create", "-q", "-f", "qcow2", "-b", image, "-F", info.Format, overlay)
 	return err
+}
+
+// The parts of a qcow2 header (QEMU's docs/interop/qcow2.rst) that say whether an image's data
+// is in another file, and which.
+const (
+	qcow2Magic             = "QFI\xfb"
+	qcow2IncompatDataFile  = 1 << 2     // incompatible feature bit: an external data file
+	qcow2ExtDataFile       = 0x44415441 // header extension: the external data file's name
+	qcow2HeaderReadLimit   = 1 << 16    // the header and its extensions fit in the first cluster (at least 512 bytes, 64 KiB by default)
+	qcow2IncompatOffset    = 72
+	qcow2HeaderLenOffset   = 100
+	qcow2MinHeaderV3Length = 104
+)
+
+// qcow2DataFile reads image's qcow2 header, as QEMU would probe it: nil if the image is not qcow2
+// (version 3, the first with an external data file) or keeps its data in itself, else the data
+// file's name (empty if the header names none, when QEMU would take one from its options).
+func qcow2DataFile(image string) (*string, error) {
+	f, err := os.Open(image)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	h := make([]byte, qcow2HeaderReadLimit)
+	n, err := io.ReadFull(f, h)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("reading the disk image's header: %w", err)
+	}
+	h = h[:n]
+	if len(h) < qcow2MinHeaderV3Length || string(h[:4]) != qcow2Magic || binary.BigEndian.Uint32(h[4:8]) < 3 {
+		return nil, nil
+	}
+	if binary.BigEndian.Uint64(h[qcow2IncompatOffset:])&qcow2IncompatDataFile == 0 {
+		return nil, nil
+	}
+	name := ""
+	// Header extensions follow the header: type, length, data padded to 8 bytes; type 0 ends them.
+	for off := int(binary.BigEndian.Uint32(h[qcow2HeaderLenOffset:])); off+8 <= len(h); {
+		typ, length := binary.BigEndian.Uint32(h[off:]), int(binary.BigEndian.Uint32(h[off+4:]))
+		data := off + 8
+		if typ == 0 || length > len(h)-data {
+			break
+		}
+		if typ == qcow2ExtDataFile {
+			name = string(h[data : data+length])
+			break
+		}
+		off = data + (length+7)&^7
+	}
+	return &name, nil
 }
 
 func qemuImg(ctx context.Context, args ...string) ([]byte, error) {

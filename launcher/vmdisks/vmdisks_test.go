@@ -1,7 +1,9 @@
 package vmdisks
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"io"
 	"os"
 	"os/exec"
@@ -13,6 +15,7 @@ import (
 	diskfs "github.com/diskfs/go-diskfs"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/domain"
@@ -133,6 +136,67 @@ func TestOverlayLeavesTheImageUntouchedAndRefusesBackingFiles(t *testing.T) {
 	}
 	if _, statErr := os.Stat(filepath.Join(dir, "state", "evil.qcow2")); statErr == nil {
 		t.Error("an overlay was written on the refused image")
+	}
+
+	// An external data file, as an image author would point it at the launcher's cloud-init
+	// Secret; refused before qemu-img opens it, so whether it exists does not matter.
+	secret := filepath.Join(dir, "secrets", "seed", "userdata")
+	if err := os.MkdirAll(filepath.Dir(secret), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, dataFileRaw := range []string{"off", "on"} {
+		external := filepath.Join(dir, "external-"+dataFileRaw+".qcow2")
+		if _, err := qemuImg(ctx, "create", "-q", "-f", "qcow2", "-o", "data_file="+secret+",data_file_raw="+dataFileRaw, external, "16M"); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(secret); err != nil {
+			t.Fatal(err)
+		}
+		err = writeOverlay(ctx, external, filepath.Join(dir, "state", "external.qcow2"))
+		if err == nil || !strings.Contains(err.Error(), `keeps its data in an external file ("`+secret+`")`) {
+			t.Errorf("an image with an external data file (data_file_raw=%s): %v; want it refused, naming the file", dataFileRaw, err)
+		}
+		if _, statErr := os.Stat(filepath.Join(dir, "state", "external.qcow2")); statErr == nil {
+			t.Error("an overlay was written on the refused image")
+		}
+	}
+}
+
+// Images too short or not qcow2 version 3 have no external data file; a header cut short in its
+// extensions is still refused for the feature bit.
+func TestQCOW2DataFileReadsOnlyTheHeader(t *testing.T) {
+	dir := t.TempDir()
+	v3 := func(incompat uint64, ext []byte) []byte {
+		h := make([]byte, 112)
+		copy(h, qcow2Magic)
+		binary.BigEndian.PutUint32(h[4:], 3)
+		binary.BigEndian.PutUint64(h[qcow2IncompatOffset:], incompat)
+		binary.BigEndian.PutUint32(h[qcow2HeaderLenOffset:], 112)
+		return append(h, ext...)
+	}
+	named := binary.BigEndian.AppendUint32(nil, qcow2ExtDataFile)
+	named = binary.BigEndian.AppendUint32(named, 5)
+	named = append(named, "/x/yz\x00\x00\x00"...)
+	for _, tc := range []struct {
+		name   string
+		header []byte
+		want   *string
+	}{
+		{"empty", nil, nil},
+		{"raw", bytes.Repeat([]byte{0xeb}, 4096), nil},
+		{"qcow2 version 2", append([]byte(qcow2Magic), 0, 0, 0, 2), nil},
+		{"qcow2 version 3, self-contained", v3(0, nil), nil},
+		{"qcow2 version 3, data file named", v3(qcow2IncompatDataFile, named), ptr.To("/x/yz")},
+		{"qcow2 version 3, data file bit, extension cut short", v3(qcow2IncompatDataFile, named[:10]), ptr.To("")},
+	} {
+		image := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-"))
+		if err := os.WriteFile(image, tc.header, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := qcow2DataFile(image)
+		if err != nil || (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+			t.Errorf("%s: data file %v (%v), want %v", tc.name, ptr.Deref(got, "<none>"), err, ptr.Deref(tc.want, "<none>"))
+		}
 	}
 }
 

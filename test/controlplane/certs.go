@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -24,11 +25,20 @@ type pki struct {
 	SAPub, SAKey          string
 	// WebhookCert is the client certificate the API server presents to admission webhooks.
 	WebhookCert, WebhookKey string
+	// KubeletClientCert is the client certificate the API server presents to kubelets (logs,
+	// exec, port-forward), as kubeadm's apiserver-kubelet-client.
+	KubeletClientCert, KubeletClientKey string
+
+	ca *issuer
 }
 
 // WebhookClientName is the common name of the API server's client certificate for webhooks,
 // lifeboat-controller's default --webhook-client-names.
 const WebhookClientName = "kube-apiserver-webhook-client"
+
+// KubeletClientName is the common name, and so the user name, of the API server's client
+// certificate for kubelets (kubeadm's); the control plane binds it to system:kubelet-api-admin.
+const KubeletClientName = "kube-apiserver-kubelet-client"
 
 type issuer struct {
 	cert *x509.Certificate
@@ -42,11 +52,13 @@ func newPKI(dir string) (pki, error) {
 		AdminCert: filepath.Join(dir, "admin.crt"), AdminKey: filepath.Join(dir, "admin.key"),
 		SAPub: filepath.Join(dir, "sa.pub"), SAKey: filepath.Join(dir, "sa.key"),
 		WebhookCert: filepath.Join(dir, "webhook-client.crt"), WebhookKey: filepath.Join(dir, "webhook-client.key"),
+		KubeletClientCert: filepath.Join(dir, "kubelet-client.crt"), KubeletClientKey: filepath.Join(dir, "kubelet-client.key"),
 	}
 	ca, err := newCA(p.CACert, p.CAKey)
 	if err != nil {
 		return p, err
 	}
+	p.ca = ca
 	serving := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "kube-apiserver"},
 		DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
@@ -68,6 +80,13 @@ func newPKI(dir string) (pki, error) {
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
 	if err := ca.issue(webhookClient, p.WebhookCert, p.WebhookKey); err != nil {
+		return p, err
+	}
+	kubeletClient := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: KubeletClientName},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	if err := ca.issue(kubeletClient, p.KubeletClientCert, p.KubeletClientKey); err != nil {
 		return p, err
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -116,13 +135,25 @@ func newCA(certPath, keyPath string) (*issuer, error) {
 }
 
 func (ca *issuer) issue(tmpl *x509.Certificate, certPath, keyPath string) error {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, key, err := ca.sign(tmpl)
 	if err != nil {
 		return err
 	}
+	if err := writePEM(certPath, "CERTIFICATE", der); err != nil {
+		return err
+	}
+	return writeKey(keyPath, key)
+}
+
+// sign makes a key and a certificate for it from tmpl, signed by the CA.
+func (ca *issuer) sign(tmpl *x509.Certificate) ([]byte, *ecdsa.PrivateKey, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	tmpl.SerialNumber = serial
 	tmpl.NotBefore = time.Now().Add(-time.Hour)
@@ -130,12 +161,23 @@ func (ca *issuer) issue(tmpl *x509.Certificate, certPath, keyPath string) error 
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
-		return fmt.Errorf("issuing a certificate for %s: %w", tmpl.Subject.CommonName, err)
+		return nil, nil, fmt.Errorf("issuing a certificate for %s: %w", tmpl.Subject.CommonName, err)
 	}
-	if err := writePEM(certPath, "CERTIFICATE", der); err != nil {
-		return err
+	return der, key, nil
+}
+
+// ClientCertificate issues a client certificate from the cluster CA: the API server, and
+// whatever else trusts its client CA (an emulated node's kubelet API), authenticates its holder
+// as user, in groups.
+func (cp *ControlPlane) ClientCertificate(user string, groups ...string) (tls.Certificate, error) {
+	der, key, err := cp.pki.ca.sign(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: user, Organization: groups},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	if err != nil {
+		return tls.Certificate{}, err
 	}
-	return writeKey(keyPath, key)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
 }
 
 func writeKey(path string, key *ecdsa.PrivateKey) error {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -158,6 +159,9 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	if err := cp.ensureNamespace(ctx, LifeboatNamespace); err != nil {
 		return nil, err
 	}
+	if err := cp.bindKubeletClient(ctx); err != nil {
+		return nil, err
+	}
 	if !opts.WithoutControllerManager {
 		if err := cp.waitDefaultServiceAccount(ctx, "default"); err != nil {
 			return nil, err
@@ -173,6 +177,22 @@ func (cp *ControlPlane) ensureNamespace(ctx context.Context, name string) error 
 	_, err := cp.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating namespace %s: %w", name, err)
+	}
+	return nil
+}
+
+// kubeletClientBinding lets the API server's kubelet client identity use the kubelet API, as
+// kubeadm binds it: a kubelet asks the API server (a SubjectAccessReview) whether its caller may.
+const kubeletClientBinding = "lifeboat-test:apiserver-kubelet-client"
+
+func (cp *ControlPlane) bindKubeletClient(ctx context.Context) error {
+	_, err := cp.Kube.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: kubeletClientBinding},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:kubelet-api-admin"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: KubeletClientName}},
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("binding the API server's kubelet client to system:kubelet-api-admin: %w", err)
 	}
 	return nil
 }
@@ -264,6 +284,11 @@ func (cp *ControlPlane) startAPIServer(etcdURL string) error {
 		// Nodes' names resolve nowhere here; kubeadm's clusters prefer the InternalIP too. The API
 		// server dials the kubelet for exec, logs and port-forward.
 		"--kubelet-preferred-address-types", "InternalIP,Hostname",
+		// Kubelets authenticate the API server by this certificate, as kubeadm's do; without it
+		// the API server would reach them anonymously. Their serving certificates are their own,
+		// unverified, as by default (no --kubelet-certificate-authority).
+		"--kubelet-client-certificate", cp.pki.KubeletClientCert,
+		"--kubelet-client-key", cp.pki.KubeletClientKey,
 		// Launcher pods are privileged (libvirtd's mount namespace, /dev/kvm), as in kubeadm's clusters.
 		"--allow-privileged=true",
 		"--feature-gates", "EvictionRequestAPI=true",

@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/check"
 	"github.com/lifeboat-vm/lifeboat/evacuation/disruption"
 	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
 )
@@ -329,6 +330,9 @@ func TestKubectlDrain(t *testing.T) {
 		}
 	}
 	setUnschedulable(t, other.Name(), false)
+	// What kubectl lifeboat status says before the drain is what the drain does (issue 46).
+	waitConfigReady(t)
+	predictDrain(t, ns, map[string]string{"drain-live-1": check.VerdictMigrates, "drain-live-2": check.VerdictMigrates, "drain-none": check.VerdictShutsDown})
 
 	args := []string{"--kubeconfig", cluster.Kubeconfig, "drain", source.Name(), "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=5m"}
 	start := time.Now()

@@ -158,7 +158,8 @@ func TestCheck(t *testing.T) {
 	} else {
 		wantLine(t, auth, check.Warn, "the API server has not authenticated to it (NoAuthenticatedCallSeen)")
 	}
-	// Emulated nodes serve no kubelet API, and the API server proxies to no loopback address.
+	// The API server proxies nodes/proxy (the check's /configz) to no loopback address, where the
+	// emulated nodes serve their kubelet API (which has no /configz either).
 	wantLine(t, rep.line(t, "node "+home.Name()+" eviction"), check.Unknown, "not served through the API server (HTTP 400: address not allowed)")
 	wantLine(t, rep.line(t, "VM namespaces' Pod Security"), check.OK, "all 1 VM namespace(s) enforce restricted")
 	wantLine(t, rep.line(t, "VMs"), check.OK, "all 1 running VM(s) can live-migrate")

@@ -34,6 +34,7 @@ func TestDevicesReachPodsThroughTheRealKubelet(t *testing.T) {
 		t.Fatal("this machine has no /dev/net/tun: the test needs one device to hand out")
 	}
 	waitAllocatable(t, n, want)
+	allowDevicePods(t, n)
 
 	tun := deviceplugin.Tun
 	runDevicePod(t, n, "tun-1", tun)
@@ -97,23 +98,30 @@ func waitAllocatable(t *testing.T, n *realnode.Node, want map[corev1.ResourceNam
 	}
 }
 
+// allowDevicePods takes away the binding of the policy lifeboat-launcher-devices, which lets only
+// lifeboat's controller create pods that ask for devices: this test's pods are its own, not
+// launchers (who may ask is TestOnlyLaunchersGetDevices's, in test/manifests). It waits until the
+// API server, a moment behind, admits such a pod.
+func allowDevicePods(t *testing.T, n *realnode.Node) {
+	t.Helper()
+	if err := cluster.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(t.Context(), "lifeboat-launcher-devices", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	probe := devicePod(n, testNamespace(t), "probe", deviceplugin.Tun)
+	var last error
+	if wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, last = cluster.Kube.CoreV1().Pods(probe.Namespace).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return last == nil, nil
+	}) != nil {
+		t.Fatalf("a pod asking for %s is still refused: %v", deviceplugin.Tun.Resource(), last)
+	}
+}
+
 // runDevicePod runs a pod that asks for one d and checks that d's device node is in its container.
 func runDevicePod(t *testing.T, n *realnode.Node, name string, d deviceplugin.Device) {
 	t.Helper()
 	ns := testNamespace(t)
-	one := corev1.ResourceList{corev1.ResourceName(d.Resource()): resource.MustParse("1")}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: corev1.PodSpec{
-			NodeName: n.Name(), RestartPolicy: corev1.RestartPolicyNever, HostNetwork: true,
-			Containers: []corev1.Container{{
-				Name: "check", Image: images.Registry + "lifeboat-launcher:" + images.Tag, ImagePullPolicy: corev1.PullNever,
-				Command:         []string{"/bin/sh", "-c", "test -c " + d.Path},
-				Resources:       corev1.ResourceRequirements{Limits: one, Requests: one},
-				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
-			}},
-		},
-	}
+	pod := devicePod(n, ns, name, d)
 	if _, err := cluster.Kube.CoreV1().Pods(ns).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -129,5 +137,22 @@ func runDevicePod(t *testing.T, n *realnode.Node, name string, d deviceplugin.De
 	if err != nil || status.Phase != corev1.PodSucceeded {
 		t.Fatalf("pod %s, asking for %s, should find %s in its container and succeed; it is %s (%s: %s, containers %+v)",
 			name, d.Resource(), d.Path, status.Phase, status.Reason, status.Message, status.ContainerStatuses)
+	}
+}
+
+// devicePod asks for one d on n and succeeds if d's device node is in its container.
+func devicePod(n *realnode.Node, ns, name string, d deviceplugin.Device) *corev1.Pod {
+	one := corev1.ResourceList{corev1.ResourceName(d.Resource()): resource.MustParse("1")}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			NodeName: n.Name(), RestartPolicy: corev1.RestartPolicyNever, HostNetwork: true,
+			Containers: []corev1.Container{{
+				Name: "check", Image: images.Registry + "lifeboat-launcher:" + images.Tag, ImagePullPolicy: corev1.PullNever,
+				Command:         []string{"/bin/sh", "-c", "test -c " + d.Path},
+				Resources:       corev1.ResourceRequirements{Limits: one, Requests: one},
+				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
+			}},
+		},
 	}
 }

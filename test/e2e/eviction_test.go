@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -214,10 +213,7 @@ func TestNodePressureMarksExternalVMs(t *testing.T) {
 	evict(t, n, vmi)
 	v := expectMarked(t, n, vmi)
 	waitEvent(t, v.Namespace, v.Name, "EvacuationLeftToExternalController", 10*time.Second)
-	migrations, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).List(context.Background(), metav1.ListOptions{})
-	if err != nil || len(migrations.Items) != 0 {
-		t.Errorf("lifeboat never migrates an External VM: %v, %d migrations", err, len(migrations.Items))
-	}
+	expectNoMigrations(t, v.Namespace, "lifeboat never migrates an External VM")
 }
 
 // waitMigration waits for the one migration of a VMI to exist with its status recorded.
@@ -256,7 +252,10 @@ func TestAgentKilledBetweenSignalAndMark(t *testing.T) {
 	}
 	kubewait.Consistently(t, 5*time.Second, "no mark while no agent runs", func(ctx context.Context) error {
 		v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(vmi.Namespace).Get(ctx, vmi.Name, metav1.GetOptions{})
-		if err == nil && marked(v) {
+		if err != nil {
+			return err
+		}
+		if marked(v) {
 			return fmt.Errorf("VMI marked: %s", describe(v))
 		}
 		return nil
@@ -279,11 +278,8 @@ func TestUserDeletesAMarkedVMI(t *testing.T) {
 	if _, err := guest.WaitForLine(ctx, n.consolePath(v), protocol.PowerButton); err != nil {
 		t.Fatalf("a deleted marked VM must be shut down: %v", err)
 	}
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	kubewait.Gone(t, time.Minute, "the deleted VMI "+v.Name+" after its guest shut down", func(ctx context.Context) error {
 		_, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(v.Namespace).Get(ctx, v.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
+		return err
 	})
-	if err != nil {
-		t.Fatalf("the deleted VMI is still there after its guest shut down: %v", err)
-	}
 }

@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
@@ -373,19 +372,28 @@ func createVMI(t testing.TB, ns string, v *v1alpha1.VirtualMachineInstance) *v1a
 // waitVMI polls the VMI until cond holds, failing with what was expected and what was seen.
 func waitVMI(t testing.TB, ns, name string, timeout time.Duration, what string, cond func(*v1alpha1.VirtualMachineInstance) bool) *v1alpha1.VirtualMachineInstance {
 	t.Helper()
-	var last *v1alpha1.VirtualMachineInstance
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(ctx, name, metav1.GetOptions{})
+	return kubewait.For(t, timeout, fmt.Sprintf("VMI %s/%s: %s", ns, name, what), func(ctx context.Context) (*v1alpha1.VirtualMachineInstance, error) {
+		return cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(ctx, name, metav1.GetOptions{})
+	}, cond, describe)
+}
+
+// noMigrationsWindow is how long expectNoMigrations watches: longer than the controller takes to
+// create a migration for a marked VM.
+const noMigrationsWindow = 3 * time.Second
+
+// expectNoMigrations checks, for noMigrationsWindow, that namespace ns holds no migration.
+func expectNoMigrations(t testing.TB, ns, why string) {
+	t.Helper()
+	kubewait.Consistently(t, noMigrationsWindow, why, func(ctx context.Context) error {
+		list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
-			return false, nil
+			return err
 		}
-		last = v
-		return cond(v), nil
+		if len(list.Items) != 0 {
+			return fmt.Errorf("migration %s exists, cause %q", list.Items[0].Name, list.Items[0].Status.Cause)
+		}
+		return nil
 	})
-	if err != nil {
-		t.Fatalf("VMI %s/%s: want %s within %s; last seen %s", ns, name, what, timeout, describe(last))
-	}
-	return last
 }
 
 func describe(v *v1alpha1.VirtualMachineInstance) string {

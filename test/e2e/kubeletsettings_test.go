@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/agent"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
@@ -139,19 +139,11 @@ func waitExposure(t *testing.T, nodeName, what string, ok func(v1alpha1.NodeEvic
 // waitVMsAtRisk waits until the LifeboatConfig's VMsAtRisk condition satisfies ok.
 func waitVMsAtRisk(t *testing.T, what string, ok func(*metav1.Condition) bool) metav1.Condition {
 	t.Helper()
-	var cond *metav1.Condition
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		c, err := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs().Get(ctx, v1alpha1.ConfigName, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		cond = meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConfigConditionVMsAtRisk)
-		return cond != nil && ok(cond), nil
-	})
-	if err != nil {
-		t.Fatalf("the LifeboatConfig's VMsAtRisk never became %s; last %s", what, fmt.Sprint(cond))
-	}
-	return *cond
+	c := kubewait.For(t, 60*time.Second, "the LifeboatConfig's VMsAtRisk "+what, getConfig, func(c *v1alpha1.LifeboatConfig) bool {
+		cond := meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConfigConditionVMsAtRisk)
+		return cond != nil && ok(cond)
+	}, showConfigStatus)
+	return *meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConfigConditionVMsAtRisk)
 }
 
 // TestTheAgentReadsTheRealKubeletsLiveConfiguration: lifeboat deployed from manifests/ (which

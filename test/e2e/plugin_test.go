@@ -59,6 +59,11 @@ func TestKubectlLifeboat(t *testing.T) {
 		return v.Status.PrintableStatus == v1alpha1.PrintableStatusRunning
 	})
 	mustKubectlLifeboat(t, "VM "+ns+"/managed: Running, ready true, run strategy Always", "status", vm.Name, "-n", ns)
+	// What protects it and what would happen to it (issue 46): the sections and the strategy's origin.
+	for _, want := range []string{"Protected by:\n", "  eviction strategy LiveMigrate, from the VMI's spec.evictionStrategy\n",
+		"  live migration: possible\n", "If its node were drained:\n  ", "If its node ran out of memory:\n  "} {
+		mustKubectlLifeboat(t, want, "status", vm.Name, "-n", ns)
+	}
 
 	mustKubectlLifeboat(t, "was scheduled to stop", "stop", vm.Name, "-n", ns)
 	waitVM(t, ns, vm.Name, time.Minute, "Stopped, Halted, its instance gone", func(v *v1alpha1.VirtualMachine) bool {

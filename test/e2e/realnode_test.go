@@ -310,22 +310,12 @@ func kubeletEviction(t *testing.T, pod *corev1.Pod, timeout time.Duration) time.
 // ended (so it was never SIGKILLed), and that the kubelet recorded why it ended the pod.
 func sourceExitedCleanly(t *testing.T, pod *corev1.Pod, evicted time.Time) {
 	t.Helper()
-	var last *corev1.Pod
-	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, (realMaxGrace+30)*time.Second, true, func(ctx context.Context) (bool, error) {
-		p, err := cluster.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = p
-		return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded, nil
-	})
-	if err != nil {
-		status := "nothing"
-		if last != nil {
-			status = fmt.Sprintf("%+v", last.Status)
-		}
-		t.Fatalf("the source pod %s did not end within %ds: last seen %s", pod.Name, realMaxGrace+30, status)
-	}
+	last := kubewait.For(t, (realMaxGrace+30)*time.Second, "the source pod "+pod.Name+" ended", func(ctx context.Context) (*corev1.Pod, error) {
+		return cluster.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	}, func(p *corev1.Pod) bool {
+		return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
+	},
+		func(p *corev1.Pod) string { return fmt.Sprintf("%+v", p.Status) })
 	cs := last.Status.ContainerStatuses
 	if len(cs) == 1 && statusLost(cs[0]) {
 		// kubelet v1.37.1 removes an evicted pod's dead containers as soon as it syncs the pod

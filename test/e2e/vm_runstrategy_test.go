@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/responder"
 	"github.com/lifeboat-vm/lifeboat/test/evictionrequest"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 )
 
 func newVM(name string, strategy v1alpha1.RunStrategy) *v1alpha1.VirtualMachine {
@@ -30,19 +32,9 @@ func newVM(name string, strategy v1alpha1.RunStrategy) *v1alpha1.VirtualMachine 
 
 func waitVM(t *testing.T, ns, name string, timeout time.Duration, what string, cond func(*v1alpha1.VirtualMachine) bool) *v1alpha1.VirtualMachine {
 	t.Helper()
-	var last *v1alpha1.VirtualMachine
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = v
-		return cond(v), nil
-	})
-	if err != nil {
-		t.Fatalf("VM %s/%s: want %s within %s; last seen %+v", ns, name, what, timeout, last)
-	}
-	return last
+	return kubewait.For(t, timeout, fmt.Sprintf("VM %s/%s: %s", ns, name, what), func(ctx context.Context) (*v1alpha1.VirtualMachine, error) {
+		return cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(ns).Get(ctx, name, metav1.GetOptions{})
+	}, cond, func(v *v1alpha1.VirtualMachine) string { return fmt.Sprintf("%+v", v.Status) })
 }
 
 // Seed 000's None row: a None VM whose pod its node evicts is shut down, and then its run
@@ -267,9 +259,7 @@ func TestEvictionRequestedNoneVMStartsAgainOnAnotherNode(t *testing.T) {
 	if msg := ptr.Deref(responder.Entry(ev).Message, ""); !strings.Contains(msg, "eviction strategy None") || !strings.Contains(msg, "the next responder evicts pod "+pod.Name) {
 		t.Errorf("lifeboat's completion message %q: want it to say it does not move a None VM and what comes next", msg)
 	}
-	if migrations, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).List(ctx, metav1.ListOptions{}); err != nil || len(migrations.Items) != 0 {
-		t.Errorf("a None VM is never migrated: %v, %d migrations", err, len(migrations.Items))
-	}
+	expectNoMigrations(t, ns, "a None VM is never migrated")
 	next, err := erc.Advance(ctx)
 	if err != nil || next != lifecyclev1alpha1.EvictionResponderImperativeEviction {
 		t.Fatalf("after lifeboat completed, the next responder must be the imperative eviction: %q, %v", next, err)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 )
 
 // forgedAnswer posts a forged review of pod without a client certificate and decodes the
@@ -44,25 +46,17 @@ func answerMessage(r *admissionv1.AdmissionResponse) string {
 // waitModeCondition waits until the LifeboatConfig's EvictionWebhookStrict condition has status and reason.
 func waitModeCondition(t *testing.T, status metav1.ConditionStatus, reason string) *v1alpha1.LifeboatConfig {
 	t.Helper()
-	var last *v1alpha1.LifeboatConfig
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		c, err := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs().Get(ctx, v1alpha1.ConfigName, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = c
+	return kubewait.For(t, 30*time.Second, fmt.Sprintf("the LifeboatConfig's %s=%s (%s)", v1alpha1.ConfigConditionEvictionWebhookStrict, status, reason), getConfig, func(c *v1alpha1.LifeboatConfig) bool {
 		cond := meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConfigConditionEvictionWebhookStrict)
-		return cond != nil && cond.Status == status && cond.Reason == reason, nil
-	})
-	if err != nil {
-		var got any
-		if last != nil {
-			got = last.Status
-		}
-		t.Fatalf("want the LifeboatConfig's %s=%s (%s) within 30s; status: %+v", v1alpha1.ConfigConditionEvictionWebhookStrict, status, reason, got)
-	}
-	return last
+		return cond != nil && cond.Status == status && cond.Reason == reason
+	}, showConfigStatus)
 }
+
+func getConfig(ctx context.Context) (*v1alpha1.LifeboatConfig, error) {
+	return cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs().Get(ctx, v1alpha1.ConfigName, metav1.GetOptions{})
+}
+
+func showConfigStatus(c *v1alpha1.LifeboatConfig) string { return fmt.Sprintf("%+v", c.Status) }
 
 // waitLog waits until the process's log has a line with every one of parts.
 func waitLog(t *testing.T, p *proc, parts ...string) {

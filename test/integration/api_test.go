@@ -472,6 +472,56 @@ func TestPrinterColumns(t *testing.T) {
 	}
 }
 
+// kubectl get lifeboatconfig shows its conditions (issue 46): Ready, whether the webhook is
+// strict and whether VMs are at risk; -o wide adds Ready's reason and the webhook mode's.
+func TestLifeboatConfigPrinterColumns(t *testing.T) {
+	ctx := context.Background()
+	configs := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs()
+	c, err := configs.Create(ctx, &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName},
+		Spec: v1alpha1.LifeboatConfigSpec{EvictionStrategy: ptr.To(v1alpha1.EvictionStrategyLiveMigrate)}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = configs.Delete(context.Background(), v1alpha1.ConfigName, metav1.DeleteOptions{}) })
+	now := metav1.Now()
+	c.Status.Conditions = []metav1.Condition{
+		{Type: v1alpha1.ConfigConditionReady, Status: metav1.ConditionFalse, Reason: "WebhookNotRegistered", Message: "m", LastTransitionTime: now},
+		{Type: v1alpha1.ConfigConditionEvictionWebhookStrict, Status: metav1.ConditionFalse, Reason: "NoAuthenticatedCallSeen", Message: "m", LastTransitionTime: now},
+		{Type: v1alpha1.ConfigConditionVMsAtRisk, Status: metav1.ConditionTrue, Reason: "NodesAtRisk", Message: "m", LastTransitionTime: now},
+	}
+	if _, err := configs.UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args        []string
+		header, row []string
+	}{
+		{[]string{"get", "lifeboatconfig"}, []string{"NAME", "READY", "WEBHOOK STRICT", "VMS AT RISK", "EVICTION STRATEGY", "FEATURE GATES", "AGE"},
+			[]string{"cluster", "False", "False", "True", "LiveMigrate"}},
+		{[]string{"get", "lifeboatconfig", "-o", "wide"}, []string{"NAME", "READY", "WEBHOOK STRICT", "VMS AT RISK", "EVICTION STRATEGY", "FEATURE GATES", "AGE", "REASON", "WEBHOOK REASON"},
+			[]string{"cluster", "False", "False", "True", "LiveMigrate"}},
+	} {
+		out, err := cluster.Kubectl(ctx, tc.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("kubectl %s:\n%s", strings.Join(tc.args, " "), out)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) != 2 {
+			t.Fatalf("kubectl %s: want a header and one row, got:\n%s", strings.Join(tc.args, " "), out)
+		}
+		if got := splitColumns(lines[0]); strings.Join(got, "|") != strings.Join(tc.header, "|") {
+			t.Errorf("kubectl %s header = %q, want %q", strings.Join(tc.args, " "), got, tc.header)
+		}
+		if got := strings.Fields(lines[1]); len(got) < len(tc.row) || strings.Join(got[:len(tc.row)], "|") != strings.Join(tc.row, "|") {
+			t.Errorf("kubectl %s row = %q, want it to start with %q", strings.Join(tc.args, " "), got, tc.row)
+		}
+		if wide := len(tc.args) > 2; wide && (!strings.Contains(lines[1], "WebhookNotRegistered") || !strings.Contains(lines[1], "NoAuthenticatedCallSeen")) {
+			t.Errorf("kubectl get lifeboatconfig -o wide does not show the reasons: %s", lines[1])
+		}
+	}
+}
+
 // splitColumns splits a kubectl header on runs of two or more spaces (column names may contain one).
 func splitColumns(line string) []string {
 	var cols []string

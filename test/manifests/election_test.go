@@ -11,6 +11,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/readiness"
 )
 
 // controllerProc is a lifeboat-controller replica run by a test.
@@ -141,6 +143,9 @@ func TestLeaderElection(t *testing.T) {
 		t.Fatalf("no replica holds the Lease lifeboat-system/lifeboat-controller (holder %q): %v", leader, err)
 	}
 	createVMIAndWaitForItsPod(t, ns, "first")
+	// The leader keeps the LifeboatConfig's Ready condition, reading the CRDs with its own RBAC
+	// (these replicas serve no webhook, which the condition says).
+	waitReadyCondition(t, metav1.ConditionFalse, readiness.ReasonWebhookNotServed, "replica "+leader+" leads and runs the controllers, but it serves no eviction webhook")
 	follower := "replica-a"
 	if leader == follower {
 		follower = "replica-b"
@@ -159,6 +164,7 @@ func TestLeaderElection(t *testing.T) {
 		t.Fatalf("%s did not take over the Lease after %s crashed (holder %q): %v", follower, leader, leaseHolder(ctx), err)
 	}
 	createVMIAndWaitForItsPod(t, ns, "second")
+	waitReadyCondition(t, metav1.ConditionFalse, readiness.ReasonWebhookNotServed, "replica "+follower+" leads")
 
 	// A graceful stop: the controllers stop, then the Lease is released, well within its duration.
 	p := replicas[follower]
@@ -175,5 +181,25 @@ func TestLeaderElection(t *testing.T) {
 	}
 	if h := leaseHolder(ctx); h != "" {
 		t.Errorf("after %s stopped, the Lease is held by %q, want released", follower, h)
+	}
+	// It said so on its way out.
+	waitReadyCondition(t, metav1.ConditionFalse, readiness.ReasonNoLeader, "replica "+follower+" stopped leading")
+}
+
+// waitReadyCondition waits for the LifeboatConfig's Ready condition with the status and reason,
+// its message starting with prefix.
+func waitReadyCondition(t *testing.T, status metav1.ConditionStatus, reason, prefix string) {
+	t.Helper()
+	var got *metav1.Condition
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		config, err := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs().Get(ctx, v1alpha1.ConfigName, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		got = meta.FindStatusCondition(config.Status.Conditions, v1alpha1.ConfigConditionReady)
+		return got != nil && got.Status == status && got.Reason == reason && strings.HasPrefix(got.Message, prefix), nil
+	})
+	if err != nil {
+		t.Fatalf("the LifeboatConfig's Ready condition is not %s %s %q…: %+v", status, reason, prefix, got)
 	}
 }

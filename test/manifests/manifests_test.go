@@ -65,6 +65,10 @@ var wantObjects = []string{
 	"ValidatingAdmissionPolicyBinding lifeboat-controller-pods",
 	"ValidatingAdmissionPolicy lifeboat-reserved-metadata",
 	"ValidatingAdmissionPolicyBinding lifeboat-reserved-metadata",
+	"ValidatingAdmissionPolicy lifeboat-launcher-devices",
+	"ValidatingAdmissionPolicyBinding lifeboat-launcher-devices",
+	"ValidatingAdmissionPolicy lifeboat-post-copy-device",
+	"ValidatingAdmissionPolicyBinding lifeboat-post-copy-device",
 }
 
 func key(o *unstructured.Unstructured) string {
@@ -272,6 +276,7 @@ func TestExamples(t *testing.T) {
 		}
 	})
 	t.Run("vm-namespace.yaml", func(t *testing.T) {
+		install(t) // the controller's service account and policies
 		data, err := os.ReadFile(filepath.Join(examples, "vm-namespace.yaml"))
 		if err != nil {
 			t.Fatal(err)
@@ -288,7 +293,7 @@ func TestExamples(t *testing.T) {
 			_ = cluster.Kube.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
 		})
 		vmi := &v1alpha1.VirtualMachineInstance{
-			ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: ns.Name, UID: "0a1b"},
+			ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: ns.Name},
 			Spec: v1alpha1.VirtualMachineInstanceSpec{
 				Memory: resource.MustParse("256Mi"),
 				Boot:   v1alpha1.BootSource{Container: &v1alpha1.KernelBootContainer{Image: "example.org/kernel:1", KernelPath: "/vmlinuz"}},
@@ -299,8 +304,13 @@ func TestExamples(t *testing.T) {
 					{Name: "seed", CloudInitNoCloud: &v1alpha1.CloudInitNoCloudSource{UserDataSecretRef: &corev1.LocalObjectReference{Name: "seed"}}},
 				},
 			},
-			Status: v1alpha1.VirtualMachineInstanceStatus{NodeName: "node-1"},
 		}
+		// The pods' owner, for lifeboat-controller-pods.
+		vmi, err = cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns.Name).Create(context.Background(), vmi, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		vmi.Status.NodeName = "node-1"
 		opts := vmipods.PodOptions{Image: "lifeboat.dev/lifeboat-launcher:dev", Acceleration: "kvm"}
 		source, err := vmipods.NewLauncherPod(vmi, opts, nil)
 		if err != nil {
@@ -311,20 +321,21 @@ func TestExamples(t *testing.T) {
 			t.Fatal(err)
 		}
 		dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+		controller := tokenClient(t, controllerSA, nil).CoreV1().Pods(ns.Name)
 		for _, pod := range []*corev1.Pod{source, target} {
-			// Owner references name a VMI the API server does not know, and lifeboat.dev/ labels
-			// and annotations only lifeboat's controller may set (lifeboat-reserved-metadata); they
-			// are not what is tested.
-			pod.OwnerReferences = nil
-			for _, m := range []map[string]string{pod.Labels, pod.Annotations} {
-				maps.DeleteFunc(m, func(k, _ string) bool { return strings.HasPrefix(k, v1alpha1.GroupName+"/") })
-			}
-			if _, err := cluster.Kube.CoreV1().Pods(ns.Name).Create(context.Background(), pod, dryRun); err != nil {
+			if _, err := controller.Create(context.Background(), pod, dryRun); err != nil {
 				t.Errorf("launcher pod %s refused in the restricted namespace: %v", pod.Name, err)
 			}
 		}
+		// Created as an admin, without what only lifeboat's controller may set or ask for
+		// (lifeboat-reserved-metadata, lifeboat-launcher-devices), so that Pod Security alone decides.
 		privileged := source.DeepCopy()
 		privileged.Name = "privileged"
+		privileged.OwnerReferences = nil
+		for _, m := range []map[string]string{privileged.Labels, privileged.Annotations} {
+			maps.DeleteFunc(m, func(k, _ string) bool { return strings.HasPrefix(k, v1alpha1.GroupName+"/") })
+		}
+		privileged.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
 		privileged.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
 		if _, err := cluster.Kube.CoreV1().Pods(ns.Name).Create(context.Background(), privileged, dryRun); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `violates PodSecurity "restricted`) {
 			t.Errorf("a privileged launcher pod in the restricted namespace: %v, want it refused by Pod Security restricted", err)

@@ -17,6 +17,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -74,7 +75,7 @@ func runSigner(t *testing.T, maxLifetime time.Duration) {
 		t.Fatal(err)
 	}
 	informers := nodecerts.NewInformer(kube)
-	c := nodecerts.New(kube, ca, informers.Certificates().V1().CertificateSigningRequests(), record.NewFakeRecorder(100), maxLifetime,
+	c := nodecerts.New(kube, ca, nodecerts.AgentUsername("lifeboat-system", agentSA), informers.Certificates().V1().CertificateSigningRequests(), record.NewFakeRecorder(100), maxLifetime,
 		prometheus.NewRegistry(), slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -128,11 +129,55 @@ func TestAgentsGetCertificatesForTheirOwnNodeOnly(t *testing.T) {
 			t.Errorf("the request ended %s (%s: %s), want Denied (%s) naming both nodes", cond.Type, cond.Reason, cond.Message, nodecerts.ReasonNotThisNode)
 		}
 	})
+	t.Run("another service account's token bound to node A asks for node A's certificate: denied", func(t *testing.T) {
+		// Any pod on the node has such a token; cert-manager's, a mesh's or SPIRE's may create CSRs.
+		const sa = "csr-creator"
+		csrCreator(t, sa)
+		cond := requestFor(t, tokenClient(t, sa, nodeA), nodeA.Name)
+		if cond.Type != certificatesv1.CertificateDenied || cond.Reason != nodecerts.ReasonNotAuthorized ||
+			!strings.Contains(cond.Message, "is on node cert-node-a but is not lifeboat's agent (system:serviceaccount:lifeboat-system:lifeboat-agent)") {
+			t.Errorf("the request ended %s (%s: %s), want Denied (%s) saying it is not lifeboat's agent", cond.Type, cond.Reason, cond.Message, nodecerts.ReasonNotAuthorized)
+		}
+	})
 	t.Run("the agent's token bound to no node: denied", func(t *testing.T) {
 		cond := requestFor(t, tokenClient(t, agentSA, nil), nodeA.Name)
 		if cond.Type != certificatesv1.CertificateDenied || cond.Reason != nodecerts.ReasonNotAuthorized {
 			t.Errorf("the request ended %s (%s: %s), want Denied (%s)", cond.Type, cond.Reason, cond.Message, nodecerts.ReasonNotAuthorized)
 		}
+	})
+}
+
+// csrCreator makes the service account sa in lifeboat-system, which may create certificate
+// signing requests and read them back, as cert-manager's may.
+func csrCreator(t *testing.T, sa string) {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := cluster.Kube.CoreV1().ServiceAccounts("lifeboat-system").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: sa}, Rules: []rbacv1.PolicyRule{{
+		APIGroups: []string{certificatesv1.GroupName}, Resources: []string{"certificatesigningrequests"}, Verbs: []string{"create", "get", "list", "watch"},
+	}}}
+	if _, err := cluster.Kube.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: sa},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: sa},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "lifeboat-system", Name: sa}}}
+	if _, err := cluster.Kube.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = cluster.Kube.RbacV1().ClusterRoleBindings().Delete(ctx, sa, metav1.DeleteOptions{})
+		_ = cluster.Kube.RbacV1().ClusterRoles().Delete(ctx, sa, metav1.DeleteOptions{})
+		_ = cluster.Kube.CoreV1().ServiceAccounts("lifeboat-system").Delete(ctx, sa, metav1.DeleteOptions{})
+	})
+	// The authorizer sees a new binding a moment after it is stored.
+	client := tokenClient(t, sa, nil)
+	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := client.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+		return err == nil, nil
 	})
 }
 

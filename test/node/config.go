@@ -68,6 +68,10 @@ type Config struct {
 	// this pod network, with an address from the node's pod subnet (its spec.podCIDR). Unset,
 	// every pod shares the machine's network and has the node's address.
 	Network *Network
+	// KubeletPort is the port of the node's kubelet API on Address (containerLogs and exec, for
+	// kubectl logs and exec through the API server), which the Node's status publishes; 0 picks
+	// a free one.
+	KubeletPort int
 	// Logger receives the node's logs; the zero value means klog's global logger.
 	Logger klog.Logger
 }
@@ -154,6 +158,9 @@ func (c Config) validate() error {
 		if err := checkExecutable(path); err != nil {
 			errs = append(errs, fmt.Errorf("binary for %q: %w", name, err))
 		}
+	}
+	if c.KubeletPort < 0 || c.KubeletPort > 65535 {
+		errs = append(errs, fmt.Errorf("kubelet port %d is not a port", c.KubeletPort))
 	}
 	if c.EvictionMaxPodGracePeriod < 0 {
 		errs = append(errs, fmt.Errorf("negative EvictionMaxPodGracePeriod %d", c.EvictionMaxPodGracePeriod))

@@ -40,6 +40,17 @@
 // as root and executed through its descriptor, so the user need not reach the node's paths.
 // Seccomp profiles and capabilities added to root are not applied.
 //
+// The node serves the kubelet API's /containerLogs and /exec on its address, at the port its
+// Node publishes (Config.KubeletPort), so that kubectl logs and kubectl exec work through the API
+// server. It authenticates and authorizes callers as a kubelet with anonymous access off and
+// webhook authorization does: a client certificate of the API server's client CA, and a
+// SubjectAccessReview for nodes/proxy. Logs are the containers' raw output (follow, tailLines,
+// limitBytes and previous; no timestamps). Exec streams through the kubelet's streaming server
+// code (k8s.io/cri-streaming); the command, on pipes or a terminal of its own, is started by an
+// exec shim (another re-execution of the current binary) in the container's mount, PID and
+// network namespaces, as the container's user with its environment. There is no attach,
+// port-forward or /configz.
+//
 // Image volumes are pulled from the node's image store (Config.Images, an OCI image layout),
 // unpacked once and bind-mounted read-only. A persistentVolumeClaim volume is its bound
 // PersistentVolume's directory (hostPath or local volumes only); a secret volume, the Secret's

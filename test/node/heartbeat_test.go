@@ -9,7 +9,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 )
 
 // TestNodeStaysReady watches a node for longer than kube-controller-manager's
@@ -22,18 +23,9 @@ func TestNodeStaysReady(t *testing.T) {
 
 	// The API server taints every new Node not-ready (admission plugin TaintNodesByCondition);
 	// the node lifecycle controller lifts the taint once it sees the node Ready.
-	var last *corev1.Node
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
-		n, err := cluster.Kube.CoreV1().Nodes().Get(ctx, node.Name(), metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = n
-		return nodeHealthy(n) == "", nil
-	})
-	if err != nil {
-		t.Fatalf("node %s: expected Ready and untainted after registering: %s", node.Name(), nodeHealthy(last))
-	}
+	kubewait.For(t, waitTimeout, "node "+node.Name()+" Ready and untainted after registering", func(ctx context.Context) (*corev1.Node, error) {
+		return cluster.Kube.CoreV1().Nodes().Get(ctx, node.Name(), metav1.GetOptions{})
+	}, func(n *corev1.Node) bool { return nodeHealthy(n) == "" }, nodeHealthy)
 
 	ticker := time.NewTicker(2 * time.Second)
 	defer ticker.Stop()
@@ -54,21 +46,13 @@ func TestNodeStaysReady(t *testing.T) {
 // waitForLease waits for the node's Lease in kube-node-lease, held and owned by the node.
 func waitForLease(t *testing.T, node *Node) *coordinationv1.Lease {
 	t.Helper()
-	var last *coordinationv1.Lease
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
-		lease, err := cluster.Kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, node.Name(), metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = lease
+	return kubewait.For(t, waitTimeout, "node "+node.Name()+"'s lease held, renewed and owned by the Node", func(ctx context.Context) (*coordinationv1.Lease, error) {
+		return cluster.Kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, node.Name(), metav1.GetOptions{})
+	}, func(lease *coordinationv1.Lease) bool {
 		owned := len(lease.OwnerReferences) == 1 && lease.OwnerReferences[0].Kind == "Node" && lease.OwnerReferences[0].Name == node.Name()
 		held := lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity == node.Name()
-		return owned && held && lease.Spec.RenewTime != nil, nil
-	})
-	if err != nil {
-		t.Fatalf("node %s: expected its lease held, renewed and owned by the Node; last seen %+v", node.Name(), last)
-	}
-	return last
+		return owned && held && lease.Spec.RenewTime != nil
+	}, nil)
 }
 
 // nodeHealthy says what is wrong with n for the scheduler, or "" if nothing is.
@@ -92,30 +76,19 @@ func nodeHealthy(n *corev1.Node) string {
 func TestAFrozenNodeGoesNotReadyAndComesBack(t *testing.T) {
 	t.Parallel()
 	node := startNodes(t, 1)[0]
-	waitNode := func(what string, cond func(*corev1.Node) bool) {
-		t.Helper()
-		var last *corev1.Node
-		err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-			n, err := cluster.Kube.CoreV1().Nodes().Get(ctx, node.Name(), metav1.GetOptions{})
-			if err != nil {
-				return false, nil
-			}
-			last = n
-			return cond(n), nil
-		})
-		if err != nil {
-			t.Fatalf("node %s: want %s; last %+v", node.Name(), what, last.Status.Conditions)
-		}
+	get := func(ctx context.Context) (*corev1.Node, error) {
+		return cluster.Kube.CoreV1().Nodes().Get(ctx, node.Name(), metav1.GetOptions{})
 	}
-	waitNode("Ready and untainted", func(n *corev1.Node) bool { return nodeHealthy(n) == "" })
+	kubewait.For(t, waitTimeout, "node "+node.Name()+" Ready and untainted", get, func(n *corev1.Node) bool { return nodeHealthy(n) == "" }, nodeHealthy)
 	node.Freeze()
 	frozenAt := time.Now()
-	waitNode("NotReady while frozen", func(n *corev1.Node) bool { return nodeHealthy(n) != "" && !nodeReady(n) })
+	kubewait.For(t, 3*time.Minute, "node "+node.Name()+" NotReady while frozen", get,
+		func(n *corev1.Node) bool { return nodeHealthy(n) != "" && !nodeReady(n) }, nodeHealthy)
 	if renewed := waitForLease(t, node).Spec.RenewTime.Time; renewed.After(frozenAt.Add(time.Second)) {
 		t.Errorf("a frozen node renewed its lease at %s, frozen at %s", renewed, frozenAt)
 	}
 	node.Thaw()
-	waitNode("Ready and untainted once thawed", func(n *corev1.Node) bool { return nodeHealthy(n) == "" })
+	kubewait.For(t, 3*time.Minute, "node "+node.Name()+" Ready and untainted once thawed", get, func(n *corev1.Node) bool { return nodeHealthy(n) == "" }, nodeHealthy)
 }
 
 func nodeReady(n *corev1.Node) bool {

@@ -9,11 +9,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
+
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 )
 
 // waitTimeout bounds every wait for the control plane and the node to react.
@@ -64,33 +65,18 @@ func createPod(t *testing.T, namespace string, pod *corev1.Pod) *corev1.Pod {
 // what was expected, if it does not within waitTimeout.
 func waitForPod(t *testing.T, namespace, name, expected string, cond func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
-	var last *corev1.Pod
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
-		pod, err := cluster.Kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = pod
-		return cond(pod), nil
-	})
-	if err != nil {
-		t.Fatalf("pod %s/%s: expected %s within %s; its last status:\n%s", namespace, name, expected, waitTimeout, statusYAML(last))
-	}
-	return last
+	return kubewait.For(t, waitTimeout, fmt.Sprintf("pod %s/%s: %s", namespace, name, expected), func(ctx context.Context) (*corev1.Pod, error) {
+		return cluster.Kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	}, cond, statusYAML)
 }
 
 // waitForPodGone waits until the pod object is deleted.
 func waitForPodGone(t *testing.T, namespace, name string) {
 	t.Helper()
-	var last *corev1.Pod
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, waitTimeout, true, func(ctx context.Context) (bool, error) {
-		pod, err := cluster.Kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
-		last = pod
-		return apierrors.IsNotFound(err), nil
+	kubewait.Gone(t, waitTimeout, fmt.Sprintf("pod %s/%s", namespace, name), func(ctx context.Context) error {
+		_, err := cluster.Kube.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+		return err
 	})
-	if err != nil {
-		t.Fatalf("pod %s/%s: expected it deleted within %s; its last status:\n%s", namespace, name, waitTimeout, statusYAML(last))
-	}
 }
 
 // waitForFile waits until path exists and returns its content.

@@ -11,8 +11,11 @@ import (
 var cluster *controlplane.ControlPlane
 
 func TestMain(m *testing.M) {
-	if filepath.Base(os.Args[0]) == netHelperCommand {
+	switch filepath.Base(os.Args[0]) {
+	case netHelperCommand:
 		os.Exit(netHelper(os.Args[1:]))
+	case consoleHelperCommand:
+		os.Exit(consoleHelper(os.Args[1:]))
 	}
 	// Containers are re-executions of this test binary: they must become shims before anything else.
 	MaybeRunShim()

@@ -23,6 +23,7 @@ type Node struct {
 	recorder    record.EventRecorder
 	pods        *podController
 	freezer     *freezer
+	kubelet     *kubeletAPI
 
 	cancel     context.CancelFunc
 	background sync.WaitGroup
@@ -50,7 +51,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 		n.network = &nn
 	}
+	// The kubelet API listens before the node registers: the Node publishes its port.
+	if n.kubelet, err = listenKubeletAPI(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("node %s: %w", cfg.Name, err)
+	}
+	n.cfg.KubeletPort = n.kubelet.port()
 	if err := n.register(ctx); err != nil {
+		n.kubelet.close()
 		return nil, err
 	}
 
@@ -62,6 +69,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if n.pods, err = newPodController(cfg.Client, cfg, n.layout, n.recorder, n.network); err != nil {
 		cancel()
 		n.broadcaster.Shutdown()
+		n.kubelet.close()
 		return nil, err
 	}
 	n.pods.freezer = n.freezer
@@ -71,10 +79,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		n.Stop()
 		return nil, err
 	}
+	n.kubelet.serve(n.pods.pods, n.pods.runtime, n.layout)
 	// The kubelet names its Node in events by name, with the name as UID too.
 	nodeRef := &corev1.ObjectReference{Kind: "Node", Name: cfg.Name, UID: types.UID(cfg.Name)}
 	n.recorder.Eventf(nodeRef, corev1.EventTypeNormal, "Starting", "Starting kubelet.")
-	cfg.Logger.Info("Node started", "address", cfg.Address, "root", cfg.RootDir)
+	cfg.Logger.Info("Node started", "address", cfg.Address, "kubeletPort", n.cfg.KubeletPort, "root", cfg.RootDir)
 	return n, nil
 }
 
@@ -84,6 +93,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 // Stop may be called more than once.
 func (n *Node) Stop() {
 	n.stopOnce.Do(func() {
+		n.kubelet.close()
 		n.cancel()
 		n.pods.stop()
 		n.background.Wait()
@@ -98,6 +108,9 @@ func (n *Node) Name() string { return n.cfg.Name }
 
 // Address is the node's InternalIP, also the IP of its pods.
 func (n *Node) Address() string { return n.cfg.Address }
+
+// KubeletPort is the port of the node's kubelet API on Address, which its Node publishes.
+func (n *Node) KubeletPort() int { return n.cfg.KubeletPort }
 
 // RootDir holds the node's private host paths and its pods' logs and volumes.
 func (n *Node) RootDir() string { return n.cfg.RootDir }

@@ -46,6 +46,7 @@ func nodeStatus(cfg Config, old corev1.NodeStatus, now time.Time) corev1.NodeSta
 		{Type: corev1.NodeInternalIP, Address: cfg.Address},
 		{Type: corev1.NodeHostName, Address: cfg.Name},
 	}
+	status.DaemonEndpoints = corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(cfg.KubeletPort)}}
 	status.NodeInfo = corev1.NodeSystemInfo{
 		KubeletVersion:          KubeletVersion,
 		OperatingSystem:         "linux",

@@ -14,6 +14,8 @@ import (
 // process is a started container: its shim, PID 1 of the container's PID namespace. Signals
 // sent to it reach the container's command; SIGKILL ends every process of the container.
 type process struct {
+	// spec is what the container's command runs with; exec runs other commands with it too.
+	spec shimSpec
 	cmd  *exec.Cmd
 	done chan struct{}
 	// exitCode is valid once done is closed: the command's exit code, or 128+signal.
@@ -56,7 +58,7 @@ func startProcess(spec shimSpec, logPath string) (*process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting the container shim: %w", err)
 	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
+	p := &process{spec: spec, cmd: cmd, done: make(chan struct{})}
 	go p.wait()
 
 	// The shim closes the pipe once it has reported, and so does its exit.

@@ -46,8 +46,9 @@ type shimSpec struct {
 	NetNS string `json:"netns,omitempty"`
 }
 
-// MaybeRunShim turns the process into a container's init when the node started it as one, and
-// then never returns; otherwise it returns at once. Every program that starts nodes must call
+// MaybeRunShim turns the process into a container's init, or the starter of a command exec'd in
+// a container, when the node started it as one, and then never returns; otherwise it returns at
+// once. Every program that starts nodes must call
 // it first thing in main or TestMain, because each container runs under a re-execution of the
 // current binary:
 //
@@ -56,11 +57,13 @@ type shimSpec struct {
 //		controlplane.Main(m, &cluster, controlplane.Options{})
 //	}
 func MaybeRunShim() {
-	encoded, ok := os.LookupEnv(shimEnv)
-	if !ok {
-		return
+	if encoded, ok := os.LookupEnv(shimEnv); ok {
+		os.Exit(runShim(encoded))
 	}
-	os.Exit(runShim(encoded))
+	// A command exec'd in a container (kubectl exec) is started by a shim of its own.
+	if encoded, ok := os.LookupEnv(execShimEnv); ok {
+		os.Exit(runExecShim(encoded))
+	}
 }
 
 // runShim is PID 1 of a container's PID and mount namespaces. It makes the container's mounts,

@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 )
 
 const probeImage = "lifeboat.dev/graceprobe:dev"
@@ -102,23 +103,11 @@ func probeEvents(t *testing.T, dir string) map[string][]time.Time {
 
 func waitPod(t *testing.T, ns, name string, timeout time.Duration, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
-	var last *corev1.Pod
-	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		p, err := cluster.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = p
-		return cond(p), nil
+	return kubewait.For(t, timeout, fmt.Sprintf("pod %s/%s: %s", ns, name, what), func(ctx context.Context) (*corev1.Pod, error) {
+		return cluster.Kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	}, cond, func(p *corev1.Pod) string {
+		return fmt.Sprintf("phase %s reason %q message %q containers %+v", p.Status.Phase, p.Status.Reason, p.Status.Message, p.Status.ContainerStatuses)
 	})
-	if err != nil {
-		desc := "nothing"
-		if last != nil {
-			desc = fmt.Sprintf("phase %s reason %q message %q containers %+v", last.Status.Phase, last.Status.Reason, last.Status.Message, last.Status.ContainerStatuses)
-		}
-		t.Fatalf("pod %s/%s: want %s within %s; last seen %s", ns, name, what, timeout, desc)
-	}
-	return last
 }
 
 func podRunning(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning }

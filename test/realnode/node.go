@@ -308,7 +308,7 @@ func DefaultKubeletConfig(address, containerdSocket, podLogsDir string) (kubelet
 		FailCgroupV1:             &f,
 		FailSwapOn:               &f,
 		PodLogsDir:               podLogsDir,
-		// The API server reaches the kubelet (logs, stats) without client certificates here.
+		// The kubelet lets the API server (logs, stats) in without checking its client certificate here.
 		Authentication: kubeletv1beta1.KubeletAuthentication{
 			Anonymous: kubeletv1beta1.KubeletAnonymousAuthentication{Enabled: &t},
 			Webhook:   kubeletv1beta1.KubeletWebhookAuthentication{Enabled: &f},

@@ -43,7 +43,8 @@ const EvictionResponderPriority int32 = 10000
 const PodConditionGuestRunning corev1.PodConditionType = GroupName + "/guest-running"
 
 // Extended resources the node agents' device plugins serve: DeviceResourcePrefix + kvm, tun,
-// vhost-net, userfaultfd. Launcher pods ask for the devices their VM needs.
+// userfaultfd. Launcher pods ask for the devices their VM needs; no other pod may
+// (manifests/launcher-devices.yaml).
 const (
 	DeviceResourcePrefix = "devices.lifeboat.dev/"
 	DeviceKVM            = DeviceResourcePrefix + "kvm"

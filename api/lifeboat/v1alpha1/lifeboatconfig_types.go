@@ -26,9 +26,14 @@ const (
 // +kubebuilder:subresource:status
 // +kubebuilder:validation:XValidation:rule="self.metadata.name == 'cluster'",message="the LifeboatConfig must be named 'cluster'; there is one per cluster"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.status) || !has(oldSelf.status.evictionWebhook) || !has(oldSelf.status.evictionWebhook.authenticatedCallSeen) || (has(self.status) && has(self.status.evictionWebhook) && has(self.status.evictionWebhook.authenticatedCallSeen) && self.status.evictionWebhook.authenticatedCallSeen == oldSelf.status.evictionWebhook.authenticatedCallSeen)",message="status.evictionWebhook.authenticatedCallSeen cannot be changed or removed once set: the eviction webhook stays strict (docs/operations.md)"
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Webhook Strict",type=string,JSONPath=`.status.conditions[?(@.type=="EvictionWebhookStrict")].status`
+// +kubebuilder:printcolumn:name="VMs At Risk",type=string,JSONPath=`.status.conditions[?(@.type=="VMsAtRisk")].status`
 // +kubebuilder:printcolumn:name="Eviction Strategy",type=string,JSONPath=`.spec.evictionStrategy`
 // +kubebuilder:printcolumn:name="Feature Gates",type=string,JSONPath=`.spec.featureGates`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Webhook Reason",type=string,JSONPath=`.status.conditions[?(@.type=="EvictionWebhookStrict")].reason`,priority=1
 
 // LifeboatConfig is lifeboat's cluster-wide configuration. There is one, named "cluster".
 type LifeboatConfig struct {
@@ -96,6 +101,11 @@ type EvictionWebhookConfig struct {
 	UnauthenticatedMigrationInterval *metav1.Duration `json:"unauthenticatedMigrationInterval,omitempty"`
 }
 
+// ConfigConditionReady is True while a controller replica leads and runs the controllers, the
+// CRDs are as its types expect and the eviction webhook is registered; its reason and message
+// say what is missing otherwise. The leader writes it, and False (NoLeader) when it stops leading.
+const ConfigConditionReady = "Ready"
+
 // ConfigConditionEvictionWebhookStrict is True where the eviction webhook acts only for the API
 // server, known by its client certificate, and False where it also acts, within bounds, on
 // reviews it cannot authenticate.
@@ -107,7 +117,7 @@ const ConfigConditionVMsAtRisk = "VMsAtRisk"
 
 // LifeboatConfigStatus is what lifeboat-controller observed of the cluster.
 type LifeboatConfigStatus struct {
-	// Conditions: EvictionWebhookStrict, VMsAtRisk.
+	// Conditions: Ready, EvictionWebhookStrict, VMsAtRisk.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

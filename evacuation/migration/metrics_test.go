@@ -1,0 +1,69 @@
+package migration
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+
+	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+)
+
+func migrationIn(name string, cause v1alpha1.MigrationCause, phase v1alpha1.VirtualMachineInstanceMigrationPhase, deadline *metav1.Time) *v1alpha1.VirtualMachineInstanceMigration {
+	m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "vms", Name: name},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm-" + name}}
+	m.Status.Cause, m.Status.Phase, m.Status.Deadline, m.Status.SourceNode = cause, phase, deadline, "node-a"
+	return m
+}
+
+func TestMigrationsAreCountedByCauseAndPhaseWithTheDeadlinesOfThoseUnderWay(t *testing.T) {
+	deadline := metav1.NewTime(time.Unix(1_800_000_000, 0))
+	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	for _, m := range []*v1alpha1.VirtualMachineInstanceMigration{
+		migrationIn("running", v1alpha1.MigrationCauseNodePressure, v1alpha1.MigrationRunning, &deadline),
+		migrationIn("pending", v1alpha1.MigrationCauseNodePressure, v1alpha1.MigrationPending, &deadline),
+		migrationIn("drain", v1alpha1.MigrationCauseDrain, v1alpha1.MigrationRunning, nil),
+		migrationIn("done", v1alpha1.MigrationCauseNodePressure, v1alpha1.MigrationSucceeded, &deadline),
+	} {
+		if err := indexer.Add(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := cacheCollector{migrations: lifeboatlisters.NewVirtualMachineInstanceMigrationLister(indexer)}
+	want := `
+# HELP lifeboat_migration_deadline_timestamp_seconds When each migration that has not ended must have moved its guest off its source node (Unix time); migrations without a deadline are not listed.
+# TYPE lifeboat_migration_deadline_timestamp_seconds gauge
+lifeboat_migration_deadline_timestamp_seconds{cause="NodePressure",migration="pending",namespace="vms",source_node="node-a",vmi="vm-pending"} 1.8e+09
+lifeboat_migration_deadline_timestamp_seconds{cause="NodePressure",migration="running",namespace="vms",source_node="node-a",vmi="vm-running"} 1.8e+09
+# HELP lifeboat_migrations Migrations that exist, by cause and phase (Succeeded and Failed ones until they are deleted).
+# TYPE lifeboat_migrations gauge
+lifeboat_migrations{cause="Drain",phase="Running"} 1
+lifeboat_migrations{cause="NodePressure",phase="Pending"} 1
+lifeboat_migrations{cause="NodePressure",phase="Running"} 1
+lifeboat_migrations{cause="NodePressure",phase="Succeeded"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want)); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestAMigrationIsCountedOnceWhenItEnds(t *testing.T) {
+	ended := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ended"}, []string{"cause", "phase"})
+	h := countEnded(ended)
+	running := migrationIn("m", v1alpha1.MigrationCauseDrain, v1alpha1.MigrationRunning, nil)
+	failed := migrationIn("m", v1alpha1.MigrationCauseDrain, v1alpha1.MigrationFailed, nil)
+	h.OnUpdate(running, running)
+	h.OnUpdate(running, failed)
+	h.OnUpdate(failed, failed) // a resync of the ended migration
+	if got := testutil.ToFloat64(ended.WithLabelValues("Drain", "Failed")); got != 1 {
+		t.Errorf("failed drain migrations counted %v times, want 1", got)
+	}
+	if got := testutil.CollectAndCount(ended); got != 1 {
+		t.Errorf("%d series, want only the failed drain", got)
+	}
+}
