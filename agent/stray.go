@@ -112,9 +112,11 @@ func (a *Agent) syncStray(ctx context.Context, uid string) (bool, error) {
 		if dom == nil || !dom.State.Alive() {
 			continue
 		}
+		// The domain's name is the launcher's to choose; its pod's namespace, recorded from what
+		// lifeboat's controller wrote, is not: a name that contradicts it is not acted on.
 		namespace, vmiName, ok := strings.Cut(name, "_")
-		if !ok {
-			a.cfg.Log.Warn("a launcher's domain is not named namespace_name; leaving it", "vmiUID", uid, "domain", name)
+		if recorded, linked := a.recordedPod(uid); !ok || (linked && recorded.Namespace != namespace) {
+			a.cfg.Log.Warn("a launcher's domain is not named for its VMI (namespace_name, in its pod's namespace); leaving it", "vmiUID", uid, "domain", name)
 			continue
 		}
 		s := Stray{UID: uid, Node: a.cfg.NodeName, Domain: dom.State}
@@ -165,4 +167,13 @@ func (a *Agent) reportStray(namespace, name, uid, reason, msg string) {
 	a.cfg.Recorder.Event(ref, corev1.EventTypeWarning, ReasonStrayGuestDestroyed, msg)
 	a.cfg.Log.Warn(msg, "vmi", namespace+"/"+name, "vmiUID", uid, "reason", reason)
 	a.cfg.Metrics.StrayGuestsDestroyed.WithLabelValues(reason).Inc()
+}
+
+// recordedPod is the launcher pod this node's directory of the VMI with uid was linked to, as
+// recorded (it may be deleted since); false if none was.
+func (a *Agent) recordedPod(uid string) (RecordedPod, bool) {
+	a.linksMu.Lock()
+	defer a.linksMu.Unlock()
+	r, ok := a.links[uid]
+	return r, ok
 }

@@ -294,3 +294,17 @@ func TestARunningAgentDestroysTheGuestOfAReplacedVMI(t *testing.T) {
 		return testutil.ToFloat64(metrics.StrayGuestsDestroyed.WithLabelValues(StrayVMIReplaced)) == 1
 	})
 }
+
+// A launcher whose domain is named for a VMI of another namespace than its pod's is not taken at
+// its word: nothing is read or destroyed on that name.
+func TestAStrayCheckTrustsThePodsNamespaceOverTheDomainsName(t *testing.T) {
+	a, _, libvirt, recorder, _ := strayAgent(t)
+	libvirt.name = "victim_vm"
+	a.links["old"] = RecordedPod{Namespace: "ns", Name: "launcher-vm-abcde", UID: "pod-uid"}
+	if _, err := a.sync(context.Background(), "old"); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	if libvirt.destroyed != 0 || len(recorder.Events) != 0 {
+		t.Errorf("acted on a domain name outside the pod's namespace: destroyed %d, %d Events", libvirt.destroyed, len(recorder.Events))
+	}
+}
