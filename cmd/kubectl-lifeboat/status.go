@@ -36,6 +36,10 @@ func (c *client) status(ctx context.Context, name string, now time.Time) error {
 		return nil
 	}
 	fmt.Fprintf(c.out, "instance %s: phase %s on node %s\n", i.UID, i.Status.Phase, i.Status.NodeName)
+	if cond := meta.FindStatusCondition(i.Status.Conditions, v1alpha1.VMIConditionNodeLost); cond != nil && cond.Status == metav1.ConditionTrue {
+		// The node stopped answering: what to do, as the VMI controller wrote it.
+		fmt.Fprintf(c.out, "waiting for its node: %s\n", cond.Message)
+	}
 	if i.Status.EvacuationNodeName != "" {
 		cause := ""
 		if cond := meta.FindStatusCondition(i.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); cond != nil {

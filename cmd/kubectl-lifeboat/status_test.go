@@ -119,6 +119,14 @@ func TestStatusSaysWhatProtectsTheVMAndWhatWouldHappen(t *testing.T) {
 			t.Errorf("status of pinned lacks %q", want)
 		}
 	}
+
+	// "stranded": its node stopped answering; the VMI controller says what to do.
+	waiting := "node status-node-1 is NotReady (Unknown) since 2026-11-28T12:01:05Z; the VM may still run there, so it is not started elsewhere. " +
+		"Once the node is known to be off, taint it: kubectl taint node status-node-1 node.kubernetes.io/out-of-service=nodeshutdown:NoExecute, or delete the Node"
+	makeVM(t, ns, "stranded", nil, metav1.Condition{Type: v1alpha1.VMIConditionNodeLost, Status: metav1.ConditionTrue, Reason: "WaitingForNode", Message: waiting})
+	if out := runStatus(t, ns, "stranded"); !strings.Contains(out, "waiting for its node: "+waiting+"\n") {
+		t.Errorf("status of stranded does not say it waits for its node, and what to do:\n%s", out)
+	}
 }
 
 // A namespace user, who may read its VMs but not the nodes, the webhook's configuration or the
