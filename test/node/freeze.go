@@ -72,7 +72,7 @@ func (f *freezer) whileThawed(ctx context.Context) (context.Context, context.Can
 }
 
 // Freeze holds the node's kubelet as SIGSTOP would hold a real one: it renews no Lease, posts no
-// status and syncs no pod until Thaw, so the node lifecycle controller finds it NotReady after
+// status, syncs no pod and answers no request to its API until Thaw, so the node lifecycle controller finds it NotReady after
 // its grace period. The processes of its pods are not touched: a test stops those itself
 // (ContainerPIDs), and its agent.
 func (n *Node) Freeze() {

@@ -56,6 +56,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("node %s: %w", cfg.Name, err)
 	}
 	n.cfg.KubeletPort = n.kubelet.port()
+	n.kubelet.freezer = n.freezer
 	if err := n.register(ctx); err != nil {
 		n.kubelet.close()
 		return nil, err
