@@ -97,7 +97,7 @@ func (o Outage) Message(node string, guests int) string {
 		what = "did not run (its node was frozen or suspended)"
 	}
 	return fmt.Sprintf("the lifeboat agent on node %s %s from %s to %s (%s); meanwhile it paused nothing and killed nothing. "+
-		"It now checks the %d guests it has on the node against their VMIs: one whose VM was restarted elsewhere meanwhile is destroyed (Event %s)",
+		"It now checks the %d guest(s) it has on the node against their VMIs: one whose VM was restarted elsewhere meanwhile is destroyed (Event %s)",
 		node, what, o.From.UTC().Format(time.RFC3339), o.To.UTC().Format(time.RFC3339), o.To.Sub(o.From).Round(time.Second), guests, ReasonStrayGuestDestroyed)
 }
 

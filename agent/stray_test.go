@@ -116,7 +116,7 @@ func TestContact(t *testing.T) {
 		})
 	}
 	msg := Outage{From: t0, To: at(300), Stopped: true}.Message("node-1", 2)
-	for _, part := range []string{"node node-1 did not run", "(5m0s)", "paused nothing and killed nothing", "checks the 2 guests"} {
+	for _, part := range []string{"node node-1 did not run", "(5m0s)", "paused nothing and killed nothing", "checks the 2 guest(s)"} {
 		if !strings.Contains(msg, part) {
 			t.Errorf("outage message %q lacks %q", msg, part)
 		}
@@ -307,4 +307,52 @@ func TestAStrayCheckTrustsThePodsNamespaceOverTheDomainsName(t *testing.T) {
 	if libvirt.destroyed != 0 || len(recorder.Events) != 0 {
 		t.Errorf("acted on a domain name outside the pod's namespace: destroyed %d, %d Events", libvirt.destroyed, len(recorder.Events))
 	}
+}
+
+// An agent cut off from the API server for longer than APILostAfter says so in its metric, and
+// once back reports the outage as an Event on its Node and counts it.
+func TestTheAgentReportsAnOutageOnItsReturn(t *testing.T) {
+	a, client, libvirt, recorder, metrics := strayAgent(t)
+	a.cfg.APILostAfter = time.Second
+	var mu sync.Mutex
+	cut := true
+	client.PrependReactor("get", "lifeboatconfigs", func(clienttesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if cut {
+			return true, nil, errors.New("dial tcp 127.0.0.1:6443: connect: connection refused")
+		}
+		return false, nil, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { defer close(done); a.runContact(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(metrics.APIServerCutOff) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("lifeboat_agent_api_server_cut_off did not read 1 within 10s of an outage")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(recorder.Events) != 0 || libvirt.destroyed != 0 {
+		t.Errorf("cut off, the agent recorded %d Events and destroyed %d guests", len(recorder.Events), libvirt.destroyed)
+	}
+	mu.Lock()
+	cut = false
+	mu.Unlock()
+	select {
+	case e := <-recorder.Events:
+		if !strings.Contains(e, ReasonAPIServerContactRestored) || !strings.Contains(e, "could not reach the API server") ||
+			!strings.Contains(e, "paused nothing and killed nothing") || !strings.Contains(e, "checks the 1 guest(s)") {
+			t.Errorf("event %q: want %s saying what happened", e, ReasonAPIServerContactRestored)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no Event within 10s of the API server's return")
+	}
+	if got := testutil.ToFloat64(metrics.APIServerOutages); got != 1 || testutil.ToFloat64(metrics.APIServerCutOff) != 0 {
+		t.Errorf("outages %v, cut off %v; want 1, 0", got, testutil.ToFloat64(metrics.APIServerCutOff))
+	}
+	cancel()
+	<-done
 }
