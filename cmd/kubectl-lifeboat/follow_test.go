@@ -268,4 +268,3 @@ func waitDone(t *testing.T, done <-chan error) error {
 		return nil
 	}
 }
-
