@@ -341,6 +341,11 @@ func (m *migrations) targetDomainReady(ref notify.VMIRef) {
 	}
 }
 
+// clockSkew is how far the source node's clock (the migration state's start) and this node's
+// (the launcher's report) may differ for recordDowntime; an earlier arrival's report is older
+// by far more, a migration away and one back.
+const clockSkew = 5 * time.Second
+
 // recordDowntime writes on the VMI how long the migration that brought its guest to this node
 // stopped it, as the target launcher reported at (libvirt's figure, a moment after the guest
 // runs here), so that those who follow the migration read it from the API. Only a migration to
@@ -350,7 +355,7 @@ func (m *migrations) recordDowntime(ref notify.VMIRef, at time.Time, downtime ti
 	wants := func(v *v1alpha1.VirtualMachineInstance) bool {
 		s := v.Status.MigrationState
 		return string(v.UID) == ref.UID && s != nil && s.TargetNode == m.a.cfg.NodeName && !s.Failed && s.DowntimeMilliseconds == nil &&
-			s.StartTimestamp != nil && !at.Before(s.StartTimestamp.Time)
+			s.StartTimestamp != nil && !at.Before(s.StartTimestamp.Add(-clockSkew))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
