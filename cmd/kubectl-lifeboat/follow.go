@@ -214,7 +214,7 @@ func (c *client) follow(ctx context.Context, name, migration string, timeout tim
 		gone, err := c.look(rctx, &f, migration, over)
 		cancel()
 		lastErr = err
-		if gone {
+		if gone || apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
 			p.say("")
 			return err
 		}
