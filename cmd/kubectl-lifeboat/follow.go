@@ -38,6 +38,23 @@ func instanceMigrations(all []v1alpha1.VirtualMachineInstanceMigration, i *v1alp
 	})
 }
 
+// latestOf is the latest made of the instance i's migrations (at least one). Creation times have
+// seconds only: of two made in the same second, the one the VMI's own record names is the later.
+func latestOf(migrations []v1alpha1.VirtualMachineInstanceMigration, i *v1alpha1.VirtualMachineInstance) v1alpha1.VirtualMachineInstanceMigration {
+	return slices.MaxFunc(migrations, func(a, b v1alpha1.VirtualMachineInstanceMigration) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		switch {
+		case stateOf(&a, i) != nil:
+			return 1
+		case stateOf(&b, i) != nil:
+			return -1
+		}
+		return 0
+	})
+}
+
 // liveLine renders a migration's line (vm.MigrationLine): on a terminal, over the line drawn
 // before (carriage return, the line cut to the terminal's width so that it does not wrap, clear
 // to the end of the line); piped, a line of its own after the time.
@@ -296,9 +313,7 @@ func (c *client) look(ctx context.Context, f *followed, migration string, over m
 	if len(candidates) == 0 {
 		return false, nil
 	}
-	latest := slices.MaxFunc(candidates, func(a, b v1alpha1.VirtualMachineInstanceMigration) int {
-		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
-	})
+	latest := latestOf(candidates, i)
 	f.m = &latest
 	return false, nil
 }

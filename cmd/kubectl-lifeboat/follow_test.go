@@ -191,6 +191,10 @@ func TestFollowPrintsTheMigrationUntilTheGuestRunsOnTheTarget(t *testing.T) {
 	if strings.Contains(out.String(), "earlier") {
 		t.Errorf("follow printed the migration over before it began:\n%s", out)
 	}
+	// status tells it too, under the latest migration.
+	if status := runStatus(t, ns, "mover"); !strings.Contains(status, "migration mover-now: Succeeded       cause Manual, mode PreCopy\n  the guest stood still for 37ms (libvirt's figure)\n") {
+		t.Errorf("status after the migration lacks the guest's downtime")
+	}
 }
 
 // `kubectl lifeboat migrate VM --wait` creates the migration and follows it; when it fails the

@@ -55,10 +55,11 @@ func (c *client) status(ctx context.Context, name string, now time.Time) error {
 	if len(migrations) == 0 {
 		return nil
 	}
-	latest := slices.MaxFunc(migrations, func(a, b v1alpha1.VirtualMachineInstanceMigration) int {
-		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
-	})
+	latest := latestOf(migrations, i)
 	fmt.Fprintln(c.out, vm.MigrationLine(&latest, now))
+	if s := stateOf(&latest, i); s != nil && s.DowntimeMilliseconds != nil {
+		fmt.Fprintf(c.out, "  the guest stood still for %s (libvirt's figure)\n", time.Duration(*s.DowntimeMilliseconds)*time.Millisecond)
+	}
 	return nil
 }
 
