@@ -279,8 +279,13 @@ demo: deps $(CLUSTER) lifeboat-bins
 	: "The VM's node runs short of memory: its kubelet evicts the VM's pod (SIGTERM, 45 s grace)."; \
 	: "A client asks the VM's Service every 20 ms meanwhile"; \
 	$(CLUSTER) ask default/demo --dir $(DEMO_DIR) --every 20ms & asker=$$!; \
+	: "The harness watches the guest's console on the nodes' disks meanwhile, which no kubectl can read"; \
+	$(CLUSTER) follow default/demo --dir $(DEMO_DIR) --timeout 2m --nodes-only >$(DEMO_DIR)/nodes-follow.txt 2>&1 & nodes=$$!; \
 	$(CLUSTER) evict default/demo --dir $(DEMO_DIR); \
-	$(CLUSTER) follow default/demo --dir $(DEMO_DIR) --timeout 2m; \
+	: "The migration as a user follows it: kubectl lifeboat follow (kubectl lifeboat migrate demo --wait makes one and follows it)"; \
+	KUBECONFIG=$(DEMO_DIR)/admin.kubeconfig PATH="$(CURDIR)/bin:$$($(CLUSTER) bin-dir):$$PATH" kubectl lifeboat follow demo --timeout 2m; \
+	: "What the nodes show: the guest's counter goes on, the source launcher ends by itself"; \
+	wait $$nodes || { cat $(DEMO_DIR)/nodes-follow.txt; exit 1; }; cat $(DEMO_DIR)/nodes-follow.txt; \
 	$(KUBECTL) wait pod -l lifeboat.dev/vmi-name=demo --field-selector=status.phase=Running --for=condition=Ready --timeout=1m; \
 	kill -INT $$asker; wait $$asker; \
 	$(KUBECTL) get vmi,vmim,pods -o wide; \
@@ -295,8 +300,9 @@ demo: deps $(CLUSTER) lifeboat-bins
 	@echo
 	@echo "The cluster keeps running: 2 emulated nodes with lifeboat agents, the lifeboat controller (eviction webhook,"
 	@echo "disruption budgets, EvictionRequest responder), the demo VM."
-	@echo "  $(CLUSTER) evict default/demo --dir $(DEMO_DIR) && $(CLUSTER) follow default/demo --dir $(DEMO_DIR)   # again"
 	@echo "  export KUBECONFIG=$(DEMO_DIR)/admin.kubeconfig PATH=$(CURDIR)/bin:$$($(CLUSTER) bin-dir):\$$PATH"
+	@echo "  $(CLUSTER) evict default/demo --dir $(DEMO_DIR) && kubectl lifeboat follow demo   # again"
+	@echo "  kubectl lifeboat migrate demo --wait   # move it yourself, and watch it go"
 	@echo "  kubectl get vm,vmi,pods -o wide; kubectl lifeboat status demo"
 	@echo "  kubectl lifeboat check   # what protects the VMs here, a line per check"
 	@echo "  kubectl lifeboat console demo   # the guest's serial console (Ctrl+] leaves)"

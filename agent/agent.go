@@ -249,6 +249,7 @@ func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 		if last, ok := a.arrived.Swap(m.VMI.UID, m.Time); !ok || !last.(time.Time).Equal(m.Time) {
 			a.cfg.Metrics.MigrationDowntime.Observe((time.Duration(m.DowntimeMilliseconds) * time.Millisecond).Seconds())
 		}
+		go a.migrations.recordDowntime(m.VMI, m.Time, time.Duration(m.DowntimeMilliseconds)*time.Millisecond)
 	}
 	if m.Kind == notify.KindHello {
 		a.notifyConns.opened(m.VMI.UID)

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
@@ -337,6 +338,44 @@ func (m *migrations) targetDomainReady(ref notify.VMIRef) {
 	}
 	if recorded {
 		m.a.cfg.Log.Info("the guest runs in the target launcher", "migration", mig.Namespace+"/"+mig.Name, "vmi", ref.Name)
+	}
+}
+
+// clockSkew is how far the source node's clock (the migration state's start) and this node's
+// (the launcher's report) may differ for recordDowntime; an earlier arrival's report is older
+// by far more, a migration away and one back.
+const clockSkew = 5 * time.Second
+
+// recordDowntime writes on the VMI how long the migration that brought its guest to this node
+// stopped it, as the target launcher reported at (libvirt's figure, a moment after the guest
+// runs here), so that those who follow the migration read it from the API. Only a migration to
+// this node that started before the report and has no figure yet gets it: a launcher repeats its
+// reports on every reconnection, and a later migration's state is not this one's.
+func (m *migrations) recordDowntime(ref notify.VMIRef, at time.Time, downtime time.Duration) {
+	wants := func(v *v1alpha1.VirtualMachineInstance) bool {
+		s := v.Status.MigrationState
+		return string(v.UID) == ref.UID && s != nil && s.TargetNode == m.a.cfg.NodeName && !s.Failed && s.DowntimeMilliseconds == nil &&
+			s.StartTimestamp != nil && !at.Before(s.StartTimestamp.Add(-clockSkew))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Fresh: a replayed report must not write a VMI that has moved on.
+	v, err := m.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil || !wants(v) {
+		return
+	}
+	recorded := false
+	err = m.updateVMI(ctx, ref.Namespace, ref.Name, func(v *v1alpha1.VirtualMachineInstance) {
+		if recorded = wants(v); recorded {
+			v.Status.MigrationState.DowntimeMilliseconds = ptr.To(downtime.Milliseconds())
+		}
+	})
+	if err != nil {
+		m.a.cfg.Log.Error("recording the guest's downtime on its VMI", "vmi", ref.Namespace+"/"+ref.Name, "err", err)
+		return
+	}
+	if recorded {
+		m.a.cfg.Log.Info("recorded the guest's downtime on its VMI", "vmi", ref.Namespace+"/"+ref.Name, "downtime", downtime)
 	}
 }
 

@@ -116,24 +116,29 @@ func (c *client) restart(ctx context.Context, name string) error {
 	return c.apply(ctx, v, i, cmd, "was scheduled to restart")
 }
 
-// migrate creates a migration of the VM's instance; without a cause annotation its cause is Manual.
-func (c *client) migrate(ctx context.Context, name string) error {
+// migrate creates a migration of the VM's instance, without a cause annotation so its cause is
+// Manual, and returns its name; hint adds how to follow it.
+func (c *client) migrate(ctx context.Context, name string, hint bool) (string, error) {
 	v, i, err := c.get(ctx, name)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if i == nil || i.Status.Phase != v1alpha1.VMIRunning {
-		return fmt.Errorf("VM %s/%s is not running: there is nothing to migrate", v.Namespace, v.Name)
+		return "", fmt.Errorf("VM %s/%s is not running: there is nothing to migrate", v.Namespace, v.Name)
 	}
 	m, err := c.lb.LifeboatV1alpha1().VirtualMachineInstanceMigrations(v.Namespace).Create(ctx, &v1alpha1.VirtualMachineInstanceMigration{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: v.Name + "-migration-"},
 		Spec:       v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: i.Name},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		return fmt.Errorf("creating a migration of VM %s/%s: %w", v.Namespace, v.Name, err)
+		return "", fmt.Errorf("creating a migration of VM %s/%s: %w", v.Namespace, v.Name, err)
 	}
-	fmt.Fprintf(c.out, "VM %s/%s is migrating from node %s: migration %s (kubectl lifeboat status %s -n %s follows it)\n", v.Namespace, v.Name, i.Status.NodeName, m.Name, v.Name, v.Namespace)
-	return nil
+	follow := ""
+	if hint {
+		follow = fmt.Sprintf(" (kubectl lifeboat follow %s -n %s follows it)", v.Name, v.Namespace)
+	}
+	fmt.Fprintf(c.out, "VM %s/%s is migrating from node %s: migration %s%s\n", v.Namespace, v.Name, i.Status.NodeName, m.Name, follow)
+	return m.Name, nil
 }
 
 func (c *client) cancelEvacuation(ctx context.Context, name string) error {

@@ -3,7 +3,10 @@
 //	kubectl lifeboat start VM            start a VM (Halted becomes Always; a Manual VM gets its instance)
 //	kubectl lifeboat stop VM             stop it (Always, RerunOnFailure, Once become Halted; a Manual VM's instance goes)
 //	kubectl lifeboat restart VM          make its instance again (Always, RerunOnFailure)
-//	kubectl lifeboat migrate VM          live-migrate it now (a migration with cause Manual)
+//	kubectl lifeboat migrate VM          live-migrate it now (a migration with cause Manual);
+//	                                     --wait follows it as follow does
+//	kubectl lifeboat follow VM           follow its running or next migration live, until the guest
+//	                                     runs on the target or the migration fails (exit 1), or --timeout
 //	kubectl lifeboat evacuate-cancel VM  cancel its evacuation (needs the cancel-evacuation permission)
 //	kubectl lifeboat status VM           the VM, its instance, what protects it, what a drain or memory
 //	                                     pressure on its node would do to it, and its evacuation story
@@ -33,13 +36,19 @@ import (
 )
 
 const usage = `usage: kubectl lifeboat COMMAND VM [-n NAMESPACE] [--kubeconfig FILE] [--context NAME] [--as USER]
+       kubectl lifeboat migrate VM [--wait] [--timeout DURATION]
+       kubectl lifeboat follow VM [--timeout DURATION]
        kubectl lifeboat check [-o json] [--stuck-after DURATION] [-n NAMESPACE]
 
 commands:
   start            start the VM
   stop             stop the VM (its guest shuts down gracefully)
   restart          make the VM's instance again
-  migrate          live-migrate the VM to another node now
+  migrate          live-migrate the VM to another node now (--wait: then follow the migration)
+  follow           follow the VM's running or next migration: phase, mode, bytes left, rates and
+                   the time to its deadline, redrawn in place on a terminal and a line per change
+                   when piped; then where the VM runs, how long it took and how long the guest
+                   stood still; exit status 1 if the migration fails or --timeout passes first
   evacuate-cancel  cancel the VM's evacuation from its node
   status           show the VM, its instance, what protects it now, what a drain or memory
                    pressure on its node would do to it, and its evacuation story
@@ -52,7 +61,7 @@ commands:
 
 func main() {
 	err := run(os.Args[1:], os.Stdout)
-	if errors.Is(err, errChecksFailed) {
+	if errors.Is(err, errChecksFailed) || errors.Is(err, errMigrationFailed) {
 		os.Exit(1)
 	}
 	if err != nil {
@@ -72,6 +81,8 @@ func run(args []string, out io.Writer) error {
 	output := flags.StringP("output", "o", "text", "check's output: text or json")
 	stuckAfter := flags.Duration("stuck-after", 15*time.Minute, "check: how long a migration may run before it counts as stuck")
 	raw := flags.Bool("raw", false, "console: pass the guest's output to the terminal as it is, escape sequences and all")
+	wait := flags.Bool("wait", false, "migrate: follow the migration until it ends, as follow does")
+	timeout := flags.Duration("timeout", 15*time.Minute, "follow, migrate --wait: how long to follow before giving up (exit 1)")
 	if err := flags.Parse(args); err != nil {
 		return err
 	}
@@ -82,6 +93,9 @@ func run(args []string, out io.Writer) error {
 	}
 	if *stuckAfter <= 0 {
 		return fmt.Errorf("--stuck-after=%s: want a positive duration", *stuckAfter)
+	}
+	if *timeout <= 0 {
+		return fmt.Errorf("--timeout=%s: want a positive duration", *timeout)
 	}
 	if !isCheck && flags.NArg() != 2 {
 		flags.Usage()
@@ -130,6 +144,9 @@ func run(args []string, out io.Writer) error {
 		// A session lasts as long as its user wants.
 		return c.console(context.Background(), rest, name, os.Stdin, os.Stderr, *raw)
 	}
+	if command == "follow" {
+		return c.follow(context.Background(), name, "", *timeout)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	switch command {
@@ -140,7 +157,11 @@ func run(args []string, out io.Writer) error {
 	case "restart":
 		return c.restart(ctx, name)
 	case "migrate":
-		return c.migrate(ctx, name)
+		migration, err := c.migrate(ctx, name, !*wait)
+		if err != nil || !*wait {
+			return err
+		}
+		return c.follow(context.Background(), name, migration, *timeout)
 	case "evacuate-cancel":
 		return c.cancelEvacuation(ctx, name)
 	case "status":

@@ -55,18 +55,15 @@ func (c *client) status(ctx context.Context, name string, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("listing the migrations of VM %s/%s: %w", v.Namespace, v.Name, err)
 	}
-	// This instance's: a user's migration names the VMI only; lifeboat's carry its UID too.
-	migrations := slices.DeleteFunc(list.Items, func(m v1alpha1.VirtualMachineInstanceMigration) bool {
-		uid, labelled := m.Labels[v1alpha1.LabelVMIUID]
-		return m.Spec.VMIName != i.Name || (labelled && uid != string(i.UID)) || m.CreationTimestamp.Before(&i.CreationTimestamp)
-	})
+	migrations := instanceMigrations(list.Items, i)
 	if len(migrations) == 0 {
 		return nil
 	}
-	latest := slices.MaxFunc(migrations, func(a, b v1alpha1.VirtualMachineInstanceMigration) int {
-		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
-	})
+	latest := latestOf(migrations, i)
 	fmt.Fprintln(c.out, vm.MigrationLine(&latest, now))
+	if s := stateOf(&latest, i); s != nil && s.DowntimeMilliseconds != nil {
+		fmt.Fprintf(c.out, "  the guest stood still for %s (libvirt's figure)\n", time.Duration(*s.DowntimeMilliseconds)*time.Millisecond)
+	}
 	return nil
 }
 

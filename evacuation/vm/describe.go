@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -11,7 +12,11 @@ import (
 // demo's follower print it: phase, cause, convergence mode, bytes left, rates and the time left
 // to its deadline.
 func MigrationLine(m *v1alpha1.VirtualMachineInstanceMigration, now time.Time) string {
-	line := fmt.Sprintf("migration %s: %-15s cause %s", m.Name, m.Status.Phase, m.Status.Cause)
+	// A migration the migration controller has not taken up yet has no phase, nor cause.
+	line := fmt.Sprintf("migration %s: %-15s", m.Name, cmp.Or(string(m.Status.Phase), "New"))
+	if m.Status.Cause != "" {
+		line += " cause " + string(m.Status.Cause)
+	}
 	if m.Status.Mode != "" {
 		line += ", mode " + string(m.Status.Mode)
 	}

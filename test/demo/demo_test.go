@@ -57,8 +57,13 @@ func TestDemoClusterMovesTheVMOnADrain(t *testing.T) {
 		t.Fatalf("make demo: %v\n%s", err, out)
 	}
 	// The guest answers through its Service before the eviction, and the client that asked all
-	// through the migration saw one boot of it.
-	for _, want := range []string{"lifeboat-guest user-data: #cloud-config", "lifeboat-guest disk vda: journal 1..5 intact", "without a reboot", "the guest stood still for", "evicting pod default/", "drained",
+	// through the migration saw one boot of it. kubectl lifeboat follow tells the migration, to
+	// where the VM runs now and libvirt's figure of how long the guest stood still; the harness,
+	// from the consoles on the nodes' disks, that the guest's counter went on without a reboot
+	// and its longest silence ("the guest stood still for ... at most").
+	for _, want := range []string{"lifeboat-guest user-data: #cloud-config", "lifeboat-guest disk vda: journal 1..5 intact",
+		"following VM default/demo, running on node ", "  migration ", "VM default/demo now runs on node ", "(libvirt's figure, recorded by node ",
+		"without a reboot", "the guest stood still for", "evicting pod default/", "drained",
 		"default/demo answers: lifeboat-guest boot ", "answered, from 1 boot(s) of the guest",
 		"VM default/demo: Running, ready true, run strategy Always, 0 restart(s)"} {
 		if !strings.Contains(out, want) {

@@ -80,13 +80,27 @@ func TestKubectlLifeboat(t *testing.T) {
 	mustKubectlLifeboat(t, "was scheduled to restart", "restart", vm.Name, "-n", ns)
 	restarted := waitVMI(t, ns, vm.Name, bootTimeout, "Running as a new instance", func(v *v1alpha1.VirtualMachineInstance) bool { return running(v) && v.UID != started.UID })
 
-	mustKubectlLifeboat(t, "is migrating from node "+restarted.Status.NodeName, "migrate", vm.Name, "-n", ns)
+	// migrate --wait follows the migration to its end (issue 46, 4), piped: a line per change,
+	// then where the VM runs and how long the guest stood still, as the target's agent recorded it.
+	out, err := kubectlLifeboat(t, "migrate", vm.Name, "-n", ns, "--wait", "--timeout", (2 * bootTimeout).String())
+	if err != nil || !strings.Contains(out, "is migrating from node "+restarted.Status.NodeName) || !strings.Contains(out, ": Succeeded ") ||
+		!strings.Contains(out, "now runs on node ") || !strings.Contains(out, "the guest stood still for ") {
+		t.Fatalf("kubectl lifeboat migrate --wait: %v; want it to say the VM migrates, the migration's lines, where it runs now and how long the guest stood still", err)
+	}
 	moved := waitVMI(t, ns, vm.Name, 2*bootTimeout, "on the other node", func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.UID == restarted.UID && v.Status.NodeName != restarted.Status.NodeName && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
 	})
+	if !strings.Contains(out, "now runs on node "+moved.Status.NodeName+":") {
+		t.Errorf("kubectl lifeboat migrate --wait did not say the VM runs on node %s now", moved.Status.NodeName)
+	}
 	if moved.Status.MigrationState.Cause != v1alpha1.MigrationCauseManual {
 		t.Errorf("the plugin's migration has cause %q, want Manual", moved.Status.MigrationState.Cause)
 	}
+	// libvirt's figure, which the target's agent records a moment after the guest runs there.
+	stood := waitVMI(t, ns, vm.Name, 30*time.Second, "with the guest's downtime recorded", func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.MigrationState != nil && v.Status.MigrationState.DowntimeMilliseconds != nil
+	})
+	t.Logf("the guest stood still for %d ms", *stood.Status.MigrationState.DowntimeMilliseconds)
 	mustKubectlLifeboat(t, "cause Manual", "status", vm.Name, "-n", ns)
 
 	for _, tc := range []struct{ args []string }{

@@ -122,6 +122,14 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 		t.Errorf("node A's agent handing its VMI to the migration's target: %v", err)
 	}
 	wantForbidden(t, "node A's agent writing the VMI after it left", writeVMI(agentA, false, mark), "the agent of node restrict-a may not write VMI vm: it runs on node restrict-b")
+	// The target's agent records how long the guest stood still (kubectl lifeboat follow reads it); no other node's may.
+	downtime := func(v *v1alpha1.VirtualMachineInstance) {
+		v.Status.MigrationState.DowntimeMilliseconds = ptr.To[int64](40)
+	}
+	if err := writeVMI(agentB, false, downtime); err != nil {
+		t.Errorf("node B's agent, the target, recording the guest's downtime: %v", err)
+	}
+	wantForbidden(t, "node C's agent recording the guest's downtime", writeVMI(agentC, false, downtime), "the agent of node restrict-c may not write VMI vm: it runs on node restrict-b")
 }
 
 // TestTheControllerCreatesOnlyLauncherPods uses the controller's token as a thief would: the

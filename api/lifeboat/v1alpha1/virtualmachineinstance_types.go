@@ -468,6 +468,12 @@ type VirtualMachineInstanceMigrationState struct {
 	// Cause is why the migration was made.
 	// +optional
 	Cause MigrationCause `json:"cause,omitempty"`
+	// DowntimeMilliseconds is how long the migration stopped the guest, as libvirt measured it on
+	// the target: the target node's agent records it a moment after the guest runs there. Unset
+	// while the migration runs, when it failed, or when libvirt kept no figure.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	DowntimeMilliseconds *int64 `json:"downtimeMilliseconds,omitempty"`
 }
 
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object

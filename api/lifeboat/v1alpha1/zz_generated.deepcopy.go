@@ -851,6 +851,11 @@ func (in *VirtualMachineInstanceMigrationState) DeepCopyInto(out *VirtualMachine
 		in, out := &in.TargetNodeDomainReadyTimestamp, &out.TargetNodeDomainReadyTimestamp
 		*out = (*in).DeepCopy()
 	}
+	if in.DowntimeMilliseconds != nil {
+		in, out := &in.DowntimeMilliseconds, &out.DowntimeMilliseconds
+		*out = new(int64)
+		**out = **in
+	}
 	return
 }
 

@@ -119,8 +119,10 @@ func evict(ctx context.Context, dir, ref string) error {
 	return nil
 }
 
-// follow prints the migrations of a VMI as they progress, until the VMI runs on another node.
-func follow(ctx context.Context, dir, ref string, timeout time.Duration) error {
+// follow prints the migrations of a VMI as they progress, until the VMI runs on another node;
+// then that the guest's counter went on, how long it stood still and how the source launcher
+// ended, as the nodes' files show. nodesOnly prints the latter alone.
+func follow(ctx context.Context, dir, ref string, timeout time.Duration, nodesOnly bool) error {
 	ns, name := splitRef(ref)
 	kube, lb, err := clients(dir)
 	if err != nil {
@@ -142,7 +144,12 @@ func follow(ctx context.Context, dir, ref string, timeout time.Duration) error {
 		return paths
 	})
 	var deadline *metav1.Time // the kubelet's SIGKILL, as the migrations record it
-	fmt.Printf("following VMI %s/%s, running on %s\n", ns, name, from)
+	say := func(format string, args ...any) {
+		if !nodesOnly {
+			fmt.Printf(format, args...)
+		}
+	}
+	say("following VMI %s/%s, running on %s\n", ns, name, from)
 	migrations := lb.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns)
 	selector := metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(start.UID)}
 	earlier := map[string]bool{} // migrations that ended before this one: not followed
@@ -165,7 +172,7 @@ func follow(ctx context.Context, dir, ref string, timeout time.Duration) error {
 				deadline = list.Items[i].Status.Deadline
 			}
 			if line := vm.MigrationLine(&list.Items[i], time.Now()); line != last {
-				fmt.Printf("%s  %s\n", time.Now().Format("15:04:05.0"), line)
+				say("%s  %s\n", time.Now().Format("15:04:05.0"), line)
 				last = line
 			}
 		}
@@ -181,7 +188,7 @@ func follow(ctx context.Context, dir, ref string, timeout time.Duration) error {
 		if s.StartTimestamp != nil && s.EndTimestamp != nil {
 			took = fmt.Sprintf(" in %s", s.EndTimestamp.Sub(s.StartTimestamp.Time))
 		}
-		fmt.Printf("VMI %s/%s now runs on %s: moved from %s%s (mode %s, cause %s)\n", ns, name, v.Status.NodeName, s.SourceNode, took, s.Mode, s.Cause)
+		say("VMI %s/%s now runs on %s: moved from %s%s (mode %s, cause %s)\n", ns, name, v.Status.NodeName, s.SourceNode, took, s.Mode, s.Cause)
 		to = v.Status.NodeName
 		return true, nil
 	})

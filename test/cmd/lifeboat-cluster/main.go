@@ -10,7 +10,10 @@
 //	lifeboat-cluster guest              print the test guest's kernel and initrd (built once, cached)
 //	lifeboat-cluster console NS/NAME    print a demo VMI's guest console [--wait-for LINE]
 //	lifeboat-cluster evict NS/NAME      have a VMI's node evict its pod for memory pressure, as a kubelet would
-//	lifeboat-cluster follow NS/NAME     print the VMI's migrations as they progress until it runs elsewhere
+//	lifeboat-cluster follow NS/NAME     print the VMI's migrations as they progress until it runs elsewhere,
+//	    --nodes-only                     then what its nodes show: the guest's console goes on, the source
+//	                                     launcher ends; --nodes-only prints that alone (make demo has
+//	                                     kubectl lifeboat follow show the migration)
 //	lifeboat-cluster ask NS/SERVICE     ask a Service of a demo VM from the pod network and print the answer;
 //	    --every D                        ask every D until interrupted, then print what was seen
 package main
@@ -58,6 +61,7 @@ func main() {
 	fs.StringVar(&lb.nodesRoot, "nodes-root", defaultNodesRoot, "directory of the emulated nodes' host paths; keep it short (unix socket paths live under it)")
 	waitFor := fs.String("wait-for", "", "console: wait until the guest printed this line")
 	every := fs.Duration("every", 0, "ask: ask this often until interrupted (SIGINT or SIGTERM), then summarise")
+	nodesOnly := fs.Bool("nodes-only", false, "follow: print only what the nodes show (the guest's console, the source launcher's end), not the migration's lines")
 	args := os.Args[2:]
 	var ref string
 	if (os.Args[1] == "console" || os.Args[1] == "evict" || os.Args[1] == "follow" || os.Args[1] == "ask") && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -94,7 +98,7 @@ func main() {
 	case "evict":
 		err = evict(ctx, *dir, ref)
 	case "follow":
-		err = follow(ctx, *dir, ref, *timeout)
+		err = follow(ctx, *dir, ref, *timeout, *nodesOnly)
 	case "down":
 		err = down(*dir)
 	case "rights":
@@ -109,7 +113,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: lifeboat-cluster build | bin-dir | guest | up [--dir DIR] [--nodes N --lifeboat-bin BIN] | down [--dir DIR] | console NS/NAME [--wait-for LINE] | evict NS/NAME | follow NS/NAME | ask NS/SERVICE [--every D] | rights")
+	fmt.Fprintln(os.Stderr, "usage: lifeboat-cluster build | bin-dir | guest | up [--dir DIR] [--nodes N --lifeboat-bin BIN] | down [--dir DIR] | console NS/NAME [--wait-for LINE] | evict NS/NAME | follow NS/NAME [--nodes-only] | ask NS/SERVICE [--every D] | rights")
 	os.Exit(2)
 }
 
