@@ -26,7 +26,9 @@ func ShouldEvacuateVMI(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, config
 	}
 	switch v1alpha1.EffectiveEvictionStrategy(vmi, config) {
 	case v1alpha1.EvictionStrategyLiveMigrate, v1alpha1.EvictionStrategyLiveMigrateIfPossible:
-		return dom.NotMigratableReason == ""
+		// A VM no other node can take (NoTargetNode) would only be held until the kubelet kills
+		// it: its guest shuts down instead, as with any VM that cannot migrate.
+		return dom.NotMigratableReason == "" && !noTargetNode(&vmi.Status)
 	case v1alpha1.EvictionStrategyExternal:
 		return true
 	default:

@@ -371,6 +371,18 @@ const (
 	VMIConditionEvictionRequested = "EvictionRequested"
 )
 
+// Reasons of the LiveMigratable condition that more than one component writes. The agent owns
+// the condition for the domain's own reasons; the evacuation controller sets NoTargetNode over a
+// True condition, and back, as the nodes change.
+const (
+	// VMIReasonMigratable: the condition is True.
+	VMIReasonMigratable = "Migratable"
+	// VMIReasonNoTargetNode: the domain could move, but no node other than its own could take
+	// its target pod (its nodeSelector, the nodes' labels, cordons, taints, allocatable memory);
+	// the message says what keeps each node out.
+	VMIReasonNoTargetNode = "NoTargetNode"
+)
+
 // VirtualMachineInstanceStatus is what lifeboat observes of a VMI.
 type VirtualMachineInstanceStatus struct {
 	// Phase is where the VMI is in its life.
