@@ -381,7 +381,7 @@ func TestMigratable(t *testing.T) {
 	}
 	noTarget := func(v *v1alpha1.VirtualMachineInstance) {
 		v.Status.Conditions = []metav1.Condition{{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionFalse, Reason: v1alpha1.VMIReasonNoTargetNode,
-			Message: "no node other than a can take the VM: no other node labelled lifeboat.dev/kvm=true matches its nodeSelector zone=1"}}
+			Message: "no other node labelled lifeboat.dev/kvm=true matches its nodeSelector zone=1"}}
 	}
 	for _, tc := range []struct {
 		name   string
@@ -394,7 +394,7 @@ func TestMigratable(t *testing.T) {
 		{"pinned, must migrate", vm("ns", "db", "a", "1Gi", strategy(v1alpha1.EvictionStrategyLiveMigrate), selector("zone", "1")), "VM ns/db", Fail,
 			"on node a cannot live-migrate (pinned: no other node labelled lifeboat.dev/kvm=true matches its nodeSelector zone=1); eviction strategy LiveMigrate: a drain of its node waits for ever"},
 		{"pinned, and its condition says so already: said once", vm("ns", "db", "a", "1Gi", strategy(v1alpha1.EvictionStrategyLiveMigrate), selector("zone", "1"), noTarget), "VM ns/db", Fail,
-			"on node a cannot live-migrate (NoTargetNode: no node other than a can take the VM: no other node labelled lifeboat.dev/kvm=true matches its nodeSelector zone=1); eviction strategy LiveMigrate"},
+			"on node a cannot live-migrate (NoTargetNode: no other node labelled lifeboat.dev/kvm=true matches its nodeSelector zone=1); eviction strategy LiveMigrate"},
 		{"pinned where the other node is cordoned", vm("ns", "db", "b", "1Gi", strategy(v1alpha1.EvictionStrategyLiveMigrateIfPossible), selector("zone", "2")), "VM ns/db", Warn, "it shuts down instead of migrating"},
 		{"not migratable", vm("ns", "db", "a", "1Gi", notMigratable), "VM ns/db", Warn, "(DisksNotLiveMigratable: disk data is a ReadWriteOnce claim); eviction strategy None"},
 		{"not running", vm("ns", "db", "", "1Gi", selector("zone", "1")), "VMs", OK, "all 0 running"},

@@ -77,7 +77,7 @@ func (p *Placer) Condition(v *v1alpha1.VirtualMachineInstance, now metav1.Time) 
 	case why == "":
 		return nil
 	}
-	msg := fmt.Sprintf("no node other than %s can take the VM: %s", v.Status.NodeName, why)
+	msg := why
 	switch {
 	case noTarget && c.Message == msg:
 		return nil
@@ -109,9 +109,11 @@ func (c *Controller) place(ctx context.Context, vmis []*v1alpha1.VirtualMachineI
 		if want == nil {
 			continue
 		}
-		updated := v.DeepCopy()
-		meta.SetStatusCondition(&updated.Status.Conditions, *want)
-		updated, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(v.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{})
+		local := v.DeepCopy()
+		meta.SetStatusCondition(&local.Status.Conditions, *want)
+		// The plan goes by what the nodes show now, written or not.
+		out[i] = local
+		updated, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(v.Namespace).UpdateStatus(ctx, local, metav1.UpdateOptions{})
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			continue // the VMI's change brings the controller back
 		}

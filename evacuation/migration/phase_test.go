@@ -23,7 +23,7 @@ func TestNext(t *testing.T) {
 		Reason: "DisksNotLiveMigratable", Message: `persistentVolumeClaim "db" (volume "data") is not ReadWriteMany`}}
 	pinned := running.DeepCopy()
 	pinned.Status.Conditions = []metav1.Condition{{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionFalse,
-		Reason: v1alpha1.VMIReasonNoTargetNode, Message: "no node other than a can take the VM: no other node labelled lifeboat.dev/kvm=true matches its nodeSelector kubernetes.io/hostname=a"}}
+		Reason: v1alpha1.VMIReasonNoTargetNode, Message: "no other node labelled lifeboat.dev/kvm=true matches its nodeSelector kubernetes.io/hostname=a"}}
 	mig := func(phase v1alpha1.VirtualMachineInstanceMigrationPhase) *v1alpha1.VirtualMachineInstanceMigration {
 		m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{UID: "m1", CreationTimestamp: now}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
 		m.Status.Phase, m.Status.SourceNode = phase, "a"
@@ -79,9 +79,9 @@ func TestNext(t *testing.T) {
 		{"failed by an agent: the target pod goes", mig(v1alpha1.MigrationFailed), running, pod("b", corev1.PodRunning), v1alpha1.MigrationFailed, DeleteTargetPod, "", nil},
 		{"a target the scheduler cannot place, past its limit: Failed with the scheduler's words", stale(mig(v1alpha1.MigrationScheduling)), running, unschedulablePod(), v1alpha1.MigrationFailed, DeleteTargetPod, "no nodes fit", failed},
 		{"a pending migration of a VM no other node can take: Failed at once, naming why", mig(v1alpha1.MigrationPending), pinned, nil, v1alpha1.MigrationFailed, NoAction,
-			"(NoTargetNode): no node other than a can take the VM: no other node labelled lifeboat.dev/kvm=true matches its nodeSelector kubernetes.io/hostname=a", failed},
+			"(NoTargetNode): no other node labelled lifeboat.dev/kvm=true matches its nodeSelector kubernetes.io/hostname=a", failed},
 		{"a target waiting for a node while no other node can take the VM: Failed at once, not after the pending timeout", mig(v1alpha1.MigrationScheduling), pinned, unschedulablePod(), v1alpha1.MigrationFailed, DeleteTargetPod,
-			"target pod target cannot be scheduled: no node other than a can take the VM", failed},
+			"target pod target cannot be scheduled: no other node labelled lifeboat.dev/kvm=true matches its nodeSelector kubernetes.io/hostname=a", failed},
 		{"a target already placed is not failed for NoTargetNode", mig(v1alpha1.MigrationScheduling), pinned, pod("b", corev1.PodPending), v1alpha1.MigrationScheduled, NoAction, "", []string{"TargetScheduled"}},
 		{"succeeded: nothing", mig(v1alpha1.MigrationSucceeded), running, pod("b", corev1.PodRunning), v1alpha1.MigrationSucceeded, NoAction, "", nil},
 	}
