@@ -20,6 +20,7 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
+	"github.com/lifeboat-vm/lifeboat/evacuation/placement"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
 
@@ -615,10 +616,10 @@ func Migratable(vmis []v1alpha1.VirtualMachineInstance, nodes []corev1.Node, con
 	return out
 }
 
-// otherNodes are the nodes other than v's own that could take its target pod (TargetNodes), and
+// otherNodes are the nodes other than v's own that could take its target pod (placement.TargetNodes), and
 // if none, why not.
 func otherNodes(v *v1alpha1.VirtualMachineInstance, nodes []corev1.Node) ([]string, string) {
-	return TargetNodes(vmi.TargetPlacement(v), v.Status.NodeName, pointers(nodes))
+	return placement.TargetNodes(vmi.TargetPlacement(v), v.Status.NodeName, pointers(nodes))
 }
 
 // noTargetCondition: the VMI's LiveMigratable condition already says that no node can take it.

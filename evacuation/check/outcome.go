@@ -52,7 +52,7 @@ type VMFacts struct {
 	// the agent's words, "" while the agent has not reported.
 	Migratable    bool
 	NotMigratable string
-	// OtherNodes are the nodes besides Node that could take its target pod (TargetNodes);
+	// OtherNodes are the nodes besides Node that could take its target pod (placement.TargetNodes);
 	// NoTarget says why none can, "" when some can. Selector is its nodeSelector, "" for none.
 	OtherNodes []string
 	NoTarget   string

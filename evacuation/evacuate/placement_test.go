@@ -16,6 +16,7 @@ import (
 	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/placement"
 )
 
 func vmNode(name string, mutate ...func(*corev1.Node)) *corev1.Node {
@@ -67,7 +68,7 @@ func TestPlacerCondition(t *testing.T) {
 		{"a migration whose target runs is not undone", markedVMI("a", "n1", "Drain", 0, migrating), []*corev1.Node{vmNode("n1"), vmNode("n2", cordoned)}, "", "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := NewPlacer(tc.nodes).Condition(tc.vmi, metav1.NewTime(now))
+			got := placement.NewPlacer(tc.nodes).Condition(tc.vmi, metav1.NewTime(now))
 			switch {
 			case tc.status == "" && got != nil:
 				t.Errorf("got %+v, want the condition left", got)

@@ -1,4 +1,4 @@
-package check
+package placement
 
 import (
 	"slices"
@@ -6,10 +6,40 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	vmipkg "github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
+
+func node(name string, kvm bool, labels ...string) corev1.Node {
+	n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{}}}
+	if kvm {
+		n.Labels[v1alpha1.LabelKVMNode] = "true"
+	}
+	for i := 0; i+1 < len(labels); i += 2 {
+		n.Labels[labels[i]] = labels[i+1]
+	}
+	return n
+}
+
+func pointers(nodes []corev1.Node) []*corev1.Node {
+	out := make([]*corev1.Node, len(nodes))
+	for i := range nodes {
+		out[i] = &nodes[i]
+	}
+	return out
+}
+
+func vm(ns, name, node, memory string, mutate ...func(*v1alpha1.VirtualMachineInstance)) v1alpha1.VirtualMachineInstance {
+	v := v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:   v1alpha1.VirtualMachineInstanceSpec{Memory: resource.MustParse(memory)},
+		Status: v1alpha1.VirtualMachineInstanceStatus{NodeName: node, Phase: v1alpha1.VMIRunning}}
+	for _, m := range mutate {
+		m(&v)
+	}
+	return v
+}
 
 func TestTargetNodes(t *testing.T) {
 	// A VM on node-1 with 1Gi of guest memory: its pod requests 1Gi and about 180Mi.
@@ -57,8 +87,7 @@ func TestTargetNodes(t *testing.T) {
 			"no other node can take it: node-2 has taint node.kubernetes.io/unreachable:NoExecute, which the VM does not tolerate"},
 		{"too little allocatable memory", running(), []corev1.Node{vmNode("node-1"), vmNode("node-2", memory("1Gi"))}, nil,
 			"no other node can take it: node-2 has 1Gi allocatable memory, less than the 1206Mi its pod requests"},
-		{"short of memory now (relief)", running(), []corev1.Node{vmNode("node-1"), vmNode("node-2", label(v1alpha1.LabelMemoryPressureRelief, "true"))}, nil,
-			"no other node can take it: node-2 is short of memory (labelled lifeboat.dev/memory-pressure-relief)"},
+		{"short of memory now (relief): it passes, the node counts", running(), []corev1.Node{vmNode("node-1"), vmNode("node-2", label(v1alpha1.LabelMemoryPressureRelief, "true"))}, []string{"node-2"}, ""},
 		{"many cordoned nodes are counted", running(), []corev1.Node{vmNode("node-1"), vmNode("node-2", cordoned), vmNode("node-3", cordoned), vmNode("node-4", cordoned), vmNode("node-5", cordoned)}, nil,
 			"no other node can take it: node-2, node-3, node-4 and 1 more are cordoned"},
 		{"a selector and a cordon", running(func(v *v1alpha1.VirtualMachineInstance) { v.Spec.NodeSelector = map[string]string{"disk": "ssd"} }),
@@ -75,5 +104,23 @@ func TestTargetNodes(t *testing.T) {
 				t.Errorf("NoTargetNode %q, want %q", got, tc.why)
 			}
 		})
+	}
+}
+
+// TestTargetNodesHeedsTheTargetPodsAffinity: a real target pod (NewTargetPod) keeps off its
+// source by affinity; any required term of the pod counts.
+func TestTargetNodesHeedsTheTargetPodsAffinity(t *testing.T) {
+	v := vm("ns", "db", "node-1", "1Gi")
+	pod := vmipkg.TargetPlacement(&v)
+	terms := pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	terms[0].MatchExpressions = append(terms[0].MatchExpressions, corev1.NodeSelectorRequirement{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"east"}})
+	nodes := []corev1.Node{node("node-1", true, "zone", "east"), node("node-2", true, "zone", "west")}
+	fit, why := TargetNodes(pod, "node-1", pointers(nodes))
+	if len(fit) != 0 || why != "no other node can take it: node-2 is excluded by its target pod's node affinity" {
+		t.Errorf("got %v %q", fit, why)
+	}
+	nodes = append(nodes, node("node-3", true, "zone", "east"))
+	if fit, why := TargetNodes(pod, "node-1", pointers(nodes)); !slices.Equal(fit, []string{"node-3"}) || why != "" {
+		t.Errorf("got %v %q, want node-3", fit, why)
 	}
 }
