@@ -24,7 +24,7 @@ import (
 // (vmipkg.TargetPlacement or vmipkg.NewTargetPod), as the scheduler's filters would see them
 // with the node empty: VM nodes (labelled lifeboat.dev/kvm=true) that its node selector and
 // required node affinity admit (short of memory or not: see withoutRelief), that are not cordoned, whose NoSchedule and NoExecute taints it
-// tolerates, and whose allocatable memory holds its memory request. What other pods already
+// tolerates (but for the node lifecycle's passing ones), and whose allocatable memory holds its memory request. What other pods already
 // take is not counted: that changes by the minute, and a migration that finds a full cluster
 // waits for room (the evacuation controller's AwaitingCapacity), whereas a node that fails here
 // cannot take the VM until an admin changes it or the VM. When no node fits, why says what
@@ -67,7 +67,7 @@ func TargetNodes(pod *corev1.Pod, source string, nodes []*corev1.Node) (fit []st
 			continue
 		}
 		if taint, untolerated := schedulingcorev1.FindMatchingUntoleratedTaint(logr.Discard(), n.Spec.Taints, pod.Spec.Tolerations, func(t *corev1.Taint) bool {
-			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+			return (t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute) && !passing(t)
 		}, false); untolerated {
 			keep(n.Name, fmt.Sprintf("have taint %s, which the VM does not tolerate", taint.ToString()))
 			continue
@@ -97,6 +97,15 @@ func TargetNodes(pod *corev1.Pod, source string, nodes []*corev1.Node) (fit []st
 		parts = append(parts, nodeList(names)+" "+singular(reason, len(names)))
 	}
 	return nil, "no other node can take it: " + strings.Join(parts, "; ")
+}
+
+// passing says whether a taint is one the node lifecycle controller sets and clears from the
+// node's conditions (node.kubernetes.io/not-ready, unreachable, memory-pressure, ...): a node
+// rebooting or briefly short of something is no reason to give a VM up for good, any more than
+// one short of memory (withoutRelief). A cordon (node.kubernetes.io/unschedulable) is an admin's
+// act, and counts, as spec.unschedulable.
+func passing(t *corev1.Taint) bool {
+	return strings.HasPrefix(t.Key, "node.kubernetes.io/") && t.Key != corev1.TaintNodeUnschedulable
 }
 
 // withoutRelief is n without the node-pressure relief label, which target pods' affinity keeps
