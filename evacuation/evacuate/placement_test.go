@@ -64,6 +64,7 @@ func TestPlacerCondition(t *testing.T) {
 		{"no word from the agent yet: left", markedVMI("a", "n1", "Drain", 0, pinnedTo("n1"), func(v *v1alpha1.VirtualMachineInstance) {
 			meta.RemoveStatusCondition(&v.Status.Conditions, v1alpha1.VMIConditionLiveMigratable)
 		}), two, "", "", ""},
+		{"its own node not in view: the nodes are not known, left", markedVMI("a", "n1", "Drain", 0, pinnedTo("n1")), []*corev1.Node{vmNode("n2")}, "", "", ""},
 		{"not running: left", markedVMI("a", "n1", "Drain", 0, pinnedTo("n1"), func(v *v1alpha1.VirtualMachineInstance) { v.Status.Phase = v1alpha1.VMIScheduled }), two, "", "", ""},
 		{"a migration whose target runs is not undone", markedVMI("a", "n1", "Drain", 0, migrating), []*corev1.Node{vmNode("n1"), vmNode("n2", cordoned)}, "", "", ""},
 	} {

@@ -59,6 +59,11 @@ func (p *Placer) Condition(v *v1alpha1.VirtualMachineInstance, now metav1.Time) 
 	if c.Status != metav1.ConditionTrue && !noTarget {
 		return nil
 	}
+	// Without its own node in view the nodes are not known (a cache not synced yet, or a test
+	// without nodes): nothing is concluded from them.
+	if !slices.ContainsFunc(p.nodes, func(n *corev1.Node) bool { return n.Name == v.Status.NodeName }) {
+		return nil
+	}
 	why := p.noTarget(v)
 	switch {
 	case why == "" && noTarget:

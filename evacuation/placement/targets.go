@@ -105,7 +105,12 @@ func TargetNodes(pod *corev1.Pod, source string, nodes []*corev1.Node) (fit []st
 // one short of memory (withoutRelief). A cordon (node.kubernetes.io/unschedulable) is an admin's
 // act, and counts, as spec.unschedulable.
 func passing(t *corev1.Taint) bool {
-	return strings.HasPrefix(t.Key, "node.kubernetes.io/") && t.Key != corev1.TaintNodeUnschedulable
+	switch t.Key {
+	case corev1.TaintNodeNotReady, corev1.TaintNodeUnreachable, corev1.TaintNodeMemoryPressure, corev1.TaintNodeDiskPressure,
+		corev1.TaintNodePIDPressure, corev1.TaintNodeNetworkUnavailable:
+		return true
+	}
+	return false
 }
 
 // withoutRelief is n without the node-pressure relief label, which target pods' affinity keeps
