@@ -233,9 +233,7 @@ func IfOutOfMemory(v VMFacts, c ClusterFacts) Fate {
 		}
 		return Fate{VerdictShutsDown, why + "; turn the gate on in the LifeboatConfig"}
 	case v.pinned() != "":
-		// The controller sets LiveMigratable=False (NoTargetNode): the agent does not hold the
-		// shutdown of a VM that cannot leave.
-		return Fate{VerdictShutsDown, fmt.Sprintf("it is not marked when the kubelet evicts it, as no node can take it: %s; %s to shut the guest down", v.pinned(), kubelet)}
+		return Fate{VerdictLost, fmt.Sprintf("it is marked when the kubelet evicts it, but no node can take it: %s; %s, then kills it", v.pinned(), kubelet)}
 	case need <= grace:
 		return Fate{VerdictMigrates, fmt.Sprintf("%s; if the kubelet evicts it, it live-migrates within the grace: %s, and %s", relief, kubelet, copyOnce)}
 	case reliefSaves:
