@@ -28,7 +28,9 @@ func vmNode(name string, mutate ...func(*corev1.Node)) *corev1.Node {
 }
 
 func pinnedTo(node string) vmiOpt {
-	return func(v *v1alpha1.VirtualMachineInstance) { v.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node} }
+	return func(v *v1alpha1.VirtualMachineInstance) {
+		v.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
+	}
 }
 
 func withCondition(status metav1.ConditionStatus, reason, message string) vmiOpt {

@@ -86,4 +86,3 @@ func migrationUnderWay(v *v1alpha1.VirtualMachineInstance) bool {
 	s := v.Status.MigrationState
 	return s != nil && !s.Completed && !s.Failed
 }
-

@@ -48,7 +48,9 @@ func TestTargetNodes(t *testing.T) {
 		return &v
 	}
 	pinnedTo := func(host string) func(*v1alpha1.VirtualMachineInstance) {
-		return func(v *v1alpha1.VirtualMachineInstance) { v.Spec.NodeSelector = map[string]string{corev1.LabelHostname: host} }
+		return func(v *v1alpha1.VirtualMachineInstance) {
+			v.Spec.NodeSelector = map[string]string{corev1.LabelHostname: host}
+		}
 	}
 	vmNode := func(name string, mutate ...func(*corev1.Node)) corev1.Node {
 		n := node(name, true, corev1.LabelHostname, name)
@@ -60,7 +62,9 @@ func TestTargetNodes(t *testing.T) {
 	}
 	cordoned := func(n *corev1.Node) { n.Spec.Unschedulable = true }
 	taint := func(key, value string, effect corev1.TaintEffect) func(*corev1.Node) {
-		return func(n *corev1.Node) { n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: key, Value: value, Effect: effect}) }
+		return func(n *corev1.Node) {
+			n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: key, Value: value, Effect: effect})
+		}
 	}
 	memory := func(q string) func(*corev1.Node) {
 		return func(n *corev1.Node) { n.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse(q) }
