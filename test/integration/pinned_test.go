@@ -112,7 +112,7 @@ func TestEvictionsOfVMsNoNodeCanTake(t *testing.T) {
 	const pin = "integration.lifeboat.dev/pinned"
 	source := "pinned-source-" + ns
 	for name, labels := range map[string]map[string]string{
-		source:              {v1alpha1.LabelKVMNode: "true", pin: "yes"},
+		source:               {v1alpha1.LabelKVMNode: "true", pin: "yes"},
 		"pinned-other-" + ns: {v1alpha1.LabelKVMNode: "true"},
 	} {
 		if _, err := cluster.Kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{}); err != nil {
