@@ -71,7 +71,7 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations life
 			Help: "Migrations failed before their target pod was made, by refusal: Concurrent (their VMI already had one under way), ManualLimit (as many Manual migrations as spec.migrations.parallelManualMigrationsPerCluster allows were under way).",
 		}, []string{"refusal"}),
 	}
-	reg.MustRegister(c.refused)
+	reg.MustRegister(c.refused, noTargetCollector{vmis: vmis.Lister()})
 	registerMetrics(reg, migrations.Informer())
 	_, _ = migrations.Informer().AddEventHandler(worker.Handler(c.enqueue))
 	// A VMI's or a pod's change concerns the migrations of that VMI.
