@@ -90,6 +90,10 @@ type Config struct {
 	// ServeNotify serves a launcher's notify socket at path, for the VMI with vmiUID, until ctx
 	// ends (notifyserver.Server.Serve).
 	ServeNotify func(ctx context.Context, path, vmiUID string) error
+	// APILostAfter is how long without reaching the API server (or without running) counts as
+	// cut off: the agent probes it, and once contact is back reports the outage and checks
+	// every guest against its VMI (apicontact.go). 0 probes nothing.
+	APILostAfter time.Duration
 }
 
 // Agent keeps the status of the VMIs on its node true and ends their guests as decided.
@@ -162,6 +166,16 @@ func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.Virtual
 	if _, err := a.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    a.enqueueVMI,
 		UpdateFunc: func(_, obj any) { a.enqueueVMI(obj) },
+		// A VMI deleted, replaced or moved to another node (it leaves the informer's field
+		// selector): a guest of it still running here is a stray (syncStray).
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if o, ok := obj.(metav1.Object); ok && a.connected(string(o.GetUID())) {
+				a.queue.Add(string(o.GetUID()))
+			}
+		},
 	}); err != nil {
 		return nil, err
 	}
@@ -277,6 +291,9 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 	go a.migrations.run(ctx)
 	if a.cfg.Memory != nil {
 		go a.runRelief(ctx)
+	}
+	if a.cfg.APILostAfter > 0 {
+		go a.runContact(ctx)
 	}
 	if a.cfg.PodInformer != nil {
 		dirs := &podDirs{a: a, notify: map[string]*notifyServing{}, impostors: map[types.UID]bool{}}
@@ -526,8 +543,14 @@ func processNext(ctx context.Context, queue workqueue.TypedRateLimitingInterface
 // sync observes one VMI and its domain, decides, and carries the decision out.
 func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 	objs, err := a.informer.GetIndexer().ByIndex(uidIndex, uid)
-	if err != nil || len(objs) == 0 {
-		return 0, err // not on this node (yet): its informer event brings it back
+	if err != nil {
+		return 0, err
+	}
+	if len(objs) == 0 {
+		// Not on this node (yet: its informer event brings it back), or no longer: deleted,
+		// replaced or moved while its launcher here still runs a guest.
+		_, err := a.syncStray(ctx, uid)
+		return 0, err
 	}
 	vmi := objs[0].(*v1alpha1.VirtualMachineInstance).DeepCopy()
 
@@ -589,6 +612,9 @@ func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 	}
 	if plan.Lost {
 		a.cfg.Metrics.EvacuationsLost.Inc()
+	}
+	if plan.StrayReason != "" {
+		a.cfg.Metrics.StrayGuestsDestroyed.WithLabelValues(plan.StrayReason).Inc()
 	}
 	for _, e := range plan.Events {
 		a.cfg.Recorder.Event(vmi, e.Type, e.Reason, e.Message)

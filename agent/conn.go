@@ -12,6 +12,9 @@ type DomainConn interface {
 	Changes() <-chan struct{}
 	// Shutdown presses the guest's ACPI power button.
 	Shutdown(ctx context.Context, domainName string) error
+	// DomainNames lists the launcher's domains by name (it defines one: namespace_name of its
+	// VMI); the agent reads it for a launcher whose VMI it does not know.
+	DomainNames(ctx context.Context) ([]string, error)
 	// Destroy stops the guest at once.
 	Destroy(ctx context.Context, domainName string) error
 	Close() error

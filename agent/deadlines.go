@@ -213,6 +213,10 @@ func (g *guardedConn) Destroy(ctx context.Context, name string) error {
 	return err
 }
 
+func (g *guardedConn) DomainNames(ctx context.Context) ([]string, error) {
+	return guarded(ctx, g, "domain-names", libvirtCallDeadline, func() ([]string, error) { return g.inner.DomainNames(ctx) })
+}
+
 // Close cuts the connection, waits a while for its calls to end, and closes it; a call that still
 // has not ended keeps it open rather than have libvirt free it under the call.
 func (g *guardedConn) Close() error {

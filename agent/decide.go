@@ -97,6 +97,8 @@ type Plan struct {
 	// Marked is true when this plan marks the VMI for evacuation; Lost when it records that the
 	// VM stayed on the node past its evacuation deadline.
 	Marked, Lost bool
+	// StrayReason is set when Destroy ends a guest whose VMI ended (a Stray* reason).
+	StrayReason string
 }
 
 // Decisions on a launcher's SIGTERM, as metric labels.
@@ -115,7 +117,7 @@ const (
 	ReasonDestroyed       = "Destroyed"
 	ReasonGuestCrashed    = "GuestCrashed"
 	ReasonGuestRunning    = "GuestRunning"
-	ReasonGuestNotRunning = "GuestNotRunning"
+	ReasonGuestNotRunning = v1alpha1.VMIReasonGuestNotRunning
 	ReasonMigratable      = v1alpha1.VMIReasonMigratable
 	// ReasonNodePressure is the EvictionRequested reason (and the migration cause) of a
 	// kubelet's node-pressure eviction.
@@ -216,6 +218,15 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node
 		setCondition(status, v1alpha1.VMIConditionEvictionRequested, metav1.ConditionFalse, ReasonEvacuationDeadlineExceeded, msg, nowMeta)
 		plan.Events = append(plan.Events, Event{corev1.EventTypeWarning, ReasonEvacuationDeadlineExceeded, msg})
 		plan.Status, plan.Lost = status, true
+		return plan
+	}
+	if dom != nil && vmi.Status.Phase.Terminal() && dom.State.Alive() && vmi.Status.NodeName == node {
+		// The VMI ended (its node was declared lost, say, and the VM may start elsewhere)
+		// while its guest runs on here: it must not run beside a new copy.
+		_, _, msg := DecideStray(Stray{UID: string(vmi.UID), Node: node, Domain: dom.State, VMI: vmi})
+		plan.Destroy = true
+		plan.Events = append(plan.Events, Event{corev1.EventTypeWarning, ReasonStrayGuestDestroyed, msg})
+		plan.StrayReason = StrayVMIEnded
 		return plan
 	}
 	if dom == nil || vmi.Status.Phase.Terminal() {

@@ -74,7 +74,7 @@ func TestDecide(t *testing.T) {
 			wantPhase: v1alpha1.VMIRunning, wantReady: metav1.ConditionTrue, wantMigrates: metav1.ConditionTrue, wantShutdown: true, wantRequeue: 18 * time.Second, wantEvent: ReasonShuttingDown},
 		{name: "guest powered off: not Ready, phase left to the pod", vmi: testVMI(v1alpha1.VMIRunning), dom: &Domain{State: DomainShutoff}, now: t0,
 			wantPhase: v1alpha1.VMIRunning, wantReady: metav1.ConditionFalse},
-		{name: "terminal VMI: nothing", vmi: testVMI(v1alpha1.VMISucceeded), dom: &Domain{State: DomainRunning}, now: t0, wantPhase: ""},
+		{name: "terminal VMI: nothing", vmi: testVMI(v1alpha1.VMISucceeded), dom: &Domain{State: DomainShutoff}, now: t0, wantPhase: ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -109,6 +109,38 @@ func TestDecide(t *testing.T) {
 			}
 			if got := strings.Join(reasons, ","); got != tc.wantEvent {
 				t.Errorf("events = %q, want %q", got, tc.wantEvent)
+			}
+		})
+	}
+}
+
+// A VMI that ended while its guest still runs here (its node was declared lost, and the VM may
+// start elsewhere) has its guest destroyed, whatever the agent last knew: an ended VMI never
+// runs again.
+func TestDecideDestroysTheGuestOfAnEndedVMI(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		vmi         *v1alpha1.VirtualMachineInstance
+		state       DomainState
+		wantDestroy bool
+	}{
+		{"Failed, guest running", testVMI(v1alpha1.VMIFailed), DomainRunning, true},
+		{"Failed, guest paused", testVMI(v1alpha1.VMIFailed), DomainPaused, true},
+		{"Succeeded, guest running", testVMI(v1alpha1.VMISucceeded), DomainRunning, true},
+		{"Failed, guest shut off", testVMI(v1alpha1.VMIFailed), DomainShutoff, false},
+		{"Running: the guest is the VMI's", testVMI(v1alpha1.VMIRunning), DomainRunning, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plan := Decide(tc.vmi, &Domain{State: tc.state}, Eviction{}, "node-1", t0)
+			if plan.Destroy != tc.wantDestroy {
+				t.Fatalf("destroy = %v, want %v (%+v)", plan.Destroy, tc.wantDestroy, plan)
+			}
+			if !tc.wantDestroy {
+				return
+			}
+			if plan.Status != nil || plan.StrayReason != StrayVMIEnded || len(plan.Events) != 1 || plan.Events[0].Reason != ReasonStrayGuestDestroyed ||
+				!strings.Contains(plan.Events[0].Message, "never runs beside another copy") {
+				t.Errorf("plan %+v: want no status write, stray reason %s and one %s Event", plan, StrayVMIEnded, ReasonStrayGuestDestroyed)
 			}
 		})
 	}

@@ -144,6 +144,7 @@ func stateOf(s domain.State, r domain.Reason) DomainState {
 
 func (c *libvirtConn) Shutdown(_ context.Context, name string) error { return c.conn.Shutdown(name) }
 func (c *libvirtConn) Destroy(_ context.Context, name string) error  { return c.conn.Destroy(name) }
+func (c *libvirtConn) DomainNames(context.Context) ([]string, error) { return c.conn.DomainNames() }
 
 // Cut ends the connection's stream to the launcher: every call waiting on it fails at once, and
 // so does every later one. Close still releases the connection.

@@ -48,6 +48,13 @@ type Metrics struct {
 	// nor by relief; EvictionGrace is that grace, LargestVMMigration the least time the node's
 	// largest VM takes to migrate, and ReliefOn whether relief is on (pressure.Exposure).
 	VMsAtRisk, EvictionGrace, LargestVMMigration, ReliefOn prometheus.Gauge
+	// StrayGuestsDestroyed counts guests destroyed because the API server says their VM runs
+	// elsewhere or not at all, by reason (agent.Stray*).
+	StrayGuestsDestroyed *prometheus.CounterVec
+	// APIServerCutOff is 1 while the agent has not reached the API server for longer than
+	// --api-server-lost-after; APIServerOutages counts such outages once they ended.
+	APIServerCutOff  prometheus.Gauge
+	APIServerOutages prometheus.Counter
 }
 
 // exposure sets the gauges of what the kubelet's eviction settings mean for the node's VMs.
@@ -150,10 +157,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_node_pressure_relief_on",
 			Help: "1 while node-pressure relief is on for the node (set so, or unset where the kubelet's grace is too short for a migration).",
 		}),
+		StrayGuestsDestroyed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_agent_stray_guests_destroyed_total",
+			Help: "Guests the agent destroyed because the API server, read live, says their VM runs elsewhere or not at all (a node that came back after its VMs were restarted elsewhere), by reason: VMIGone, VMIReplaced, VMIEnded, VMIElsewhere.",
+		}, []string{"reason"}),
+		APIServerCutOff: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "lifeboat_agent_api_server_cut_off",
+			Help: "1 while the agent has not reached the API server (or did not run) for longer than --api-server-lost-after; it pauses nothing and kills nothing meanwhile.",
+		}),
+		APIServerOutages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_agent_api_server_outages_total",
+			Help: "Times the agent was cut off from the API server (or did not run) for longer than --api-server-lost-after, counted when contact came back.",
+		}),
 	}
 	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.LibvirtCallsAbandoned, m.MigrationConnectionsRefused,
 		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated, m.MigrationDowntime,
-		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn)
+		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn, m.StrayGuestsDestroyed, m.APIServerCutOff, m.APIServerOutages)
 	// Each decision is served from the start, at 0: no SIGTERM yet reads as 0, not as a series
 	// that is missing, which a renamed metric would look like too.
 	for _, d := range []string{DecisionEvacuate, DecisionShutdown} {

@@ -84,6 +84,9 @@ func (o *orphanedPostCopy) Changes() <-chan struct{}               { return nil 
 func (o *orphanedPostCopy) Shutdown(context.Context, string) error { return errors.New("not expected") }
 func (o *orphanedPostCopy) Destroy(context.Context, string) error  { return errors.New("not expected") }
 func (o *orphanedPostCopy) Close() error                           { return nil }
+func (o *orphanedPostCopy) DomainNames(context.Context) ([]string, error) {
+	return []string{"ns_vm"}, nil
+}
 func (o *orphanedPostCopy) JobStats(string) (domain.JobStats, error) {
 	return domain.JobStats{Type: domain.JobUnbounded}, nil
 }

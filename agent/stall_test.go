@@ -121,6 +121,9 @@ func (h *healthyLauncher) Changes() <-chan struct{}               { return h.cha
 func (h *healthyLauncher) Shutdown(context.Context, string) error { return nil }
 func (h *healthyLauncher) Destroy(context.Context, string) error  { return nil }
 func (h *healthyLauncher) Close() error                           { return nil }
+func (h *healthyLauncher) DomainNames(context.Context) ([]string, error) {
+	return []string{"ns_vm"}, nil
+}
 
 // Launchers whose libvirt takes calls and never answers them (issue 45, N5) hold each one of the
 // agent's workers until the call's deadline and no more. With one stalled call outstanding, the

@@ -162,6 +162,25 @@ func (c *Conn) Lookup(name string) (Info, error) {
 	return Info{Name: name, UUID: uuid, State: state, Reason: reason}, nil
 }
 
+// DomainNames lists the names of the domains this libvirt daemon knows, running or not (a
+// launcher's has one).
+func (c *Conn) DomainNames() ([]string, error) {
+	doms, err := c.virt.ListAllDomains(0)
+	if err != nil {
+		return nil, fmt.Errorf("listing the domains on %s: %w", c.uri, err)
+	}
+	var names []string
+	for i := range doms {
+		name, err := doms[i].GetName()
+		_ = doms[i].Free()
+		if err != nil {
+			return nil, fmt.Errorf("reading a domain's name on %s: %w", c.uri, err)
+		}
+		names = append(names, name)
+	}
+	return names, nil
+}
+
 // State returns the named domain's state and its reason.
 func (c *Conn) State(name string) (State, Reason, error) {
 	dom, err := c.lookup(name)

@@ -10,7 +10,6 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -36,6 +35,10 @@ func (c *client) status(ctx context.Context, name string, now time.Time) error {
 		return nil
 	}
 	fmt.Fprintf(c.out, "instance %s: phase %s on node %s\n", i.UID, i.Status.Phase, i.Status.NodeName)
+	if cond := meta.FindStatusCondition(i.Status.Conditions, v1alpha1.VMIConditionNodeLost); cond != nil && cond.Status == metav1.ConditionTrue {
+		// The node stopped answering: what to do, as the VMI controller wrote it.
+		fmt.Fprintf(c.out, "waiting for its node: %s\n", cond.Message)
+	}
 	if i.Status.EvacuationNodeName != "" {
 		cause := ""
 		if cond := meta.FindStatusCondition(i.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); cond != nil {
@@ -70,7 +73,7 @@ func (c *client) status(ctx context.Context, name string, now time.Time) error {
 // protection prints what protects the instance now ("Protected by") and what a drain and memory
 // pressure would do to it (check.IfDrained, check.IfOutOfMemory).
 func (c *client) protection(ctx context.Context, i *v1alpha1.VirtualMachineInstance) {
-	config, configErr := get(c.lb.LifeboatV1alpha1().LifeboatConfigs().Get(ctx, v1alpha1.ConfigName, metav1.GetOptions{}))
+	config, configErr := check.Optional(c.lb.LifeboatV1alpha1().LifeboatConfigs().Get(ctx, v1alpha1.ConfigName, metav1.GetOptions{}))
 	var nodes []corev1.Node
 	nodeList, nodesErr := c.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if nodesErr == nil {
@@ -124,7 +127,7 @@ func (c *client) protection(ctx context.Context, i *v1alpha1.VirtualMachineInsta
 		}
 	}
 
-	hook, hookErr := get(c.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhook.ConfigurationName, metav1.GetOptions{}))
+	hook, hookErr := check.Optional(c.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhook.ConfigurationName, metav1.GetOptions{}))
 	cluster.WebhookKnown = hookErr == nil
 	if hookErr == nil {
 		r := check.Webhook(hook, webhook.WebhookName, nil)
@@ -150,7 +153,7 @@ func (c *client) protection(ctx context.Context, i *v1alpha1.VirtualMachineInsta
 		line("eviction webhook: unknown, cannot read ValidatingWebhookConfiguration %s (%v)", webhook.ConfigurationName, hookErr)
 	}
 
-	budget, budgetErr := get(c.kube.PolicyV1().PodDisruptionBudgets(i.Namespace).Get(ctx, disruption.BudgetName(i), metav1.GetOptions{}))
+	budget, budgetErr := check.Optional(c.kube.PolicyV1().PodDisruptionBudgets(i.Namespace).Get(ctx, disruption.BudgetName(i), metav1.GetOptions{}))
 	switch {
 	case budgetErr != nil:
 		line("disruption budget: unknown, cannot read PodDisruptionBudget %s (%v)", disruption.BudgetName(i), budgetErr)
@@ -176,7 +179,7 @@ func (c *client) protection(ctx context.Context, i *v1alpha1.VirtualMachineInsta
 			}
 		}
 		if node == nil && nodesErr != nil {
-			node, _ = get(c.kube.CoreV1().Nodes().Get(ctx, facts.Node, metav1.GetOptions{}))
+			node, _ = check.Optional(c.kube.CoreV1().Nodes().Get(ctx, facts.Node, metav1.GetOptions{}))
 		}
 		switch exposure, err := exposureOf(node); {
 		case node == nil:
@@ -223,17 +226,6 @@ func exposureOf(node *corev1.Node) (*v1alpha1.NodeEvictionExposure, error) {
 		return nil, err
 	}
 	return &e, nil
-}
-
-// get turns NotFound into a nil object.
-func get[T any](obj *T, err error) (*T, error) {
-	if apierrors.IsNotFound(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return obj, nil
 }
 
 func firstFew(names []string) string {

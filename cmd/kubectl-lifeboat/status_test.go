@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -16,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 )
 
 // `kubectl lifeboat status VM` against the real API server, with the objects lifeboat's
@@ -53,19 +53,7 @@ func TestStatusSaysWhatProtectsTheVMAndWhatWouldHappen(t *testing.T) {
 	makeNode(t, "status-node-1", map[string]string{v1alpha1.LabelKVMNode: "true", "disk": "ssd"}, string(exposure))
 	makeNode(t, "status-node-2", map[string]string{v1alpha1.LabelKVMNode: "true"}, "")
 
-	hook, err := cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "lifeboat-eviction"},
-		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:                    "eviction.lifeboat.dev",
-			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/validate-eviction"), CABundle: []byte("a CA bundle")},
-			Rules:                   []admissionregistrationv1.RuleWithOperations{{Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create}, Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods/eviction"}}}},
-			FailurePolicy:           ptr.To(admissionregistrationv1.Ignore),
-			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNoneOnDryRun),
-			AdmissionReviewVersions: []string{"v1"},
-			// No namespace has this label: the API server never calls the webhook here.
-			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"status-test": "never"}},
-		}},
-	}, metav1.CreateOptions{})
+	hook, err := cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, controlplane.InertEvictionWebhook("lifeboat-eviction", "status-test"), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +106,14 @@ func TestStatusSaysWhatProtectsTheVMAndWhatWouldHappen(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("status of pinned lacks %q", want)
 		}
+	}
+
+	// "stranded": its node stopped answering; the VMI controller says what to do.
+	waiting := "node status-node-1 is NotReady (Unknown) since 2026-11-28T12:01:05Z; the VM may still run there, so it is not started elsewhere. " +
+		"Once the node is known to be off, taint it: kubectl taint node status-node-1 node.kubernetes.io/out-of-service=nodeshutdown:NoExecute, or delete the Node"
+	makeVM(t, ns, "stranded", nil, metav1.Condition{Type: v1alpha1.VMIConditionNodeLost, Status: metav1.ConditionTrue, Reason: "WaitingForNode", Message: waiting})
+	if out := runStatus(t, ns, "stranded"); !strings.Contains(out, "waiting for its node: "+waiting+"\n") {
+		t.Errorf("status of stranded does not say it waits for its node, and what to do:\n%s", out)
 	}
 }
 

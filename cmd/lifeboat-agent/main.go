@@ -50,7 +50,7 @@ type options struct {
 	policyUser                        string
 	workers, deviceSlots, kubeletPort int
 	maxPodGracePeriod                 int64
-	podDirResync                      time.Duration
+	podDirResync, apiLostAfter        time.Duration
 }
 
 func main() {
@@ -78,6 +78,8 @@ func main() {
 	flag.StringVar(&o.policyUser, "policy-user", identity.Agent,
 		"the user lifeboat's admission policies (manifests/) hold the agent to; running as another service account, which they would not hold, it refuses to start. Empty: no check")
 	flag.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "the node's root cgroup file system, read for memory.available as the kubelet computes it")
+	flag.DurationVar(&o.apiLostAfter, "api-server-lost-after", time.Minute,
+		"how long without reaching the API server (or without running: a frozen node) counts as cut off; the agent pauses and kills nothing meanwhile, and once back reports the outage (Event on its Node) and destroys guests whose VM was restarted elsewhere; 0: do not probe")
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("node", o.nodeName)
@@ -179,6 +181,7 @@ func run(o options, log *slog.Logger) error {
 		LabelNode:         labelNode(kubeClient, o.nodeName),
 		KubeletSource:     source,
 		PublishExposure:   annotateNode(kubeClient, o.nodeName),
+		APILostAfter:      o.apiLostAfter,
 	}, lb, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), configInformers.Lifeboat().V1alpha1().LifeboatConfigs(),
 		[]migrationinformers.VirtualMachineInstanceMigrationInformer{outbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations(), inbound.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
 	if err != nil {

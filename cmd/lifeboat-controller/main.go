@@ -125,11 +125,11 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	lbv1 := lbInformers.Lifeboat().V1alpha1()
 	pods := kubeInformers.Core().V1().Pods()
 	claimInformers := informers.NewSharedInformerFactory(kubeClient, 0)
+	nodes, boundPods := evacuate.NewCapacityInformers(kubeClient)
 	vmiController := vmi.New(kubeClient, lb, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods,
-		claimInformers.Core().V1().PersistentVolumeClaims(), recorder, podOpts, log)
+		claimInformers.Core().V1().PersistentVolumeClaims(), nodes, recorder, podOpts, log)
 	mountFailures := vmi.NewMountFailureInformers(kubeClient)
 	vmiController.RelayMountFailures(mountFailures.Core().V1().Events())
-	nodes, boundPods := evacuate.NewCapacityInformers(kubeClient)
 	evacuationController := evacuate.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), nodes, boundPods, recorder, log)
 	budgets := disruption.NewBudgetInformer(kubeClient)
 	disruptionController := disruption.New(kubeClient, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), pods, budgets, recorder, log)

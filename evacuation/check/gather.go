@@ -85,8 +85,8 @@ func Run(ctx context.Context, c Clients, o Options, now time.Time) (Report, erro
 		add(Config(config))
 	}
 
-	lease, err := get(c.Kube.CoordinationV1().Leases(Namespace).Get(ctx, LeaseName, metav1.GetOptions{}))
-	deployment, err2 := get(c.Kube.AppsV1().Deployments(Namespace).Get(ctx, ControllerName, metav1.GetOptions{}))
+	lease, err := Optional(c.Kube.CoordinationV1().Leases(Namespace).Get(ctx, LeaseName, metav1.GetOptions{}))
+	deployment, err2 := Optional(c.Kube.AppsV1().Deployments(Namespace).Get(ctx, ControllerName, metav1.GetOptions{}))
 	outside := false
 	if err = firstError(err, err2); err != nil {
 		add(unreadable("controller", "the controller's Lease and Deployment", err))
@@ -167,8 +167,8 @@ func unreadable(check, what string, err error) Result {
 	return r
 }
 
-// get turns NotFound into a nil object.
-func get[T any](obj *T, err error) (*T, error) {
+// Optional turns a read's NotFound into a nil object: for what a cluster may lack.
+func Optional[T any](obj *T, err error) (*T, error) {
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
@@ -207,7 +207,7 @@ func readConfig(ctx context.Context, lb lifeboatclient.Interface) (*v1alpha1.Lif
 
 func checkWebhook(ctx context.Context, kube kubernetes.Interface) Result {
 	const check = "eviction webhook"
-	config, err := get(kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhook.ConfigurationName, metav1.GetOptions{}))
+	config, err := Optional(kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhook.ConfigurationName, metav1.GetOptions{}))
 	if err != nil {
 		return unreadable(check, "ValidatingWebhookConfiguration "+webhook.ConfigurationName, err)
 	}
@@ -228,7 +228,7 @@ func checkWebhook(ctx context.Context, kube kubernetes.Interface) Result {
 
 // readyEndpoints counts the Service's ready endpoints; nil if the Service does not exist.
 func readyEndpoints(ctx context.Context, kube kubernetes.Interface, namespace, name string) (*int, error) {
-	svc, err := get(kube.CoreV1().Services(namespace).Get(ctx, name, metav1.GetOptions{}))
+	svc, err := Optional(kube.CoreV1().Services(namespace).Get(ctx, name, metav1.GetOptions{}))
 	if err != nil || svc == nil {
 		return nil, err
 	}
@@ -249,7 +249,7 @@ func readyEndpoints(ctx context.Context, kube kubernetes.Interface, namespace, n
 }
 
 func checkAgents(ctx context.Context, kube kubernetes.Interface, nodes []corev1.Node, vmis []v1alpha1.VirtualMachineInstance, outside bool) []Result {
-	ds, err := get(kube.AppsV1().DaemonSets(Namespace).Get(ctx, AgentName, metav1.GetOptions{}))
+	ds, err := Optional(kube.AppsV1().DaemonSets(Namespace).Get(ctx, AgentName, metav1.GetOptions{}))
 	if err != nil {
 		return []Result{unreadable("agents", "DaemonSet "+Namespace+"/"+AgentName, err)}
 	}

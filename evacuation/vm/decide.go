@@ -88,6 +88,10 @@ func Status(vm *v1alpha1.VirtualMachine, vmi *v1alpha1.VirtualMachineInstance, u
 	}
 	status.PrintableStatus = printable(vm, vmi, unschedulable)
 	reason, msg := string(status.PrintableStatus), "the VM is "+string(status.PrintableStatus)
+	if status.PrintableStatus == v1alpha1.PrintableStatusWaitingForNode {
+		// Why it waits, and what an admin does, as the instance says it.
+		msg = "the VM waits for its node: " + meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionNodeLost).Message
+	}
 	cond := metav1.ConditionFalse
 	if vmi != nil && status.PrintableStatus == v1alpha1.PrintableStatusRunning {
 		if c := meta.FindStatusCondition(vmi.Status.Conditions, v1alpha1.VMIConditionReady); c != nil && c.Status == metav1.ConditionTrue {
@@ -105,6 +109,9 @@ func printable(vm *v1alpha1.VirtualMachine, vmi *v1alpha1.VirtualMachineInstance
 			return v1alpha1.PrintableStatusStarting
 		}
 		return v1alpha1.PrintableStatusStopped
+	case meta.IsStatusConditionTrue(vmi.Status.Conditions, v1alpha1.VMIConditionNodeLost):
+		// Also while it is being stopped: its guest may still run on the lost node.
+		return v1alpha1.PrintableStatusWaitingForNode
 	case vmi.DeletionTimestamp != nil:
 		return v1alpha1.PrintableStatusStopping
 	case vmi.Status.Phase == v1alpha1.VMIFailed:

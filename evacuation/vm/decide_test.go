@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -63,6 +64,8 @@ func TestStatus(t *testing.T) {
 	now := metav1.Now()
 	ready := []metav1.Condition{{Type: v1alpha1.VMIConditionReady, Status: metav1.ConditionTrue}}
 	migrating := &v1alpha1.VirtualMachineInstanceMigrationState{StartTimestamp: &now}
+	nodeLost := metav1.Condition{Type: v1alpha1.VMIConditionNodeLost, Status: metav1.ConditionTrue, Reason: "WaitingForNode",
+		Message: "node node-2 is NotReady since 2026-11-28T12:01:05Z; the VM may still run there"}
 	deleting := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm", DeletionTimestamp: &now}, Status: v1alpha1.VirtualMachineInstanceStatus{Phase: v1alpha1.VMIRunning}}
 	for _, tc := range []struct {
 		name          string
@@ -81,11 +84,23 @@ func TestStatus(t *testing.T) {
 		{name: "stopping", vmi: deleting, want: v1alpha1.PrintableStatusStopping},
 		{name: "shut down", vmi: &v1alpha1.VirtualMachineInstance{Status: v1alpha1.VirtualMachineInstanceStatus{Phase: v1alpha1.VMISucceeded}}, want: v1alpha1.PrintableStatusStopped},
 		{name: "failed", vmi: &v1alpha1.VirtualMachineInstance{Status: v1alpha1.VirtualMachineInstanceStatus{Phase: v1alpha1.VMIFailed}}, want: v1alpha1.PrintableStatusFailed},
+		{name: "its node stopped answering", vmi: &v1alpha1.VirtualMachineInstance{Status: v1alpha1.VirtualMachineInstanceStatus{Phase: v1alpha1.VMIRunning, Conditions: append(ready, nodeLost)}}, want: v1alpha1.PrintableStatusWaitingForNode},
+		{name: "stopping on a lost node: it waits for the node", vmi: func() *v1alpha1.VirtualMachineInstance {
+			v := deleting.DeepCopy()
+			v.Status.Conditions = []metav1.Condition{nodeLost}
+			return v
+		}(), want: v1alpha1.PrintableStatusWaitingForNode},
+		{name: "failed once the node was known off", vmi: &v1alpha1.VirtualMachineInstance{Status: v1alpha1.VirtualMachineInstanceStatus{Phase: v1alpha1.VMIFailed,
+			Conditions: []metav1.Condition{{Type: v1alpha1.VMIConditionNodeLost, Status: metav1.ConditionFalse, Reason: "NodeOutOfService"}}}}, want: v1alpha1.PrintableStatusFailed},
 	} {
 		vm := &v1alpha1.VirtualMachine{Spec: v1alpha1.VirtualMachineSpec{RunStrategy: tc.strategy}, Status: v1alpha1.VirtualMachineStatus{Restarts: 2}}
 		s := Status(vm, tc.vmi, tc.unschedulable, now)
 		if s.PrintableStatus != tc.want || s.Ready != tc.ready || s.Restarts != 2 {
 			t.Errorf("%s: status %s ready %v restarts %d, want %s ready %v restarts 2 (kept)", tc.name, s.PrintableStatus, s.Ready, s.Restarts, tc.want, tc.ready)
+		}
+		if c := meta.FindStatusCondition(s.Conditions, v1alpha1.VMIConditionReady); tc.want == v1alpha1.PrintableStatusWaitingForNode &&
+			(c == nil || c.Reason != string(v1alpha1.PrintableStatusWaitingForNode) || !strings.Contains(c.Message, nodeLost.Message)) {
+			t.Errorf("%s: the VM's Ready condition %+v must say why it waits: %q", tc.name, c, nodeLost.Message)
 		}
 	}
 }

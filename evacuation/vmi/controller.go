@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
@@ -38,6 +39,7 @@ type Controller struct {
 	configs  lifeboatlisters.LifeboatConfigLister
 	pods     corelisters.PodLister
 	claims   corelisters.PersistentVolumeClaimLister
+	nodes    corelisters.NodeLister
 	synced   []cache.InformerSynced
 	queue    workqueue.TypedRateLimitingInterface[string]
 	recorder record.EventRecorder
@@ -46,16 +48,18 @@ type Controller struct {
 	log      *slog.Logger
 }
 
-// New wires the controller to its informers. The pod informer should be filtered to launcher pods.
+// New wires the controller to its informers. The pod informer should be filtered to launcher pods;
+// the node informer holds every Node (a guest on a node that stops answering waits for it).
 func New(kube kubernetes.Interface, lb lifeboatclient.Interface, vmiInformer lifeboatinformers.VirtualMachineInstanceInformer,
 	configInformer lifeboatinformers.LifeboatConfigInformer, podInformer coreinformers.PodInformer,
-	claimInformer coreinformers.PersistentVolumeClaimInformer,
+	claimInformer coreinformers.PersistentVolumeClaimInformer, nodeInformer cache.SharedIndexInformer,
 	recorder record.EventRecorder, opts PodOptions, log *slog.Logger) *Controller {
 	c := &Controller{
 		kube: kube, lifeboat: lb,
 		vmis: vmiInformer.Lister(), configs: configInformer.Lister(), pods: podInformer.Lister(), claims: claimInformer.Lister(),
+		nodes: corelisters.NewNodeLister(nodeInformer.GetIndexer()),
 		synced: []cache.InformerSynced{vmiInformer.Informer().HasSynced, configInformer.Informer().HasSynced,
-			podInformer.Informer().HasSynced, claimInformer.Informer().HasSynced},
+			podInformer.Informer().HasSynced, claimInformer.Informer().HasSynced, nodeInformer.HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "vmi"}),
 		recorder: recorder,
 		opts:     opts,
@@ -67,6 +71,17 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, vmiInformer lif
 	_, _ = configInformer.Informer().AddEventHandler(worker.Handler(func(any) { c.enqueuePending() }))
 	// A VMI waiting for its claim starts once the claim is there.
 	_, _ = claimInformer.Informer().AddEventHandler(worker.Handler(func(any) { c.enqueuePending() }))
+	// A node that stops answering, is tainted out of service, answers again or is deleted
+	// changes what its VMIs may do.
+	_, _ = nodeInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: c.enqueueOnNode,
+		UpdateFunc: func(old, obj any) {
+			if nodeLossChanged(old, obj) {
+				c.enqueueOnNode(obj)
+			}
+		},
+		DeleteFunc: c.enqueueOnNode,
+	})
 	_, _ = podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueueOwner,
 		UpdateFunc: func(_, obj any) { c.enqueueOwner(obj) },
@@ -96,6 +111,51 @@ func (c *Controller) enqueuePending() {
 			c.enqueue(v)
 		}
 	}
+}
+
+// enqueueOnNode enqueues the VMIs whose guest runs on the node.
+func (c *Controller) enqueueOnNode(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	node, ok := obj.(*corev1.Node)
+	if !ok {
+		return
+	}
+	vmis, err := c.vmis.List(labels.Everything())
+	if err != nil {
+		utilruntime.HandleError(err)
+		return
+	}
+	for _, v := range vmis {
+		if v.Status.NodeName == node.Name && !v.Status.Phase.Terminal() {
+			c.enqueue(v)
+		}
+	}
+}
+
+// nodeLossChanged reports whether a Node update changes what DecideNodeLoss says: its Ready
+// condition's status or its taints (a heartbeat alone does not).
+func nodeLossChanged(old, obj any) bool {
+	o, ok1 := old.(*corev1.Node)
+	n, ok2 := obj.(*corev1.Node)
+	if !ok1 || !ok2 {
+		return true
+	}
+	ro, rn := readyCondition(o), readyCondition(n)
+	if (ro == nil) != (rn == nil) || (ro != nil && (ro.Status != rn.Status || ro.LastTransitionTime != rn.LastTransitionTime || ro.Message != rn.Message)) {
+		return true
+	}
+	return !apiequality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints)
+}
+
+// node is the Node named name from the cache, nil if there is none.
+func (c *Controller) node(name string) *corev1.Node {
+	n, err := c.nodes.Get(name)
+	if err != nil {
+		return nil
+	}
+	return n
 }
 
 // enqueueOwner maps a launcher pod to the VMI that controls it.
@@ -228,7 +288,7 @@ func (c *Controller) createLauncherPod(ctx context.Context, vmi *v1alpha1.Virtua
 }
 
 func (c *Controller) updateStatus(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) error {
-	status, events := NextStatus(vmi, pod, c.now())
+	status, events := NextStatus(vmi, pod, c.node, c.now())
 	if !apiequality.Semantic.DeepEqual(status, vmi.Status) {
 		vmi.Status = status
 		if _, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(vmi.Namespace).UpdateStatus(ctx, vmi, metav1.UpdateOptions{}); err != nil {
@@ -252,6 +312,9 @@ func (c *Controller) syncDeleted(ctx context.Context, vmi *v1alpha1.VirtualMachi
 				return fmt.Errorf("deleting launcher pod %s: %w", pod.Name, err)
 			}
 			c.recorder.Eventf(vmi, corev1.EventTypeNormal, ReasonShuttingDown, "shutting the guest down: deleting launcher pod %s", pod.Name)
+		}
+		if err := c.forceDeleteOnLostNode(ctx, vmi, pod); err != nil {
+			return err
 		}
 		if err := c.updateStatus(ctx, vmi, pod); err != nil {
 			return err
@@ -281,4 +344,31 @@ func hasFinalizer(vmi *v1alpha1.VirtualMachineInstance) bool {
 		}
 	}
 	return false
+}
+
+// forceDeleteOnLostNode removes the launcher pod of a deleted VMI from the API server when its
+// node does not answer but is known to have stopped the guest (DecideNodeLoss): no kubelet will
+// carry the deletion out, and the VMI, and with it a VM's next instance of the same name, waits
+// for the pod. On an out-of-service node Kubernetes' pod GC does the same; this does not wait
+// for it. On a node that may still run the guest the pod stays.
+func (c *Controller) forceDeleteOnLostNode(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) error {
+	if pod.Spec.NodeName == "" {
+		return nil
+	}
+	loss := DecideNodeLoss(NodeLossInput{NodeName: pod.Spec.NodeName, Node: c.node(pod.Spec.NodeName), Pod: pod,
+		AgentReportedGuestGone: agentReportedGuestGone(&vmi.Status)})
+	if loss.Verdict != GuestGone || loss.NodeReady {
+		return nil
+	}
+	err := c.kube.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+		GracePeriodSeconds: ptr.To[int64](0), Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("force-deleting launcher pod %s: %w", pod.Name, err)
+	}
+	c.recorder.Eventf(vmi, corev1.EventTypeNormal, ReasonForceDeleted, "force-deleted launcher pod %s: %s", pod.Name, loss.Message)
+	c.log.Info("force-deleted the launcher pod of a lost node", "vmi", vmi.Namespace+"/"+vmi.Name, "pod", pod.Name, "node", pod.Spec.NodeName, "reason", loss.Reason)
+	return nil
 }

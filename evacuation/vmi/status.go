@@ -25,10 +25,15 @@ const (
 	ReasonStopped          = "Stopped"
 	ReasonLauncherFailed   = "LauncherFailed"
 	// ReasonNodePathRefused: the VMI names a node path the cluster admin does not allow; it gets no pod.
-	ReasonNodePathRefused   = "NodePathRefused"
-	ReasonLauncherVanished  = "LauncherPodVanished"
-	ReasonShuttingDown      = "ShuttingDown"
-	ReasonGuestShutDown     = "GuestShutDown"
+	ReasonNodePathRefused  = "NodePathRefused"
+	ReasonLauncherVanished = "LauncherPodVanished"
+	ReasonShuttingDown     = "ShuttingDown"
+	ReasonGuestShutDown    = "GuestShutDown"
+	// ReasonNodeLost is the Event of a VMI that waits for its node (condition NodeLost).
+	ReasonNodeLost = "NodeLost"
+	// ReasonForceDeleted: the launcher pod of a deleted VMI on a node known to be off was
+	// removed from the API server, as no kubelet would.
+	ReasonForceDeleted      = "ForceDeletedLauncherPod"
 	conditionMessageUnknown = "the launcher pod ended"
 )
 
@@ -37,10 +42,14 @@ var phaseOrder = map[v1alpha1.VirtualMachineInstancePhase]int{
 	v1alpha1.VMISucceeded: 5, v1alpha1.VMIFailed: 5,
 }
 
+// NodeGetter finds a Node by name: nil when there is none.
+type NodeGetter func(name string) *corev1.Node
+
 // NextStatus is the VMI status the launcher pod implies, and the events to record for the change.
 // pod is nil when the VMI has no launcher pod; the first pod is recorded as its launcher. Phases only move forward; Running and the
-// conditions on a running guest are the agent's to set.
-func NextStatus(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, now metav1.Time) (v1alpha1.VirtualMachineInstanceStatus, []Event) {
+// conditions on a running guest are the agent's to set. nodes finds the node the guest runs on:
+// while it does not answer, the VMI waits (NodeLost) until DecideNodeLoss says the guest is gone.
+func NextStatus(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, nodes NodeGetter, now metav1.Time) (v1alpha1.VirtualMachineInstanceStatus, []Event) {
 	status := *vmi.Status.DeepCopy()
 	if status.Phase.Terminal() {
 		return status, nil
@@ -72,8 +81,24 @@ func NextStatus(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, now metav
 			return status, nil
 		}
 		msg := "the launcher pod was deleted while the guest was " + string(status.Phase)
+		if status.NodeName == "" {
+			fail(&status, ReasonLauncherVanished, msg, now)
+			return status, []Event{{corev1.EventTypeWarning, ReasonLauncherVanished, msg}}
+		}
+		// A pod deleted through the API, even force-deleted, is gone from the API only: on a
+		// node that does not answer its guest may run on.
+		loss := DecideNodeLoss(NodeLossInput{NodeName: status.NodeName, Node: nodes(status.NodeName), AgentReportedGuestGone: agentReportedGuestGone(&status)})
+		switch loss.Verdict {
+		case WaitForNode:
+			return status, waitForNode(&status, loss, now)
+		case GuestGone:
+			msg += ": " + loss.Message
+			fail(&status, loss.Reason, msg, now)
+			nodeLostEnded(&status, loss, now)
+			return status, []Event{{corev1.EventTypeWarning, loss.Reason, msg}}
+		}
 		fail(&status, ReasonLauncherVanished, msg, now)
-		return status, []Event{{corev1.EventTypeWarning, ReasonLauncherVanished, msg}}
+		return status, append(nodeAnswers(&status, status.NodeName), Event{corev1.EventTypeWarning, ReasonLauncherVanished, msg})
 	}
 
 	var events []Event
@@ -108,7 +133,52 @@ func NextStatus(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, now metav
 		events = append(events, Event{corev1.EventTypeNormal, ReasonScheduled,
 			fmt.Sprintf("launcher pod %s scheduled to node %s", pod.Name, pod.Spec.NodeName)})
 	}
-	return status, events
+	if pod.Spec.NodeName != status.NodeName {
+		// A migration's pod on another node: the guest's node is what counts, and this pod
+		// says nothing of it.
+		return status, events
+	}
+	loss := DecideNodeLoss(NodeLossInput{NodeName: pod.Spec.NodeName, Node: nodes(pod.Spec.NodeName), Pod: pod,
+		AgentReportedGuestGone: agentReportedGuestGone(&status)})
+	switch loss.Verdict {
+	case WaitForNode:
+		return status, append(events, waitForNode(&status, loss, now)...)
+	case GuestGone:
+		fail(&status, loss.Reason, loss.Message, now)
+		nodeLostEnded(&status, loss, now)
+		return status, append(events, Event{corev1.EventTypeWarning, loss.Reason, loss.Message})
+	}
+	return status, append(events, nodeAnswers(&status, pod.Spec.NodeName)...)
+}
+
+// waitForNode keeps the VMI as it is, with the NodeLost condition saying why; an Event when
+// that is news.
+func waitForNode(status *v1alpha1.VirtualMachineInstanceStatus, loss NodeLoss, now metav1.Time) []Event {
+	if old := meta.FindStatusCondition(status.Conditions, v1alpha1.VMIConditionNodeLost); old != nil &&
+		old.Status == metav1.ConditionTrue && old.Message == loss.Message {
+		return nil
+	}
+	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
+		Type: v1alpha1.VMIConditionNodeLost, Status: metav1.ConditionTrue, Reason: loss.Reason, Message: loss.Message, LastTransitionTime: now,
+	})
+	return []Event{{corev1.EventTypeWarning, ReasonNodeLost, loss.Message}}
+}
+
+// nodeLostEnded sets a NodeLost condition the VMI has False: the wait ended, for loss's reason.
+func nodeLostEnded(status *v1alpha1.VirtualMachineInstanceStatus, loss NodeLoss, now metav1.Time) {
+	if meta.FindStatusCondition(status.Conditions, v1alpha1.VMIConditionNodeLost) != nil {
+		meta.SetStatusCondition(&status.Conditions, metav1.Condition{
+			Type: v1alpha1.VMIConditionNodeLost, Status: metav1.ConditionFalse, Reason: loss.Reason, Message: loss.Message, LastTransitionTime: now,
+		})
+	}
+}
+
+// nodeAnswers clears the NodeLost condition of a VMI whose node answers again.
+func nodeAnswers(status *v1alpha1.VirtualMachineInstanceStatus, node string) []Event {
+	if !meta.RemoveStatusCondition(&status.Conditions, v1alpha1.VMIConditionNodeLost) {
+		return nil
+	}
+	return []Event{{corev1.EventTypeNormal, ReasonNodeAnswers, "node " + node + " answers again"}}
 }
 
 func fail(status *v1alpha1.VirtualMachineInstanceStatus, reason, msg string, now metav1.Time) {

@@ -106,7 +106,7 @@ func TestNextStatus(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			status, events := NextStatus(tc.vmi, tc.pod, now)
+			status, events := NextStatus(tc.vmi, tc.pod, readyNodes, now)
 			if status.Phase != tc.wantPhase {
 				t.Errorf("phase = %q, want %q", status.Phase, tc.wantPhase)
 			}
@@ -166,7 +166,7 @@ func TestNextStatusRecordsTheLauncherPod(t *testing.T) {
 			if tc.change != nil {
 				tc.change(tc.vmi)
 			}
-			status, _ := NextStatus(tc.vmi, tc.pod, now)
+			status, _ := NextStatus(tc.vmi, tc.pod, readyNodes, now)
 			if !reflect.DeepEqual(status.LauncherPod, tc.want) {
 				t.Errorf("launcherPod = %+v, want %+v", status.LauncherPod, tc.want)
 			}

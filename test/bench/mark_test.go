@@ -70,6 +70,15 @@ func (c *fakeConn) Changes() <-chan struct{}               { return c.changes }
 func (c *fakeConn) Shutdown(context.Context, string) error { return nil }
 func (c *fakeConn) Destroy(context.Context, string) error  { return nil }
 func (c *fakeConn) Close() error                           { return nil }
+func (c *fakeConn) DomainNames(context.Context) ([]string, error) {
+	c.d.mu.Lock()
+	defer c.d.mu.Unlock()
+	var names []string
+	for name := range c.d.domains {
+		names = append(names, name)
+	}
+	return names, nil
+}
 func (d *fakeDomains) set(name string, f func(*agent.Domain)) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

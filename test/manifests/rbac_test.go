@@ -37,6 +37,12 @@ var rbacCases = []struct {
 	{"agent watches the configuration", agentSA, access{verb: "watch", group: "lifeboat.dev", resource: "lifeboatconfigs"}, true},
 	{"agent records an Event", agentSA, access{verb: "create", resource: "events", namespace: "ns"}, true},
 	{"agent updates a repeated Event", agentSA, access{verb: "patch", resource: "events", namespace: "ns", name: "e"}, true},
+	// Issue 47: a guest whose VMI left the node is checked against the API server, live; the
+	// agent probes the API server; the controller holds the VMs of a node that stops answering.
+	{"agent lists a VMI's migrations, live, before destroying a stray guest", agentSA, access{verb: "list", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations", namespace: "ns"}, true},
+	{"agent probes the API server with the configuration", agentSA, access{verb: "get", group: "lifeboat.dev", resource: "lifeboatconfigs", name: "cluster"}, true},
+	{"agent reports an outage on its Node (an Event in default)", agentSA, access{verb: "create", resource: "events", namespace: "default"}, true},
+	{"controller watches nodes, to hold the VMs of one that stops answering", controllerSA, access{verb: "watch", resource: "nodes"}, true},
 	{"agent may not change a VMI's spec", agentSA, access{verb: "update", group: "lifeboat.dev", resource: "virtualmachineinstances", namespace: "ns", name: "vm"}, false},
 	{"agent may not create migrations", agentSA, access{verb: "create", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations", namespace: "ns"}, false},
 	{"agent may not change the configuration", agentSA, access{verb: "update", group: "lifeboat.dev", resource: "lifeboatconfigs", name: "cluster"}, false},

@@ -37,6 +37,8 @@ type podController struct {
 	podsSynced cache.InformerSynced
 	queue      workqueue.TypedRateLimitingInterface[string]
 	workers    sync.WaitGroup
+	// freezer holds the workers while the node is frozen.
+	freezer *freezer
 }
 
 func newPodController(client kubernetes.Interface, cfg Config, l layout, recorder record.EventRecorder, network *nodeNetwork) (*podController, error) {
@@ -127,6 +129,9 @@ func (c *podController) processNextWorkItem(ctx context.Context) bool {
 	}
 	defer c.queue.Done(key)
 
+	if c.freezer != nil {
+		c.freezer.waitThawed(ctx)
+	}
 	err := c.syncPod(ctx, key)
 	var wait requeueAfter
 	switch {

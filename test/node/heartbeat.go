@@ -23,7 +23,13 @@ func (n *Node) runLease(ctx context.Context) {
 		nodeLeaseRenewInterval, n.cfg.Name, corev1.NamespaceNodeLease,
 		n.leaseOwner(ctx),
 	)
-	controller.Run(ctx)
+	// A frozen node renews nothing; it starts again where it stopped once thawed.
+	for ctx.Err() == nil {
+		n.freezer.waitThawed(ctx)
+		thawed, cancel := n.freezer.whileThawed(ctx)
+		controller.Run(thawed)
+		cancel()
+	}
 }
 
 // leaseOwner makes the Node own its Lease, so that deleting the Node deletes the Lease
@@ -52,6 +58,7 @@ func (n *Node) leaseOwner(ctx context.Context) lease.ProcessLeaseFunc {
 func (n *Node) runStatus(ctx context.Context) {
 	lastReport := time.Now()
 	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		n.freezer.waitThawed(ctx)
 		reported, err := n.syncStatus(ctx, lastReport)
 		if err != nil {
 			klog.FromContext(ctx).Error(err, "Updating the node status")

@@ -70,3 +70,32 @@ func nodeHealthy(n *corev1.Node) string {
 	}
 	return ""
 }
+
+// A frozen node (Freeze) renews no Lease and posts no status, so the node lifecycle controller
+// marks it NotReady after its grace period; thawed, it is Ready again.
+func TestAFrozenNodeGoesNotReadyAndComesBack(t *testing.T) {
+	t.Parallel()
+	node := startNodes(t, 1)[0]
+	get := func(ctx context.Context) (*corev1.Node, error) {
+		return cluster.Kube.CoreV1().Nodes().Get(ctx, node.Name(), metav1.GetOptions{})
+	}
+	kubewait.For(t, waitTimeout, "node "+node.Name()+" Ready and untainted", get, func(n *corev1.Node) bool { return nodeHealthy(n) == "" }, nodeHealthy)
+	node.Freeze()
+	frozenAt := time.Now()
+	kubewait.For(t, 3*time.Minute, "node "+node.Name()+" NotReady while frozen", get,
+		func(n *corev1.Node) bool { return nodeHealthy(n) != "" && !nodeReady(n) }, nodeHealthy)
+	if renewed := waitForLease(t, node).Spec.RenewTime.Time; renewed.After(frozenAt.Add(time.Second)) {
+		t.Errorf("a frozen node renewed its lease at %s, frozen at %s", renewed, frozenAt)
+	}
+	node.Thaw()
+	kubewait.For(t, 3*time.Minute, "node "+node.Name()+" Ready and untainted once thawed", get, func(n *corev1.Node) bool { return nodeHealthy(n) == "" }, nodeHealthy)
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

@@ -62,6 +62,8 @@ type kubeletAPI struct {
 
 	decisionsMu sync.Mutex
 	decisions   map[string]decision
+	// freezer holds requests while the node is frozen.
+	freezer *freezer
 }
 
 type decision struct {
@@ -184,6 +186,10 @@ func selfSignedCert(name, address string) (tls.Certificate, error) {
 // certificate, 403 for a caller the API server refuses.
 func (a *kubeletAPI) authenticated(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.freezer != nil {
+			// A frozen kubelet answers nothing until it thaws.
+			a.freezer.waitThawed(r.Context())
+		}
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
 			http.Error(w, "Unauthorized", http.StatusUnauthorized)
 			return

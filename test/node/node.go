@@ -22,6 +22,7 @@ type Node struct {
 	broadcaster record.EventBroadcaster
 	recorder    record.EventRecorder
 	pods        *podController
+	freezer     *freezer
 	kubelet     *kubeletAPI
 
 	cancel     context.CancelFunc
@@ -42,7 +43,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("creating the root directory of node %s: %w", cfg.Name, err)
 	}
 	ctx = klog.NewContext(ctx, cfg.Logger)
-	n := &Node{cfg: cfg, layout: newLayout(cfg)}
+	n := &Node{cfg: cfg, layout: newLayout(cfg), freezer: newFreezer()}
 	if cfg.Network != nil {
 		nn, err := cfg.Network.node()
 		if err != nil {
@@ -55,6 +56,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("node %s: %w", cfg.Name, err)
 	}
 	n.cfg.KubeletPort = n.kubelet.port()
+	n.kubelet.freezer = n.freezer
 	if err := n.register(ctx); err != nil {
 		n.kubelet.close()
 		return nil, err
@@ -71,6 +73,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		n.kubelet.close()
 		return nil, err
 	}
+	n.pods.freezer = n.freezer
 	n.background.Go(func() { n.runLease(runCtx) })
 	n.background.Go(func() { n.runStatus(runCtx) })
 	if err := n.pods.start(ctx, runCtx); err != nil {

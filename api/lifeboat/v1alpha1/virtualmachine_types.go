@@ -79,6 +79,10 @@ const (
 	PrintableStatusStopping           PrintableStatus = "Stopping"
 	PrintableStatusErrorUnschedulable PrintableStatus = "ErrorUnschedulable"
 	PrintableStatusFailed             PrintableStatus = "Failed"
+	// PrintableStatusWaitingForNode: the instance's node does not answer and is not known to
+	// have stopped the guest; the VM is not started elsewhere until it is (its Ready condition
+	// says what an admin does).
+	PrintableStatusWaitingForNode PrintableStatus = "WaitingForNode"
 )
 
 // VirtualMachineStatus is what the VM controller observes of a VM.

@@ -369,6 +369,10 @@ const (
 	VMIConditionLiveMigratable = "LiveMigratable"
 	// VMIConditionEvictionRequested is true while the VM is marked for evacuation; its reason is the cause.
 	VMIConditionEvictionRequested = "EvictionRequested"
+	// VMIConditionNodeLost is true while the node the guest runs on does not answer (NotReady)
+	// and is not known to have stopped it: the VMI waits, neither failed nor restarted
+	// elsewhere. Its message says what an admin does about it.
+	VMIConditionNodeLost = "NodeLost"
 )
 
 // Reasons of the LiveMigratable condition that more than one component writes. The agent owns
@@ -382,6 +386,11 @@ const (
 	// the message says what keeps each node out.
 	VMIReasonNoTargetNode = "NoTargetNode"
 )
+
+// VMIReasonGuestNotRunning is the reason of the Ready condition the node's agent writes when
+// the guest's domain exists but does not run (shut off): a VMI controller whose node stopped
+// answering takes it as the agent's report that the guest is gone.
+const VMIReasonGuestNotRunning = "GuestNotRunning"
 
 // VirtualMachineInstanceStatus is what lifeboat observes of a VMI.
 type VirtualMachineInstanceStatus struct {
@@ -409,7 +418,7 @@ type VirtualMachineInstanceStatus struct {
 	// when the kubelet kills the launcher pod (signal time + min(pod grace, evictionMaxPodGracePeriod)).
 	// +optional
 	EvacuationDeadline *metav1.Time `json:"evacuationDeadline,omitempty"`
-	// Conditions: Ready, LiveMigratable, EvictionRequested.
+	// Conditions: Ready, LiveMigratable, EvictionRequested, NodeLost.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
