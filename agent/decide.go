@@ -118,7 +118,7 @@ const (
 	ReasonGuestCrashed    = "GuestCrashed"
 	ReasonGuestRunning    = "GuestRunning"
 	ReasonGuestNotRunning = v1alpha1.VMIReasonGuestNotRunning
-	ReasonMigratable      = "Migratable"
+	ReasonMigratable      = v1alpha1.VMIReasonMigratable
 	// ReasonNodePressure is the EvictionRequested reason (and the migration cause) of a
 	// kubelet's node-pressure eviction.
 	ReasonNodePressure = "NodePressure"
@@ -247,9 +247,13 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node
 		status.Phase = v1alpha1.VMIRunning
 		status.NodeName = node
 		setCondition(status, v1alpha1.VMIConditionReady, metav1.ConditionTrue, ReasonGuestRunning, "", nowMeta)
-		if dom.NotMigratableReason == "" {
+		switch {
+		case dom.NotMigratableReason == "" && noTargetNode(status):
+			// The domain could move, but the evacuation controller found no node to take it: its
+			// word stands until it finds one (it sets the condition back to True then).
+		case dom.NotMigratableReason == "":
 			setCondition(status, v1alpha1.VMIConditionLiveMigratable, metav1.ConditionTrue, ReasonMigratable, "", nowMeta)
-		} else {
+		default:
 			setCondition(status, v1alpha1.VMIConditionLiveMigratable, metav1.ConditionFalse, dom.NotMigratableReason,
 				"the guest cannot be live-migrated: "+dom.NotMigratableMessage, nowMeta)
 		}
@@ -369,6 +373,12 @@ func guestGrace(vmi *v1alpha1.VirtualMachineInstance) time.Duration {
 
 // setCondition keeps the transition time of a condition whose status did not change, so a
 // status write happens only when something a reader cares about changed.
+// noTargetNode: the LiveMigratable condition says that no node other than this one can take the VM.
+func noTargetNode(status *v1alpha1.VirtualMachineInstanceStatus) bool {
+	c := meta.FindStatusCondition(status.Conditions, v1alpha1.VMIConditionLiveMigratable)
+	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.VMIReasonNoTargetNode
+}
+
 func setCondition(status *v1alpha1.VirtualMachineInstanceStatus, typ string, s metav1.ConditionStatus, reason, msg string, now metav1.Time) {
 	meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: typ, Status: s, Reason: reason, Message: msg, LastTransitionTime: now})
 }

@@ -32,6 +32,12 @@ func deletedAt(t time.Time) vmiOpt {
 	return func(v *v1alpha1.VirtualMachineInstance) { v.DeletionTimestamp = ptr.To(metav1.NewTime(t)) }
 }
 
+// withNoTargetNode: the evacuation controller found no other node to take the VM.
+func withNoTargetNode(v *v1alpha1.VirtualMachineInstance) {
+	meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionFalse,
+		Reason: v1alpha1.VMIReasonNoTargetNode, Message: "no other node labelled lifeboat.dev/kvm=true matches its nodeSelector kubernetes.io/hostname=node-1"})
+}
+
 func TestDecide(t *testing.T) {
 	sigterm := t0
 	cases := []struct {
@@ -51,6 +57,10 @@ func TestDecide(t *testing.T) {
 		{name: "running domain makes the VMI Running and Ready", vmi: testVMI(v1alpha1.VMIScheduled), dom: &Domain{State: DomainRunning}, now: t0,
 			wantPhase: v1alpha1.VMIRunning, wantReady: metav1.ConditionTrue, wantMigrates: metav1.ConditionTrue, wantEvent: ReasonStarted},
 		{name: "a disk on the node makes it not migratable, with the reason", vmi: testVMI(v1alpha1.VMIRunning), dom: &Domain{State: DomainRunning, NotMigratableReason: "LocalDisk"}, now: t0,
+			wantPhase: v1alpha1.VMIRunning, wantReady: metav1.ConditionTrue, wantMigrates: metav1.ConditionFalse},
+		{name: "the controller's NoTargetNode stands while the domain could move", vmi: testVMI(v1alpha1.VMIRunning, withNoTargetNode), dom: &Domain{State: DomainRunning}, now: t0,
+			wantPhase: v1alpha1.VMIRunning, wantReady: metav1.ConditionTrue, wantMigrates: metav1.ConditionFalse},
+		{name: "the domain's own reason replaces NoTargetNode", vmi: testVMI(v1alpha1.VMIRunning, withNoTargetNode), dom: &Domain{State: DomainRunning, NotMigratableReason: "LocalDisk"}, now: t0,
 			wantPhase: v1alpha1.VMIRunning, wantReady: metav1.ConditionTrue, wantMigrates: metav1.ConditionFalse},
 		{name: "crashed guest: Failed", vmi: testVMI(v1alpha1.VMIRunning), dom: &Domain{State: DomainCrashed}, now: t0,
 			wantPhase: v1alpha1.VMIFailed, wantReady: metav1.ConditionFalse, wantEvent: ReasonGuestCrashed},

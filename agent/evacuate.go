@@ -26,6 +26,8 @@ func ShouldEvacuateVMI(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, config
 	}
 	switch v1alpha1.EffectiveEvictionStrategy(vmi, config) {
 	case v1alpha1.EvictionStrategyLiveMigrate, v1alpha1.EvictionStrategyLiveMigrateIfPossible:
+		// A VM no other node can take now (NoTargetNode) is still marked: a node may come or be
+		// uncordoned within the grace, and relief and the agents' deadlines act on the mark.
 		return dom.NotMigratableReason == ""
 	case v1alpha1.EvictionStrategyExternal:
 		return true

@@ -47,6 +47,8 @@ func TestShouldEvacuateVMI(t *testing.T) {
 		{"LiveMigrate, not migratable", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyLiveMigrate)), notMigratable, gateOn(nil), false},
 		{"LiveMigrateIfPossible, migratable", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyLiveMigrateIfPossible)), signalled, gateOn(nil), true},
 		{"LiveMigrateIfPossible, not migratable", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyLiveMigrateIfPossible)), notMigratable, gateOn(nil), false},
+		{"LiveMigrate, no node can take it now (NoTargetNode): marked all the same, one may come within the grace", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyLiveMigrate), withNoTargetNode), signalled, gateOn(nil), true},
+		{"External, no node can take it: still left to the external controller", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyExternal), withNoTargetNode), signalled, gateOn(nil), true},
 		{"External", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyExternal)), notMigratable, gateOn(nil), true},
 		{"None", testVMI(v1alpha1.VMIRunning, strategy(v1alpha1.EvictionStrategyNone)), signalled, gateOn(nil), false},
 		{"no strategy on the VMI: the cluster's", testVMI(v1alpha1.VMIRunning), signalled, gateOn(ptr.To(v1alpha1.EvictionStrategyLiveMigrate)), true},

@@ -17,10 +17,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
+	"github.com/lifeboat-vm/lifeboat/evacuation/placement"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
 
@@ -589,9 +589,8 @@ func Migratable(vmis []v1alpha1.VirtualMachineInstance, nodes []corev1.Node, con
 		if c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VMIConditionLiveMigratable); c != nil && c.Status == metav1.ConditionFalse {
 			why = append(why, fmt.Sprintf("%s: %s", c.Reason, c.Message))
 		}
-		if len(otherNodes(v, nodes)) == 0 {
-			why = append(why, fmt.Sprintf("pinned: its nodeSelector %s matches no other schedulable node labelled %s=true",
-				labels.Set(v.Spec.NodeSelector).String(), v1alpha1.LabelKVMNode))
+		if _, pinned := otherNodes(v, nodes); pinned != "" && !noTargetCondition(v) {
+			why = append(why, "pinned: "+pinned)
 		}
 		if len(why) == 0 {
 			continue
@@ -599,7 +598,7 @@ func Migratable(vmis []v1alpha1.VirtualMachineInstance, nodes []corev1.Node, con
 		strategy := v1alpha1.EffectiveEvictionStrategy(v, config)
 		r := Result{Check: "VM " + v.Namespace + "/" + v.Name, Status: Warn,
 			Message: fmt.Sprintf("on node %s cannot live-migrate (%s); eviction strategy %s", v.Status.NodeName, strings.Join(why, "; "), strategy),
-			Fix:     "widen its nodeSelector, or make it migratable; kubectl lifeboat status " + v.Name + " -n " + v.Namespace}
+			Fix:     "widen its nodeSelector, make another node able to take it, or make it migratable; kubectl lifeboat status " + v.Name + " -n " + v.Namespace}
 		switch strategy {
 		case v1alpha1.EvictionStrategyLiveMigrate:
 			r.Status = Fail
@@ -617,16 +616,16 @@ func Migratable(vmis []v1alpha1.VirtualMachineInstance, nodes []corev1.Node, con
 	return out
 }
 
-// otherNodes are the schedulable VM nodes other than v's own that its nodeSelector matches.
-func otherNodes(v *v1alpha1.VirtualMachineInstance, nodes []corev1.Node) []string {
-	selector := labels.SelectorFromSet(labels.Set(v.Spec.NodeSelector))
-	var out []string
-	for _, n := range nodes {
-		if n.Name != v.Status.NodeName && !n.Spec.Unschedulable && n.Labels[v1alpha1.LabelKVMNode] == "true" && selector.Matches(labels.Set(n.Labels)) {
-			out = append(out, n.Name)
-		}
-	}
-	return out
+// otherNodes are the nodes other than v's own that could take its target pod (placement.TargetNodes), and
+// if none, why not.
+func otherNodes(v *v1alpha1.VirtualMachineInstance, nodes []corev1.Node) ([]string, string) {
+	return placement.TargetNodes(vmi.TargetPlacement(v), v.Status.NodeName, pointers(nodes))
+}
+
+// noTargetCondition: the VMI's LiveMigratable condition already says that no node can take it.
+func noTargetCondition(v *v1alpha1.VirtualMachineInstance) bool {
+	c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VMIConditionLiveMigratable)
+	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.VMIReasonNoTargetNode
 }
 
 // Stuck finds the migrations that have not ended within after of their creation.

@@ -379,6 +379,10 @@ func TestMigratable(t *testing.T) {
 	notMigratable := func(v *v1alpha1.VirtualMachineInstance) {
 		v.Status.Conditions = []metav1.Condition{{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionFalse, Reason: "DisksNotLiveMigratable", Message: "disk data is a ReadWriteOnce claim"}}
 	}
+	noTarget := func(v *v1alpha1.VirtualMachineInstance) {
+		v.Status.Conditions = []metav1.Condition{{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionFalse, Reason: v1alpha1.VMIReasonNoTargetNode,
+			Message: "no other node labelled lifeboat.dev/kvm=true matches its nodeSelector zone=1"}}
+	}
 	for _, tc := range []struct {
 		name   string
 		vmi    v1alpha1.VirtualMachineInstance
@@ -388,7 +392,9 @@ func TestMigratable(t *testing.T) {
 	}{
 		{"free to move", vm("ns", "web", "a", "1Gi", strategy(v1alpha1.EvictionStrategyLiveMigrate)), "VMs", OK, "all 1 running VM(s) can live-migrate"},
 		{"pinned, must migrate", vm("ns", "db", "a", "1Gi", strategy(v1alpha1.EvictionStrategyLiveMigrate), selector("zone", "1")), "VM ns/db", Fail,
-			"on node a cannot live-migrate (pinned: its nodeSelector zone=1 matches no other schedulable node labelled lifeboat.dev/kvm=true); eviction strategy LiveMigrate: a drain of its node waits for ever"},
+			"on node a cannot live-migrate (pinned: no other node labelled lifeboat.dev/kvm=true matches its nodeSelector zone=1); eviction strategy LiveMigrate: a drain of its node waits for ever"},
+		{"pinned, and its condition says so already: said once", vm("ns", "db", "a", "1Gi", strategy(v1alpha1.EvictionStrategyLiveMigrate), selector("zone", "1"), noTarget), "VM ns/db", Fail,
+			"on node a cannot live-migrate (NoTargetNode: no other node labelled lifeboat.dev/kvm=true matches its nodeSelector zone=1); eviction strategy LiveMigrate"},
 		{"pinned where the other node is cordoned", vm("ns", "db", "b", "1Gi", strategy(v1alpha1.EvictionStrategyLiveMigrateIfPossible), selector("zone", "2")), "VM ns/db", Warn, "it shuts down instead of migrating"},
 		{"not migratable", vm("ns", "db", "a", "1Gi", notMigratable), "VM ns/db", Warn, "(DisksNotLiveMigratable: disk data is a ReadWriteOnce claim); eviction strategy None"},
 		{"not running", vm("ns", "db", "", "1Gi", selector("zone", "1")), "VMs", OK, "all 0 running"},

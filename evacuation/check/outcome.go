@@ -52,9 +52,10 @@ type VMFacts struct {
 	// the agent's words, "" while the agent has not reported.
 	Migratable    bool
 	NotMigratable string
-	// OtherNodes are the schedulable VM nodes besides Node that its nodeSelector matches;
-	// Selector is that nodeSelector, "" for none.
+	// OtherNodes are the nodes besides Node that could take its target pod (placement.TargetNodes);
+	// NoTarget says why none can, "" when some can. Selector is its nodeSelector, "" for none.
 	OtherNodes []string
+	NoTarget   string
 	Selector   string
 	// NodesUnknown: the nodes could not be read, so where it could go is not known.
 	NodesUnknown bool
@@ -109,11 +110,14 @@ func (v VMFacts) pinned() string {
 	if len(v.OtherNodes) > 0 || v.NodesUnknown {
 		return ""
 	}
-	if v.Selector == "" {
-		return fmt.Sprintf("no other schedulable node is labelled %s=true; add one (kubectl label node NODE %s=true)", v1alpha1.LabelKVMNode, v1alpha1.LabelKVMNode)
+	why := v.NoTarget
+	if why == "" {
+		why = "no other node can take it"
 	}
-	return fmt.Sprintf("its nodeSelector %s matches no other schedulable node labelled %s=true; remove or widen the selector, or label another node %s",
-		v.Selector, v1alpha1.LabelKVMNode, v.Selector)
+	if v.Selector == "" {
+		return fmt.Sprintf("%s; make one able to (kubectl label node NODE %s=true, uncordon, or tolerate its taints)", why, v1alpha1.LabelKVMNode)
+	}
+	return fmt.Sprintf("%s; remove or widen its nodeSelector %s, or make another node able to take it", why, v.Selector)
 }
 
 func (v VMFacts) notMigratable() string {
@@ -160,8 +164,12 @@ func IfDrained(v VMFacts, c ClusterFacts) Fate {
 			return Fate{VerdictShutsDown, fmt.Sprintf("its strategy LiveMigrateIfPossible behaves as None since it cannot live-migrate (%s): the eviction goes through and its guest is shut down", v.notMigratable())}
 		}
 		if why := v.pinned(); why != "" {
-			return Fate{VerdictWaits, "the eviction webhook marks it and a migration starts, but its target pod finds no node: " + why +
-				"; the migration fails after spec.migrations.unschedulablePendingTimeoutSeconds and its disruption budget keeps the drain waiting"}
+			// The controller sets LiveMigratable=False (NoTargetNode), and the webhook and the
+			// disruption budget answer as for any VM that cannot migrate.
+			if v.Strategy == v1alpha1.EvictionStrategyLiveMigrate {
+				return Fate{VerdictWaits, "the eviction webhook refuses the eviction (429) at once, naming why it cannot move, and keeps refusing until a node can take it: " + why}
+			}
+			return Fate{VerdictShutsDown, "its strategy LiveMigrateIfPossible behaves as None since no node can take it: the eviction goes through and its guest is shut down; " + why}
 		}
 		return Fate{VerdictMigrates, fmt.Sprintf("the eviction webhook marks it (429 \"Eviction triggered evacuation\", which kubectl drain retries) and it moves; %s; the drain ends once it has left", v.targets())}
 	}
@@ -225,7 +233,7 @@ func IfOutOfMemory(v VMFacts, c ClusterFacts) Fate {
 		}
 		return Fate{VerdictShutsDown, why + "; turn the gate on in the LifeboatConfig"}
 	case v.pinned() != "":
-		return Fate{VerdictLost, fmt.Sprintf("it is marked when the kubelet evicts it, but its migration finds no node: %s; %s, then kills it", v.pinned(), kubelet)}
+		return Fate{VerdictLost, fmt.Sprintf("it is marked when the kubelet evicts it, but no node can take it: %s; %s, then kills it", v.pinned(), kubelet)}
 	case need <= grace:
 		return Fate{VerdictMigrates, fmt.Sprintf("%s; if the kubelet evicts it, it live-migrates within the grace: %s, and %s", relief, kubelet, copyOnce)}
 	case reliefSaves:
@@ -245,7 +253,8 @@ func FactsOf(vmi *v1alpha1.VirtualMachineInstance, config *v1alpha1.LifeboatConf
 			f.NotMigratable = c.Reason + ": " + c.Message
 		}
 	}
-	f.OtherNodes, f.NodesUnknown = otherNodes(vmi, nodes), nodes == nil
+	f.OtherNodes, f.NoTarget = otherNodes(vmi, nodes)
+	f.NodesUnknown = nodes == nil
 	if len(vmi.Spec.NodeSelector) > 0 {
 		f.Selector = labels.Set(vmi.Spec.NodeSelector).String()
 	}

@@ -24,7 +24,11 @@ func TestFate(t *testing.T) {
 		v.Migratable, v.NotMigratable = false, "DisksNotLiveMigratable: persistentVolumeClaim \"data\" is ReadWriteOnce"
 		return v
 	}
-	pinned := func(v VMFacts) VMFacts { v.OtherNodes, v.Selector = nil, "disk=ssd"; return v }
+	pinned := func(v VMFacts) VMFacts {
+		v.OtherNodes, v.Selector = nil, "disk=ssd"
+		v.NoTarget = "no other node labelled lifeboat.dev/kvm=true matches its nodeSelector disk=ssd"
+		return v
+	}
 	// soft threshold, 30 s grace; relief off; 64Mi/s: a 1 GiB VM needs 16 s.
 	exposure := func(grace float64, relief bool) *v1alpha1.NodeEvictionExposure {
 		return &v1alpha1.NodeEvictionExposure{Source: "configz", Threshold: "soft", GraceSeconds: grace, Relief: relief}
@@ -55,10 +59,12 @@ func TestFate(t *testing.T) {
 			VerdictMigrates, []string{"within the grace", "30s", "16s at bandwidthPerMigration 64Mi/s", "relief is off"}},
 		{"LiveMigrate, not migratable", notMigratable(vm(lm)), cluster, VerdictWaits, []string{"429", "for ever", "ReadWriteOnce", "LiveMigrateIfPossible"},
 			VerdictShutsDown, []string{"ReadWriteOnce", "no disruption budget"}},
-		{"LiveMigrate, pinned", pinned(vm(lm)), cluster, VerdictWaits, []string{"nodeSelector disk=ssd", "unschedulablePendingTimeoutSeconds"},
-			VerdictLost, []string{"nodeSelector disk=ssd matches no other"}},
+		{"LiveMigrate, pinned", pinned(vm(lm)), cluster, VerdictWaits, []string{"429) at once", "matches its nodeSelector disk=ssd", "widen its nodeSelector disk=ssd"},
+			VerdictLost, []string{"is marked", "matches its nodeSelector disk=ssd", "then kills it"}},
+		{"LiveMigrateIfPossible, pinned", pinned(vm(lmip)), cluster, VerdictShutsDown, []string{"behaves as None", "matches its nodeSelector disk=ssd"},
+			VerdictLost, []string{"is marked", "matches its nodeSelector disk=ssd"}},
 		{"LiveMigrate, no other VM node", func() VMFacts { v := vm(lm); v.OtherNodes = nil; return v }(), cluster, VerdictWaits, []string{"kubectl label node NODE lifeboat.dev/kvm=true"},
-			VerdictLost, []string{"no other schedulable node"}},
+			VerdictLost, []string{"no other node can take it"}},
 		{"LiveMigrateIfPossible, migratable", vm(lmip), cluster, VerdictMigrates, nil, VerdictMigrates, []string{"within the grace"}},
 		{"LiveMigrateIfPossible, not migratable", notMigratable(vm(lmip)), cluster, VerdictShutsDown, []string{"behaves as None", "ReadWriteOnce"},
 			VerdictShutsDown, []string{"cannot live-migrate"}},

@@ -21,7 +21,8 @@ func MinAvailable(vmi *v1alpha1.VirtualMachineInstance, config *v1alpha1.Lifeboa
 	switch v1alpha1.EffectiveEvictionStrategy(vmi, config) {
 	case v1alpha1.EvictionStrategyLiveMigrate, v1alpha1.EvictionStrategyExternal:
 	case v1alpha1.EvictionStrategyLiveMigrateIfPossible:
-		// Only while migratable: a VM that cannot move must not block a drain forever.
+		// Only while migratable: a VM that cannot move (its agent's reason, or NoTargetNode: no
+		// other node can take it) must not block a drain forever.
 		if ok, _ := vmi.LiveMigratable(); !ok {
 			return 0
 		}

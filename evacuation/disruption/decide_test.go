@@ -37,6 +37,9 @@ func TestMinAvailable(t *testing.T) {
 	clusterDefault := func(s v1alpha1.EvictionStrategy) *v1alpha1.LifeboatConfig {
 		return &v1alpha1.LifeboatConfig{Spec: v1alpha1.LifeboatConfigSpec{EvictionStrategy: ptr.To(s)}}
 	}
+	noTarget := func(v *v1alpha1.VirtualMachineInstance) {
+		v.Status.Conditions[0].Status, v.Status.Conditions[0].Reason = metav1.ConditionFalse, v1alpha1.VMIReasonNoTargetNode
+	}
 	noStrategy := func(v *v1alpha1.VirtualMachineInstance) { v.Spec.EvictionStrategy = nil }
 	cases := []struct {
 		name      string
@@ -51,6 +54,8 @@ func TestMinAvailable(t *testing.T) {
 		{"LiveMigrate, even when not migratable: a budget", vmi(v1alpha1.EvictionStrategyLiveMigrate, false), nil, []*corev1.Pod{source}, false, 1},
 		{"LiveMigrateIfPossible, migratable: a budget", vmi(v1alpha1.EvictionStrategyLiveMigrateIfPossible, true), nil, []*corev1.Pod{source}, false, 1},
 		{"LiveMigrateIfPossible, not migratable: no budget", vmi(v1alpha1.EvictionStrategyLiveMigrateIfPossible, false), nil, []*corev1.Pod{source}, false, 0},
+		{"LiveMigrateIfPossible, no node can take it (NoTargetNode): no budget, so a drain evicts it as None", vmi(v1alpha1.EvictionStrategyLiveMigrateIfPossible, true, noTarget), nil, []*corev1.Pod{source}, false, 0},
+		{"LiveMigrate, no node can take it (NoTargetNode): a budget", vmi(v1alpha1.EvictionStrategyLiveMigrate, true, noTarget), nil, []*corev1.Pod{source}, false, 1},
 		{"External: a budget", vmi(v1alpha1.EvictionStrategyExternal, false), nil, []*corev1.Pod{source}, false, 1},
 		{"no strategy, the cluster's default LiveMigrate: a budget", vmi(v1alpha1.EvictionStrategyNone, true, noStrategy), clusterDefault(v1alpha1.EvictionStrategyLiveMigrate), []*corev1.Pod{source}, false, 1},
 		{"no strategy, the cluster's default None: no budget", vmi(v1alpha1.EvictionStrategyNone, true, noStrategy), clusterDefault(v1alpha1.EvictionStrategyNone), []*corev1.Pod{source}, false, 0},

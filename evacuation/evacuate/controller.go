@@ -99,6 +99,8 @@ func New(lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInsta
 				c.capacityChange()
 			}
 		},
+		// A node gone may leave a VM nowhere to go (NoTargetNode).
+		DeleteFunc: func(any) { c.queue.Add(globalKey) },
 	})
 	c.nodes = corelisters.NewNodeLister(nodes.GetIndexer())
 	_, _ = pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -160,7 +162,10 @@ func (c *Controller) sync(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		config = nil // no configuration: the defaults
 	}
-	var errs []error
+	// First what the nodes allow: a VM no other node can take is not migratable, and gets no
+	// migration that could only wait for its pending timeout.
+	vmis, err = c.place(ctx, vmis)
+	errs := []error{err}
 	c.mu.Lock()
 	capacityChanged := c.capacityChanged
 	c.mu.Unlock()

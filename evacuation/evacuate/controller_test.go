@@ -9,10 +9,12 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
 	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
@@ -46,6 +48,7 @@ func TestMigrationsCountBeforeTheCacheShowsThem(t *testing.T) {
 	}
 	_ = cfgInformer.Informer().GetIndexer().Add(cfg)
 	nodes, pods := NewCapacityInformers(kubefake.NewClientset())
+	addNodes(nodes, "n1", "n2")
 	c := New(client, vmiInformer, migInformer, cfgInformer, nodes, pods, record.NewFakeRecorder(100), slog.New(slog.NewTextHandler(io.Discard, nil)))
 
 	ctx := context.Background()
@@ -76,6 +79,14 @@ func TestMigrationsCountBeforeTheCacheShowsThem(t *testing.T) {
 	}
 }
 
+// addNodes puts VM nodes in the node cache.
+func addNodes(nodes cache.SharedIndexInformer, names ...string) {
+	for _, n := range names {
+		_ = nodes.GetIndexer().Add(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{
+			v1alpha1.LabelKVMNode: "true", corev1.LabelHostname: n}}})
+	}
+}
+
 // TestAnUnrecordedMigrationIsDeleted: a migration the controller could not record as its own
 // would pass for a person's, outside the evacuation limits; it is deleted and tried again.
 func TestAnUnrecordedMigrationIsDeleted(t *testing.T) {
@@ -96,6 +107,7 @@ func TestAnUnrecordedMigrationIsDeleted(t *testing.T) {
 	vmiInformer := factory.Lifeboat().V1alpha1().VirtualMachineInstances()
 	_ = vmiInformer.Informer().GetIndexer().Add(v)
 	nodes, pods := NewCapacityInformers(kubefake.NewClientset())
+	addNodes(nodes, "n1", "n2")
 	recorder := record.NewFakeRecorder(10)
 	c := New(client, vmiInformer, factory.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations(), factory.Lifeboat().V1alpha1().LifeboatConfigs(),
 		nodes, pods, recorder, slog.New(slog.NewTextHandler(io.Discard, nil)))

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	coreinformers "k8s.io/client-go/informers/core/v1"
@@ -27,6 +28,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/disruption"
 	"github.com/lifeboat-vm/lifeboat/evacuation/internal/worker"
+	"github.com/lifeboat-vm/lifeboat/evacuation/placement"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 )
 
@@ -69,7 +71,7 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations life
 			Help: "Migrations failed before their target pod was made, by refusal: Concurrent (their VMI already had one under way), ManualLimit (as many Manual migrations as spec.migrations.parallelManualMigrationsPerCluster allows were under way).",
 		}, []string{"refusal"}),
 	}
-	reg.MustRegister(c.refused)
+	reg.MustRegister(c.refused, noTargetCollector{vmis: vmis.Lister()})
 	registerMetrics(reg, migrations.Informer())
 	_, _ = migrations.Informer().AddEventHandler(worker.Handler(c.enqueue))
 	// A VMI's or a pod's change concerns the migrations of that VMI.
@@ -185,7 +187,7 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 	}
 
 	limits, now := c.limits(), metav1.Now()
-	status, action, events := Next(m, v, target, limits, now)
+	status, action, events := Next(m, c.placed(v, now), target, limits, now)
 	if action == CreateTargetPod {
 		all, err := c.migrations.List(labels.Everything())
 		if err != nil {
@@ -244,6 +246,27 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 	}
 	_, recheck := Stalled(m, target, limits, now.Time)
 	return recheck, nil
+}
+
+// placed is v (nil: none) with the LiveMigratable condition the nodes call for now
+// (placement.Placer): a migration of a VM no other node can take fails at once (Next), before
+// the evacuation controller has written NoTargetNode on the VMI, and without waiting out the
+// pending timeout. The VMI itself is not changed.
+func (c *Controller) placed(v *v1alpha1.VirtualMachineInstance, now metav1.Time) *v1alpha1.VirtualMachineInstance {
+	if v == nil {
+		return nil
+	}
+	nodes, err := c.nodes.List(labels.Everything())
+	if err != nil {
+		return v
+	}
+	cond := placement.NewPlacer(nodes).Condition(v, now)
+	if cond == nil {
+		return v
+	}
+	v = v.DeepCopy()
+	meta.SetStatusCondition(&v.Status.Conditions, *cond)
+	return v
 }
 
 // targetPod is the migration's target pod, if it exists.

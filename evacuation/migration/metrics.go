@@ -2,6 +2,8 @@ package migration
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/cache"
 
@@ -79,4 +81,34 @@ func registerMetrics(reg prometheus.Registerer, migrations cache.SharedIndexInfo
 	}
 	reg.MustRegister(ended, cacheCollector{migrations: lifeboatlisters.NewVirtualMachineInstanceMigrationLister(migrations.GetIndexer())})
 	_, _ = migrations.AddEventHandler(countEnded(ended))
+}
+
+var noTargetDesc = prometheus.NewDesc("lifeboat_vmis_no_target_node",
+	"Running VMIs that no node other than their own could take (LiveMigratable False, reason NoTargetNode), by node: they cannot live-migrate, and a drain of the node waits for them (LiveMigrate) or shuts them down (LiveMigrateIfPossible).",
+	[]string{"node"}, nil)
+
+// noTargetCollector counts, at each scrape, the VMIs whose LiveMigratable condition says that no
+// other node could take them, from the VMIs' cache.
+type noTargetCollector struct {
+	vmis lifeboatlisters.VirtualMachineInstanceLister
+}
+
+func (c noTargetCollector) Describe(ch chan<- *prometheus.Desc) { ch <- noTargetDesc }
+
+func (c noTargetCollector) Collect(ch chan<- prometheus.Metric) {
+	list, err := c.vmis.List(labels.Everything())
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(noTargetDesc, err)
+		return
+	}
+	counts := map[string]int{}
+	for _, v := range list {
+		if cond := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VMIConditionLiveMigratable); v.Status.Phase == v1alpha1.VMIRunning &&
+			cond != nil && cond.Status == metav1.ConditionFalse && cond.Reason == v1alpha1.VMIReasonNoTargetNode {
+			counts[v.Status.NodeName]++
+		}
+	}
+	for node, n := range counts {
+		ch <- prometheus.MustNewConstMetric(noTargetDesc, prometheus.GaugeValue, float64(n), node)
+	}
 }

@@ -67,3 +67,30 @@ func TestAMigrationIsCountedOnceWhenItEnds(t *testing.T) {
 		t.Errorf("%d series, want only the failed drain", got)
 	}
 }
+
+func TestNoTargetCollector(t *testing.T) {
+	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	vmi := func(name, node string, reason string) *v1alpha1.VirtualMachineInstance {
+		v := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}}
+		v.Status.Phase, v.Status.NodeName = v1alpha1.VMIRunning, node
+		status := metav1.ConditionFalse
+		if reason == v1alpha1.VMIReasonMigratable {
+			status = metav1.ConditionTrue
+		}
+		v.Status.Conditions = []metav1.Condition{{Type: v1alpha1.VMIConditionLiveMigratable, Status: status, Reason: reason}}
+		return v
+	}
+	for _, v := range []*v1alpha1.VirtualMachineInstance{vmi("a", "n1", v1alpha1.VMIReasonNoTargetNode), vmi("b", "n1", v1alpha1.VMIReasonNoTargetNode),
+		vmi("c", "n2", v1alpha1.VMIReasonNoTargetNode), vmi("d", "n2", v1alpha1.VMIReasonMigratable), vmi("e", "n2", "LocalDisk")} {
+		_ = indexer.Add(v)
+	}
+	want := `
+# HELP lifeboat_vmis_no_target_node Running VMIs that no node other than their own could take (LiveMigratable False, reason NoTargetNode), by node: they cannot live-migrate, and a drain of the node waits for them (LiveMigrate) or shuts them down (LiveMigrateIfPossible).
+# TYPE lifeboat_vmis_no_target_node gauge
+lifeboat_vmis_no_target_node{node="n1"} 2
+lifeboat_vmis_no_target_node{node="n2"} 1
+`
+	if err := testutil.CollectAndCompare(noTargetCollector{vmis: lifeboatlisters.NewVirtualMachineInstanceLister(indexer)}, strings.NewReader(want)); err != nil {
+		t.Error(err)
+	}
+}

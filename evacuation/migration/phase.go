@@ -69,6 +69,8 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachin
 		// Whoever made it (a person's Manual migration included), a VM its agent found not
 		// live-migratable is not moved: its disks would stay behind or be shared unsafely.
 		if c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VMIConditionLiveMigratable); c != nil && c.Status == metav1.ConditionFalse {
+			// No node to take it: the evacuation controller retries when the nodes change.
+			status.TargetUnschedulable = c.Reason == v1alpha1.VMIReasonNoTargetNode
 			return fail(fmt.Sprintf("VMI %s cannot be live-migrated (%s): %s", v.Name, c.Reason, c.Message))
 		}
 		if status.SourceNode == "" {
@@ -90,6 +92,13 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachin
 			return fail("the target pod was deleted")
 		}
 		if target.Spec.NodeName == "" {
+			// A target the scheduler has not placed, for a VM no other node can take now: it
+			// would only wait out the pending timeout.
+			if c := meta.FindStatusCondition(v.Status.Conditions, v1alpha1.VMIConditionLiveMigratable); c != nil &&
+				c.Status == metav1.ConditionFalse && c.Reason == v1alpha1.VMIReasonNoTargetNode {
+				status.TargetUnschedulable = true
+				return fail(fmt.Sprintf("target pod %s cannot be scheduled: %s", target.Name, c.Message))
+			}
 			return status, NoAction, nil
 		}
 		setPhase(&status, v1alpha1.MigrationScheduled, now)

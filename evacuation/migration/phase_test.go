@@ -21,6 +21,9 @@ func TestNext(t *testing.T) {
 	unmovable := running.DeepCopy()
 	unmovable.Status.Conditions = []metav1.Condition{{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionFalse,
 		Reason: "DisksNotLiveMigratable", Message: `persistentVolumeClaim "db" (volume "data") is not ReadWriteMany`}}
+	pinned := running.DeepCopy()
+	pinned.Status.Conditions = []metav1.Condition{{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionFalse,
+		Reason: v1alpha1.VMIReasonNoTargetNode, Message: "no other node labelled lifeboat.dev/kvm=true matches its nodeSelector kubernetes.io/hostname=a"}}
 	mig := func(phase v1alpha1.VirtualMachineInstanceMigrationPhase) *v1alpha1.VirtualMachineInstanceMigration {
 		m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{UID: "m1", CreationTimestamp: now}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
 		m.Status.Phase, m.Status.SourceNode = phase, "a"
@@ -75,6 +78,11 @@ func TestNext(t *testing.T) {
 		{"target pod deleted mid-way: Failed", mig(v1alpha1.MigrationTargetReady), running, nil, v1alpha1.MigrationFailed, NoAction, "deleted", failed},
 		{"failed by an agent: the target pod goes", mig(v1alpha1.MigrationFailed), running, pod("b", corev1.PodRunning), v1alpha1.MigrationFailed, DeleteTargetPod, "", nil},
 		{"a target the scheduler cannot place, past its limit: Failed with the scheduler's words", stale(mig(v1alpha1.MigrationScheduling)), running, unschedulablePod(), v1alpha1.MigrationFailed, DeleteTargetPod, "no nodes fit", failed},
+		{"a pending migration of a VM no other node can take: Failed at once, naming why", mig(v1alpha1.MigrationPending), pinned, nil, v1alpha1.MigrationFailed, NoAction,
+			"(NoTargetNode): no other node labelled lifeboat.dev/kvm=true matches its nodeSelector kubernetes.io/hostname=a", failed},
+		{"a target waiting for a node while no other node can take the VM: Failed at once, not after the pending timeout", mig(v1alpha1.MigrationScheduling), pinned, unschedulablePod(), v1alpha1.MigrationFailed, DeleteTargetPod,
+			"target pod target cannot be scheduled: no other node labelled lifeboat.dev/kvm=true matches its nodeSelector kubernetes.io/hostname=a", failed},
+		{"a target already placed is not failed for NoTargetNode", mig(v1alpha1.MigrationScheduling), pinned, pod("b", corev1.PodPending), v1alpha1.MigrationScheduled, NoAction, "", []string{"TargetScheduled"}},
 		{"succeeded: nothing", mig(v1alpha1.MigrationSucceeded), running, pod("b", corev1.PodRunning), v1alpha1.MigrationSucceeded, NoAction, "", nil},
 	}
 	for _, tc := range cases {
@@ -82,6 +90,11 @@ func TestNext(t *testing.T) {
 			status, action, events := Next(tc.m, tc.vmi, tc.target, LimitsFrom(nil), now)
 			if status.Phase != tc.wantPhase || action != tc.wantAction {
 				t.Errorf("phase %s action %d, want %s %d", status.Phase, action, tc.wantPhase, tc.wantAction)
+			}
+			// A migration that found no node is retried by the evacuation controller only when the
+			// nodes change.
+			if noTarget := tc.vmi == pinned && status.Phase == v1alpha1.MigrationFailed; status.TargetUnschedulable != (noTarget || tc.name == "a target the scheduler cannot place, past its limit: Failed with the scheduler's words") {
+				t.Errorf("targetUnschedulable %v", status.TargetUnschedulable)
 			}
 			switch {
 			case tc.wantReason == "" && status.FailureReason != "":

@@ -293,7 +293,13 @@ func NewTargetPod(vmi *v1alpha1.VirtualMachineInstance, m *v1alpha1.VirtualMachi
 		c.Resources = addDevices(c.Resources, v1alpha1.DeviceUserFaultFD)
 	}
 	c.Env = append(c.Env, corev1.EnvVar{Name: launcher.EnvMigrationTarget, Value: string(m.UID)})
-	pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+	pod.Spec.Affinity = targetAffinity(vmi)
+	return pod, nil
+}
+
+// targetAffinity keeps a target pod off the VMI's node and off nodes short of memory.
+func targetAffinity(vmi *v1alpha1.VirtualMachineInstance) *corev1.Affinity {
+	return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
 			MatchExpressions: []corev1.NodeSelectorRequirement{
 				{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpNotIn, Values: []string{vmi.Status.NodeName}},
@@ -301,7 +307,33 @@ func NewTargetPod(vmi *v1alpha1.VirtualMachineInstance, m *v1alpha1.VirtualMachi
 			},
 		}}},
 	}}
-	return pod, nil
+}
+
+// TargetPlacement is what of a VMI's target pod (NewTargetPod) the scheduler places it by, without
+// the rest of the pod, which needs the cluster's settings: its node selector, its node affinity,
+// its tolerations (none) and its memory request. Devices (/dev/kvm, /dev/net/tun, userfaultfd)
+// are left out: the scheduler checks them against the agents' device plugins, and a placement
+// that leaves them out errs towards trying a migration, never towards giving one up.
+func TargetPlacement(vmi *v1alpha1.VirtualMachineInstance) *corev1.Pod {
+	nodeSelector := map[string]string{}
+	for k, v := range vmi.Spec.NodeSelector {
+		nodeSelector[k] = v
+	}
+	nodeSelector[v1alpha1.LabelKVMNode] = "true"
+	cpus := vmi.Spec.CPUs
+	if cpus == 0 {
+		cpus = 1
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: vmi.Name, Namespace: vmi.Namespace},
+		Spec: corev1.PodSpec{
+			NodeSelector: nodeSelector,
+			Affinity:     targetAffinity(vmi),
+			Containers: []corev1.Container{{Name: launcher.ContainerName, Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+				corev1.ResourceMemory: MemoryRequest(vmi.Spec.Memory, cpus),
+			}}}},
+		},
+	}
 }
 
 // TargetPodName is fixed for a migration, so a repeated create fails with AlreadyExists.

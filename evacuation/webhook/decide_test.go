@@ -29,6 +29,12 @@ func runningVMI(strategy *v1alpha1.EvictionStrategy, migratable bool, opts ...vm
 	return v
 }
 
+// noTarget: the evacuation controller found no node other than node-a to take the VM.
+func noTarget(v *v1alpha1.VirtualMachineInstance) {
+	v.Status.Conditions = []metav1.Condition{{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionFalse, Reason: v1alpha1.VMIReasonNoTargetNode,
+		Message: "no other node labelled lifeboat.dev/kvm=true matches its nodeSelector kubernetes.io/hostname=node-a"}}
+}
+
 func alreadyMarked(v *v1alpha1.VirtualMachineInstance) {
 	v.Status.EvacuationNodeName = v.Status.NodeName
 }
@@ -73,6 +79,11 @@ func TestDecide(t *testing.T) {
 		{name: "dry run: the same answer, nothing marked", pod: running, vmi: runningVMI(live, true), dryRun: true, want: AnswerEvacuating, contains: `Eviction triggered evacuation of VMI "ns/vm"`},
 		{name: "already marked: 429 Evacuation in progress, not marked again", pod: running, vmi: runningVMI(live, true, alreadyMarked), want: AnswerInProgress, contains: `Evacuation in progress: Eviction triggered evacuation of VMI "ns/vm"`},
 		{name: "External already marked: in progress", pod: running, vmi: runningVMI(external, false, alreadyMarked), want: AnswerInProgress, contains: "Evacuation in progress"},
+		// A VM no other node can take (issue 44 item 4): as one that cannot migrate, at once.
+		{name: "LiveMigrate, no node can take it: denied naming why, not marked", pod: running, vmi: runningVMI(live, true, noTarget), want: AnswerDenied,
+			contains: "cannot be live-migrated (NoTargetNode: no other node labelled lifeboat.dev/kvm=true matches its nodeSelector kubernetes.io/hostname=node-a)"},
+		{name: "LiveMigrateIfPossible, no node can take it: allowed (an ordinary eviction)", pod: running, vmi: runningVMI(ifPossible, true, noTarget), want: AnswerAllowed},
+		{name: "External, no node can take it: marked, left to the external controller", pod: running, vmi: runningVMI(external, true, noTarget), want: AnswerEvacuating, mark: true, contains: "External"},
 		{name: "LiveMigrateIfPossible marked but no longer migratable: allowed", pod: running, vmi: runningVMI(ifPossible, false, alreadyMarked), want: AnswerAllowed},
 		{name: "the strategy falls back to the cluster's", pod: running, vmi: runningVMI(nil, true),
 			config: &v1alpha1.LifeboatConfig{Spec: v1alpha1.LifeboatConfigSpec{EvictionStrategy: live}}, want: AnswerEvacuating, mark: true},

@@ -19,7 +19,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -34,6 +36,7 @@ import (
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/placement"
 )
 
 // ReasonEvacuationRequested is the Event of a new mark on a VMI, as the agent's.
@@ -370,8 +373,10 @@ func (s *Server) observe(namespace, name string) (*corev1.Pod, *v1alpha1.Virtual
 	return pod, vmi
 }
 
-// decide is Decide, held to Unauthenticated's bounds for a review that is not authenticated.
+// decide is Decide on the VMI as the nodes stand now (placed), held to Unauthenticated's bounds
+// for a review that is not authenticated.
 func (s *Server) decide(pod *corev1.Pod, vmi *v1alpha1.VirtualMachineInstance, config *v1alpha1.LifeboatConfig, dryRun, authenticated bool) Decision {
+	vmi = s.placed(vmi)
 	d := Decide(pod, vmi, config, dryRun)
 	if authenticated || d.Answer != AnswerEvacuating {
 		return d
@@ -382,6 +387,28 @@ func (s *Server) decide(pod *corev1.Pod, vmi *v1alpha1.VirtualMachineInstance, c
 	}
 	return Unauthenticated(d, vmi, v1alpha1.EffectiveEvictionStrategy(vmi, config), cordoned,
 		v1alpha1.UnauthenticatedMigrationInterval(config), time.Now())
+}
+
+// placed is vmi (nil: none) with the LiveMigratable condition the nodes call for now
+// (placement.Placer: NoTargetNode when no other node could take the VM, back to True when one
+// could). The evacuation controller writes that condition; a drain does not wait for the write,
+// so that a VM that cannot leave is answered as one at once, never marked for a migration that
+// could only wait out its pending timeout. The VMI itself is not changed.
+func (s *Server) placed(vmi *v1alpha1.VirtualMachineInstance) *v1alpha1.VirtualMachineInstance {
+	if vmi == nil {
+		return nil
+	}
+	nodes, err := s.nodes.List(labels.Everything())
+	if err != nil {
+		return vmi
+	}
+	c := placement.NewPlacer(nodes).Condition(vmi, metav1.Now())
+	if c == nil {
+		return vmi
+	}
+	vmi = vmi.DeepCopy()
+	meta.SetStatusCondition(&vmi.Status.Conditions, *c)
+	return vmi
 }
 
 // mark decides again on the VMI as the API server has it and writes the mark; the answer is the

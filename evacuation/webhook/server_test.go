@@ -16,6 +16,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	kubefake "k8s.io/client-go/kubernetes/fake"
@@ -164,7 +165,7 @@ func TestAPermissiveWebhookMarksOnce(t *testing.T) {
 	vmi := runningVMI(live, true)
 	vmi.UID = "uid-1"
 	lb := lifeboatfake.NewSimpleClientset(vmi, &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}})
-	kube := kubefake.NewClientset(launcherOf(vmi), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}})
+	kube := kubefake.NewClientset(launcherOf(vmi), vmNode("node-a"), vmNode("node-b"))
 	s := startServer(t, c, lb, kube)
 
 	_, answer := review(t, s, nil, vmi.Namespace, "launcher-"+vmi.Name)
@@ -194,5 +195,54 @@ func TestAPermissiveWebhookMarksOnce(t *testing.T) {
 	}
 	if v, _ := lb.LifeboatV1alpha1().VirtualMachineInstances(vmi.Namespace).Get(context.Background(), vmi.Name, metav1.GetOptions{}); v.MarkedForEvacuation() {
 		t.Errorf("a bounded review marked the VM again: %+v", v.Status)
+	}
+}
+
+// vmNode is a node lifeboat runs VMs on.
+func vmNode(name string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.LabelKVMNode: "true", corev1.LabelHostname: name}}}
+}
+
+// TestAVMNoNodeCanTakeIsAnsweredAtOnce: the webhook decides on the nodes as they stand, not only
+// on the LiveMigratable condition the evacuation controller writes: a VM pinned to its node whose
+// condition still says True is answered as one that cannot migrate (issue 44 item 4), and no
+// mark starts a migration that could only wait.
+func TestAVMNoNodeCanTakeIsAnsweredAtOnce(t *testing.T) {
+	c := newCallers(t)
+	pinned := func(strategy *v1alpha1.EvictionStrategy, name string) *v1alpha1.VirtualMachineInstance {
+		v := runningVMI(strategy, true, func(v *v1alpha1.VirtualMachineInstance) {
+			v.Name, v.UID = name, types.UID("uid-"+name)
+			v.Spec.NodeSelector = map[string]string{corev1.LabelHostname: "node-a"}
+		})
+		return v
+	}
+	lm, lmip, ext := pinned(live, "lm"), pinned(ifPossible, "lmip"), pinned(external, "ext")
+	lb := lifeboatfake.NewSimpleClientset(lm, lmip, ext, &v1alpha1.LifeboatConfig{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ConfigName}})
+	kube := kubefake.NewClientset(launcherOf(lm), launcherOf(lmip), launcherOf(ext), vmNode("node-a"), vmNode("node-b"))
+	s := startServer(t, c, lb, kube)
+	marked := func(name string) bool {
+		v, err := lb.LifeboatV1alpha1().VirtualMachineInstances("ns").Get(context.Background(), name, metav1.GetOptions{})
+		return err == nil && v.MarkedForEvacuation()
+	}
+
+	_, answer := review(t, s, c.apiServer, "ns", "launcher-lm")
+	want := `cannot be live-migrated (NoTargetNode: no other node labelled lifeboat.dev/kvm=true matches its nodeSelector kubernetes.io/hostname=node-a)`
+	if answer.Allowed || answer.Result.Code != http.StatusTooManyRequests || !strings.Contains(answer.Result.Message, want) {
+		t.Errorf("LiveMigrate: %+v, want 429 saying %q", answer.Result, want)
+	}
+	if marked("lm") {
+		t.Error("LiveMigrate: marked for a migration no node can take")
+	}
+	if _, answer = review(t, s, c.apiServer, "ns", "launcher-lmip"); !answer.Allowed {
+		t.Errorf("LiveMigrateIfPossible: %+v, want allowed (an ordinary eviction, seed 000)", answer.Result)
+	}
+	if marked("lmip") {
+		t.Error("LiveMigrateIfPossible: marked")
+	}
+	if _, answer = review(t, s, c.apiServer, "ns", "launcher-ext"); answer.Allowed || !strings.Contains(answer.Result.Message, EvacuationText) {
+		t.Errorf("External: %+v, want 429 %q as always", answer.Result, EvacuationText)
+	}
+	if !marked("ext") {
+		t.Error("External: not marked")
 	}
 }

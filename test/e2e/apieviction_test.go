@@ -127,6 +127,9 @@ func TestAPIEvictionFinalAnswers(t *testing.T) {
 	setConfig(t, false)
 	ctrl := startControllerWithWebhook(t)
 	startNodes(t, 1)
+	// Somewhere a VM could go that nothing reaches: the migratable VMs are marked, and their
+	// migrations wait, as the table has them (without it they could not leave: NoTargetNode).
+	phantomNode(t, nil)
 	ns := testNamespace(t)
 	rows := []struct {
 		name      string
@@ -330,6 +333,10 @@ func TestKubectlDrain(t *testing.T) {
 		}
 	}
 	setUnschedulable(t, other.Name(), false)
+	// While the other node was cordoned no node could take the VMs (NoTargetNode); now one can.
+	for _, name := range names[:2] {
+		waitLiveMigratable(t, ns, name, metav1.ConditionTrue, "", 30*time.Second)
+	}
 	// What kubectl lifeboat status says before the drain is what the drain does (issue 46).
 	waitConfigReady(t)
 	predictDrain(t, ns, map[string]string{"drain-live-1": check.VerdictMigrates, "drain-live-2": check.VerdictMigrates, "drain-none": check.VerdictShutsDown})
@@ -373,6 +380,7 @@ func TestCancelAnEvacuation(t *testing.T) {
 	setConfig(t, false)
 	startControllerWithWebhook(t)
 	n := startNodes(t, 1)[0]
+	phantomNode(t, nil) // a node its migration may wait for (without one it would not be marked: NoTargetNode)
 	ns := testNamespace(t)
 	vmi := createVMI(t, ns, newVMI("cancelled", strategy(v1alpha1.EvictionStrategyLiveMigrate)))
 	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)

@@ -175,7 +175,8 @@ func TestCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	vmLine := "VM " + ns + "/web"
-	rep, code = waitCheck(t, time.Minute, vmLine, check.Fail, "pinned: its nodeSelector "+poolLabel+"=blue matches no other schedulable node", "-n", ns)
+	// Said the check's way ("pinned: …") until the controller writes NoTargetNode, then the condition's.
+	rep, code = waitCheck(t, time.Minute, vmLine, check.Fail, "no other node labelled lifeboat.dev/kvm=true matches its nodeSelector "+poolLabel+"=blue", "-n", ns)
 	wantLine(t, rep.line(t, vmLine), check.Fail, "on node "+home.Name()+" cannot live-migrate", "eviction strategy LiveMigrate: a drain of its node waits for ever")
 	if code != 1 || !rep.Failed {
 		t.Errorf("a pinned VM: exit %d, failed %v; want 1, true", code, rep.Failed)
@@ -184,7 +185,11 @@ func TestCheck(t *testing.T) {
 		t.Error("kubectl lifeboat check exits 0 with a failed check")
 	}
 
-	// Stuck: a migration of the pinned VM waits for a target node that never comes.
+	// Stuck: a migration of the pinned VM waits for a target node that never comes. A VM no node
+	// can take gets no migration that waits (NoTargetNode fails it at once): a phantom node in
+	// the pool, which nothing reaches, makes it one that waits.
+	phantom := phantomNode(t, map[string]string{poolLabel: "blue"})
+	waitLiveMigratable(t, ns, vmi.Name, metav1.ConditionTrue, "", 30*time.Second)
 	m, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Create(context.Background(), &v1alpha1.VirtualMachineInstanceMigration{
 		ObjectMeta: metav1.ObjectMeta{Name: "web-stuck"}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: vmi.Name},
 	}, metav1.CreateOptions{})
@@ -195,6 +200,9 @@ func TestCheck(t *testing.T) {
 		_ = cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Delete(context.Background(), m.Name, metav1.DeleteOptions{})
 	})
 	waitCheck(t, time.Minute, "migration "+ns+"/"+m.Name, check.Fail, "of VMI web still ", "-n", ns, "--stuck-after", "5s")
+	if err := cluster.Kube.CoreV1().Nodes().Delete(context.Background(), phantom, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	// The agent of the VM's node stops, and its DaemonSet pod there goes.
 	home.agent.stop()

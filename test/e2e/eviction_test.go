@@ -47,11 +47,14 @@ func strategy(s v1alpha1.EvictionStrategy) func(*v1alpha1.VirtualMachineInstance
 }
 
 // runningVM starts the controller, one node with its agent, and a VM on it; it returns when the
-// guest counts.
+// guest counts. A phantom node (phantomNode) is somewhere the VM could go that nothing reaches:
+// its evacuations get migrations that wait for a node, as the tests on one node expect; without
+// it the VM could go nowhere (NoTargetNode) and would get none.
 func runningVM(t *testing.T, name string, mutate ...func(*v1alpha1.VirtualMachineInstance)) (*testNode, *v1alpha1.VirtualMachineInstance) {
 	t.Helper()
 	startController(t)
 	n := startNodes(t, 1)[0]
+	phantomNode(t, nil)
 	ns := testNamespace(t)
 	vmi := createVMI(t, ns, newVMI(name, mutate...))
 	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)

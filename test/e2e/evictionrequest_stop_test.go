@@ -30,6 +30,10 @@ func TestAnEvictionRequestNoNodeCanServeIsGivenUp(t *testing.T) {
 	const pin = "e2e.lifeboat.dev/pinned"
 	source := startNodes(t, 1, func(c *node.Config) { c.Labels = map[string]string{pin: "yes"} })[0]
 	startNodes(t, 1)
+	// A node with the label that nothing reaches: the VM counts as migratable, so lifeboat takes
+	// the EvictionRequest on and its migration finds no node the scheduler can use (without it,
+	// NoTargetNode: lifeboat declines at once).
+	phantomNode(t, map[string]string{pin: "yes"})
 	ns := testNamespace(t)
 	vmi := createVMI(t, ns, newVMI("nowhere", strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
 		v.Spec.NodeSelector = map[string]string{pin: "yes"}

@@ -46,6 +46,10 @@ func TestATargetThatCannotBeScheduledFreesItsSlot(t *testing.T) {
 		waitCounterPast(t, source.consolePath(v), 0, bootTimeout)
 	}
 	startNodes(t, 1) // the only place to go, without the label
+	// A node with the label that nothing reaches: placement counts it, so the VM is migratable and
+	// gets a migration whose target the scheduler cannot place (without it, NoTargetNode: no
+	// migration at all, TestADrainOfPinnedVMsSaysSoAtOnce).
+	phantomNode(t, map[string]string{pin: "yes"})
 
 	stuck = waitVMI(t, ns, stuck.Name, time.Second, "running", running)
 	order := watchBudgetAndTarget(t, stuck)

@@ -36,7 +36,10 @@ func TestATenantCannotStarveEvacuations(t *testing.T) {
 	})[0]
 	tenant, other := testNamespace(t), testNamespace(t)
 	live := strategy(v1alpha1.EvictionStrategyLiveMigrate)
-	// The tenant's VM may run only where it runs: a migration's target pod finds no node.
+	// The tenant's VM may run only where it runs: a migration's target pod finds no node. A node
+	// with the label that nothing reaches keeps it migratable (not NoTargetNode), so that the
+	// tenant's migrations wait for the scheduler instead of failing at once.
+	phantomNode(t, map[string]string{pin: "yes"})
 	own := createVMI(t, tenant, newVMI("own", live, func(v *v1alpha1.VirtualMachineInstance) { v.Spec.NodeSelector = map[string]string{pin: "yes"} }))
 	victim := createVMI(t, other, newVMI("victim", live, func(v *v1alpha1.VirtualMachineInstance) {
 		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](grace)

@@ -30,7 +30,8 @@ func (v *VirtualMachineInstance) EvacuationCause() string {
 	return ""
 }
 
-// LiveMigratable reports whether the running VMI's agent found it live-migratable, and if not, why.
+// LiveMigratable reports whether the running VMI can be live-migrated (its LiveMigratable
+// condition), and if not, why: the condition's reason and message.
 func (v *VirtualMachineInstance) LiveMigratable() (bool, string) {
 	if v.Status.Phase != VMIRunning {
 		return false, "the VM is " + phaseOrPending(v.Status.Phase) + ", not Running"
@@ -39,6 +40,8 @@ func (v *VirtualMachineInstance) LiveMigratable() (bool, string) {
 	switch {
 	case c == nil:
 		return false, "its agent has not reported whether it can be live-migrated"
+	case c.Status != metav1.ConditionTrue && c.Message != "":
+		return false, c.Reason + ": " + c.Message
 	case c.Status != metav1.ConditionTrue:
 		return false, c.Reason
 	}

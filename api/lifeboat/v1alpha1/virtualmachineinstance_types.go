@@ -375,6 +375,18 @@ const (
 	VMIConditionNodeLost = "NodeLost"
 )
 
+// Reasons of the LiveMigratable condition that more than one component writes. The agent owns
+// the condition for the domain's own reasons; the evacuation controller sets NoTargetNode over a
+// True condition, and back, as the nodes change.
+const (
+	// VMIReasonMigratable: the condition is True.
+	VMIReasonMigratable = "Migratable"
+	// VMIReasonNoTargetNode: the domain could move, but no node other than its own could take
+	// its target pod (its nodeSelector, the nodes' labels, cordons, taints, allocatable memory);
+	// the message says what keeps each node out.
+	VMIReasonNoTargetNode = "NoTargetNode"
+)
+
 // VMIReasonGuestNotRunning is the reason of the Ready condition the node's agent writes when
 // the guest's domain exists but does not run (shut off): a VMI controller whose node stopped
 // answering takes it as the agent's report that the guest is gone.
