@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lifeboat-vm/lifeboat/domain"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // slowLauncher answers JobStats at once; its Shutdown waits until release is closed, as libvirt's
@@ -53,12 +54,8 @@ func TestAMigrationsLoopTakesNoWorkersTurn(t *testing.T) {
 	shutdown := make(chan error, 1)
 	go func() { shutdown <- g.Shutdown(t.Context(), "vm") }()
 	// The worker's call holds the turn.
-	deadline := time.Now().Add(5 * time.Second)
-	for len(g.turn) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the worker's call never took its turn")
-		}
-		time.Sleep(time.Millisecond)
+	if err := wait.PollUntilContextTimeout(t.Context(), time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) { return len(g.turn) != 0, nil }); err != nil {
+		t.Fatal("the worker's call never took its turn")
 	}
 	start := time.Now()
 	if _, err := loopMigrator(g).JobStats("vm"); err != nil || time.Since(start) > 100*time.Millisecond {

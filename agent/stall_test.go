@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 
@@ -209,17 +210,22 @@ func TestAStalledLauncherHoldsOneWorkerAndTheOthersAreEvacuatedOnTime(t *testing
 	go func() { errc <- a.Run(ctx, workers) }()
 	waitFor := func(what string, within time.Duration, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(within)
-		for !cond() {
+		var ended error
+		stopped := false
+		err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, within, true, func(context.Context) (bool, error) {
 			select {
-			case err := <-errc:
-				t.Fatalf("the agent ended while waiting for %s: %v", what, err)
+			case ended = <-errc:
+				stopped = true
+				return false, errAgentEnded
 			default:
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %s", what, within)
-			}
-			time.Sleep(20 * time.Millisecond)
+			return cond(), nil
+		})
+		if stopped {
+			t.Fatalf("the agent ended while waiting for %s: %v", what, ended)
+		}
+		if err != nil {
+			t.Fatalf("%s: not within %s", what, within)
 		}
 	}
 	waitFor("every launcher connected", time.Minute, func() bool {
@@ -410,3 +416,6 @@ func needRoot(t *testing.T) {
 		t.Fatal("a launcher's socket and libvirtd are its user's (107), which needs root: run the tests as root, as make test and .ci/run do (README, Prerequisites)")
 	}
 }
+
+// errAgentEnded stops a wait of the stall test whose agent returned.
+var errAgentEnded = errors.New("the agent ended")

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 
@@ -22,6 +23,7 @@ import (
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 )
 
 func vmiNamed(uid, node string, phase v1alpha1.VirtualMachineInstancePhase) *v1alpha1.VirtualMachineInstance {
@@ -260,23 +262,20 @@ func TestARunningAgentDestroysTheGuestOfAReplacedVMI(t *testing.T) {
 	go func() { _ = a.Run(ctx, 1) }()
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("want %s within 10s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
+		if err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) { return cond(), nil }); err != nil {
+			t.Fatalf("want %s within 10s", what)
 		}
 	}
 	waitFor("the agent connected to the launcher", func() bool { return a.connected("old") })
 	// Running as it should: nothing destroyed.
-	time.Sleep(200 * time.Millisecond)
-	libvirt.mu.Lock()
-	destroyed := libvirt.destroyed
-	libvirt.mu.Unlock()
-	if destroyed != 0 {
-		t.Fatal("the guest of a VMI running on this node was destroyed")
-	}
+	kubewait.Consistently(t, time.Second, "no guest destroyed while its VMI runs on this node", func(context.Context) error {
+		libvirt.mu.Lock()
+		defer libvirt.mu.Unlock()
+		if libvirt.destroyed != 0 {
+			return errors.New("the guest of a VMI running on this node was destroyed")
+		}
+		return nil
+	})
 
 	vmis := client.LifeboatV1alpha1().VirtualMachineInstances("ns")
 	if err := vmis.Delete(ctx, "vm", metav1.DeleteOptions{}); err != nil {
@@ -328,12 +327,10 @@ func TestTheAgentReportsAnOutageOnItsReturn(t *testing.T) {
 	defer cancel()
 	done := make(chan struct{})
 	go func() { defer close(done); a.runContact(ctx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for testutil.ToFloat64(metrics.APIServerCutOff) != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("lifeboat_agent_api_server_cut_off did not read 1 within 10s of an outage")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return testutil.ToFloat64(metrics.APIServerCutOff) == 1, nil
+	}); err != nil {
+		t.Fatal("lifeboat_agent_api_server_cut_off did not read 1 within 10s of an outage")
 	}
 	if len(recorder.Events) != 0 || libvirt.destroyed != 0 {
 		t.Errorf("cut off, the agent recorded %d Events and destroyed %d guests", len(recorder.Events), libvirt.destroyed)
