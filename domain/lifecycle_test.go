@@ -14,6 +14,8 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"io/fs"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // waitEvent reads events until one of domain has type want, and returns it.
@@ -288,5 +290,23 @@ func TestTheShimAdoptsTheDaemonsQEMU(t *testing.T) {
 	}
 	if shim := d.cmd.Process.Pid; ppid != shim || shim == daemonPid(t, d) {
 		t.Errorf("QEMU %d's parent is %d, want the daemon's shim %d (the daemon is %d)", pid, ppid, shim, daemonPid(t, d))
+	}
+
+	// Reaped, not only adopted: once destroyed, QEMU's process is gone well inside init's 2 s,
+	// rather than lingering as a zombie that libvirtd takes for a running QEMU.
+	if err := c.Destroy(name); err != nil {
+		t.Fatal(err)
+	}
+	var last string
+	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Second, true, func(context.Context) (bool, error) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if errors.Is(err, fs.ErrNotExist) {
+			return true, nil
+		}
+		last = string(b)
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("QEMU %d still in the process table 1 s after Destroy, want it reaped by the shim at once; last /proc/%d/stat: %q", pid, pid, last)
 	}
 }
