@@ -13,7 +13,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
@@ -164,11 +163,10 @@ func TestARestartedAgentResumesABrokenPostCopy(t *testing.T) {
 	}
 	var got *v1alpha1.VirtualMachineInstanceMigration
 	// The resume waits a second of the agent's clock before its first attempt.
-	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
-		clk.Step(postCopyResumeRetry)
+	if !stepUntil(ctx, clk, postCopyResumeRetry, func() bool {
 		got, err = client.LifeboatV1alpha1().VirtualMachineInstanceMigrations("ns").Get(ctx, "mig", metav1.GetOptions{})
-		return err == nil && got.Status.Phase.Terminal(), nil
-	}); err != nil {
+		return err == nil && got.Status.Phase.Terminal()
+	}) {
 		t.Fatalf("the migration did not end within 10 s of real time: %+v", got.Status)
 	}
 	libvirt.mu.Lock()

@@ -318,15 +318,7 @@ func runStuckMigration(t *testing.T, fake Migrator, allowPostCopy, targetPostCop
 		a.migrations.runSource(ctx, mig, vmi, fake)
 	}()
 	// The migration's clock moves a tick at a time until it has run its course.
-	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		select {
-		case <-done:
-			return true, nil
-		default:
-			clk.Step(progressInterval)
-			return false, nil
-		}
-	}); err != nil {
+	if !stepUntil(ctx, clk, progressInterval, func() bool { return closed(done) }) {
 		t.Fatal("the migration did not end within 10 s of real time")
 	}
 	gotMig, err := client.LifeboatV1alpha1().VirtualMachineInstanceMigrations("ns").Get(ctx, "mig", metav1.GetOptions{})
@@ -354,16 +346,40 @@ func migrateStepping(ctx context.Context, clk *clocktesting.FakeClock, c Converg
 		done <- convergeResult{mode, err}
 	}()
 	var got convergeResult
-	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+	ok := stepUntil(context.Background(), clk, progressInterval, func() bool {
 		select {
 		case got = <-done:
-			return true, nil
+			return true
 		default:
-			clk.Step(progressInterval)
-			return false, nil
+			return false
 		}
 	})
-	return got, err == nil
+	return got, ok
+}
+
+// stepUntil moves clk on by step whenever the code under test waits on it (a timer or ticker
+// of clk's), until done holds; false if that took over 10 s of real time. Stepping only when
+// something waits keeps the fake time from running ahead of the code it drives.
+func stepUntil(ctx context.Context, clk *clocktesting.FakeClock, step time.Duration, done func() bool) bool {
+	err := wait.PollUntilContextTimeout(ctx, time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		if done() {
+			return true, nil
+		}
+		if clk.HasWaiters() {
+			clk.Step(step)
+		}
+		return false, nil
+	})
+	return err == nil
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // TestCancelledMigrationIsNotEscalated: a migration its owner cancels (the mark cleared, or a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -12,8 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 )
 
 // waitEvent reads events until one of domain has type want, and returns it.
@@ -31,23 +35,6 @@ func waitEvent(ctx context.Context, events <-chan Event, domain string, want Eve
 			}
 		case <-ctx.Done():
 			return Event{}, fmt.Errorf("waiting for a %s event of %s: %w; seen: %+v", want, domain, ctx.Err(), seen)
-		}
-	}
-}
-
-// waitState polls the domain's state until it is want.
-func waitState(ctx context.Context, c *Conn, name string, want State) (Reason, error) {
-	ticker := time.NewTicker(100 * time.Millisecond)
-	defer ticker.Stop()
-	for {
-		state, reason, err := c.State(name)
-		if err == nil && state == want {
-			return reason, nil
-		}
-		select {
-		case <-ctx.Done():
-			return "", fmt.Errorf("waiting for domain %s to be %s: %w; last state %s (%s), error %v", name, want, ctx.Err(), state, reason, err)
-		case <-ticker.C:
 		}
 	}
 }
@@ -92,12 +79,16 @@ func TestACPIShutdownPowersTheGuestOff(t *testing.T) {
 	if stopped.State != Shutoff || stopped.Reason != ReasonShutdown {
 		t.Errorf("Stopped event = %+v, want state %s reason %s", stopped, Shutoff, ReasonShutdown)
 	}
-	reason, err := waitState(ctx, c, name, Shutoff)
-	if err != nil {
-		t.Fatal(err)
+	type stateReason struct {
+		State  State
+		Reason Reason
 	}
-	if reason != ReasonShutdown {
-		t.Errorf("State() reason = %s, want %s", reason, ReasonShutdown)
+	got := kubewait.For(t, time.Minute, "domain "+name+" shut off", func(context.Context) (stateReason, error) {
+		state, reason, err := c.State(name)
+		return stateReason{state, reason}, err
+	}, func(s stateReason) bool { return s.State == Shutoff }, nil)
+	if got.Reason != ReasonShutdown {
+		t.Errorf("State() reason = %s, want %s", got.Reason, ReasonShutdown)
 	}
 }
 
@@ -288,5 +279,23 @@ func TestTheShimAdoptsTheDaemonsQEMU(t *testing.T) {
 	}
 	if shim := d.cmd.Process.Pid; ppid != shim || shim == daemonPid(t, d) {
 		t.Errorf("QEMU %d's parent is %d, want the daemon's shim %d (the daemon is %d)", pid, ppid, shim, daemonPid(t, d))
+	}
+
+	// Reaped, not only adopted: once destroyed, QEMU's process is gone well inside init's 2 s,
+	// rather than lingering as a zombie that libvirtd takes for a running QEMU.
+	if err := c.Destroy(name); err != nil {
+		t.Fatal(err)
+	}
+	var last string
+	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Second, true, func(context.Context) (bool, error) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if errors.Is(err, fs.ErrNotExist) {
+			return true, nil
+		}
+		last = string(b)
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("QEMU %d still in the process table 1 s after Destroy, want it reaped by the shim at once; last /proc/%d/stat: %q", pid, pid, last)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/domain"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 	"github.com/lifeboat-vm/lifeboat/test/migrationpair"
 )
 
@@ -337,21 +338,16 @@ func TestPostCopyFinishesANonConvergingMigration(t *testing.T) {
 }
 
 // waitState waits until the named domain on c is in state for reason.
-func waitState(t *testing.T, ctx context.Context, c *domain.Conn, name string, state domain.State, reason domain.Reason) {
+func waitState(t *testing.T, c *domain.Conn, name string, state domain.State, reason domain.Reason) {
 	t.Helper()
-	var got domain.State
-	var gotReason domain.Reason
-	var err error
-	for {
-		if got, gotReason, err = c.State(name); err == nil && got == state && gotReason == reason {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("waiting for domain %s to be %s (%s): it is %s (%s), error %v", name, state, reason, got, gotReason, err)
-		case <-time.After(100 * time.Millisecond):
-		}
+	type stateReason struct {
+		State  domain.State
+		Reason domain.Reason
 	}
+	kubewait.For(t, time.Minute, fmt.Sprintf("domain %s %s (%s)", name, state, reason), func(context.Context) (stateReason, error) {
+		s, r, err := c.State(name)
+		return stateReason{s, r}, err
+	}, func(s stateReason) bool { return s.State == state && s.Reason == reason }, nil)
 }
 
 // A post-copy migration whose connection breaks (a network failure, an agent's restart) leaves
@@ -384,7 +380,7 @@ func TestPostCopyResumesAfterTheConnectionBreaks(t *testing.T) {
 	if err := p.Src.Conn.StartPostCopy(name); err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, ctx, p.Dst.Conn, name, domain.Running, domain.ReasonPostcopy)
+	waitState(t, p.Dst.Conn, name, domain.Running, domain.ReasonPostcopy)
 	if n := p.BreakConnections(); n == 0 {
 		t.Fatal("no connection between the nodes to break")
 	}
@@ -393,7 +389,7 @@ func TestPostCopyResumesAfterTheConnectionBreaks(t *testing.T) {
 	} else {
 		t.Logf("the broken migration: %v", err)
 	}
-	waitState(t, ctx, p.Src.Conn, name, domain.Paused, domain.ReasonPostcopyFailed)
+	waitState(t, p.Src.Conn, name, domain.Paused, domain.ReasonPostcopyFailed)
 
 	p.Throttle(0) // the rest of the memory comes at once
 	opts := p.Options(nonConvergingCap)

@@ -45,45 +45,13 @@ func ResolveAcceleration(ctx context.Context, conn *Conn, a Acceleration, kernel
 // proves KVM can run it: QEMU starting, or a BIOS running, is not enough. Why KVM was found
 // unusable is logged. An error means the probe itself could not be made.
 func ProbeKVM(ctx context.Context, conn *Conn, kernel, initrd string) (bool, error) {
-	dir, err := os.MkdirTemp("", "lifeboat-kvm-probe-")
-	if err != nil {
-		return false, fmt.Errorf("probing KVM: %w", err)
-	}
-	defer os.RemoveAll(dir)
-	console := filepath.Join(dir, "console.log")
-	id := uuid.New()
-	vmi := &v1alpha1.VirtualMachineInstance{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lifeboat", Name: "kvm-probe-" + id.String()[:8], UID: types.UID(id.String())},
-		Spec: v1alpha1.VirtualMachineInstanceSpec{
-			CPUs:   1,
-			Memory: resource.MustParse("128Mi"),
-			// Not quiet: the kernel's first messages are the earliest proof that it runs.
-			Boot: v1alpha1.BootSource{Kernel: kernel, Initrd: initrd, Cmdline: "console=ttyS0"},
-		},
-	}
-	domainXML, err := DomainXML(vmi, XMLOptions{Acceleration: KVM, ConsoleLog: console})
-	if err != nil {
-		return false, fmt.Errorf("probing KVM: %w", err)
-	}
 	log := slog.With("probe", "kvm")
-	// Autodestroy: should this process die mid-probe, libvirt removes the domain when the
-	// connection closes.
-	dom, err := conn.virt.DomainCreateXML(domainXML, libvirt.DOMAIN_START_AUTODESTROY)
-	if err != nil {
-		log.Info("KVM is not usable: a KVM domain does not start; guests will run under TCG", "err", err)
-		return false, nil
-	}
-	defer func() {
-		if err := dom.Destroy(); err != nil {
-			log.Warn("destroying the KVM probe domain", "err", err)
-		}
-		dom.Free()
-	}()
-
-	printed, err := consolePrinted(ctx, console, probeTimeout)
+	printed, startErr, err := bootPrints(ctx, conn, KVM, kernel, initrd)
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("probing KVM: %w", err)
+	case startErr != nil:
+		log.Info("KVM is not usable: a KVM domain does not start; guests will run under TCG", "err", startErr)
 	case printed:
 		log.Info("KVM is usable: a KVM guest printed on its serial console")
 	default:
@@ -91,6 +59,46 @@ func ProbeKVM(ctx context.Context, conn *Conn, kernel, initrd string) (bool, err
 			"waited", probeTimeout, "hint", "nested KVM can start QEMU and a BIOS yet hang a Linux kernel in its decompressor")
 	}
 	return printed, nil
+}
+
+// bootPrints boots a small transient domain under accel from kernel and initrd and reports
+// whether it printed on its serial console within probeTimeout. startErr is why the domain
+// did not start at all; err means the probe itself could not be made.
+func bootPrints(ctx context.Context, conn *Conn, accel Acceleration, kernel, initrd string) (printed bool, startErr, err error) {
+	dir, err := os.MkdirTemp("", "lifeboat-probe-")
+	if err != nil {
+		return false, nil, err
+	}
+	defer os.RemoveAll(dir)
+	console := filepath.Join(dir, "console.log")
+	id := uuid.New()
+	vmi := &v1alpha1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lifeboat", Name: "probe-" + id.String()[:8], UID: types.UID(id.String())},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{
+			CPUs:   1,
+			Memory: resource.MustParse("128Mi"),
+			// Not quiet: the kernel's first messages are the earliest proof that it runs.
+			Boot: v1alpha1.BootSource{Kernel: kernel, Initrd: initrd, Cmdline: "console=ttyS0"},
+		},
+	}
+	domainXML, err := DomainXML(vmi, XMLOptions{Acceleration: accel, ConsoleLog: console})
+	if err != nil {
+		return false, nil, err
+	}
+	// Autodestroy: should this process die mid-probe, libvirt removes the domain when the
+	// connection closes.
+	dom, err := conn.virt.DomainCreateXML(domainXML, libvirt.DOMAIN_START_AUTODESTROY)
+	if err != nil {
+		return false, err, nil
+	}
+	defer func() {
+		if err := dom.Destroy(); err != nil {
+			slog.Warn("destroying a probe domain", "acceleration", accel, "err", err)
+		}
+		dom.Free()
+	}()
+	printed, err = consolePrinted(ctx, console, probeTimeout)
+	return printed, nil, err
 }
 
 // consolePrinted waits, at most timeout, until the console log file has something in it. It

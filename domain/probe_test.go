@@ -31,6 +31,29 @@ func TestProbeKVM(t *testing.T) {
 	if _, err := os.Stat("/dev/kvm"); err != nil && ok {
 		t.Errorf("ProbeKVM() = true on a machine without /dev/kvm")
 	}
+	expectNoDomains(t, c)
+}
+
+// TestTheProbeSeesAGuestThatPrints shows the probe's positive answer, which the machine decides
+// for KVM: the same boot under TCG, which runs Linux everywhere, is seen printing.
+func TestTheProbeSeesAGuestThatPrints(t *testing.T) {
+	img := testImage(t)
+	c := connect(t, startDaemon(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	printed, startErr, err := bootPrints(ctx, c, TCG, img.Kernel, img.Initrd)
+	if err != nil || startErr != nil {
+		t.Fatalf("bootPrints(TCG) = %v, start error %v, error %v; want a TCG guest to start", printed, startErr, err)
+	}
+	if !printed {
+		t.Errorf("bootPrints(TCG) = false: a TCG guest printed nothing on its console within %s, want true", probeTimeout)
+	}
+	expectNoDomains(t, c)
+}
+
+func expectNoDomains(t *testing.T, c *Conn) {
+	t.Helper()
 	domains, err := c.virt.ListAllDomains(0)
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +63,6 @@ func TestProbeKVM(t *testing.T) {
 		t.Errorf("the probe left domain %q behind", name)
 		d.Free()
 	}
-
 }
 
 // The probe's verdict is what the guest's console shows: a guest that prints (here a console

@@ -462,6 +462,19 @@ func guestAfterward(ctx context.Context, p migrationpair.Pair, cell matrixCell) 
 // guestIntact is guestAfterward's word for a disk-writing guest that arrived whole.
 const guestIntact = "counting, disk intact"
 
+// expectArrivedWhole fails the benchmark unless guestAfterward found the guest whole on the
+// destination: counting on, and with its disk intact if it writes one.
+func expectArrivedWhole(b *testing.B, afterward string, cell matrixCell) {
+	b.Helper()
+	want := "counting"
+	if cell.diskRate > 0 {
+		want = guestIntact
+	}
+	if afterward != want {
+		b.Errorf("after the migration the guest is %q, want %q", afterward, want)
+	}
+}
+
 // hasPassAfter reports whether the destination's console shows the end of the pass after the
 // one under way at the migration: by then every block, including those the source wrote last,
 // was read back on the destination and found as the source left it.

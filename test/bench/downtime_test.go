@@ -48,6 +48,7 @@ func BenchmarkDowntimeTarget(b *testing.B) {
 					if !o.finished {
 						b.Fatalf("the migration did not finish")
 					}
+					expectArrivedWhole(b, o.guestAfterward, cell)
 					b.ReportMetric(float64(o.guestDowntime.Milliseconds()), "ms-guest-downtime")
 					b.ReportMetric(float64(o.downtime.Milliseconds()), "ms-libvirt-downtime")
 				}

@@ -47,9 +47,7 @@ func BenchmarkDiskMirrorMode(b *testing.B) {
 					if !o.finished {
 						continue
 					}
-					if o.guestAfterward != guestIntact {
-						b.Errorf("after the migration the guest is %q, want %q", o.guestAfterward, guestIntact)
-					}
+					expectArrivedWhole(b, o.guestAfterward, cell)
 					b.ReportMetric(float64(o.guestDowntime.Milliseconds()), "ms-guest-downtime")
 					b.ReportMetric(float64(o.longestStall.Milliseconds()), "ms-longest-stall")
 					b.ReportMetric(o.total.Seconds(), "s-total")

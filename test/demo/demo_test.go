@@ -3,11 +3,9 @@
 package demo
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,7 +22,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
-	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/guest"
 )
 
 func TestDemoClusterMovesTheVMOnADrain(t *testing.T) {
@@ -116,7 +114,9 @@ func TestDemoClusterMovesTheVMOnADrain(t *testing.T) {
 	} else if id, err := kubectl("exec", strings.TrimSpace(string(launcher)), "--", "id").CombinedOutput(); err != nil || !strings.Contains(string(id), "uid=") {
 		t.Errorf("kubectl exec %s -- id: %v; it printed %q", strings.TrimSpace(string(launcher)), err, id)
 	}
-	consoleSaysHello(t, kubectl("lifeboat", "console", "demo"))
+	if err := guest.Exchange(kubectl("lifeboat", "console", "demo"), "hello from the demo test", time.Minute); err != nil {
+		t.Error(err)
+	}
 
 	drain := exec.Command(filepath.Join(bins.Dir(), "kubectl"), "--kubeconfig", filepath.Join(dir, "admin.kubeconfig"),
 		"drain", from, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=3m")
@@ -139,61 +139,6 @@ func TestDemoClusterMovesTheVMOnADrain(t *testing.T) {
 	}
 	if after.UID != before.UID {
 		t.Errorf("the drain replaced the VMI (uid %s, was %s) instead of moving it", after.UID, before.UID)
-	}
-}
-
-// consoleSaysHello runs console, a kubectl lifeboat console command, types a line to the guest,
-// waits for the guest to say it heard it, and leaves by closing stdin.
-func consoleSaysHello(t *testing.T, console *exec.Cmd) {
-	t.Helper()
-	const hello = "hello from the demo test"
-	stdin, err := console.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := console.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	console.Stderr = &stderr
-	if err := console.Start(); err != nil {
-		t.Fatal(err)
-	}
-	heard := make(chan bool, 1)
-	go func() {
-		lines := bufio.NewScanner(stdout)
-		for lines.Scan() {
-			if strings.Contains(lines.Text(), protocol.Heard(hello)) {
-				heard <- true
-				_, _ = io.Copy(io.Discard, stdout)
-				return
-			}
-		}
-		heard <- false
-	}()
-	if _, err := io.WriteString(stdin, hello+"\n"); err != nil {
-		t.Errorf("typing into kubectl lifeboat console: %v", err)
-	}
-	select {
-	case ok := <-heard:
-		if !ok {
-			t.Errorf("kubectl lifeboat console demo ended before the guest heard %q; stderr:\n%s", hello, stderr.String())
-		}
-	case <-time.After(time.Minute):
-		t.Errorf("the guest did not answer %q through kubectl lifeboat console within a minute", hello)
-	}
-	stdin.Close()
-	ended := make(chan error, 1)
-	go func() { ended <- console.Wait() }()
-	select {
-	case err := <-ended:
-		if err != nil {
-			t.Errorf("kubectl lifeboat console demo ended with %v when its stdin closed; stderr:\n%s", err, stderr.String())
-		}
-	case <-time.After(30 * time.Second):
-		_ = console.Process.Kill()
-		t.Errorf("kubectl lifeboat console demo did not end within 30s of its stdin closing")
 	}
 }
 

@@ -3,14 +3,12 @@ package node
 import (
 	"bufio"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -20,6 +18,7 @@ import (
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 )
 
@@ -123,45 +122,7 @@ func TestKubectlLifeboatConsoleThroughTheNode(t *testing.T) {
 	console := exec.CommandContext(t.Context(), cluster.Binaries.Kubectl, "lifeboat", "console", vmi.Name, "-n", ns)
 	console.Env = append(os.Environ(), "KUBECONFIG="+cluster.Kubeconfig,
 		"PATH="+bins+string(os.PathListSeparator)+filepath.Dir(cluster.Binaries.Kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"))
-	stdin, err := console.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := console.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	console.Stderr = &stderr
-	if err := console.Start(); err != nil {
-		t.Fatal(err)
-	}
-	heard := make(chan string, 1)
-	go func() {
-		lines := bufio.NewScanner(stdout)
-		for lines.Scan() {
-			if strings.HasPrefix(lines.Text(), protocol.HeardPrefix) {
-				heard <- lines.Text()
-				break
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-		close(heard)
-	}()
-	if _, err := io.WriteString(stdin, "hello through the node\n"); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case line := <-heard:
-		if line != protocol.Heard("hello through the node") {
-			t.Errorf("the console answered %q, want %q", line, protocol.Heard("hello through the node"))
-		}
-	case <-time.After(waitTimeout):
-		t.Errorf("no answer through kubectl lifeboat console within %s", waitTimeout)
-	}
-	// The session ends with its stdin.
-	stdin.Close()
-	if err := console.Wait(); err != nil {
-		t.Errorf("kubectl lifeboat console ended with %v when its stdin closed, want success; stderr:\n%s", err, stderr.String())
+	if err := guest.Exchange(console, "hello through the node", waitTimeout); err != nil {
+		t.Error(err)
 	}
 }
