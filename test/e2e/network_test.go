@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"io"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -25,6 +26,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/internal/chart"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
@@ -296,8 +298,20 @@ func BenchmarkMigrationNetworkInterruption(b *testing.B) {
 		b.ReportMetric(float64(r.interruption.Milliseconds()), "interruption-ms")
 		b.ReportMetric(float64(r.downtime.Milliseconds()), "downtime-ms")
 		b.ReportMetric(float64((r.interruption - r.downtime).Milliseconds()), "added-ms")
+		networkRuns = append(networkRuns, chart.Interruption{Run: fmt.Sprint(len(networkRuns) + 1), Interruption: r.interruption, Stop: r.downtime})
+		if dir := chart.Dir(); dir != "" {
+			// Drawn again after every run, so that the chart has all the runs of -count.
+			if err := chart.WriteFile(dir, "network.svg", func(w io.Writer) error {
+				return chart.Interruptions(w, "Network interruption during a migration, per run", chart.NetworkStopName, networkRuns)
+			}); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 }
+
+// networkRuns are the runs of BenchmarkMigrationNetworkInterruption so far (-count calls it once a run).
+var networkRuns []chart.Interruption
 
 // A VM with the bridge binding gets its pod's own address by DHCP and answers on it, and cannot
 // be live-migrated (KubeVirt's reason).
