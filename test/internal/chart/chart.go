@@ -134,9 +134,8 @@ func Matrix(w io.Writer, title string, cells []MatrixCell) error {
 	p.NominalX(policies...)
 	p.NominalY(reversed...)
 	p.X.Max += 0.6 // room for the last column's labels
+	p.Y.Max += 2   // and for the legend, above the first row
 	p.Legend.Top = true
-	p.Legend.Left = true
-	p.Legend.YOffs = vg.Points(28)
 	return save(w, p, 22*vg.Centimeter, vg.Length(len(rows))*0.55*vg.Centimeter+5*vg.Centimeter)
 }
 
@@ -250,8 +249,11 @@ func Interruptions(w io.Writer, title, stopName string, runs []Interruption) err
 		p.Legend.Add(s.name, b)
 	}
 	p.NominalX(names...)
+	p.X.Label.Text = "run"
+	p.X.Min, p.X.Max = -0.7, float64(len(runs))-0.3
 	p.Legend.Top = true
 	p.Y.Min = 0
+	p.Y.Max *= 1.3 // room for the legend
 	return save(w, p, 16*vg.Centimeter, 10*vg.Centimeter)
 }
 
@@ -294,8 +296,9 @@ func Drain(w io.Writer, title string, vms []DrainVM) error {
 	}
 	p.NominalY(names...)
 	p.X.Min = 0
+	// Room above the first VM for the legend, a stage a line.
+	p.Y.Max += 0.9 * float64(len(colours))
 	p.Legend.Top = true
-	p.Legend.YOffs = vg.Points(float64(12 * len(colours)))
 	return save(w, p, 20*vg.Centimeter, vg.Length(len(vms))*0.5*vg.Centimeter+6*vg.Centimeter+vg.Length(len(colours))*0.45*vg.Centimeter)
 }
 
