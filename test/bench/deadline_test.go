@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 	domain.MaybeRunLibvirtdShim()
 	// The harness's informational lines (a QEMU left behind at a daemon's stop) come while a
 	// benchmark runs, between its name and its figures, and split both and its log lines: the
-	// matrix's log could not be matched to its cells (docs/benchmarks.md, the ¾ × section).
+	// matrix's log could not be matched to its cells.
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	code := m.Run()
 	matrix.print(os.Stdout)
