@@ -133,7 +133,7 @@ BENCH_RESULTS := awk '/^Benchmark/ {name = $$1; if (/ns\/op/) print; next} /^ +[
 # its result lines as NAME.txt, and writes benchstat's table of them as NAME.benchstat.txt.
 define bench_run
 	@set -o pipefail; mkdir -p $(BENCH_OUT); \
-	{ $(3) ; } 2>&1 | tee $(BENCH_OUT)/$(1).log /dev/stderr | $(BENCH_RESULTS) > $(BENCH_OUT)/$(1).txt; \
+	{ $(3) ; } 2>&1 | tee $(BENCH_OUT)/$(1).log /dev/stderr | $(BENCH_RESULTS) > $(BENCH_OUT)/$(1).txt && \
 	$(BENCHSTAT) $(2) $(BENCH_OUT)/$(1).txt | tee $(BENCH_OUT)/$(1).benchstat.txt
 endef
 BENCH_TARGETS := bench bench-deadline bench-drain bench-density bench-startup bench-scale bench-network bench-transport bench-downtime bench-mirror bench-relief
