@@ -139,7 +139,7 @@ endef
 BENCH_TARGETS := bench bench-deadline bench-drain bench-density bench-startup bench-scale bench-network bench-transport bench-downtime bench-mirror bench-relief
 $(BENCH_TARGETS): export LIFEBOAT_BENCH_OUT = $(BENCH_OUT)
 
-# Control plane start-up, evacuation mark latency, eviction webhook latency: about 10 minutes.
+# Control plane start-up, evacuation mark latency, eviction webhook latency: about 15 minutes.
 bench: binaries
 	$(call bench_run,bench,,$(GO) test -run '^$$' -bench 'BenchmarkMarkLatency|BenchmarkStart|BenchmarkWebhookEvictions' -benchtime=1x -count=5 -timeout 60m ./test/bench/ ./test/controlplane/)
 
