@@ -184,7 +184,8 @@ bench-scale: binaries
 	$(call bench_run,scale,,$(GO) test -run '^$$' -bench BenchmarkClusterScale -benchtime=1x -count=$(SCALE_COUNT) -timeout 0 ./test/e2e/)
 
 # A VM on the pod network, behind a Service, live-migrated while a client asks every 20 ms:
-# the longest interruption beside the migration's downtime (about 2 minutes); chart network.svg.
+# the longest interruption beside the guest's stop and the migration's downtime (about 2 minutes);
+# chart network.svg.
 NETWORK_COUNT ?= 5
 bench-network: binaries
 	$(call bench_run,network,,$(GO) test -run '^$$' -bench BenchmarkMigrationNetworkInterruption -benchtime=1x -count=$(NETWORK_COUNT) -timeout 0 ./test/e2e/)

@@ -42,7 +42,7 @@ func run(kind, title string) error {
 		if len(runs) == 0 {
 			return errors.New("no BenchmarkMigrationNetworkInterruption line on standard input")
 		}
-		return chart.Interruptions(os.Stdout, or(title, "Network interruption during a migration"), chart.NetworkStopName, chart.NetworkRuns(runs))
+		return chart.Interruptions(os.Stdout, or(title, "Network interruption during a migration"), chart.NetworkRuns(runs))
 	}
 	return fmt.Errorf("draw what? %q: matrix or network", kind)
 }

@@ -16,6 +16,7 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgsvg"
+	"slices"
 )
 
 // Colours, so that the same thing has the same colour in every chart.
@@ -215,36 +216,51 @@ func MigrationTimeline(w io.Writer, t Timeline) error {
 }
 
 // Interruption is one run of the network benchmark: the longest a client asking the VM's
-// Service had no answer, and the guest's stop at the switch-over in the same run.
+// Service had no answer, the guest's stop at the switch-over as its counter shows it, and the
+// migration's downtime as libvirt measured it, in the same run (zero: not measured).
 type Interruption struct {
-	Run                string
-	Interruption, Stop time.Duration
+	Run                          string
+	Interruption, Stop, Downtime time.Duration
 }
 
-// Interruptions draws each run's network interruption beside the guest's stop.
-func Interruptions(w io.Writer, title, stopName string, runs []Interruption) error {
+// Interruptions draws each run's network interruption beside the guest's stop and libvirt's
+// downtime (each series only where some run measured it).
+func Interruptions(w io.Writer, title string, runs []Interruption) error {
 	p := plot.New()
 	p.Title.Text = title
 	p.Y.Label.Text = "milliseconds"
 	names := make([]string, len(runs))
-	interruption, stop := make(plotter.Values, len(runs)), make(plotter.Values, len(runs))
 	for i, r := range runs {
 		names[i] = r.Run
-		interruption[i] = float64(r.Interruption.Milliseconds())
-		stop[i] = float64(r.Stop.Milliseconds())
 	}
-	width := vg.Points(14)
-	for i, s := range []struct {
+	type series struct {
 		name   string
-		v      plotter.Values
+		of     func(Interruption) time.Duration
 		colour color.Color
-	}{{"longest without an answer", interruption, orange}, {stopName, stop, blue}} {
-		b, err := plotter.NewBarChart(s.v, width)
+	}
+	var drawn []series
+	for _, s := range []series{
+		{"longest without an answer", func(r Interruption) time.Duration { return r.Interruption }, orange},
+		{"the guest's stop at the switch (its counter)", func(r Interruption) time.Duration { return r.Stop }, blue},
+		{"libvirt's downtime (on the target)", func(r Interruption) time.Duration { return r.Downtime }, purple},
+	} {
+		if slices.ContainsFunc(runs, func(r Interruption) bool { return s.of(r) > 0 }) {
+			drawn = append(drawn, s)
+		}
+	}
+	width := vg.Points(12)
+	for i, s := range drawn {
+		v := make(plotter.Values, len(runs))
+		for j, r := range runs {
+			v[j] = float64(s.of(r).Milliseconds())
+		}
+		b, err := plotter.NewBarChart(v, width)
 		if err != nil {
 			return err
 		}
 		b.Color, b.LineStyle.Width = s.colour, 0
-		b.Offset = vg.Length(2*i-1) * width / 2
+		// The bars of a run side by side, centred on it.
+		b.Offset = (vg.Length(i) - vg.Length(len(drawn)-1)/2) * width
 		p.Add(b)
 		p.Legend.Add(s.name, b)
 	}

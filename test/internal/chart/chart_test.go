@@ -87,13 +87,23 @@ func TestMigrationTimeline(t *testing.T) {
 
 func TestInterruptions(t *testing.T) {
 	var svg bytes.Buffer
-	if err := Interruptions(&svg, "the network", NetworkStopName, []Interruption{
-		{Run: "1", Interruption: 623 * time.Millisecond, Stop: 66 * time.Millisecond},
-		{Run: "2", Interruption: 647 * time.Millisecond, Stop: 125 * time.Millisecond},
+	if err := Interruptions(&svg, "the network", []Interruption{
+		{Run: "1", Interruption: 623 * time.Millisecond, Stop: 110 * time.Millisecond, Downtime: 66 * time.Millisecond},
+		{Run: "2", Interruption: 647 * time.Millisecond, Stop: 150 * time.Millisecond, Downtime: 125 * time.Millisecond},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	shows(t, wellFormed(t, svg.Bytes()), "the network", "longest without an answer", NetworkStopName, "milliseconds")
+	shows(t, wellFormed(t, svg.Bytes()), "the network", "longest without an answer", "the guest's stop at the switch (its counter)",
+		"libvirt's downtime (on the target)", "milliseconds")
+
+	// Runs recorded before the guest's stop was measured: no series for it.
+	svg.Reset()
+	if err := Interruptions(&svg, "the network", []Interruption{{Run: "1", Interruption: 623 * time.Millisecond, Downtime: 66 * time.Millisecond}}); err != nil {
+		t.Fatal(err)
+	}
+	if text := wellFormed(t, svg.Bytes()); strings.Contains(text, "the guest's stop") {
+		t.Errorf("a series the runs did not measure is drawn:\n%s", text)
+	}
 }
 
 func TestDrain(t *testing.T) {
@@ -149,7 +159,7 @@ BenchmarkMigrationNetworkInterruption-2   	       1	30000000000 ns/op	        66
 		t.Fatal(err)
 	}
 	got := NetworkRuns(runs)
-	want := []Interruption{{"1", 704 * time.Millisecond, 125 * time.Millisecond}, {"2", 623 * time.Millisecond, 66 * time.Millisecond}}
+	want := []Interruption{{"1", 704 * time.Millisecond, 0, 125 * time.Millisecond}, {"2", 623 * time.Millisecond, 0, 66 * time.Millisecond}}
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("runs %+v, want %+v", got, want)
 	}

@@ -79,15 +79,13 @@ func ParseBench(r io.Reader, name string) ([]map[string]float64, error) {
 	return runs, sc.Err()
 }
 
-// NetworkStopName is what the network benchmark measures the guest's stop by.
-const NetworkStopName = "migration downtime (libvirt, on the target)"
-
-// NetworkRuns are the network benchmark's runs from its metrics (interruption-ms, downtime-ms).
+// NetworkRuns are the network benchmark's runs from its metrics (interruption-ms, guest-stop-ms,
+// downtime-ms; a metric a run lacks is zero).
 func NetworkRuns(runs []map[string]float64) []Interruption {
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
 	out := make([]Interruption, len(runs))
 	for i, r := range runs {
-		out[i] = Interruption{Run: strconv.Itoa(i + 1), Interruption: time.Duration(r["interruption-ms"] * float64(time.Millisecond)),
-			Stop: time.Duration(r["downtime-ms"] * float64(time.Millisecond))}
+		out[i] = Interruption{Run: strconv.Itoa(i + 1), Interruption: ms(r["interruption-ms"]), Stop: ms(r["guest-stop-ms"]), Downtime: ms(r["downtime-ms"])}
 	}
 	return out
 }
