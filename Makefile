@@ -6,15 +6,18 @@
 #   make deps        install the Debian packages both need (make demo and make test do it first; quick when done)
 #   make generate    regenerate deep-copy, clients, informers, listers and CRDs from api/
 #   make demo-down   stop the demo cluster
-#   make bench       benchmarks (control plane start-up, evacuation mark latency)
-#   make bench-deadline  the migration deadline matrix (real libvirt and TCG guests; about 31 min a run at f210e4b)
+#   make bench       benchmarks (control plane start-up, evacuation mark latency, eviction webhook latency)
+#   make bench-report    every benchmark below, one after another: each table, its raw output and its charts in docs/bench
+#   make bench-deadline  the migration deadline matrix (real libvirt and TCG guests; about 31 min a run)
 #   make bench-drain     drain throughput: 10 VMs leaving one node through the real cluster (3 min a run)
-#   make bench-node-full 50 VMs on one node drained: the agent's memory and CPU, idle and during it (issue 22)
-#   make bench-scale     1,000 VMIs on 100 hollow nodes: the controller's memory, CPU and API calls (issue 22)
+#   make bench-node-full 50 VMs on one node drained: the agent's memory and CPU, idle and during it
+#   make bench-scale     1,000 VMIs on 100 hollow nodes: the controller's memory, CPU and API calls
 #   make bench-density   memory each VM costs its node beyond the guest's, by process (1 and 2 vCPUs, TCG and KVM)
-#   make bench-transport one migration over plain TCP and over TLS 1.3, interleaved (issue 18)
-#   make bench-downtime  pre-copy downtime as the guest sees it with QEMU's target and lifeboat's, interleaved (issue 19)
-#   make bench-mirror    disk-writing guests migrated with the synchronous disk mirror and the background copy (issue 19)
+#   make bench-startup   VMI creation to Running beside ordinary pods, and the API calls per start
+#   make bench-network   the network interruption of a VM behind a Service during its migration
+#   make bench-transport one migration over plain TCP and over TLS 1.3, interleaved
+#   make bench-downtime  pre-copy downtime as the guest sees it with QEMU's target and lifeboat's, interleaved
+#   make bench-mirror    disk-writing guests migrated with the synchronous disk mirror and the background copy
 #   make bench-relief    node-pressure relief on and off on the real kubelet, 3 runs (4 min a run)
 #   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
 #   make manifests-check  apply manifests/ to a local control plane and check every object
@@ -116,102 +119,109 @@ fuzz:
 	  $(GO) test -count=1 -run '^$$' -fuzz "^$${t%%:*}\$$" -fuzztime=$(FUZZ_TIME) "$${t#*:}"; \
 	done
 
-# Benchmarks against the real control plane; figures and how to read them: docs/benchmarks.md.
-bench: binaries
-	$(GO) test -run '^$$' -bench 'BenchmarkMarkLatency|BenchmarkStart|BenchmarkWebhookEvictions' -benchtime=1x -count=5 ./test/bench/ ./test/controlplane/
-
-# Long: every cell boots a guest and migrates it (docs/benchmarks.md); not part of make bench.
-BENCH_COUNT ?= 1
-bench-deadline: deps
-	$(GO) test -run '^$$' -bench BenchmarkDeadlineMatrix -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/bench/
-
-# The e2e benchmarks print progress while they run, between a result's name and its figures:
+# Benchmarks; figures and how to read them: docs/benchmarks.md. Each target writes into BENCH_OUT
+# (docs/bench, beside the report): NAME.log, the whole output (not committed: docs/bench/.gitignore);
+# NAME.txt, the result lines alone, which benchstat reads (go run
+# golang.org/x/perf/cmd/benchstat@... NAME.txt gives the table again); NAME.benchstat.txt,
+# benchstat's table; and the benchmark's charts, NAME*.svg (LIFEBOAT_BENCH_OUT, test/internal/chart).
+BENCH_OUT ?= $(CURDIR)/docs/bench
+BENCHSTAT := $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
+# The benchmarks print progress while they run, between a result's name and its figures:
 # BENCH_RESULTS puts the name back on each result line so that benchstat reads every run.
 BENCH_RESULTS := awk '/^Benchmark/ {name = $$1; if (/ns\/op/) print; next} /^ +[0-9]+\t.*ns\/op/ {print name $$0; next} /^(goos|goarch|pkg|cpu):/'
+# $(call bench_run,NAME,BENCHSTAT OPTIONS,COMMAND): runs COMMAND, keeps its output as NAME.log and
+# its result lines as NAME.txt, and writes benchstat's table of them as NAME.benchstat.txt.
+define bench_run
+	@set -o pipefail; mkdir -p $(BENCH_OUT); \
+	{ $(3) ; } 2>&1 | tee $(BENCH_OUT)/$(1).log /dev/stderr | $(BENCH_RESULTS) > $(BENCH_OUT)/$(1).txt && \
+	$(BENCHSTAT) $(2) $(BENCH_OUT)/$(1).txt | tee $(BENCH_OUT)/$(1).benchstat.txt
+endef
+BENCH_TARGETS := bench bench-deadline bench-drain bench-density bench-startup bench-scale bench-network bench-transport bench-downtime bench-mirror bench-relief
+$(BENCH_TARGETS): export LIFEBOAT_BENCH_OUT = $(BENCH_OUT)
 
+# Control plane start-up, evacuation mark latency, eviction webhook latency: about 15 minutes.
+bench: binaries
+	$(call bench_run,bench,,$(GO) test -run '^$$' -bench 'BenchmarkMarkLatency|BenchmarkStart|BenchmarkWebhookEvictions' -benchtime=1x -count=5 -timeout 60m ./test/bench/ ./test/controlplane/)
+
+# Long: every cell boots a guest and migrates it (about 31 min a run); not part of make bench.
+# The matrix's own table: deadline-matrix.md; its charts: deadline-matrix.svg, deadline-timelines/.
+BENCH_COUNT ?= 1
+bench-deadline: deps
+	$(call bench_run,deadline,,$(GO) test -run '^$$' -bench BenchmarkDeadlineMatrix -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/bench/)
+	grep '^| ' $(BENCH_OUT)/deadline.log > $(BENCH_OUT)/deadline-matrix.md
+
+# Drain throughput: DRAIN_VMS VMs leaving one node through the real cluster (3 min a run with 10).
 DRAIN_VMS ?= 10
 bench-drain: binaries
-	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
-	$(GO) test -run '^$$' -bench BenchmarkDrainThroughput -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/e2e/ -args -drain-vms=$(DRAIN_VMS) | tee /dev/stderr | \
-	  $(BENCH_RESULTS) > "$$out"; \
-	$(BENCHSTAT) "$$out"
+	$(call bench_run,drain-$(DRAIN_VMS)vms,,$(GO) test -run '^$$' -bench BenchmarkDrainThroughput -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/e2e/ -args -drain-vms=$(DRAIN_VMS))
 
-# Issue 22's node full of VMs: the drain benchmark with 50 small guests on one node.
+# A node full of VMs: the drain benchmark with 50 small guests on one node (about 13 min a run).
 bench-node-full:
 	$(MAKE) bench-drain DRAIN_VMS=50 BENCH_COUNT=$(BENCH_COUNT)
 
-# What a VM costs its node beyond its guest's memory, by process (docs/benchmarks.md): 6 runs (benchstat's minimum for a confidence interval).
-BENCHSTAT := $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
+# What a VM costs its node beyond its guest's memory, by process: 6 runs (benchstat's minimum for a
+# confidence interval), about 20 minutes.
 DENSITY_COUNT ?= 6
 bench-density: binaries
-	@set -o pipefail; out=$$(mktemp); \
-	$(GO) test -run '^$$' -bench BenchmarkDensity -benchtime=1x -count=$(DENSITY_COUNT) -timeout 0 ./test/e2e/ | tee "$$out" && \
-	$(BENCHSTAT) "$$out"; rm -f "$$out"
+	$(call bench_run,density,,$(GO) test -run '^$$' -bench BenchmarkDensity -benchtime=1x -count=$(DENSITY_COUNT) -timeout 0 ./test/e2e/)
 
 # KubeVirt's density method: VMIs created 100 ms apart, creation to Running, p50 and p95, beside as
-# many ordinary pods in the same run, and the API calls per VMI start (issue 22). KubeVirt creates
-# 100; 40 TCG guests held 9.1 GiB here at the peak, so 100 would not fit in 24 GiB: STARTUP_VMIS=100
-# on a machine with 32 GiB or more, or STARTUP_ACCEL=kvm where /dev/kvm opens (the guests' pages
-# are then only what their kernels touched before they stop or boot).
+# many ordinary pods in the same run, and the API calls per VMI start (about 11 minutes). KubeVirt
+# creates 100; 40 TCG guests held 9.1 GiB here at the peak, so 100 would not fit in 24 GiB:
+# STARTUP_VMIS=100 on a machine with 32 GiB or more, or STARTUP_ACCEL=kvm where /dev/kvm opens (the
+# guests' pages are then only what their kernels touched before they stop or boot).
 STARTUP_VMIS ?= 40
 STARTUP_COUNT ?= 3
 STARTUP_ACCEL ?= tcg
 bench-startup: binaries
-	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
-	$(GO) test -run '^$$' -bench BenchmarkCreationToRunning -benchtime=1x -count=$(STARTUP_COUNT) -timeout 0 ./test/e2e/ -args -startup-vmis=$(STARTUP_VMIS) -startup-accel=$(STARTUP_ACCEL) | tee /dev/stderr | \
-	  $(BENCH_RESULTS) > "$$out"; \
-	$(BENCHSTAT) "$$out"
+	$(call bench_run,startup,,$(GO) test -run '^$$' -bench BenchmarkCreationToRunning -benchtime=1x -count=$(STARTUP_COUNT) -timeout 0 ./test/e2e/ -args -startup-vmis=$(STARTUP_VMIS) -startup-accel=$(STARTUP_ACCEL))
 
-# The cluster side at scale (issue 22): 1,000 VMIs on 100 hollow nodes (stand-ins for kubelets and
-# agents, package test/hollow) with the real API server, scheduler, controller manager and
+# The cluster side at scale: 1,000 VMIs on 100 hollow nodes (stand-ins for kubelets and agents,
+# package test/hollow) with the real API server, scheduler, controller manager and
 # lifeboat-controller: creation to Running beside ordinary pods, the controller's memory and CPU,
-# its API calls per VMI start, per evacuation of a drain and per idle hour.
+# its API calls per VMI start, per evacuation of a drain and per idle hour (about 20 minutes).
 SCALE_COUNT ?= 3
 bench-scale: binaries
-	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
-	$(GO) test -run '^$$' -bench BenchmarkClusterScale -benchtime=1x -count=$(SCALE_COUNT) -timeout 0 ./test/e2e/ | tee /dev/stderr | \
-	  $(BENCH_RESULTS) > "$$out"; \
-	$(BENCHSTAT) "$$out"
+	$(call bench_run,scale,,$(GO) test -run '^$$' -bench BenchmarkClusterScale -benchtime=1x -count=$(SCALE_COUNT) -timeout 0 ./test/e2e/)
 
 # A VM on the pod network, behind a Service, live-migrated while a client asks every 20 ms:
-# the longest interruption beside the migration's downtime (issue 16).
+# the longest interruption beside the guest's stop and the migration's downtime (about 2 minutes);
+# chart network.svg.
 NETWORK_COUNT ?= 5
 bench-network: binaries
-	@set -o pipefail; out=$$(mktemp); \
-	$(GO) test -run '^$$' -bench BenchmarkMigrationNetworkInterruption -benchtime=1x -count=$(NETWORK_COUNT) -timeout 0 ./test/e2e/ | tee "$$out" && \
-	$(BENCHSTAT) "$$out"; rm -f "$$out"
+	$(call bench_run,network,,$(GO) test -run '^$$' -bench BenchmarkMigrationNetworkInterruption -benchtime=1x -count=$(NETWORK_COUNT) -timeout 0 ./test/e2e/)
 
 # The same migration over plain TCP and over TLS 1.3 between the proxies, uncapped and capped,
-# interleaved (issue 18): each round runs every case once (go test's -count would repeat each case
-# back to back); real libvirt daemons and TCG guests.
+# interleaved: each round runs every case once (go test's -count would repeat each case back to
+# back); real libvirt daemons and TCG guests (about 8 minutes).
 TRANSPORT_COUNT ?= 5
 bench-transport: deps
-	@set -o pipefail; out=$$(mktemp); \
-	for i in $$(seq $(TRANSPORT_COUNT)); do \
+	$(call bench_run,transport,-col /transport,for i in $$(seq $(TRANSPORT_COUNT)); do \
 	  $(GO) test -run '^$$' -bench 'BenchmarkMigrationTransport|BenchmarkStream' -benchtime=1x -timeout 0 ./test/bench/ ./agent/migrationproxy/ || exit 1; \
-	done | tee "$$out" && \
-	$(BENCHSTAT) -col /transport "$$out"; rm -f "$$out"
+	done)
 
 # Pre-copy downtime with QEMU's target (300 ms) and lifeboat's, interleaved: DOWNTIME_COUNT runs of
 # both (about 4 min a run), then benchstat's medians by target.
 DOWNTIME_COUNT ?= 5
 bench-downtime: deps
-	@set -o pipefail; out=$$(mktemp); \
-	for i in $$(seq $(DOWNTIME_COUNT)); do \
+	$(call bench_run,downtime,-col /target,for i in $$(seq $(DOWNTIME_COUNT)); do \
 	  $(GO) test -run '^$$' -bench 'BenchmarkDowntimeTarget' -benchtime=1x -timeout 0 ./test/bench/ || exit 1; \
-	done | tee "$$out" && \
-	$(BENCHSTAT) -col /target "$$out"; rm -f "$$out"
+	done)
 
 # The disk-writing guests with the synchronous disk mirror and with the background copy: MIRROR_COUNT
 # runs of both (about 2 min a run), then benchstat's medians by mirror mode.
 MIRROR_COUNT ?= 3
 bench-mirror: deps
-	@set -o pipefail; out=$$(mktemp); \
-	$(GO) test -run '^$$' -bench 'BenchmarkDiskMirrorMode' -benchtime=1x -count=$(MIRROR_COUNT) -timeout 0 ./test/bench/ | tee "$$out" && \
-	$(BENCHSTAT) -col /mirror "$$out"; rm -f "$$out"
+	$(call bench_run,mirror,-col /mirror,$(GO) test -run '^$$' -bench 'BenchmarkDiskMirrorMode' -benchtime=1x -count=$(MIRROR_COUNT) -timeout 0 ./test/bench/)
 
-# Every table of docs/benchmarks.md, one benchmark after another (several hours on 2 cores; run
-# nothing else meanwhile): each target prints its own table or benchstat's.
+# Node-pressure relief on the real kubelet, on and off in each run: benchstat's medians of 3 runs
+# (about 4 min a run).
+bench-relief: binaries
+	$(call bench_run,relief,,$(GO) test -run '^$$' -bench BenchmarkRealNodeRelief -benchtime=1x -count=3 -timeout 0 ./test/e2e/)
+
+# Every table and chart of docs/benchmarks.md, one benchmark after another, into BENCH_OUT: about
+# 3 h 50 min on the 2-core development machine (the deadline matrix's three runs alone about
+# 95 min); run nothing else meanwhile. Stops at the first benchmark that fails.
 bench-report:
 	$(MAKE) bench
 	$(MAKE) bench-deadline BENCH_COUNT=3
@@ -225,13 +235,6 @@ bench-report:
 	$(MAKE) bench-downtime
 	$(MAKE) bench-mirror
 	$(MAKE) bench-relief
-
-# Node-pressure relief on the real kubelet, on and off in each run: benchstat's medians of 3 runs.
-bench-relief: binaries
-	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
-	$(GO) test -run '^$$' -bench BenchmarkRealNodeRelief -benchtime=1x -count=3 -timeout 0 ./test/e2e/ | tee /dev/stderr | \
-	  $(BENCH_RESULTS) > "$$out"; \
-	$(BENCHSTAT) "$$out"
 
 # The Debian layer of the agent and launcher images is built once with mmdebstrap and cached (test/images).
 IMAGES_DIR ?= $(CURDIR)/.images

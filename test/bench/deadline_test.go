@@ -19,12 +19,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
+	"path/filepath"
 
 	"github.com/lifeboat-vm/lifeboat/agent"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/domain"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/internal/chart"
 	"github.com/lifeboat-vm/lifeboat/test/migrationpair"
 )
 
@@ -33,10 +35,16 @@ func TestMain(m *testing.M) {
 	domain.MaybeRunLibvirtdShim()
 	// The harness's informational lines (a QEMU left behind at a daemon's stop) come while a
 	// benchmark runs, between its name and its figures, and split both and its log lines: the
-	// matrix's log could not be matched to its cells (docs/benchmarks.md, the ¾ × section).
+	// matrix's log could not be matched to its cells.
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	code := m.Run()
 	matrix.print(os.Stdout)
+	if dir := chart.Dir(); dir != "" {
+		if err := matrix.charts(dir); err != nil {
+			fmt.Fprintf(os.Stderr, "drawing the deadline matrix's charts: %v\n", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
@@ -247,6 +255,9 @@ type recordingMigrator struct {
 	slowestRead time.Duration
 	escalate    bool
 	pausedAt    time.Time
+	// start and samples are the migration's timeline: every reading of the running job.
+	start   time.Time
+	samples []chart.Sample
 }
 
 func (r *recordingMigrator) JobStats(name string) (domain.JobStats, error) {
@@ -256,6 +267,7 @@ func (r *recordingMigrator) JobStats(name string) (domain.JobStats, error) {
 		r.mu.Lock()
 		r.slowestRead = max(r.slowestRead, time.Since(start))
 		r.last = s
+		r.samples = append(r.samples, chart.Sample{At: time.Since(r.start), Remaining: s.DataRemaining, DirtyRate: s.MemoryDirtyRate, TransferRate: s.MemoryBandwidth})
 		if s.MemoryBandwidth > 0 {
 			r.rates = append(r.rates, s.MemoryBandwidth)
 			if r.transferring.IsZero() {
@@ -313,6 +325,7 @@ type outcome struct {
 	// diskSeen and diskDuring are the median rates of the guest's passes over its disk that
 	// ended before the migration and while it ran (on the source): what the copy cost the guest.
 	diskSeen, diskDuring uint64
+	timeline             chart.Timeline
 }
 
 // migrateOnce boots the cell's guest on a fresh pair of daemons and migrates it with pol.
@@ -342,7 +355,7 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 
 	_, passRates := protocol.DiskPasses(readOrEmpty(p.Src.Console()), matrixDisk)
 	watch := guest.WatchCounters(ctx, matrixTick, func() []string { return []string{p.Src.Console(), p.Dst.Console()} })
-	rec := &recordingMigrator{Migrator: p.Src.Conn}
+	rec := &recordingMigrator{Migrator: p.Src.Conn, start: time.Now()}
 	c := agent.ConvergingMigration{
 		Migrator: rec, Domain: name, Options: p.Options(0), Clock: clock.RealClock{},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -355,11 +368,18 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	c.Sampled = func(r agent.SampleResult, rate uint64) {
 		estimate, estimated = rate, r == agent.SampleMeasured
 	}
+	// The switch-over: a pause or post-copy, when the policy steps up to one; otherwise the
+	// end of pre-copy's last pass (the migration's return less libvirt's downtime).
+	var switched time.Time
 	c.Escalated = func(m v1alpha1.MigrationMode, p agent.Progress) {
 		rec.escalated()
 		modes, lastStep = append(modes, m), p
+		if m == v1alpha1.MigrationModePaused || m == v1alpha1.MigrationModePostCopy {
+			switched = time.Now()
+		}
 	}
 	start := time.Now()
+	rec.start = start
 	pol(&c, start, rec.stats)
 	_, err := agent.MigrateConverging(ctx, c)
 	end := time.Now()
@@ -387,6 +407,13 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	if !rec.pausedAt.IsZero() {
 		// Paused to converge: the guest stood still from then until it ran on the destination.
 		o.downtime = max(o.downtime, end.Sub(rec.pausedAt))
+	}
+	if switched.IsZero() {
+		switched = end.Add(-o.downtime)
+	}
+	o.timeline = chart.Timeline{Samples: rec.samples, Switch: switched.Sub(start), Done: o.total}
+	if !c.Deadline.IsZero() {
+		o.timeline.Deadline = c.Deadline.Sub(start)
 	}
 	o.guestAfterward = guestAfterward(ctx, p, cell)
 	stall := watch()
@@ -563,6 +590,66 @@ func (r *matrixResults) print(w io.Writer) {
 				inTime(o, k.cell.grace), medianTotal(o), guestStalls(o, outcome.switchStall), medianDowntime(o), guestStalls(o, outcome.anyStall), modeSet(o), guestSet(o))
 		}
 	}
+}
+
+// charts draws the matrix (deadline-matrix.svg) and, for each cell and policy, its last run's
+// timeline (deadline-timelines/) into dir.
+func (r *matrixResults) charts(dir string) error {
+	var cells []chart.MatrixCell
+	for _, k := range r.keys {
+		if k.policy != policyLifeboat {
+			continue
+		}
+		base := k.cell
+		base.grace = 0
+		for _, p := range matrixPolicies {
+			c := k.cell
+			if slices.Contains(kubevirtPolicies, p) {
+				c = base
+			}
+			runs := r.runs[matrixKey{c, p}]
+			if len(runs) == 0 {
+				continue
+			}
+			cell := chart.MatrixCell{Row: fmt.Sprintf("%d MiB %s, %s", k.cell.memory/mib, k.cell.factor, k.cell.grace), Policy: p, Runs: len(runs)}
+			if k.cell.diskRate > 0 {
+				cell.Row = fmt.Sprintf("%d MiB, disk %s, %s", k.cell.memory/mib, k.cell.diskFactor, k.cell.grace)
+			}
+			for _, o := range runs {
+				if o.inTime(k.cell.grace) {
+					cell.InTime++
+				}
+			}
+			if done := collect(slices.DeleteFunc(slices.Clone(runs), func(o outcome) bool { return !o.finished }), outcome.switchStall); len(done) > 0 {
+				cell.Stop, cell.Finished = median(done), true
+			}
+			cells = append(cells, cell)
+		}
+	}
+	if len(cells) > 0 {
+		if err := chart.WriteFile(dir, "deadline-matrix.svg", func(w io.Writer) error {
+			return chart.Matrix(w, "Deadline matrix: runs in time and the guest's stop at the switch (median)", cells)
+		}); err != nil {
+			return err
+		}
+	}
+	for _, k := range r.keys {
+		runs := r.runs[k]
+		t := runs[len(runs)-1].timeline
+		name := fmt.Sprintf("mem=%dMi,dirty=%s", k.cell.memory/mib, k.cell.factor)
+		if k.cell.diskRate > 0 {
+			name += ",disk=" + k.cell.diskFactor
+		}
+		if k.cell.grace > 0 {
+			name += ",grace=" + k.cell.grace.String()
+		}
+		name += ",policy=" + k.policy
+		t.Title = "A migration of the deadline matrix: " + name
+		if err := chart.WriteFile(filepath.Join(dir, "deadline-timelines"), name+".svg", func(w io.Writer) error { return chart.MigrationTimeline(w, t) }); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (o outcome) switchStall() time.Duration { return o.guestDowntime }

@@ -91,7 +91,8 @@ type bed struct {
 	domains *fakeDomains
 	vmis    []*v1alpha1.VirtualMachineInstance
 	conns   map[types.UID]net.Conn
-	marks   chan types.UID
+	// marks has every change of a VMI's mark the watch sees, in the watch's order.
+	marks chan markEvent
 }
 
 const node = "bench-node"
@@ -115,7 +116,7 @@ func setUp(b *testing.B, n int) *bed {
 		b.Fatal(err)
 	}
 
-	t := &bed{cp: cp, ns: ns.Name, domains: &fakeDomains{domains: map[string]*agent.Domain{}}, conns: map[types.UID]net.Conn{}, marks: make(chan types.UID, 1024)}
+	t := &bed{cp: cp, ns: ns.Name, domains: &fakeDomains{domains: map[string]*agent.Domain{}}, conns: map[types.UID]net.Conn{}, marks: make(chan markEvent, 1024)}
 	runDir, err := os.MkdirTemp("", "lbb")
 	if err != nil {
 		b.Fatal(err)
@@ -201,8 +202,8 @@ func setUp(b *testing.B, n int) *bed {
 	}
 	go func() {
 		for ev := range w.ResultChan() {
-			if v, ok := ev.Object.(*v1alpha1.VirtualMachineInstance); ok && v.Status.EvacuationNodeName == node {
-				t.marks <- v.UID
+			if v, ok := ev.Object.(*v1alpha1.VirtualMachineInstance); ok {
+				t.marks <- markEvent{uid: v.UID, marked: v.Status.EvacuationNodeName == node}
 			}
 		}
 	}()
@@ -244,14 +245,29 @@ func (t *bed) signal(b *testing.B, vmi *v1alpha1.VirtualMachineInstance) time.Du
 	if err := notify.Write(t.conns[vmi.UID], &notify.Message{Kind: notify.KindGracefulShutdown, VMI: ref(vmi), Time: start, PodGracePeriodSeconds: 45}); err != nil {
 		b.Fatal(err)
 	}
+	t.await(b, vmi, true)
+	return time.Since(start)
+}
+
+// markEvent is a VMI as a watch event showed it: marked for evacuation from the node or not.
+type markEvent struct {
+	uid    types.UID
+	marked bool
+}
+
+// await waits until the watch shows vmi marked (or not), skipping what it showed before: the
+// agent's writes after the mark (its conditions) show the mark again, and without unmark's wait
+// for the mark's removal those would be taken for the next signal's mark.
+func (t *bed) await(b *testing.B, vmi *v1alpha1.VirtualMachineInstance, marked bool) {
+	timeout := time.After(10 * time.Second)
 	for {
 		select {
-		case uid := <-t.marks:
-			if uid == vmi.UID {
-				return time.Since(start)
+		case e := <-t.marks:
+			if e.uid == vmi.UID && e.marked == marked {
+				return
 			}
-		case <-time.After(10 * time.Second):
-			b.Fatalf("no mark on %s within 10s", vmi.Name)
+		case <-timeout:
+			b.Fatalf("the watch did not show %s with marked=%v within 10s", vmi.Name, marked)
 		}
 	}
 }
@@ -263,6 +279,7 @@ func (t *bed) unmark(b *testing.B, vmi *v1alpha1.VirtualMachineInstance) {
 	if _, err := t.cp.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(vmi.Namespace).Patch(context.Background(), vmi.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		b.Fatal(err)
 	}
+	t.await(b, vmi, false)
 }
 
 // bareStatusPatch is the baseline: one status PATCH round trip, nothing else.

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"io"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -30,6 +31,7 @@ import (
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
+	"github.com/lifeboat-vm/lifeboat/test/internal/chart"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
@@ -438,6 +440,42 @@ func (w *drainWatch) report(b *testing.B, marked, libvirtEnd map[string]time.Tim
 	}
 	fmt.Printf("drain: all %d VMs left in %s; sum of migrations %s / %d = %s\n", len(marked), all.Round(time.Millisecond), sum.Round(time.Millisecond), drainParallel, ideal.Round(time.Millisecond))
 	w.printTimeline(first, libvirtEnd)
+	if dir := chart.Dir(); dir != "" {
+		// Drawn after every run: the file holds the last run's.
+		name := fmt.Sprintf("drain-%dvms.svg", len(marked))
+		if err := chart.WriteFile(dir, name, func(out io.Writer) error { return w.drawTimeline(out, first, marked, libvirtEnd) }); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// drawTimeline draws each VM's stages in seconds since the first mark, in the order their
+// migrations were created.
+func (w *drainWatch) drawTimeline(out io.Writer, first time.Time, marked, libvirtEnd map[string]time.Time) error {
+	vmis := slices.SortedFunc(maps.Keys(w.vmim), func(a, b string) int { return w.vmim[a].Compare(w.vmim[b]) })
+	var vms []chart.DrainVM
+	for _, v := range vmis {
+		a := w.succeeded(v)
+		ph := a.phases
+		steps := []struct {
+			name string
+			from time.Time
+			to   time.Time
+		}{
+			{"marked, waiting for a slot", marked[v], a.created},
+			{"migration created → target pod", a.created, w.pods[a.pod]},
+			{"target pod → TargetReady", w.pods[a.pod], ph[v1alpha1.MigrationTargetReady]},
+			{"TargetReady → Running", ph[v1alpha1.MigrationTargetReady], ph[v1alpha1.MigrationRunning]},
+			{"libvirt migrating", ph[v1alpha1.MigrationRunning], libvirtEnd[v]},
+			{"libvirt's end → VMI on the target", libvirtEnd[v], w.moved[v]},
+		}
+		vm := chart.DrainVM{VMI: v}
+		for _, s := range steps {
+			vm.Stages = append(vm.Stages, chart.Stage{Name: s.name, Start: s.from.Sub(first), End: s.to.Sub(first)})
+		}
+		vms = append(vms, vm)
+	}
+	return chart.Drain(out, fmt.Sprintf("A drain of %d VMs from one node, each VM's stages", len(marked)), vms)
 }
 
 // reportAttempts reports the migration attempts on their own: how many, how many were retries

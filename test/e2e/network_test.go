@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"io"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -25,6 +26,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/test/internal/chart"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
@@ -141,8 +143,14 @@ type servedMigration struct {
 	interruption time.Duration
 	// downtime is the migration's own, as libvirt measured it (the target launcher logs it).
 	downtime time.Duration
-	took     time.Duration
+	// stop is how long the guest stood still across the switch, as its counter on the two
+	// nodes' consoles shows it (to about servedTick).
+	stop time.Duration
+	took time.Duration
 }
+
+// servedTick is how often the served guest prints its counter: the precision of its stop.
+const servedTick = 50 * time.Millisecond
 
 // migrateServedVM runs a VM on the pod network behind a Service on two nodes with kube-proxy,
 // and live-migrates it for node pressure while a client asks the Service every clientInterval.
@@ -164,6 +172,7 @@ func migrateServedVM(tb testing.TB) servedMigration {
 		v.Labels = map[string]string{"app": "served"}
 		v.Spec.Memory = resource.MustParse("256Mi")
 		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](grace)
+		v.Spec.Boot.Cmdline += fmt.Sprintf(" %s=%s", protocol.TickParam, servedTick)
 	}))
 	address := createService(tb, ns, "served")
 	vmi = waitVMI(tb, ns, vmi.Name, bootTimeout, "phase Running", running)
@@ -188,6 +197,7 @@ func migrateServedVM(tb testing.TB) servedMigration {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	answered, collect := askEvery(ctx, network, address)
+	watch := guest.WatchCounters(ctx, servedTick, func() []string { return []string{nodes[0].consolePath(vmi), nodes[1].consolePath(vmi)} })
 	evicted := time.Now()
 	evict(tb, source, vmi)
 	moved := waitVMI(tb, ns, vmi.Name, grace*time.Second, "the VM on the other node",
@@ -207,8 +217,9 @@ func migrateServedVM(tb testing.TB) servedMigration {
 	if err != nil {
 		tb.Fatalf("the guest did not answer through the Service after its migration: %d answers since", answered(arrived))
 	}
+	stall := watch()
 	stop()
-	r := servedMigration{answers: collect(), took: time.Since(evicted)}
+	r := servedMigration{answers: collect(), took: time.Since(evicted), stop: stall.Switch}
 
 	var last *answer
 	for i := range r.answers {
@@ -279,8 +290,8 @@ func TestServiceFollowsTheVMThroughAMigration(t *testing.T) {
 			failed++
 		}
 	}
-	t.Logf("%d requests, %d without an answer; longest interruption %s, migration downtime %s (libvirt), migration done %s after the eviction",
-		len(r.answers), failed, r.interruption.Round(time.Millisecond), r.downtime.Round(time.Millisecond), r.took.Round(time.Millisecond))
+	t.Logf("%d requests, %d without an answer; longest interruption %s, the guest's stop %s, migration downtime %s (libvirt), migration done %s after the eviction",
+		len(r.answers), failed, r.interruption.Round(time.Millisecond), r.stop.Round(time.Millisecond), r.downtime.Round(time.Millisecond), r.took.Round(time.Millisecond))
 	if len(r.answers)-failed < 10 {
 		t.Errorf("only %d answers of %d requests", len(r.answers)-failed, len(r.answers))
 	}
@@ -288,16 +299,31 @@ func TestServiceFollowsTheVMThroughAMigration(t *testing.T) {
 
 // BenchmarkMigrationNetworkInterruption reports, for a node-pressure live migration of a VM on
 // the pod network, the longest time a client asking its Service every 20 ms had no answer, beside
-// the migration's downtime as libvirt measured it in the same run, and their difference: what
-// the network adds to the pause (goal: under a second). Run with -count for several runs.
+// the guest's stop at the switch (its counter on the nodes' consoles) and the migration's
+// downtime as libvirt measured it in the same run, and the differences: what the network adds to
+// the stop (goal: under a second). Run with -count for several runs.
 func BenchmarkMigrationNetworkInterruption(b *testing.B) {
 	for b.Loop() {
 		r := migrateServedVM(b)
 		b.ReportMetric(float64(r.interruption.Milliseconds()), "interruption-ms")
 		b.ReportMetric(float64(r.downtime.Milliseconds()), "downtime-ms")
 		b.ReportMetric(float64((r.interruption - r.downtime).Milliseconds()), "added-ms")
+		b.ReportMetric(float64(r.stop.Milliseconds()), "guest-stop-ms")
+		b.ReportMetric(float64((r.interruption - r.stop).Milliseconds()), "added-to-stop-ms")
+		networkRuns = append(networkRuns, chart.Interruption{Run: fmt.Sprint(len(networkRuns) + 1), Interruption: r.interruption, Stop: r.stop, Downtime: r.downtime})
+		if dir := chart.Dir(); dir != "" {
+			// Drawn again after every run, so that the chart has all the runs of -count.
+			if err := chart.WriteFile(dir, "network.svg", func(w io.Writer) error {
+				return chart.Interruptions(w, "Network interruption during a migration, per run", networkRuns)
+			}); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 }
+
+// networkRuns are the runs of BenchmarkMigrationNetworkInterruption so far (-count calls it once a run).
+var networkRuns []chart.Interruption
 
 // A VM with the bridge binding gets its pod's own address by DHCP and answers on it, and cannot
 // be live-migrated (KubeVirt's reason).
