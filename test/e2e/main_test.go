@@ -35,8 +35,19 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	defer os.RemoveAll(bins)
-	controlplane.Main(m, &cluster, controlplane.Options{})
+	controlplane.Main(runThenRemove{m, bins}, &cluster, controlplane.Options{})
+}
+
+// runThenRemove runs the tests, then removes dir (the binaries and images built for them, about
+// 700 MB): Main ends the process with os.Exit, so a deferred removal would never run.
+type runThenRemove struct {
+	m   *testing.M
+	dir string
+}
+
+func (r runThenRemove) Run() int {
+	defer os.RemoveAll(r.dir)
+	return r.m.Run()
 }
 
 func prepare() error {
