@@ -111,7 +111,7 @@ func TestTheControllersTokenCreatesOnlyWhatALauncherNeeds(t *testing.T) {
 		change     func(*corev1.Pod)
 	}{
 		{"the host's network", hostNamespace, func(p *corev1.Pod) { p.Spec.HostNetwork = true }},
-		{"the host's PID namespace", hostNamespace, func(p *corev1.Pod) { p.Spec.HostPID = true }},
+		{"the host's PID namespace", hostNamespace, func(p *corev1.Pod) { p.Spec.HostPID, p.Spec.ShareProcessNamespace = true, nil }},
 		{"the host's IPC namespace", hostNamespace, func(p *corev1.Pod) { p.Spec.HostIPC = true }},
 		{"a privileged container", "a launcher pod's containers are not privileged", func(p *corev1.Pod) {
 			// The API server refuses privileged with allowPrivilegeEscalation false itself.
