@@ -276,4 +276,3 @@ func TestTheControllersTokenChangesOnlyWhatLifeboatWrites(t *testing.T) {
 		t.Errorf("the controller deleting its launcher pod: %v", err)
 	}
 }
-
