@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -237,7 +238,7 @@ func waitReadyPod(t testing.TB, ns, selector string, timeout time.Duration) {
 	err := wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		pods, err := cluster.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil || len(pods.Items) == 0 {
-			last = "no pod"
+			last = "no pod" + whyNoPod(ctx, ns, selector)
 			return false, nil
 		}
 		p := pods.Items[0]
@@ -252,6 +253,26 @@ func waitReadyPod(t testing.TB, ns, selector string, timeout time.Duration) {
 	if err != nil {
 		t.Fatalf("want a Ready pod %s in %s on %s within %s; last seen %s", selector, ns, realNodeName, timeout, last)
 	}
+}
+
+// whyNoPod is what the ReplicaSets of selector say of the pods they could not create, if anything.
+func whyNoPod(ctx context.Context, ns, selector string) string {
+	sets, err := cluster.Kube.AppsV1().ReplicaSets(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return ""
+	}
+	var why []string
+	for _, rs := range sets.Items {
+		for _, c := range rs.Status.Conditions {
+			if c.Type == appsv1.ReplicaSetReplicaFailure {
+				why = append(why, rs.Name+": "+c.Message)
+			}
+		}
+	}
+	if len(why) == 0 {
+		return fmt.Sprintf(" (%d ReplicaSet(s), none failing)", len(sets.Items))
+	}
+	return " (" + strings.Join(why, "; ") + ")"
 }
 
 // realConsolePath is where the launcher of pod writes the guest's console on the real node: in

@@ -163,6 +163,22 @@ func TestWorkloadPodsAreAdmitted(t *testing.T) {
 		}
 	}
 
+	var signers []corev1.Pod
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := cluster.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=lifeboat-signer"})
+		if err != nil {
+			return false, err
+		}
+		signers = list.Items
+		return len(signers) == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("want the signer Deployment's pod, have %d: %v", len(signers), err)
+	}
+	if p := signers[0]; p.Spec.ServiceAccountName != "lifeboat-signer" {
+		t.Errorf("signer pod %s: service account %q, want lifeboat-signer", p.Name, p.Spec.ServiceAccountName)
+	}
+
 	// The DaemonSet's pod, as it would be made for a KVM node, through admission without being stored.
 	ds, err := cluster.Kube.AppsV1().DaemonSets(ns).Get(ctx, "lifeboat-agent", metav1.GetOptions{})
 	if err != nil {
