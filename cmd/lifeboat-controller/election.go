@@ -16,6 +16,9 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
+// signerLease is the Lease the replicas of the signer run alone (--run=signer) elect their leader on.
+const signerLease = "lifeboat-signer"
+
 // election is leader election on a Lease, so that of several replicas only one runs the
 // controllers while all of them serve the webhook.
 type election struct {
@@ -25,7 +28,7 @@ type election struct {
 }
 
 func (e *election) addFlags(fs *flag.FlagSet) {
-	fs.BoolVar(&e.enabled, "leader-elect", false, "run the controllers only while holding the Lease --leader-election-namespace/lifeboat-controller (for more than one replica)")
+	fs.BoolVar(&e.enabled, "leader-elect", false, "run the controllers only while holding the Lease --leader-election-namespace/lifeboat-controller, or with --run=signer the signer only while holding lifeboat-signer (for more than one replica)")
 	fs.StringVar(&e.namespace, "leader-election-namespace", "lifeboat-system", "namespace of the leader-election Lease")
 	fs.StringVar(&e.identity, "leader-election-identity", "", "this replica's name in the Lease; empty means the host name and a random suffix")
 	fs.DurationVar(&e.leaseDuration, "leader-election-lease-duration", 15*time.Second, "how long others wait after the leader's last renewal before taking over")

@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
 
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/identity"
@@ -51,7 +53,18 @@ type options struct {
 	agentAccount     string
 	// policyUser is the username the admission policies hold the controller to (identity.Check).
 	policyUser string
+	// run is what this process runs: runEverything, runControllers or runSigner.
+	run string
 }
+
+// What a process runs (--run). The manifests run the signer of node certificates apart, under a
+// service account of its own, so that only it may read the migration CA's key: the controllers'
+// and the webhook's identity, which creates pods in every namespace, never holds it.
+const (
+	runEverything  = "all"
+	runControllers = "controllers"
+	runSigner      = "signer"
+)
 
 func main() {
 	var o options
@@ -69,6 +82,8 @@ func main() {
 	flag.StringVar(&o.policyUser, "policy-user", identity.Controller,
 		"the user lifeboat's admission policies (manifests/) hold the controller to; running as another service account, which they would not hold, it refuses to start. Empty: no check")
 	flag.StringVar(&o.agentAccount, "agent-service-account", "lifeboat-agent", "the agents' service account, in --namespace: only its tokens bound to a node get that node's migration certificate")
+	flag.StringVar(&o.run, "run", runEverything, "what to run: "+runEverything+" (the controllers, the webhook and the signer of node certificates, one identity), "+
+		runControllers+" (all but the signer), or "+runSigner+" (the signer alone, which reads the migration CA's key; it leads on the Lease lifeboat-signer and skips the --policy-user check, as no policy names it)")
 	o.leader.addFlags(flag.CommandLine)
 	flag.Parse()
 	o.heartbeat = responder.Settings{Min: responder.MinHeartbeatInterval, Max: *heartbeat}
@@ -82,6 +97,14 @@ func main() {
 
 func run(kubeconfig string, o options, log *slog.Logger) error {
 	podOpts, workers := o.podOpts, o.workers
+	switch o.run {
+	case runEverything, runControllers, runSigner:
+	default:
+		return fmt.Errorf("--run=%q: want %s, %s or %s", o.run, runEverything, runControllers, runSigner)
+	}
+	if o.nodeCertValidity < time.Minute {
+		return fmt.Errorf("--node-cert-validity=%s: want at least a minute", o.nodeCertValidity)
+	}
 	switch podOpts.Acceleration {
 	case "kvm", "tcg", "auto":
 	default:
@@ -103,6 +126,9 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
+	if o.run == runSigner {
+		return runSignerAlone(ctx, kubeClient, o, log)
+	}
 	if err := identity.Check(ctx, kubeClient, o.policyUser); err != nil {
 		return err
 	}
@@ -138,15 +164,6 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, budgets, nodes, recorder, podOpts, reg, log)
 	cancelController := cancellation.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), recorder, cancellation.NewMetrics(reg), log)
 	vmController := vm.New(lb, lbv1.VirtualMachines(), lbv1.VirtualMachineInstances(), pods, recorder, reg, log)
-	if o.nodeCertValidity < time.Minute {
-		return fmt.Errorf("--node-cert-validity=%s: want at least a minute", o.nodeCertValidity)
-	}
-	ca, err := nodecerts.LoadOrCreateCA(ctx, kubeClient, o.namespace)
-	if err != nil {
-		return err
-	}
-	csrInformers := nodecerts.NewInformer(kubeClient)
-	signer := nodecerts.New(kubeClient, ca, nodecerts.AgentUsername(o.namespace, o.agentAccount), csrInformers.Certificates().V1().CertificateSigningRequests(), recorder, o.nodeCertValidity, reg, log)
 	// The controllers run in the leader only; every replica serves the webhook and metrics.
 	controllers := []func(context.Context) error{
 		func(ctx context.Context) error { return vmiController.Run(ctx, workers) },
@@ -155,8 +172,15 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 		func(ctx context.Context) error { return disruptionController.Run(ctx, workers) },
 		cancelController.Run,
 		func(ctx context.Context) error { return vmController.Run(ctx, workers) },
-		func(ctx context.Context) error { return signer.Run(ctx, 1) },
 		atrisk.New(lb, nodes, lbv1.LifeboatConfigs(), log).Run,
+	}
+	if o.run == runEverything {
+		signer, csrInformers, err := newSigner(ctx, kubeClient, o, recorder, reg, log)
+		if err != nil {
+			return err
+		}
+		csrInformers.Start(ctx.Done())
+		controllers = append(controllers, signer)
 	}
 	// The Ready condition names the replica as the Lease does.
 	identity, err := o.leader.id()
@@ -196,7 +220,6 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	kubeInformers.Start(ctx.Done())
 	claimInformers.Start(ctx.Done())
 	mountFailures.Start(ctx.Done())
-	csrInformers.Start(ctx.Done())
 	lbInformers.Start(ctx.Done())
 	go budgets.RunWithContext(ctx)
 	go nodes.RunWithContext(ctx)
@@ -205,6 +228,43 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	always = append(always, func(ctx context.Context) error {
 		return o.leader.run(ctx, kubeClient, log, func(ctx context.Context) error { return runAll(ctx, controllers) })
 	})
+	return runAll(ctx, always)
+}
+
+// newSigner reads (or makes) the migration CA and wires the signer of node certificates; its
+// informer is the caller's to start.
+func newSigner(ctx context.Context, kubeClient kubernetes.Interface, o options, recorder record.EventRecorder, reg prometheus.Registerer, log *slog.Logger) (func(context.Context) error, informers.SharedInformerFactory, error) {
+	ca, err := nodecerts.LoadOrCreateCA(ctx, kubeClient, o.namespace)
+	if err != nil {
+		return nil, nil, err
+	}
+	csrInformers := nodecerts.NewInformer(kubeClient)
+	signer := nodecerts.New(kubeClient, ca, nodecerts.AgentUsername(o.namespace, o.agentAccount), csrInformers.Certificates().V1().CertificateSigningRequests(), recorder, o.nodeCertValidity, reg, log)
+	return func(ctx context.Context) error { return signer.Run(ctx, 1) }, csrInformers, nil
+}
+
+// runSignerAlone runs the signer of node certificates (--run=signer) and its metrics; of its
+// replicas, the one holding the Lease lifeboat-signer signs.
+func runSignerAlone(ctx context.Context, kubeClient kubernetes.Interface, o options, log *slog.Logger) error {
+	recorder, stopRecorder, err := kube.Recorder(ctx, kubeClient, "lifeboat-signer", "")
+	if err != nil {
+		return err
+	}
+	defer stopRecorder()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), kube.RequestsMetric)
+	signer, csrInformers, err := newSigner(ctx, kubeClient, o, recorder, reg, log)
+	if err != nil {
+		return err
+	}
+	csrInformers.Start(ctx.Done())
+	o.leader.name = signerLease
+	always := []func(context.Context) error{func(ctx context.Context) error { return o.leader.run(ctx, kubeClient, log, signer) }}
+	if o.metricsListen != "" {
+		always = append(always, func(ctx context.Context) error {
+			return serveMetrics(ctx, o.metricsListen, o.metricsInsecure, reg, kubeClient, log)
+		})
+	}
 	return runAll(ctx, always)
 }
 

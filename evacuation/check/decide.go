@@ -145,6 +145,33 @@ func Controller(lease *coordinationv1.Lease, deployment *appsv1.Deployment, now 
 	return r
 }
 
+// SignerName is the Deployment of the signer of node certificates (manifests/signer.yaml).
+const SignerName = "lifeboat-signer"
+
+// ControlNodes checks that some node runs no VMs: the controller's and the signer's Deployments
+// keep off nodes labelled lifeboat.dev/kvm=true (required node affinity), since root on such a
+// node can read the tokens of the pods there.
+func ControlNodes(nodes []corev1.Node) Result {
+	r := Result{Check: "controller nodes"}
+	var free []string
+	for _, n := range nodes {
+		if n.Labels[v1alpha1.LabelKVMNode] != "true" {
+			free = append(free, n.Name)
+		}
+	}
+	if len(free) == 0 {
+		r.Status = Fail
+		r.Message = fmt.Sprintf("every node (%d) is labelled %s=true: the Deployments %s/%s and %s/%s keep off VM nodes and have nowhere to run",
+			len(nodes), v1alpha1.LabelKVMNode, Namespace, ControllerName, Namespace, SignerName)
+		r.Fix = "give them a node that runs no VMs (a control-plane node, with a toleration of its taint added by a kustomize overlay), " +
+			"or remove their nodeAffinity in an overlay, accepting that root on a VM node can then take their tokens (docs/operations.md, \"The controller's nodes\")"
+		return r
+	}
+	r.Status = OK
+	r.Message = fmt.Sprintf("%d node(s) not labelled %s=true for the controller and the signer: %s", len(free), v1alpha1.LabelKVMNode, strings.Join(free[:min(len(free), 5)], ", "))
+	return r
+}
+
 // Outside says whether the controller runs outside the cluster: a replica leads, and there is
 // no Deployment.
 func Outside(lease *coordinationv1.Lease, deployment *appsv1.Deployment, now time.Time) bool {
@@ -468,7 +495,7 @@ func NodeCertificates(nodes []string, csrs []certificatesv1.CertificateSigningRe
 		cert := parseCertificate(c.Status.Certificate)
 		switch {
 		case cert == nil && now.Sub(c.CreationTimestamp.Time) > 5*time.Minute:
-			r.Status, r.Message = Warn, fmt.Sprintf("request %s is still pending after %s: is the controller, its signer, running?", c.Name, now.Sub(c.CreationTimestamp.Time).Truncate(time.Second))
+			r.Status, r.Message = Warn, fmt.Sprintf("request %s is still pending after %s: is the signer (Deployment %s/%s) running?", c.Name, now.Sub(c.CreationTimestamp.Time).Truncate(time.Second), Namespace, SignerName)
 		case cert == nil:
 			continue
 		case !now.Before(cert.NotAfter):

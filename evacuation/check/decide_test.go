@@ -478,3 +478,32 @@ func TestProxyError(t *testing.T) {
 		t.Errorf("a Status without a message: %q, want the API error", got)
 	}
 }
+
+func TestControlNodes(t *testing.T) {
+	node := func(name string, labels map[string]string) corev1.Node {
+		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+	}
+	kvm := map[string]string{v1alpha1.LabelKVMNode: "true"}
+	for _, tc := range []struct {
+		name   string
+		nodes  []corev1.Node
+		status Status
+		says   string
+	}{
+		{"a node without VMs", []corev1.Node{node("cp", nil), node("vm-1", kvm)}, OK, "1 node(s) not labelled lifeboat.dev/kvm=true for the controller and the signer: cp"},
+		{"a node labelled false", []corev1.Node{node("spare", map[string]string{v1alpha1.LabelKVMNode: "false"}), node("vm-1", kvm)}, OK, ": spare"},
+		{"only VM nodes", []corev1.Node{node("vm-1", kvm), node("vm-2", kvm)}, Fail,
+			"every node (2) is labelled lifeboat.dev/kvm=true: the Deployments lifeboat-system/lifeboat-controller and lifeboat-system/lifeboat-signer keep off VM nodes and have nowhere to run"},
+		{"no nodes", nil, Fail, "every node (0)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := ControlNodes(tc.nodes)
+			if got.Status != tc.status || !strings.Contains(got.Message, tc.says) {
+				t.Errorf("%s: %s, want %s saying %q", got.Status, got.Message, tc.status, tc.says)
+			}
+			if (got.Status == Fail) != (got.Fix != "") {
+				t.Errorf("fix %q for status %s: want one exactly when it fails", got.Fix, got.Status)
+			}
+		})
+	}
+}

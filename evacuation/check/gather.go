@@ -114,6 +114,10 @@ func Run(ctx context.Context, c Clients, o Options, now time.Time) (Report, erro
 		}
 	}
 
+	// Only the Deployments keep off VM nodes; a controller run elsewhere is placed by its owner.
+	if deployment != nil {
+		add(ControlNodes(nodes))
+	}
 	add(checkAgents(ctx, c.Kube, nodes, vmis, outside)...)
 
 	vmsOn := vmsByNode(vmis)

@@ -22,8 +22,8 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
 )
 
-// CASecret is the Secret, in the controller's namespace, that keeps the migration CA's
-// certificate and key: every replica and every restart of the controller signs with the same CA,
+// CASecret is the Secret, in lifeboat's namespace, that keeps the migration CA's
+// certificate and key: every replica and every restart of the signer signs with the same CA,
 // so the certificates already issued stay valid.
 const CASecret = "lifeboat-migration-ca"
 

@@ -63,7 +63,7 @@ func New(kube kubernetes.Interface, ca *CA, agent string, csrs certinformers.Cer
 	reg prometheus.Registerer, log *slog.Logger) *Controller {
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lifeboat_node_certificate_requests_total",
-		Help: "Requests for lifeboat's signer lifeboat.dev/migration the controller decided, by result (signed, denied: the reason is on the request and in an Event).",
+		Help: "Requests for lifeboat's signer lifeboat.dev/migration the signer decided, by result (signed, denied: the reason is on the request and in an Event).",
 	}, []string{"result"})
 	reg.MustRegister(requests)
 	c := &Controller{

@@ -155,7 +155,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	if err := cp.InstallCRDs(ctx, crdDir); err != nil {
 		return nil, err
 	}
-	// lifeboat's own namespace, where its controller keeps the migration CA, as an install makes it.
+	// lifeboat's own namespace, where its signer keeps the migration CA, as an install makes it.
 	if err := cp.ensureNamespace(ctx, LifeboatNamespace); err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -104,8 +105,10 @@ func startRealNode(t testing.TB, configure ...func(*kubeletv1beta1.KubeletConfig
 // from its pod network to the API server (the kubernetes Service): images are never pulled,
 // lifeboat's own pods use the node's network and reach the API server on loopback, the agent
 // reads this kubelet's /configz on its port and listens on a free port of the node's address, one
-// controller replica runs (two on one host network would share ports), and launchers are TCG
-// guests. Launcher pods are on the pod network, as in a cluster.
+// controller replica runs (two on one host network would share ports), the signer serves no
+// metrics (its port would be the controller's), the controller and the signer run on the one
+// node although it runs VMs (their node affinity keeps them off such nodes in a cluster), and
+// launchers are TCG guests. Launcher pods are on the pod network, as in a cluster.
 const overlay = `apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
@@ -148,6 +151,24 @@ patches:
 - target: {kind: Deployment, name: lifeboat-controller}
   patch: |-
     - {op: add, path: /spec/template/spec/containers/0/args/-, value: --acceleration=tcg}
+    - {op: remove, path: /spec/template/spec/affinity/nodeAffinity}
+- patch: |-
+    apiVersion: apps/v1
+    kind: Deployment
+    metadata: {name: lifeboat-signer, namespace: lifeboat-system}
+    spec:
+      template:
+        spec:
+          hostNetwork: true
+          nodeSelector: {kubernetes.io/hostname: %[2]s}
+          containers:
+          - name: signer
+            imagePullPolicy: Never
+            env: [{name: KUBERNETES_SERVICE_HOST, value: "127.0.0.1"}, {name: KUBERNETES_SERVICE_PORT, value: "%[3]s"}]
+- target: {kind: Deployment, name: lifeboat-signer}
+  patch: |-
+    - {op: add, path: /spec/template/spec/containers/0/args/-, value: --metrics-listen=}
+    - {op: remove, path: /spec/template/spec/affinity/nodeAffinity}
 `
 
 // deployLifeboat applies manifests/, through the test overlay, with server-side apply, and waits
@@ -190,7 +211,7 @@ func deployLifeboat(t testing.TB, n *realnode.Node) string {
 	if out, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "--force-conflicts", "-k", dir); err != nil {
 		t.Fatalf("applying manifests/: %v\n%s", err, out)
 	}
-	for _, app := range []string{"lifeboat-agent", "lifeboat-controller"} {
+	for _, app := range []string{"lifeboat-agent", "lifeboat-controller", "lifeboat-signer"} {
 		waitReadyPod(t, "lifeboat-system", "app.kubernetes.io/name="+app, 3*time.Minute)
 	}
 	return fmt.Sprintf("http://%s:%d/metrics", n.Address(), ports[0])
@@ -217,7 +238,7 @@ func waitReadyPod(t testing.TB, ns, selector string, timeout time.Duration) {
 	err := wait.PollUntilContextTimeout(t.Context(), 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		pods, err := cluster.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil || len(pods.Items) == 0 {
-			last = "no pod"
+			last = "no pod" + whyNoPod(ctx, ns, selector)
 			return false, nil
 		}
 		p := pods.Items[0]
@@ -232,6 +253,26 @@ func waitReadyPod(t testing.TB, ns, selector string, timeout time.Duration) {
 	if err != nil {
 		t.Fatalf("want a Ready pod %s in %s on %s within %s; last seen %s", selector, ns, realNodeName, timeout, last)
 	}
+}
+
+// whyNoPod is what the ReplicaSets of selector say of the pods they could not create, if anything.
+func whyNoPod(ctx context.Context, ns, selector string) string {
+	sets, err := cluster.Kube.AppsV1().ReplicaSets(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return ""
+	}
+	var why []string
+	for _, rs := range sets.Items {
+		for _, c := range rs.Status.Conditions {
+			if c.Type == appsv1.ReplicaSetReplicaFailure {
+				why = append(why, rs.Name+": "+c.Message)
+			}
+		}
+	}
+	if len(why) == 0 {
+		return fmt.Sprintf(" (%d ReplicaSet(s), none failing)", len(sets.Items))
+	}
+	return " (" + strings.Join(why, "; ") + ")"
 }
 
 // realConsolePath is where the launcher of pod writes the guest's console on the real node: in

@@ -37,7 +37,9 @@ func startReplica(t *testing.T, kubeconfig, identity string, args ...string) *co
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.cmd = exec.Command(filepath.Join(bins, "lifeboat-controller"), "--kubeconfig", kubeconfig, "--acceleration", "tcg",
+	// Without the signer, as manifests/controller.yaml runs it: the controller's service account
+	// may not read the migration CA.
+	p.cmd = exec.Command(filepath.Join(bins, "lifeboat-controller"), "--kubeconfig", kubeconfig, "--acceleration", "tcg", "--run=controllers",
 		"--leader-elect", "--leader-election-identity", identity,
 		// Short, so that the test sees a takeover soon; the defaults are 15s, 10s, 2s.
 		"--leader-election-lease-duration", "4s", "--leader-election-renew-deadline", "3s", "--leader-election-retry-period", "500ms")

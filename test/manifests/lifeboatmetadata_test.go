@@ -81,6 +81,9 @@ func TestOnlyLifeboatLabelsLaunchersAndMigrations(t *testing.T) {
 	}
 	launcher := lookalike("launcher-vm-abcde", map[string]string{v1alpha1.LabelRole: v1alpha1.RoleLauncher, v1alpha1.LabelVMIUID: string(owner.UID)}, nil)
 	launcher.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(owner, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))}
+	// As unprivileged as lifeboat-controller-pods holds the controller's pods to.
+	launcher.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true)}
+	launcher.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}
 	launcher, err = tokenClient(t, controllerSA, nil).CoreV1().Pods(ns).Create(ctx, launcher, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("lifeboat's controller creating a labelled launcher pod: %v", err)

@@ -48,6 +48,13 @@ var wantObjects = []string{
 	"Deployment lifeboat-system/lifeboat-controller",
 	"Service lifeboat-system/lifeboat-webhook",
 	"NetworkPolicy lifeboat-system/lifeboat-controller",
+	"ServiceAccount lifeboat-system/lifeboat-signer",
+	"ClusterRole lifeboat-signer",
+	"ClusterRoleBinding lifeboat-signer",
+	"Role lifeboat-system/lifeboat-signer",
+	"RoleBinding lifeboat-system/lifeboat-signer",
+	"Deployment lifeboat-system/lifeboat-signer",
+	"NetworkPolicy lifeboat-system/lifeboat-signer",
 	"ValidatingWebhookConfiguration lifeboat-eviction",
 	"ValidatingAdmissionPolicy lifeboat-vmi-node-paths",
 	"ValidatingAdmissionPolicyBinding lifeboat-vmi-node-paths",
@@ -63,6 +70,12 @@ var wantObjects = []string{
 	"ValidatingAdmissionPolicyBinding lifeboat-agent-migrations",
 	"ValidatingAdmissionPolicy lifeboat-controller-pods",
 	"ValidatingAdmissionPolicyBinding lifeboat-controller-pods",
+	"ValidatingAdmissionPolicy lifeboat-controller-pod-node-paths",
+	"ValidatingAdmissionPolicyBinding lifeboat-controller-pod-node-paths",
+	"ValidatingAdmissionPolicy lifeboat-controller-pod-secrets",
+	"ValidatingAdmissionPolicyBinding lifeboat-controller-pod-secrets",
+	"ValidatingAdmissionPolicy lifeboat-controller-pod-changes",
+	"ValidatingAdmissionPolicyBinding lifeboat-controller-pod-changes",
 	"ValidatingAdmissionPolicy lifeboat-reserved-metadata",
 	"ValidatingAdmissionPolicyBinding lifeboat-reserved-metadata",
 	"ValidatingAdmissionPolicy lifeboat-launcher-devices",
@@ -148,6 +161,22 @@ func TestWorkloadPodsAreAdmitted(t *testing.T) {
 			t.Errorf("controller pod %s: service account %q, priority %v; want lifeboat-controller, 2000000000 (system-cluster-critical)",
 				p.Name, p.Spec.ServiceAccountName, p.Spec.Priority)
 		}
+	}
+
+	var signers []corev1.Pod
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := cluster.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=lifeboat-signer"})
+		if err != nil {
+			return false, err
+		}
+		signers = list.Items
+		return len(signers) == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("want the signer Deployment's pod, have %d: %v", len(signers), err)
+	}
+	if p := signers[0]; p.Spec.ServiceAccountName != "lifeboat-signer" {
+		t.Errorf("signer pod %s: service account %q, want lifeboat-signer", p.Name, p.Spec.ServiceAccountName)
 	}
 
 	// The DaemonSet's pod, as it would be made for a KVM node, through admission without being stored.

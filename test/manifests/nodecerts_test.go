@@ -66,10 +66,10 @@ func tokenClient(t *testing.T, sa string, node *corev1.Node) kubernetes.Interfac
 	return kubernetes.NewForConfigOrDie(cfg)
 }
 
-// runSigner runs lifeboat's signer with the controller's service account, as its pod would.
+// runSigner runs lifeboat's signer with its own service account, as its pod would.
 func runSigner(t *testing.T, maxLifetime time.Duration) {
 	t.Helper()
-	kube := tokenClient(t, controllerSA, nil)
+	kube := tokenClient(t, signerSA, nil)
 	ca, err := nodecerts.LoadOrCreateCA(t.Context(), kube, "lifeboat-system")
 	if err != nil {
 		t.Fatal(err)

@@ -135,6 +135,7 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 // TestTheControllerCreatesOnlyLauncherPods uses the controller's token as a thief would: the
 // pods it could otherwise create in any namespace (one that mounts a service account token, one
 // without a VMI controlling it, a privileged one) are refused; a launcher pod is created.
+// TestTheControllersTokenCreatesOnlyWhatALauncherNeeds tries the other escapes.
 func TestTheControllerCreatesOnlyLauncherPods(t *testing.T) {
 	install(t)
 	ns := testNamespace(t)
@@ -149,7 +150,9 @@ func TestTheControllerCreatesOnlyLauncherPods(t *testing.T) {
 		p := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{GenerateName: "launcher-vm-", Labels: map[string]string{v1alpha1.LabelRole: v1alpha1.RoleLauncher},
 				OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(owner, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))}},
-			Spec: corev1.PodSpec{AutomountServiceAccountToken: ptr.To(false), Containers: []corev1.Container{{Name: "compute", Image: "lifeboat.dev/lifeboat-launcher:dev"}}},
+			Spec: corev1.PodSpec{AutomountServiceAccountToken: ptr.To(false), SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true)},
+				Containers: []corev1.Container{{Name: "compute", Image: "lifeboat.dev/lifeboat-launcher:dev", SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}}},
 		}
 		change(p)
 		return p
@@ -181,9 +184,10 @@ func TestTheControllerCreatesOnlyLauncherPods(t *testing.T) {
 		{"a pod no VMI controls", "controller is its VirtualMachineInstance", launcherPod(func(p *corev1.Pod) { p.OwnerReferences = nil })},
 		{"an ordinary pod", "launcher pods only", launcherPod(func(p *corev1.Pod) { p.Labels = nil; p.GenerateName = "miner-" })},
 		{"a privileged pod", "not privileged", launcherPod(func(p *corev1.Pod) {
-			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+			// The API server refuses privileged with allowPrivilegeEscalation false itself.
+			p.Spec.Containers[0].SecurityContext.Privileged, p.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = ptr.To(true), nil
 		})},
-		{"the host's PID namespace", "not privileged", launcherPod(func(p *corev1.Pod) { p.Spec.HostPID = true })},
+		{"the host's PID namespace", "shares no host namespace", launcherPod(func(p *corev1.Pod) { p.Spec.HostPID = true })},
 	}
 	for _, r := range refusals {
 		wantForbidden(t, "the controller creating "+r.name, create(ctx, r.pod, false), r.says)

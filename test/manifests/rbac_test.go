@@ -11,6 +11,7 @@ import (
 const (
 	agentSA      = "lifeboat-agent"
 	controllerSA = "lifeboat-controller"
+	signerSA     = "lifeboat-signer"
 )
 
 // access is one request a component's service account makes, or must not be able to make.
@@ -117,15 +118,31 @@ var rbacCases = []struct {
 	{"agent may not sign for lifeboat's signer", agentSA, access{verb: "sign", group: "certificates.k8s.io", resource: "signers", name: "lifeboat.dev/migration"}, false},
 	{"agent reads the migration CA", agentSA, access{verb: "get", resource: "configmaps", namespace: "lifeboat-system", name: "lifeboat-migration-ca"}, true},
 	{"agent may not read the migration CA's key", agentSA, access{verb: "get", resource: "secrets", namespace: "lifeboat-system", name: "lifeboat-migration-ca"}, false},
-	{"controller approves lifeboat's certificate requests", controllerSA, access{verb: "update", group: "certificates.k8s.io", resource: "certificatesigningrequests", subresource: "approval", name: "csr"}, true},
-	{"controller approves for lifeboat's signer", controllerSA, access{verb: "approve", group: "certificates.k8s.io", resource: "signers", name: "lifeboat.dev/migration"}, true},
-	{"controller signs for lifeboat's signer", controllerSA, access{verb: "sign", group: "certificates.k8s.io", resource: "signers", name: "lifeboat.dev/migration"}, true},
-	{"controller may not approve kubelet certificates", controllerSA, access{verb: "approve", group: "certificates.k8s.io", resource: "signers", name: "kubernetes.io/kube-apiserver-client-kubelet"}, false},
-	{"controller may not sign kubelet serving certificates", controllerSA, access{verb: "sign", group: "certificates.k8s.io", resource: "signers", name: "kubernetes.io/kubelet-serving"}, false},
-	{"controller reads the migration CA's key", controllerSA, access{verb: "get", resource: "secrets", namespace: "lifeboat-system", name: "lifeboat-migration-ca"}, true},
-	{"controller publishes the migration CA", controllerSA, access{verb: "update", resource: "configmaps", namespace: "lifeboat-system", name: "lifeboat-migration-ca"}, true},
+	// The signer of node certificates, apart from the controller (manifests/signer.yaml).
+	{"signer watches lifeboat's certificate requests", signerSA, access{verb: "watch", group: "certificates.k8s.io", resource: "certificatesigningrequests"}, true},
+	{"signer approves lifeboat's certificate requests", signerSA, access{verb: "update", group: "certificates.k8s.io", resource: "certificatesigningrequests", subresource: "approval", name: "csr"}, true},
+	{"signer writes a certificate", signerSA, access{verb: "update", group: "certificates.k8s.io", resource: "certificatesigningrequests", subresource: "status", name: "csr"}, true},
+	{"signer approves for lifeboat's signer", signerSA, access{verb: "approve", group: "certificates.k8s.io", resource: "signers", name: "lifeboat.dev/migration"}, true},
+	{"signer signs for lifeboat's signer", signerSA, access{verb: "sign", group: "certificates.k8s.io", resource: "signers", name: "lifeboat.dev/migration"}, true},
+	{"signer may not approve kubelet certificates", signerSA, access{verb: "approve", group: "certificates.k8s.io", resource: "signers", name: "kubernetes.io/kube-apiserver-client-kubelet"}, false},
+	{"signer may not sign kubelet serving certificates", signerSA, access{verb: "sign", group: "certificates.k8s.io", resource: "signers", name: "kubernetes.io/kubelet-serving"}, false},
+	{"signer reads the migration CA's key", signerSA, access{verb: "get", resource: "secrets", namespace: "lifeboat-system", name: "lifeboat-migration-ca"}, true},
+	{"signer makes the migration CA on first start", signerSA, access{verb: "create", resource: "secrets", namespace: "lifeboat-system"}, true},
+	{"signer publishes the migration CA", signerSA, access{verb: "update", resource: "configmaps", namespace: "lifeboat-system", name: "lifeboat-migration-ca"}, true},
+	{"signer may not read other Secrets of its namespace", signerSA, access{verb: "get", resource: "secrets", namespace: "lifeboat-system", name: "other"}, false},
+	{"signer may not list Secrets", signerSA, access{verb: "list", resource: "secrets", namespace: "lifeboat-system"}, false},
+	{"signer asks the authorizer about a certificate requester", signerSA, access{verb: "create", group: "authorization.k8s.io", resource: "subjectaccessreviews"}, true},
+	{"signer renews its Lease", signerSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "lifeboat-system", name: "lifeboat-signer"}, true},
+	{"signer may not take the controller's Lease", signerSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "lifeboat-system", name: "lifeboat-controller"}, false},
+	{"signer records an Event on a request", signerSA, access{verb: "create", resource: "events", namespace: "default"}, true},
+	{"signer may not read pods", signerSA, access{verb: "list", resource: "pods"}, false},
+	{"controller may not approve certificate requests (the signer does)", controllerSA, access{verb: "update", group: "certificates.k8s.io", resource: "certificatesigningrequests", subresource: "approval", name: "csr"}, false},
+	{"controller may not sign for lifeboat's signer", controllerSA, access{verb: "sign", group: "certificates.k8s.io", resource: "signers", name: "lifeboat.dev/migration"}, false},
+	{"controller may not read the migration CA's key", controllerSA, access{verb: "get", resource: "secrets", namespace: "lifeboat-system", name: "lifeboat-migration-ca"}, false},
+	{"controller may not replace the migration CA", controllerSA, access{verb: "update", resource: "configmaps", namespace: "lifeboat-system", name: "lifeboat-migration-ca"}, false},
+	{"controller may not create Secrets", controllerSA, access{verb: "create", resource: "secrets", namespace: "lifeboat-system"}, false},
 	{"controller may not read other Secrets of its namespace", controllerSA, access{verb: "get", resource: "secrets", namespace: "lifeboat-system", name: "other"}, false},
-	{"controller asks the authorizer about a certificate requester", controllerSA, access{verb: "create", group: "authorization.k8s.io", resource: "subjectaccessreviews"}, true},
+	{"controller asks the authorizer about a metrics caller", controllerSA, access{verb: "create", group: "authorization.k8s.io", resource: "subjectaccessreviews"}, true},
 	{"controller may not create VMs", controllerSA, access{verb: "create", group: "lifeboat.dev", resource: "virtualmachines", namespace: "ns"}, false},
 	{"controller patches a launcher pod's readiness gate", controllerSA, access{verb: "patch", resource: "pods", subresource: "status", namespace: "ns", name: "p"}, true},
 	{"controller may not update a pod's status", controllerSA, access{verb: "update", resource: "pods", subresource: "status", namespace: "ns", name: "p"}, false},

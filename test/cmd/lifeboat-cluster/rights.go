@@ -25,7 +25,7 @@ func rights(ctx context.Context) error {
 	if out, err := cp.Kubectl(ctx, "apply", "--server-side", "-k", filepath.Join(root, "manifests")); err != nil {
 		return fmt.Errorf("applying manifests/: %w\n%s", err, out)
 	}
-	for _, sa := range []string{"lifeboat-agent", "lifeboat-controller"} {
+	for _, sa := range []string{"lifeboat-agent", "lifeboat-controller", "lifeboat-signer"} {
 		out, err := cp.Kubectl(ctx, "auth", "can-i", "--list", "-n", controlplane.LifeboatNamespace,
 			"--as=system:serviceaccount:"+controlplane.LifeboatNamespace+":"+sa, "--as-group=system:serviceaccounts",
 			"--as-group=system:serviceaccounts:"+controlplane.LifeboatNamespace, "--as-group=system:authenticated")
