@@ -3,6 +3,11 @@
 // migrating and whose eviction strategy allows a migration, it creates a
 // VirtualMachineInstanceMigration that records why (the cause) and, for node pressure, by when
 // (the deadline), within the cluster's parallel-migration limits and most urgent first.
+//
+// The limits bound the migrations that move memory. Beyond them, as many again may be made
+// ahead, waiting for a slot (status.evacuation.waitingForSlot): their target pods are scheduled
+// and their launchers started while the running migrations move memory, so that a freed slot
+// goes to a migration whose target is ready instead of one that starts a launcher first.
 package evacuate
 
 import (
@@ -29,6 +34,14 @@ type Candidate struct {
 type Decision struct {
 	// Create are the candidates to create migrations for now, most urgent first.
 	Create []Candidate
+	// Prepare are the candidates to create migrations for ahead of a free slot, most urgent
+	// first: they prepare their targets and wait for a slot before moving memory.
+	Prepare []Candidate
+	// Release are migrations made ahead that now have a slot and may move memory.
+	Release []*v1alpha1.VirtualMachineInstanceMigration
+	// Withdraw are migrations made ahead whose VMI is no longer marked (or gone) before they got
+	// a slot: they have moved nothing, and go with their target pods.
+	Withdraw []*v1alpha1.VirtualMachineInstanceMigration
 	// External are marked VMIs left to an external controller.
 	External []*v1alpha1.VirtualMachineInstance
 	// RetryAfter, if positive, is when a candidate held back by its backoff becomes due.
@@ -59,16 +72,22 @@ const (
 // time a node came, changed what it accepts, or had a pod end: a VMI whose last migration found no
 // node for its target is retried only after such a change (and its backoff), since nothing else
 // could place the target now.
+//
+// Within the limits go, most urgent first, migrations made ahead (Release) and new ones
+// (Create); beyond them, up to as many again per node and in the cluster are made ahead
+// (Prepare). A more urgent new candidate takes a freed slot before a less urgent one made ahead.
 func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.VirtualMachineInstanceMigration, config *v1alpha1.LifeboatConfig, capacityChanged, now time.Time) Decision {
 	var d Decision
 	perCluster, perNode := limits(config)
 	active, outbound := 0, map[string]int{}
+	ahead, aheadOutbound := 0, map[string]int{} // migrations made ahead, waiting for a slot
+	var waiting []*v1alpha1.VirtualMachineInstanceMigration
 	migrating := map[string]bool{}                                       // VMI names (namespace/name) with an unfinished migration
 	failures := map[string][]*v1alpha1.VirtualMachineInstanceMigration{} // VMI UID → its failed migrations
 	failedUIDs := map[string]bool{}                                      // UIDs of migrations that failed
-	nodeOf := map[string]string{}                                        // VMI names (namespace/name) → node
+	byKey := map[string]*v1alpha1.VirtualMachineInstance{}               // VMI names (namespace/name) → VMI
 	for _, vmi := range vmis {
-		nodeOf[vmi.Namespace+"/"+vmi.Name] = vmi.Status.NodeName
+		byKey[vmi.Namespace+"/"+vmi.Name] = vmi
 	}
 	for _, m := range migrations {
 		key := m.Namespace + "/" + m.Spec.VMIName
@@ -88,15 +107,34 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 			// A migration the migration controller has not picked up yet has no source node in
 			// its status: it leaves from where its VMI runs.
 			source := m.Status.SourceNode
-			if source == "" {
-				source = nodeOf[key]
+			if source == "" && byKey[key] != nil {
+				source = byKey[key].Status.NodeName
+			}
+			if m.WaitingForSlot() {
+				ahead++
+				aheadOutbound[source]++
+				waiting = append(waiting, m)
+				continue
 			}
 			active++
 			outbound[source]++
 		}
 	}
 
-	var candidates []Candidate
+	// Each candidate, and each migration made ahead with its VMI's urgency.
+	type entry struct {
+		Candidate
+		ahead *v1alpha1.VirtualMachineInstanceMigration // nil: a new candidate
+	}
+	var entries []entry
+	for _, m := range waiting {
+		vmi := byKey[m.Namespace+"/"+m.Spec.VMIName]
+		if vmi == nil || string(vmi.UID) != string(m.EvacuatedVMI()) || !marked(vmi) || vmi.DeletionTimestamp != nil {
+			d.Withdraw = append(d.Withdraw, m)
+			continue
+		}
+		entries = append(entries, entry{Candidate: candidate(vmi), ahead: m})
+	}
 	for _, vmi := range vmis {
 		if !marked(vmi) || migrating[vmi.Namespace+"/"+vmi.Name] || openMigration(vmi, failedUIDs) || vmi.DeletionTimestamp != nil {
 			continue
@@ -125,20 +163,31 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 			}
 			continue
 		}
-		candidates = append(candidates, c)
+		entries = append(entries, entry{Candidate: c})
 	}
-	slices.SortStableFunc(candidates, orderedBy(earliestDeadline, causePriority, markedFirst, byName))
-	for _, c := range candidates {
-		node := c.VMI.Status.NodeName
-		if active >= perCluster {
-			break
+	order := orderedBy(earliestDeadline, causePriority, markedFirst, byName)
+	slices.SortStableFunc(entries, func(a, b entry) int { return order(a.Candidate, b.Candidate) })
+	for _, e := range entries {
+		node := e.VMI.Status.NodeName
+		if e.ahead != nil && e.ahead.Status.SourceNode != "" {
+			node = e.ahead.Status.SourceNode
 		}
-		if outbound[node] >= perNode {
-			continue
+		switch {
+		case active < perCluster && outbound[node] < perNode:
+			active++
+			outbound[node]++
+			if e.ahead == nil {
+				d.Create = append(d.Create, e.Candidate)
+				continue
+			}
+			ahead--
+			aheadOutbound[node]--
+			d.Release = append(d.Release, e.ahead)
+		case e.ahead == nil && ahead < perCluster && aheadOutbound[node] < perNode:
+			ahead++
+			aheadOutbound[node]++
+			d.Prepare = append(d.Prepare, e.Candidate)
 		}
-		active++
-		outbound[node]++
-		d.Create = append(d.Create, c)
 	}
 	return d
 }
