@@ -37,7 +37,7 @@ const (
 	ReasonSlotGranted = "EvacuationSlotGranted"
 	// ReasonWithdrawn: a migration made ahead went before it got a slot, its VMI no longer marked.
 	ReasonWithdrawn = "EvacuationMigrationWithdrawn"
-	globalKey              = "evacuations"
+	globalKey       = "evacuations"
 )
 
 // Controller creates migrations for marked VMIs. The parallel limits are cluster-wide, so it

@@ -208,7 +208,7 @@ func TestPlan(t *testing.T) {
 		{name: "a drain of ten: two move memory, two more prepare their targets ahead",
 			vmis: drainOf(10), config: config(5, 2), want: []string{"d0:Drain", "d1:Drain"}, prepare: []string{"d2:Drain", "d3:Drain"}},
 		{name: "made ahead is bounded by the cluster's limit as well as the node's",
-			vmis: append(drainOf(3), markedVMI("x", "n2", "Drain", 0), markedVMI("y", "n2", "Drain", 0), markedVMI("z", "n2", "Drain", 0)),
+			vmis:   append(drainOf(3), markedVMI("x", "n2", "Drain", 0), markedVMI("y", "n2", "Drain", 0), markedVMI("z", "n2", "Drain", 0)),
 			config: config(2, 2), want: []string{"d0:Drain", "x:Drain"}, prepare: []string{"y:Drain", "z:Drain"}},
 		{name: "while the slots are taken, those made ahead wait and no more are made",
 			vmis: drainOf(6),
