@@ -28,6 +28,8 @@ type Candidate struct {
 	Deadline *metav1.Time
 	// markedAt is when the mark was set (the EvictionRequested condition's transition).
 	markedAt time.Time
+	// madeAhead: the VMI's migration exists, made ahead of a free slot.
+	madeAhead bool
 }
 
 // Decision is what one look at the cluster concludes.
@@ -75,7 +77,9 @@ const (
 //
 // Within the limits go, most urgent first, migrations made ahead (Release) and new ones
 // (Create); beyond them, up to as many again per node and in the cluster are made ahead
-// (Prepare). A more urgent new candidate takes a freed slot before a less urgent one made ahead.
+// (Prepare). A more urgent new candidate (an earlier deadline, a more pressing cause) takes a
+// freed slot before one made ahead; among equals, the one made ahead goes first, or it would
+// hold its prepared target while later ones pass it.
 func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.VirtualMachineInstanceMigration, config *v1alpha1.LifeboatConfig, capacityChanged, now time.Time) Decision {
 	var d Decision
 	perCluster, perNode := limits(config)
@@ -133,7 +137,9 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 			d.Withdraw = append(d.Withdraw, m)
 			continue
 		}
-		entries = append(entries, entry{Candidate: candidate(vmi), ahead: m})
+		c := candidate(vmi)
+		c.madeAhead = true
+		entries = append(entries, entry{Candidate: c, ahead: m})
 	}
 	for _, vmi := range vmis {
 		if !marked(vmi) || migrating[vmi.Namespace+"/"+vmi.Name] || openMigration(vmi, failedUIDs) || vmi.DeletionTimestamp != nil {
@@ -165,7 +171,7 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 		}
 		entries = append(entries, entry{Candidate: c})
 	}
-	order := orderedBy(earliestDeadline, causePriority, markedFirst, byName)
+	order := orderedBy(earliestDeadline, causePriority, madeAheadFirst, markedFirst, byName)
 	slices.SortStableFunc(entries, func(a, b entry) int { return order(a.Candidate, b.Candidate) })
 	for _, e := range entries {
 		node := e.VMI.Status.NodeName
@@ -314,6 +320,17 @@ func causePriority(a, b Candidate) int {
 		return 3
 	}
 	return cmp.Compare(rank(a.Cause), rank(b.Cause))
+}
+
+// madeAheadFirst: a candidate whose migration was made ahead (its target prepared) goes first.
+func madeAheadFirst(a, b Candidate) int {
+	switch {
+	case a.madeAhead == b.madeAhead:
+		return 0
+	case a.madeAhead:
+		return -1
+	}
+	return 1
 }
 
 func markedFirst(a, b Candidate) int { return a.markedAt.Compare(b.markedAt) }

@@ -224,6 +224,13 @@ func TestPlan(t *testing.T) {
 				madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0)), madeAhead(migration("d3", "n1", v1alpha1.MigrationScheduled, 0)),
 			},
 			config: config(5, 2), release: []string{"d2-mig"}, prepare: []string{"d4:Drain"}},
+		{name: "a freed slot goes to one made ahead before a new one marked earlier",
+			vmis: drainOf(6)[1:],
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				migration("d0", "n1", v1alpha1.MigrationSucceeded, time.Second), migration("d1", "n1", v1alpha1.MigrationRunning, 0),
+				madeAhead(migration("d5", "n1", v1alpha1.MigrationTargetReady, 0)), madeAhead(migration("d4", "n1", v1alpha1.MigrationScheduled, 0)),
+			},
+			config: config(5, 2), release: []string{"d4-mig"}, prepare: []string{"d2:Drain"}},
 		{name: "a freed slot goes to node pressure before a drain made ahead",
 			vmis: append(drainOf(4), markedVMI("hot", "n1", "NodePressure", 30)),
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
