@@ -79,12 +79,15 @@ const (
 // (Create); beyond them, up to as many again per node and in the cluster are made ahead
 // (Prepare). A more urgent new candidate (an earlier deadline, a more pressing cause) takes a
 // freed slot before one made ahead; among equals, the one made ahead goes first, or it would
-// hold its prepared target while later ones pass it.
+// hold its prepared target while later ones pass it. Migrations are made ahead from a node only
+// once those with its slots have their targets ready: made together, the targets would compete
+// for the target node's CPU with the ones that can move memory first.
 func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.VirtualMachineInstanceMigration, config *v1alpha1.LifeboatConfig, capacityChanged, now time.Time) Decision {
 	var d Decision
 	perCluster, perNode := limits(config)
 	active, outbound := 0, map[string]int{}
 	ahead, aheadOutbound := 0, map[string]int{} // migrations made ahead, waiting for a slot
+	preparing := map[string]int{}               // by source node: migrations with a slot whose target is not ready yet
 	var waiting []*v1alpha1.VirtualMachineInstanceMigration
 	migrating := map[string]bool{}                                       // VMI names (namespace/name) with an unfinished migration
 	failures := map[string][]*v1alpha1.VirtualMachineInstanceMigration{} // VMI UID → its failed migrations
@@ -122,6 +125,9 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 			}
 			active++
 			outbound[source]++
+			if targetPending(m) {
+				preparing[source]++
+			}
 		}
 	}
 
@@ -183,19 +189,32 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 			active++
 			outbound[node]++
 			if e.ahead == nil {
+				preparing[node]++
 				d.Create = append(d.Create, e.Candidate)
 				continue
+			}
+			if targetPending(e.ahead) {
+				preparing[node]++
 			}
 			ahead--
 			aheadOutbound[node]--
 			d.Release = append(d.Release, e.ahead)
-		case e.ahead == nil && ahead < perCluster && aheadOutbound[node] < perNode:
+		case e.ahead == nil && preparing[node] == 0 && ahead < perCluster && aheadOutbound[node] < perNode:
 			ahead++
 			aheadOutbound[node]++
 			d.Prepare = append(d.Prepare, e.Candidate)
 		}
 	}
 	return d
+}
+
+// targetPending reports whether an unfinished migration's target is not ready yet.
+func targetPending(m *v1alpha1.VirtualMachineInstanceMigration) bool {
+	switch m.Status.Phase {
+	case "", v1alpha1.MigrationPending, v1alpha1.MigrationScheduling, v1alpha1.MigrationScheduled, v1alpha1.MigrationPreparingTarget:
+		return true
+	}
+	return false
 }
 
 func limits(config *v1alpha1.LifeboatConfig) (perCluster, perNode int) {
