@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"io"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -21,7 +22,6 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
-	"io"
 
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -141,7 +141,9 @@ func TestAMigrationMadeAheadWaitsForItsSlot(t *testing.T) {
 	if _, err := cluster.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cluster.Kube.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = cluster.Kube.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	})
 	setParallelLimits(t, 5, 1)
 	startVMControllers(t)
 	source := startFakeNode(t, "ahead-source")
