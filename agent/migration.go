@@ -182,6 +182,10 @@ func (m *migrations) sync(ctx context.Context, key string) (time.Duration, error
 		return 0, nil
 	case mig.Status.TargetNode == node && mig.Status.Phase == v1alpha1.MigrationPreparingTarget:
 		return 0, m.prepareTarget(ctx, mig)
+	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationTargetReady && mig.WaitingForSlot():
+		// Made ahead of a free parallel-migration slot: its target is ready, and the evacuation
+		// controller's release of the slot (an update of the migration) brings it back here.
+		return 0, nil
 	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationTargetReady:
 		return 0, m.startSource(ctx, mig)
 	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationRunning:

@@ -11,8 +11,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
+	"time"
 
 	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
@@ -121,5 +123,42 @@ func TestATargetReadsTheMigrationsVMIOnce(t *testing.T) {
 	a.migrations.finishByKey("ns/mig")
 	if n := len(a.migrations.vmiUIDs); n != 0 {
 		t.Errorf("after the migration ended the agent still remembers %d VMIs for it", n)
+	}
+}
+
+// A migration made ahead of a free parallel-migration slot waits at TargetReady: its source
+// agent starts nothing (no call at all) until the evacuation controller gives it the slot.
+func TestASourceWaitsForItsSlot(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm"}}
+	vmi.Status.NodeName = "source"
+	mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"},
+		Status: v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: v1alpha1.MigrationTargetReady, SourceNode: "source", TargetNode: "target",
+			TargetProxy: &v1alpha1.MigrationProxy{Libvirt: "127.0.0.1:1", Memory: "127.0.0.1:2"},
+			Evacuation:  &v1alpha1.MigrationEvacuation{VMIUID: "uid-vm", WaitingForSlot: true}}}
+	a, client := newWritesAgent(t, "source", vmi, mig)
+	client.ClearActions()
+	if _, err := a.migrations.sync(t.Context(), "ns/mig"); err != nil {
+		t.Errorf("a migration waiting for its slot: %v; want it left to wait", err)
+	}
+	if acts := client.Actions(); len(acts) != 0 {
+		t.Errorf("the source agent made %d calls for a migration waiting for its slot, want none: %v", len(acts), acts)
+	}
+
+	// Given the slot, the source starts: here it finds no launcher to migrate from.
+	mig.Status.Evacuation.WaitingForSlot = false
+	if _, err := client.LifeboatV1alpha1().VirtualMachineInstanceMigrations("ns").UpdateStatus(t.Context(), mig, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		m, _ := a.migrations.get("ns", "mig")
+		return m != nil && !m.WaitingForSlot(), nil
+	})
+	if err != nil {
+		t.Fatal("the agent's informer does not show the slot given within 5s")
+	}
+	_, err = a.migrations.sync(t.Context(), "ns/mig")
+	if err == nil || !strings.Contains(err.Error(), "not connected") {
+		t.Errorf("given its slot, the source agent's start: %v; want it to try (and find no launcher connected)", err)
 	}
 }

@@ -33,7 +33,11 @@ const (
 	// ReasonAwaitingCapacity: no node took the VM's last target pod; lifeboat tries again when
 	// the nodes or their free capacity change.
 	ReasonAwaitingCapacity = "EvacuationAwaitingCapacity"
-	globalKey              = "evacuations"
+	// ReasonSlotGranted: a migration made ahead of a free slot got one and moves memory now.
+	ReasonSlotGranted = "EvacuationSlotGranted"
+	// ReasonWithdrawn: a migration made ahead went before it got a slot, its VMI no longer marked.
+	ReasonWithdrawn = "EvacuationMigrationWithdrawn"
+	globalKey       = "evacuations"
 )
 
 // Controller creates migrations for marked VMIs. The parallel limits are cluster-wide, so it
@@ -56,10 +60,17 @@ type Controller struct {
 	announced map[string]bool
 	// capacityChanged is when a node or a bound pod last changed in a way that could make room.
 	capacityChanged time.Time
-	// unseen are the migrations this controller created that its cache does not show yet
-	// (namespace/name → when created). Planning before they show would count too few running
+	// unseen are the migrations this controller created or gave a slot that its cache does not
+	// show so yet (namespace/name → when). Planning before they show would count too few running
 	// migrations and overrun the parallel limits.
-	unseen map[string]time.Time
+	unseen map[string]written
+}
+
+// written is a change to a migration this controller made: when, and whether it gave the
+// migration a slot (else it created it).
+type written struct {
+	at      time.Time
+	release bool
 }
 
 // Waiting for the cache to show created migrations: how often to look, and how long before
@@ -78,7 +89,7 @@ func New(lb lifeboatclient.Interface, vmis lifeboatinformers.VirtualMachineInsta
 			nodes.HasSynced, pods.HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "evacuation"}),
 		recorder: recorder, log: log.With("controller", "evacuation"), now: time.Now,
-		announced: map[string]bool{}, unseen: map[string]time.Time{},
+		announced: map[string]bool{}, unseen: map[string]written{},
 	}
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { c.queue.Add(globalKey) },
@@ -176,14 +187,25 @@ func (c *Controller) sync(ctx context.Context) (time.Duration, error) {
 	for _, a := range d.AwaitingCapacity {
 		c.announceAwaiting(a)
 	}
+	for _, m := range d.Withdraw {
+		errs = append(errs, c.withdraw(ctx, m))
+	}
+	// A slot to one made ahead before a new one: the freed slot's place is the first.
+	for _, m := range d.Release {
+		errs = append(errs, c.release(ctx, m))
+	}
 	for _, cand := range d.Create {
-		errs = append(errs, c.create(ctx, cand))
+		errs = append(errs, c.create(ctx, cand, false))
+	}
+	for _, cand := range d.Prepare {
+		errs = append(errs, c.create(ctx, cand, true))
 	}
 	return d.RetryAfter, errors.Join(errs...)
 }
 
-// create makes the migration and records its cause and deadline on it at once.
-func (c *Controller) create(ctx context.Context, cand Candidate) error {
+// create makes the migration and records its cause and deadline on it at once; ahead, it waits
+// for a slot before it moves memory.
+func (c *Controller) create(ctx context.Context, cand Candidate, ahead bool) error {
 	vmi := cand.VMI
 	m := &v1alpha1.VirtualMachineInstanceMigration{
 		ObjectMeta: metav1.ObjectMeta{
@@ -210,7 +232,7 @@ func (c *Controller) create(ctx context.Context, cand Candidate) error {
 	if cand.Deadline != nil {
 		msg += ", deadline " + cand.Deadline.UTC().Format(time.RFC3339)
 	}
-	if err := c.record(ctx, created, vmi); err != nil {
+	if err := c.record(ctx, created, vmi, ahead); err != nil {
 		// Unrecorded, it would pass for a person's migration: better none, and a retry.
 		if derr := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(created.Namespace).Delete(ctx, created.Name,
 			metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &created.UID}}); derr != nil && !apierrors.IsNotFound(derr) {
@@ -220,21 +242,78 @@ func (c *Controller) create(ctx context.Context, cand Candidate) error {
 		return fmt.Errorf("recording migration %s/%s as an evacuation's: %w", created.Namespace, created.Name, err)
 	}
 	c.mu.Lock()
-	c.unseen[created.Namespace+"/"+created.Name] = c.now()
+	c.unseen[created.Namespace+"/"+created.Name] = written{at: c.now()}
 	c.mu.Unlock()
-	c.recorder.Event(vmi, corev1.EventTypeNormal, ReasonMigrationCreated, msg+") to move the VM off node "+vmi.Status.NodeName)
-	c.log.Info("created evacuation migration", "vmi", vmi.Namespace+"/"+vmi.Name, "migration", created.Name, "cause", cand.Cause, "deadline", cand.Deadline)
+	msg += ") to move the VM off node " + vmi.Status.NodeName
+	if ahead {
+		msg += "; it prepares its target now and moves memory once one of the parallel-migration slots frees"
+	}
+	c.recorder.Event(vmi, corev1.EventTypeNormal, ReasonMigrationCreated, msg)
+	c.log.Info("created evacuation migration", "vmi", vmi.Namespace+"/"+vmi.Name, "migration", created.Name, "cause", cand.Cause, "deadline", cand.Deadline,
+		"waitingForSlot", ahead)
+	return nil
+}
+
+// release gives a migration made ahead its slot: its source agent may start moving memory.
+func (c *Controller) release(ctx context.Context, m *v1alpha1.VirtualMachineInstanceMigration) error {
+	client := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(m.Namespace)
+	m = m.DeepCopy()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if m.Status.Evacuation == nil {
+			return fmt.Errorf("migration %s has no evacuation record", m.Name)
+		}
+		m.Status.Evacuation.WaitingForSlot = false
+		_, err := client.UpdateStatus(ctx, m, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			fresh, gerr := client.Get(ctx, m.Name, metav1.GetOptions{})
+			if gerr != nil {
+				return gerr
+			}
+			if fresh.UID != m.UID {
+				return fmt.Errorf("migration %s was replaced", m.Name)
+			}
+			m = fresh
+		}
+		return err
+	})
+	if apierrors.IsNotFound(err) {
+		return nil // gone meanwhile: the next look counts without it
+	}
+	if err != nil {
+		return fmt.Errorf("giving migration %s/%s its slot: %w", m.Namespace, m.Name, err)
+	}
+	c.mu.Lock()
+	c.unseen[m.Namespace+"/"+m.Name] = written{at: c.now(), release: true}
+	c.mu.Unlock()
+	c.recorder.Eventf(m, corev1.EventTypeNormal, ReasonSlotGranted, "a parallel-migration slot freed on node %s: the migration moves memory once its target is ready", m.Status.SourceNode)
+	c.log.Info("gave a migration made ahead its slot", "migration", m.Namespace+"/"+m.Name, "vmi", m.Spec.VMIName, "phase", m.Status.Phase)
+	return nil
+}
+
+// withdraw deletes a migration made ahead whose VMI is no longer marked: it moved nothing, and
+// the migration controller deletes its target pod as it goes.
+func (c *Controller) withdraw(ctx context.Context, m *v1alpha1.VirtualMachineInstanceMigration) error {
+	err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(m.Namespace).Delete(ctx, m.Name,
+		metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &m.UID}})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("withdrawing migration %s/%s: %w", m.Namespace, m.Name, err)
+	}
+	c.recorder.Eventf(m, corev1.EventTypeNormal, ReasonWithdrawn, "VMI %s is no longer marked for evacuation; the migration made ahead goes before it moved any memory", m.Spec.VMIName)
+	c.log.Info("withdrew a migration made ahead", "migration", m.Namespace+"/"+m.Name, "vmi", m.Spec.VMIName)
 	return nil
 }
 
 // record writes, in the new migration's status, that this controller made it to evacuate vmi:
 // status is what no tenant can write, so this is what tells the migrations that count against
 // the evacuation limits from anyone else's. The migration controller may write the status first.
-func (c *Controller) record(ctx context.Context, m *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance) error {
+func (c *Controller) record(ctx context.Context, m *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, ahead bool) error {
 	client := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(m.Namespace)
 	m = m.DeepCopy()
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		m.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: string(vmi.UID)}
+		m.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: string(vmi.UID), WaitingForSlot: ahead}
 		_, err := client.UpdateStatus(ctx, m, metav1.UpdateOptions{})
 		if apierrors.IsConflict(err) {
 			fresh, gerr := client.Get(ctx, m.Name, metav1.GetOptions{})
@@ -251,13 +330,16 @@ func (c *Controller) record(ctx context.Context, m *v1alpha1.VirtualMachineInsta
 }
 
 // awaitingCache reports whether a migration this controller created is not in its cache yet
-// with its record: without the record it would not count against the limits.
+// with its record, or one it gave a slot does not show it yet: it would count against the wrong
+// limits.
 func (c *Controller) awaitingCache() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for key, created := range c.unseen {
+	for key, w := range c.unseen {
 		ns, name, _ := cache.SplitMetaNamespaceKey(key)
-		if m, err := c.migrations.VirtualMachineInstanceMigrations(ns).Get(name); (err == nil && m.EvacuatedVMI() != "") || c.now().Sub(created) > cacheMaxWait {
+		m, err := c.migrations.VirtualMachineInstanceMigrations(ns).Get(name)
+		shows := err == nil && m.EvacuatedVMI() != "" && (!w.release || !m.WaitingForSlot())
+		if shows || apierrors.IsNotFound(err) && w.release || c.now().Sub(w.at) > cacheMaxWait {
 			delete(c.unseen, key)
 		}
 	}

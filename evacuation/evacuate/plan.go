@@ -3,6 +3,11 @@
 // migrating and whose eviction strategy allows a migration, it creates a
 // VirtualMachineInstanceMigration that records why (the cause) and, for node pressure, by when
 // (the deadline), within the cluster's parallel-migration limits and most urgent first.
+//
+// The limits bound the migrations that move memory. Beyond them, as many again may be made
+// ahead, waiting for a slot (status.evacuation.waitingForSlot): their target pods are scheduled
+// and their launchers started while the running migrations move memory, so that a freed slot
+// goes to a migration whose target is ready instead of one that starts a launcher first.
 package evacuate
 
 import (
@@ -23,12 +28,22 @@ type Candidate struct {
 	Deadline *metav1.Time
 	// markedAt is when the mark was set (the EvictionRequested condition's transition).
 	markedAt time.Time
+	// madeAhead: the VMI's migration exists, made ahead of a free slot.
+	madeAhead bool
 }
 
 // Decision is what one look at the cluster concludes.
 type Decision struct {
 	// Create are the candidates to create migrations for now, most urgent first.
 	Create []Candidate
+	// Prepare are the candidates to create migrations for ahead of a free slot, most urgent
+	// first: they prepare their targets and wait for a slot before moving memory.
+	Prepare []Candidate
+	// Release are migrations made ahead that now have a slot and may move memory.
+	Release []*v1alpha1.VirtualMachineInstanceMigration
+	// Withdraw are migrations made ahead whose VMI is no longer marked (or gone) before they got
+	// a slot: they have moved nothing, and go with their target pods.
+	Withdraw []*v1alpha1.VirtualMachineInstanceMigration
 	// External are marked VMIs left to an external controller.
 	External []*v1alpha1.VirtualMachineInstance
 	// RetryAfter, if positive, is when a candidate held back by its backoff becomes due.
@@ -59,16 +74,27 @@ const (
 // time a node came, changed what it accepts, or had a pod end: a VMI whose last migration found no
 // node for its target is retried only after such a change (and its backoff), since nothing else
 // could place the target now.
+//
+// Within the limits go, most urgent first, migrations made ahead (Release) and new ones
+// (Create); beyond them, up to as many again per node and in the cluster are made ahead
+// (Prepare). A more urgent new candidate (an earlier deadline, a more pressing cause) takes a
+// freed slot before one made ahead; among equals, the one made ahead goes first, or it would
+// hold its prepared target while later ones pass it. Migrations are made ahead from a node only
+// once those with its slots have their targets ready: made together, the targets would compete
+// for the target node's CPU with the ones that can move memory first.
 func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.VirtualMachineInstanceMigration, config *v1alpha1.LifeboatConfig, capacityChanged, now time.Time) Decision {
 	var d Decision
 	perCluster, perNode := limits(config)
 	active, outbound := 0, map[string]int{}
+	ahead, aheadOutbound := 0, map[string]int{} // migrations made ahead, waiting for a slot
+	preparing := map[string]int{}               // by source node: migrations with a slot whose target is not ready yet
+	var waiting []*v1alpha1.VirtualMachineInstanceMigration
 	migrating := map[string]bool{}                                       // VMI names (namespace/name) with an unfinished migration
 	failures := map[string][]*v1alpha1.VirtualMachineInstanceMigration{} // VMI UID → its failed migrations
 	failedUIDs := map[string]bool{}                                      // UIDs of migrations that failed
-	nodeOf := map[string]string{}                                        // VMI names (namespace/name) → node
+	byKey := map[string]*v1alpha1.VirtualMachineInstance{}               // VMI names (namespace/name) → VMI
 	for _, vmi := range vmis {
-		nodeOf[vmi.Namespace+"/"+vmi.Name] = vmi.Status.NodeName
+		byKey[vmi.Namespace+"/"+vmi.Name] = vmi
 	}
 	for _, m := range migrations {
 		key := m.Namespace + "/" + m.Spec.VMIName
@@ -88,15 +114,39 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 			// A migration the migration controller has not picked up yet has no source node in
 			// its status: it leaves from where its VMI runs.
 			source := m.Status.SourceNode
-			if source == "" {
-				source = nodeOf[key]
+			if source == "" && byKey[key] != nil {
+				source = byKey[key].Status.NodeName
+			}
+			if m.WaitingForSlot() {
+				ahead++
+				aheadOutbound[source]++
+				waiting = append(waiting, m)
+				continue
 			}
 			active++
 			outbound[source]++
+			if targetPending(m) {
+				preparing[source]++
+			}
 		}
 	}
 
-	var candidates []Candidate
+	// Each candidate, and each migration made ahead with its VMI's urgency.
+	type entry struct {
+		Candidate
+		ahead *v1alpha1.VirtualMachineInstanceMigration // nil: a new candidate
+	}
+	var entries []entry
+	for _, m := range waiting {
+		vmi := byKey[m.Namespace+"/"+m.Spec.VMIName]
+		if vmi == nil || string(vmi.UID) != string(m.EvacuatedVMI()) || !marked(vmi) || vmi.DeletionTimestamp != nil {
+			d.Withdraw = append(d.Withdraw, m)
+			continue
+		}
+		c := candidate(vmi)
+		c.madeAhead = true
+		entries = append(entries, entry{Candidate: c, ahead: m})
+	}
 	for _, vmi := range vmis {
 		if !marked(vmi) || migrating[vmi.Namespace+"/"+vmi.Name] || openMigration(vmi, failedUIDs) || vmi.DeletionTimestamp != nil {
 			continue
@@ -125,22 +175,46 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 			}
 			continue
 		}
-		candidates = append(candidates, c)
+		entries = append(entries, entry{Candidate: c})
 	}
-	slices.SortStableFunc(candidates, orderedBy(earliestDeadline, causePriority, markedFirst, byName))
-	for _, c := range candidates {
-		node := c.VMI.Status.NodeName
-		if active >= perCluster {
-			break
+	order := orderedBy(earliestDeadline, causePriority, madeAheadFirst, markedFirst, byName)
+	slices.SortStableFunc(entries, func(a, b entry) int { return order(a.Candidate, b.Candidate) })
+	for _, e := range entries {
+		node := e.VMI.Status.NodeName
+		if e.ahead != nil && e.ahead.Status.SourceNode != "" {
+			node = e.ahead.Status.SourceNode
 		}
-		if outbound[node] >= perNode {
-			continue
+		switch {
+		case active < perCluster && outbound[node] < perNode:
+			active++
+			outbound[node]++
+			if e.ahead == nil {
+				preparing[node]++
+				d.Create = append(d.Create, e.Candidate)
+				continue
+			}
+			if targetPending(e.ahead) {
+				preparing[node]++
+			}
+			ahead--
+			aheadOutbound[node]--
+			d.Release = append(d.Release, e.ahead)
+		case e.ahead == nil && preparing[node] == 0 && ahead < perCluster && aheadOutbound[node] < perNode:
+			ahead++
+			aheadOutbound[node]++
+			d.Prepare = append(d.Prepare, e.Candidate)
 		}
-		active++
-		outbound[node]++
-		d.Create = append(d.Create, c)
 	}
 	return d
+}
+
+// targetPending reports whether an unfinished migration's target is not ready yet.
+func targetPending(m *v1alpha1.VirtualMachineInstanceMigration) bool {
+	switch m.Status.Phase {
+	case "", v1alpha1.MigrationPending, v1alpha1.MigrationScheduling, v1alpha1.MigrationScheduled, v1alpha1.MigrationPreparingTarget:
+		return true
+	}
+	return false
 }
 
 func limits(config *v1alpha1.LifeboatConfig) (perCluster, perNode int) {
@@ -265,6 +339,17 @@ func causePriority(a, b Candidate) int {
 		return 3
 	}
 	return cmp.Compare(rank(a.Cause), rank(b.Cause))
+}
+
+// madeAheadFirst: a candidate whose migration was made ahead (its target prepared) goes first.
+func madeAheadFirst(a, b Candidate) int {
+	switch {
+	case a.madeAhead == b.madeAhead:
+		return 0
+	case a.madeAhead:
+		return -1
+	}
+	return 1
 }
 
 func markedFirst(a, b Candidate) int { return a.markedAt.Compare(b.markedAt) }

@@ -88,6 +88,12 @@ func unschedulable(m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.Virtua
 	return m
 }
 
+// madeAhead marks an evacuation migration as made ahead of a free slot.
+func madeAhead(m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMachineInstanceMigration {
+	m.Status.Evacuation.WaitingForSlot = true
+	return m
+}
+
 func config(perCluster, perNode int32) *v1alpha1.LifeboatConfig {
 	return &v1alpha1.LifeboatConfig{Spec: v1alpha1.LifeboatConfigSpec{Migrations: v1alpha1.MigrationsConfig{
 		ParallelMigrationsPerCluster: ptr.To(perCluster), ParallelOutboundMigrationsPerNode: ptr.To(perNode),
@@ -106,6 +112,9 @@ func TestPlan(t *testing.T) {
 		// capacityChanged is how long ago a node or pod last made room; 0: never.
 		capacityChanged time.Duration
 		awaiting        []string
+		// prepare are the candidates made ahead ("name:cause"); release and withdraw the
+		// migrations made ahead that get a slot or go.
+		prepare, release, withdraw []string
 	}{
 		{name: "a marked LiveMigrate VMI gets a migration with its cause",
 			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 30)}, want: []string{"a:NodePressure"}},
@@ -150,7 +159,7 @@ func TestPlan(t *testing.T) {
 		{name: "running migrations count against the limits",
 			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 10), markedVMI("b", "n2", "NodePressure", 20)},
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("x", "n1", v1alpha1.MigrationRunning, 0), migration("y", "n3", v1alpha1.MigrationScheduling, 0)},
-			config:     config(3, 1), want: []string{"b:NodePressure"}},
+			config:     config(3, 1), want: []string{"b:NodePressure"}, prepare: []string{"a:NodePressure"}},
 		{name: "a migration not picked up yet counts against the node its VMI runs on",
 			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "Drain", 0), markedVMI("b", "n1", "Drain", 0), markedVMI("c", "n2", "Drain", 0)},
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "", "", 0)},
@@ -196,6 +205,62 @@ func TestPlan(t *testing.T) {
 			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 60)},
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationFailed, 2*time.Minute)},
 			want:       []string{"a:NodePressure"}},
+		{name: "a drain of ten starts with two; none made ahead while their targets are not ready",
+			vmis: drainOf(10), config: config(5, 2), want: []string{"d0:Drain", "d1:Drain"}},
+		{name: "a target still preparing holds back those made ahead from its node only",
+			vmis: append(drainOf(4)[2:], markedVMI("x", "n2", "Drain", 0)),
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				migration("d0", "n1", v1alpha1.MigrationRunning, 0), migration("d1", "n1", v1alpha1.MigrationPreparingTarget, 0),
+				migration("w", "n2", v1alpha1.MigrationRunning, 0),
+			},
+			config: config(5, 1), prepare: []string{"x:Drain"}},
+		{name: "once their targets are ready, two more are made ahead while they move memory",
+			vmis: drainOf(10)[2:],
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				migration("d0", "n1", v1alpha1.MigrationRunning, 0), migration("d1", "n1", v1alpha1.MigrationTargetReady, 0),
+			},
+			config: config(5, 2), prepare: []string{"d2:Drain", "d3:Drain"}},
+		{name: "made ahead is bounded by the cluster's limit as well as the node's",
+			vmis: append(drainOf(3), markedVMI("x", "n2", "Drain", 0), markedVMI("y", "n2", "Drain", 0), markedVMI("z", "n2", "Drain", 0)),
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				migration("p", "n1", v1alpha1.MigrationRunning, 0), migration("q", "n2", v1alpha1.MigrationRunning, 0),
+			},
+			config: config(2, 2), prepare: []string{"d0:Drain", "x:Drain"}},
+		{name: "while the slots are taken, those made ahead wait and no more are made",
+			vmis: drainOf(6),
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				migration("d0", "n1", v1alpha1.MigrationRunning, 0), migration("d1", "n1", v1alpha1.MigrationRunning, 0),
+				madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0)), madeAhead(migration("d3", "n1", v1alpha1.MigrationScheduled, 0)),
+			},
+			config: config(5, 2)},
+		{name: "a freed slot goes to the one made ahead, and another is made ahead in its place",
+			vmis: drainOf(6)[1:],
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				migration("d0", "n1", v1alpha1.MigrationSucceeded, time.Second), migration("d1", "n1", v1alpha1.MigrationRunning, 0),
+				madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0)), madeAhead(migration("d3", "n1", v1alpha1.MigrationScheduled, 0)),
+			},
+			config: config(5, 2), release: []string{"d2-mig"}, prepare: []string{"d4:Drain"}},
+		{name: "a freed slot goes to one made ahead before a new one marked earlier",
+			vmis: drainOf(6)[1:],
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				migration("d0", "n1", v1alpha1.MigrationSucceeded, time.Second), migration("d1", "n1", v1alpha1.MigrationRunning, 0),
+				madeAhead(migration("d5", "n1", v1alpha1.MigrationScheduled, 0)), madeAhead(migration("d4", "n1", v1alpha1.MigrationTargetReady, 0)),
+			},
+			config: config(5, 2), release: []string{"d4-mig"}, prepare: []string{"d2:Drain"}},
+		{name: "a freed slot goes to node pressure before a drain made ahead",
+			vmis: append(drainOf(4), markedVMI("hot", "n1", "NodePressure", 30)),
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				migration("d0", "n1", v1alpha1.MigrationRunning, 0),
+				madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0)), madeAhead(migration("d3", "n1", v1alpha1.MigrationTargetReady, 0)),
+			},
+			config: config(5, 2), want: []string{"hot:NodePressure"}},
+		{name: "made ahead for a VMI no longer marked, or gone: withdrawn; no other made ahead until they are gone",
+			vmis: append(drainOf(4)[1:2], markedVMI("d2", "n1", "Drain", 0, unmarked), markedVMI("d4", "n1", "Drain", 0)),
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				migration("d0", "n1", v1alpha1.MigrationRunning, 0), migration("d1", "n1", v1alpha1.MigrationRunning, 0),
+				madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0)), madeAhead(migration("d3", "n1", v1alpha1.MigrationTargetReady, 0)),
+			},
+			config: config(5, 2), withdraw: []string{"d2-mig", "d3-mig"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -204,9 +269,18 @@ func TestPlan(t *testing.T) {
 				changed = now.Add(-tc.capacityChanged)
 			}
 			d := Plan(tc.vmis, tc.migrations, tc.config, changed, now)
-			var got, external, awaiting []string
+			var got, external, awaiting, prepare, release, withdraw []string
 			for _, c := range d.Create {
 				got = append(got, fmt.Sprintf("%s:%s", c.VMI.Name, c.Cause))
+			}
+			for _, c := range d.Prepare {
+				prepare = append(prepare, fmt.Sprintf("%s:%s", c.VMI.Name, c.Cause))
+			}
+			for _, m := range d.Release {
+				release = append(release, m.Name)
+			}
+			for _, m := range d.Withdraw {
+				withdraw = append(withdraw, m.Name)
 			}
 			for _, v := range d.External {
 				external = append(external, v.Name)
@@ -219,6 +293,20 @@ func TestPlan(t *testing.T) {
 				t.Errorf("create %v external %v retryAfter %s awaiting %v; want %v %v %s %v", got, external, d.RetryAfter, awaiting,
 					tc.want, tc.external, tc.retryAfter, tc.awaiting)
 			}
+			if fmt.Sprint(prepare) != fmt.Sprint(tc.prepare) || fmt.Sprint(release) != fmt.Sprint(tc.release) || fmt.Sprint(withdraw) != fmt.Sprint(tc.withdraw) {
+				t.Errorf("prepare %v release %v withdraw %v; want %v %v %v", prepare, release, withdraw, tc.prepare, tc.release, tc.withdraw)
+			}
 		})
 	}
+}
+
+// drainOf is n VMIs d0, d1, ... on node n1 marked for a drain, d0 first.
+func drainOf(n int) []*v1alpha1.VirtualMachineInstance {
+	var vmis []*v1alpha1.VirtualMachineInstance
+	for i := range n {
+		vmis = append(vmis, markedVMI(fmt.Sprintf("d%d", i), "n1", "Drain", 0, func(v *v1alpha1.VirtualMachineInstance) {
+			v.Status.Conditions[1].LastTransitionTime = metav1.NewTime(now.Add(-time.Minute + time.Duration(i)*time.Millisecond))
+		}))
+	}
+	return vmis
 }

@@ -20,6 +20,9 @@ var (
 	deadlineDesc = prometheus.NewDesc("lifeboat_migration_deadline_timestamp_seconds",
 		"When each migration that has not ended must have moved its guest off its source node (Unix time); migrations without a deadline are not listed.",
 		[]string{"namespace", "migration", "vmi", "cause", "source_node"}, nil)
+	waitingDesc = prometheus.NewDesc("lifeboat_migrations_waiting_for_slot",
+		"Evacuation migrations made ahead of a free parallel-migration slot that wait for one, by source node: their targets are prepared, their memory not moving yet.",
+		[]string{"source_node"}, nil)
 )
 
 // cacheCollector reads the migrations from the controller's cache at each scrape, so the
@@ -31,6 +34,7 @@ type cacheCollector struct {
 func (c cacheCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- migrationsDesc
 	ch <- deadlineDesc
+	ch <- waitingDesc
 }
 
 func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
@@ -41,8 +45,12 @@ func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	type key struct{ cause, phase string }
 	counts := map[key]int{}
+	waiting := map[string]int{}
 	for _, m := range list {
 		counts[key{string(m.Status.Cause), string(m.Status.Phase)}]++
+		if m.WaitingForSlot() && !m.Status.Phase.Terminal() {
+			waiting[m.Status.SourceNode]++
+		}
 		if m.Status.Deadline != nil && !m.Status.Phase.Terminal() {
 			ch <- prometheus.MustNewConstMetric(deadlineDesc, prometheus.GaugeValue, float64(m.Status.Deadline.Unix()),
 				m.Namespace, m.Name, m.Spec.VMIName, string(m.Status.Cause), m.Status.SourceNode)
@@ -50,6 +58,9 @@ func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(migrationsDesc, prometheus.GaugeValue, float64(n), k.cause, k.phase)
+	}
+	for node, n := range waiting {
+		ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(n), node)
 	}
 }
 

@@ -21,6 +21,12 @@ func migrationIn(name string, cause v1alpha1.MigrationCause, phase v1alpha1.Virt
 	return m
 }
 
+// madeAhead records m as an evacuation's migration made ahead of a free slot.
+func madeAhead(m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMachineInstanceMigration {
+	m.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: "uid-" + m.Name, WaitingForSlot: true}
+	return m
+}
+
 func TestMigrationsAreCountedByCauseAndPhaseWithTheDeadlinesOfThoseUnderWay(t *testing.T) {
 	deadline := metav1.NewTime(time.Unix(1_800_000_000, 0))
 	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
@@ -29,6 +35,7 @@ func TestMigrationsAreCountedByCauseAndPhaseWithTheDeadlinesOfThoseUnderWay(t *t
 		migrationIn("pending", v1alpha1.MigrationCauseNodePressure, v1alpha1.MigrationPending, &deadline),
 		migrationIn("drain", v1alpha1.MigrationCauseDrain, v1alpha1.MigrationRunning, nil),
 		migrationIn("done", v1alpha1.MigrationCauseNodePressure, v1alpha1.MigrationSucceeded, &deadline),
+		madeAhead(migrationIn("ahead", v1alpha1.MigrationCauseDrain, v1alpha1.MigrationTargetReady, nil)),
 	} {
 		if err := indexer.Add(m); err != nil {
 			t.Fatal(err)
@@ -43,9 +50,13 @@ lifeboat_migration_deadline_timestamp_seconds{cause="NodePressure",migration="ru
 # HELP lifeboat_migrations Migrations that exist, by cause and phase (Succeeded and Failed ones until they are deleted).
 # TYPE lifeboat_migrations gauge
 lifeboat_migrations{cause="Drain",phase="Running"} 1
+lifeboat_migrations{cause="Drain",phase="TargetReady"} 1
 lifeboat_migrations{cause="NodePressure",phase="Pending"} 1
 lifeboat_migrations{cause="NodePressure",phase="Running"} 1
 lifeboat_migrations{cause="NodePressure",phase="Succeeded"} 1
+# HELP lifeboat_migrations_waiting_for_slot Evacuation migrations made ahead of a free parallel-migration slot that wait for one, by source node: their targets are prepared, their memory not moving yet.
+# TYPE lifeboat_migrations_waiting_for_slot gauge
+lifeboat_migrations_waiting_for_slot{source_node="node-a"} 1
 `
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want)); err != nil {
 		t.Error(err)

@@ -279,6 +279,9 @@ func progressMessage(o Observation) string {
 		if m.Status.Mode != "" {
 			msg += fmt.Sprintf(" (%s)", m.Status.Mode)
 		}
+		if m.WaitingForSlot() {
+			msg += ", made ahead: it waits for a free parallel-migration slot to move memory"
+		}
 	}
 	return truncate(msg + "; requested by " + requesters(o.Eviction))
 }

@@ -268,6 +268,9 @@ type drainAttempt struct {
 	vmi, pod, failure string
 	created           time.Time
 	phases            map[v1alpha1.VirtualMachineInstanceMigrationPhase]time.Time
+	// ahead: the migration was made ahead of a free slot; released is when it was given one.
+	ahead    bool
+	released time.Time
 }
 
 // ended is when the attempt succeeded or failed, and whether it did.
@@ -329,6 +332,11 @@ func (w *drainWatch) migration(obj any) {
 	}
 	if m.Status.Phase == v1alpha1.MigrationFailed {
 		a.failure = m.Status.FailureReason
+	}
+	if m.WaitingForSlot() {
+		a.ahead = true
+	} else if a.ahead && a.released.IsZero() && m.Status.Evacuation != nil {
+		a.released = now
 	}
 	if m.Status.TargetPod != "" {
 		a.pod = m.Status.TargetPod
@@ -417,6 +425,7 @@ func (w *drainWatch) report(b *testing.B, marked, libvirtEnd map[string]time.Tim
 		endToVMI = append(endToVMI, w.moved[vmi].Sub(end))
 	}
 	markToVMIM = w.queueFree(marked)
+	slotIdle := w.slotIdle(marked)
 	var sum time.Duration
 	for _, d := range migration {
 		sum += d
@@ -431,6 +440,7 @@ func (w *drainWatch) report(b *testing.B, marked, libvirtEnd map[string]time.Tim
 	}{
 		{"ms-mark-or-free-slot-to-vmim", markToVMIM}, {"ms-vmim-to-pod", vmimToPod}, {"ms-pod-to-targetready", podToReady},
 		{"ms-targetready-to-running", readyToRunning}, {"ms-libvirt-end-to-vmi", endToVMI}, {"ms-migration", migration},
+		{"ms-mark-or-free-slot-to-running", slotIdle},
 	}
 	// Printed rather than logged: the node harness's logs would crowd these out of the
 	// benchmark's truncated log.
@@ -508,18 +518,48 @@ func (w *drainWatch) reportAttempts(b *testing.B, vms int) {
 func (w *drainWatch) printTimeline(first time.Time, libvirtEnd map[string]time.Time) {
 	vmis := slices.SortedFunc(maps.Keys(w.vmim), func(a, b string) int { return w.vmim[a].Compare(w.vmim[b]) })
 	at := func(t time.Time) string { return fmt.Sprintf("%6.1f", t.Sub(first).Seconds()) }
-	fmt.Println("drain: vmi       vmim  t-pod  ready running libvirt-end  moved succeeded")
+	fmt.Println("drain: vmi       vmim  t-pod  ready   slot running libvirt-end  moved succeeded")
 	for _, v := range vmis {
 		a := w.succeeded(v)
 		ph := a.phases
-		fmt.Printf("drain: %-8s %s %s %s %s %s %s %s\n", v, at(a.created), at(w.pods[a.pod]), at(ph[v1alpha1.MigrationTargetReady]),
+		slot := "     -" // made with its slot
+		if a.ahead {
+			slot = at(a.released)
+		}
+		fmt.Printf("drain: %-8s %s %s %s %s %s %s %s %s\n", v, at(a.created), at(w.pods[a.pod]), at(ph[v1alpha1.MigrationTargetReady]), slot,
 			at(ph[v1alpha1.MigrationRunning]), at(libvirtEnd[v]), at(w.moved[v]), at(ph[v1alpha1.MigrationSucceeded]))
 	}
 }
 
+// slotIdle is, for each migration in the order they started moving memory, how long its slot
+// stood idle: from the mark for the first drainParallel, from the end (phase Succeeded) of the
+// migration whose slot it took for the others, to its phase Running. A migration made ahead of a
+// free slot (its VMIM and target earlier) counts from the slot, as one made then does.
+func (w *drainWatch) slotIdle(marked map[string]time.Time) []time.Duration {
+	var running, freed []time.Time
+	first := slices.MinFunc(mapValues(marked), time.Time.Compare)
+	for vmi := range marked {
+		a := w.succeeded(vmi)
+		running = append(running, a.phases[v1alpha1.MigrationRunning])
+		freed = append(freed, a.phases[v1alpha1.MigrationSucceeded])
+	}
+	slices.SortFunc(running, time.Time.Compare)
+	slices.SortFunc(freed, time.Time.Compare)
+	out := make([]time.Duration, len(running))
+	for i, r := range running {
+		from := first
+		if i >= drainParallel {
+			from = freed[i-drainParallel]
+		}
+		out[i] = r.Sub(from)
+	}
+	return out
+}
+
 // queueFree is, for each migration, the time from when it could be made to when it was: from
 // the mark for the first drainParallel, from the end (phase Succeeded) of the migration whose
-// slot it took for the others, which wait in the evacuation controller's queue.
+// slot it took for the others, which wait in the evacuation controller's queue; negative for a
+// migration made ahead of its slot.
 func (w *drainWatch) queueFree(marked map[string]time.Time) []time.Duration {
 	type created struct {
 		vmi string

@@ -108,6 +108,18 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 	wantForbidden(t, "node A's agent recording its migration as an evacuation's", writeMigration(agentA, func(m *v1alpha1.VirtualMachineInstanceMigration) {
 		m.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: "uid-of-a-vm"}
 	}), "the agent of node restrict-a may not change the evacuation record of migration m")
+	// A migration made ahead of a free slot: its source agent may write its phase, not give it a slot.
+	if err := writeMigration(cluster.Lifeboat, func(m *v1alpha1.VirtualMachineInstanceMigration) {
+		m.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: string(vmi.UID), WaitingForSlot: true}
+	}); err != nil {
+		t.Fatalf("the controller recording the migration as made ahead: %v", err)
+	}
+	if err := writeMigration(agentA, func(m *v1alpha1.VirtualMachineInstanceMigration) { m.Status.Mode = v1alpha1.MigrationModePreCopy }); err != nil {
+		t.Errorf("node A's agent writing a migration made ahead: %v", err)
+	}
+	wantForbidden(t, "node A's agent giving its migration a slot", writeMigration(agentA, func(m *v1alpha1.VirtualMachineInstanceMigration) {
+		m.Status.Evacuation.WaitingForSlot = false
+	}), "the agent of node restrict-a may not give migration m a parallel-migration slot")
 
 	// The migration moves the VMI to node B: B's agent may write it from then on, and A's not.
 	if err := writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) {

@@ -70,6 +70,12 @@ func (m *VirtualMachineInstanceMigration) EvacuatedVMI() types.UID {
 	return types.UID(m.Status.Evacuation.VMIUID)
 }
 
+// WaitingForSlot reports whether m is an evacuation's migration made ahead of a free
+// parallel-migration slot, whose memory transfer must not start yet.
+func (m *VirtualMachineInstanceMigration) WaitingForSlot() bool {
+	return m.Status.Evacuation != nil && m.Status.Evacuation.WaitingForSlot
+}
+
 // ClaimInfo is what statuses record of volume's claim, or nil.
 func ClaimInfo(statuses []VolumeStatus, volume string) *PersistentVolumeClaimInfo {
 	for _, s := range statuses {

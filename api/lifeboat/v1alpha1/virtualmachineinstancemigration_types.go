@@ -128,6 +128,14 @@ type MigrationEvacuation struct {
 	// VMIUID is the UID of the VMI the migration moves off its node.
 	// +kubebuilder:validation:MinLength=1
 	VMIUID string `json:"vmiUID"`
+	// WaitingForSlot is true while the migration waits for one of the parallel-migration slots
+	// (spec.migrations.parallelMigrationsPerCluster, parallelOutboundMigrationsPerNode): the
+	// evacuation controller made it ahead of a free slot so that its target (pod, launcher,
+	// libvirt) is ready when one frees. Its source agent starts no memory transfer until the
+	// controller clears this; until then the VM is untouched and the migration stops at
+	// TargetReady.
+	// +optional
+	WaitingForSlot bool `json:"waitingForSlot,omitempty"`
 }
 
 // MigrationProgress is a running migration's transfer, as libvirt reports it.
