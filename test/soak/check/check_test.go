@@ -169,23 +169,23 @@ func TestTheCheckerCatchesEachStagedFailure(t *testing.T) {
 		},
 		want: NotRunning, says: "without an instance once the cluster settled",
 	}, {
-		name: "a mark stays past its limit",
+		name:  "a mark stays past its limit",
 		stage: func(h *History) { holdFor(h, Hold{HoldMark, "ns/a@n1"}, 6*time.Minute) },
 		want:  Stuck, says: "mark ns/a@n1 held since",
 	}, {
-		name: "a migration stays unended past its limit",
+		name:  "a migration stays unended past its limit",
 		stage: func(h *History) { holdFor(h, Hold{HoldMigration, "ns/m2"}, 6*time.Minute) },
 		want:  Stuck, says: "migration ns/m2 held",
 	}, {
-		name: "a budget stays expanded past its limit",
+		name:  "a budget stays expanded past its limit",
 		stage: func(h *History) { holdFor(h, Hold{HoldBudget, "ns/a"}, 6*time.Minute) },
 		want:  Stuck, says: "budget ns/a held",
 	}, {
-		name: "a target pod stays pending past its limit",
+		name:  "a target pod stays pending past its limit",
 		stage: func(h *History) { holdFor(h, Hold{HoldTargetPod, "ns/a-target"}, 6*time.Minute) },
 		want:  Stuck, says: "target-pod ns/a-target held",
 	}, {
-		name: "a cordon the user did not make stays past its limit",
+		name:  "a cordon the user did not make stays past its limit",
 		stage: func(h *History) { holdFor(h, Hold{HoldCordon, "n2"}, 3*time.Minute) },
 		want:  Stuck, says: "cordon n2 held",
 	}, {

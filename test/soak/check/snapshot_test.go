@@ -7,15 +7,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
 
 func TestSnapshotOf(t *testing.T) {
-	meta := func(name string) metav1.ObjectMeta { return metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name)} }
+	meta := func(name string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name)}
+	}
 	vm := func(name string, rs v1alpha1.RunStrategy, es v1alpha1.EvictionStrategy) v1alpha1.VirtualMachine {
 		v := v1alpha1.VirtualMachine{ObjectMeta: meta(name), Spec: v1alpha1.VirtualMachineSpec{RunStrategy: rs}}
 		v.Spec.Template.Spec.EvictionStrategy = ptr.To(es)
