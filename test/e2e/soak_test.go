@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -105,7 +104,16 @@ func TestSoak(t *testing.T) {
 	if err := wait.PollUntilContextTimeout(context.Background(), time.Second, bootTimeout, true, func(context.Context) (bool, error) {
 		return r.allCounting(), nil
 	}); err != nil {
-		t.Fatalf("not every guest counts on its console within %s", bootTimeout)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, n := range nodes {
+			paths, _ := filepath.Glob(filepath.Join(n.HostPath("/var/run/lifeboat"), "domains", "*", "console.log"))
+			for _, p := range paths {
+				b, _ := os.ReadFile(p)
+				t.Logf("console %s:\n%s", p, tail(string(b), 5))
+			}
+		}
+		t.Fatalf("not every guest counts on its console within %s: instances %v, last counters %v", bootTimeout, r.vmOf, r.lastCounter)
 	}
 
 	start := time.Now()
@@ -291,7 +299,7 @@ func (r *soakRun) readConsole(nodeName, instance, path string) {
 		return
 	}
 	now := time.Now()
-	counter, through, errs := parseConsole(string(b))
+	counter, through, errs := soak.ParseConsole(string(b))
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	vm, ok := r.vmOf[instance]
@@ -314,32 +322,6 @@ func (r *soakRun) readConsole(nodeName, instance, path string) {
 		r.counting[vm] = now
 	}
 	r.lastCounter[stream] = counter
-}
-
-// parseConsole reads a console log: its last counter line (a reboot shows as the counter going
-// back), the longest journal it said was intact, and its disk error lines.
-func parseConsole(console string) (counter, through int, errs []string) {
-	lines := strings.Split(strings.ReplaceAll(console, "\r\n", "\n"), "\n")
-	for _, line := range lines {
-		if n, ok := strings.CutPrefix(line, protocol.CounterPrefix); ok {
-			if v, err := strconv.Atoi(n); err == nil {
-				counter = v
-			}
-			continue
-		}
-		if rest, ok := strings.CutPrefix(line, protocol.DiskPrefix); ok {
-			if _, journal, ok := strings.Cut(rest, ": journal 1.."); ok {
-				if v, err := strconv.Atoi(strings.TrimSuffix(journal, " intact")); err == nil {
-					through = v
-				}
-			}
-			continue
-		}
-		if rest, ok := strings.CutPrefix(line, protocol.ErrorPrefix); ok && strings.HasPrefix(rest, "disk ") {
-			errs = append(errs, rest)
-		}
-	}
-	return counter, through, errs
 }
 
 // allCounting says every VM's counter rose within the last few seconds, on whichever console.
@@ -459,7 +441,7 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Restart: true})
 		r.setRunStrategy(name, v1alpha1.RunStrategyHalted)
 		later(func() {
-			r.record(check.Action{Kind: "vm-start", VM: vmName, Restart: true})
+			r.record(check.Action{Kind: "vm-start", VM: vmName, Restart: true, Ends: string(s.Kind)})
 			r.setRunStrategy(name, v1alpha1.RunStrategyAlways)
 		})
 	case soak.Bandwidth, soak.PostCopy:
@@ -480,11 +462,11 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 		}
 		r.record(check.Action{Kind: string(s.Kind), Node: n.Name()})
 		n.agent.Kill()
-		later(func() { r.restart(n.agent) })
+		later(func() { r.restart(n.agent, s.Kind) })
 	case soak.ControllerKill:
 		r.record(check.Action{Kind: string(s.Kind)})
 		r.ctrl.Kill()
-		later(func() { r.restart(r.ctrl.proc) })
+		later(func() { r.restart(r.ctrl.proc, s.Kind) })
 	case soak.LibvirtdKill, soak.QEMUKill:
 		pod, tn := r.runningPod(name)
 		if pod == nil {
@@ -505,7 +487,7 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 		r.record(check.Action{Kind: string(s.Kind), Node: n.Name()})
 		stopped := freezeNode(r.t, n)
 		later(func() {
-			r.record(check.Action{Kind: "node-thaw", Node: n.Name()})
+			r.record(check.Action{Kind: "node-thaw", Node: n.Name(), Ends: string(s.Kind)})
 			thawNode(n, stopped)
 		})
 	default:
@@ -560,11 +542,11 @@ func (r *soakRun) migratingNode() *testNode {
 }
 
 // restart starts a killed process again, as its Deployment or DaemonSet would.
-func (r *soakRun) restart(p *proc) {
+func (r *soakRun) restart(p *proc, fault soak.Kind) {
 	var err error
 	for range 5 {
 		if p.Process, err = controlplane.StartProcess(p.dir, p.name, filepath.Join(bins, p.name), p.args...); err == nil {
-			r.record(check.Action{Kind: p.name + "-started"})
+			r.record(check.Action{Kind: p.name + "-started", Ends: string(fault)})
 			return
 		}
 	}

@@ -109,6 +109,9 @@ type Action struct {
 	// Fatal says the fault may end the VM's guest whatever lifeboat does (its QEMU killed, its
 	// node lost): a new instance after it is a loss, but an unavoidable one.
 	Fatal bool
+	// Ends names the kind of action this one ends (a killed process started again, a frozen node
+	// resumed, a stopped VM started): the report counts it with the action, not on its own.
+	Ends string
 }
 
 // Limits are how long things may last.

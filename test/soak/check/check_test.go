@@ -282,14 +282,15 @@ func TestLongestStops(t *testing.T) {
 
 func TestTheReportSaysWhatHappened(t *testing.T) {
 	h := clean()
-	h.Actions = append(h.Actions, Action{At: at(64), Kind: "qemu-kill", VM: "ns/a", Fatal: true})
+	h.Actions = append(h.Actions, Action{At: at(60), Kind: "qemu-kill", VM: "ns/a", Fatal: true},
+		Action{At: at(62), Kind: "agent-kill", Node: "n1"}, Action{At: at(64), Kind: "agent-started", Ends: "agent-kill"})
 	faults := map[string]bool{"agent-kill": true, "qemu-kill": true}
 	r := Summarise(h, DefaultLimits(), faults)
 	var b bytes.Buffer
 	r.Print(&b)
 	for _, want := range []string{
 		"operations: restart 1",
-		"faults:     agent-kill 1, qemu-kill 1",
+		"faults:     agent-kill 2, qemu-kill 1",
 		"migrations by outcome: Succeeded 1",
 		"longest stop a guest saw: 500ms (VM ns/a, instance i1",
 		"VMs lost: 0",

@@ -126,7 +126,7 @@ type Report struct {
 	Stops      []Stop
 	Losses     []Loss
 	TwoCopies  int
-	// LastFault is when the last fault was injected; Settle how long after it the cluster settled
+	// LastFault is when the last fault ended; Settle how long after it the cluster settled
 	// (every LiveMigrate VM its owner wants running running, nothing held), negative if it never did.
 	LastFault  time.Time
 	Settle     time.Duration
@@ -137,6 +137,13 @@ type Report struct {
 func Summarise(h History, l Limits, faults map[string]bool) Report {
 	r := Report{Operations: map[string]int{}, Faults: map[string]int{}, Migrations: map[string]int{}, Settle: -1}
 	for _, a := range h.Actions {
+		if a.Ends != "" {
+			// A fault lasts until its end: the cluster settles after that.
+			if faults[a.Ends] && a.At.After(r.LastFault) {
+				r.LastFault = a.At
+			}
+			continue
+		}
 		if faults[a.Kind] {
 			r.Faults[a.Kind]++
 			if a.At.After(r.LastFault) {
