@@ -303,3 +303,18 @@ func TestTheReportSaysWhatHappened(t *testing.T) {
 		}
 	}
 }
+
+func TestSettlingCountsFromTheLastSettledStretch(t *testing.T) {
+	h := clean()
+	h.Actions = append(h.Actions, Action{At: at(64), Kind: "agent-kill", Node: "n1"})
+	// Calm at 65, then a mark at 70 that the fault set off, then calm for good from 75.
+	h.Snapshots = append(h.Snapshots, Snapshot{At: at(70), VMs: []VM{vm("i1", "Running", "n1")}, Holds: []Hold{{HoldMark, "ns/a@n1"}}})
+	r := Summarise(h, DefaultLimits(), map[string]bool{"agent-kill": true})
+	if r.Settle != 11*time.Second {
+		t.Errorf("settled %s after the last fault; want 11s (from 75 s, the last stretch's start)", r.Settle)
+	}
+	h.Settled.Holds = []Hold{{HoldMigration, "ns/m9"}}
+	if r := Summarise(h, DefaultLimits(), map[string]bool{"agent-kill": true}); r.Settle >= 0 {
+		t.Errorf("settled %s, though the last snapshot holds a migration", r.Settle)
+	}
+}

@@ -126,8 +126,9 @@ type Report struct {
 	Stops      []Stop
 	Losses     []Loss
 	TwoCopies  int
-	// LastFault is when the last fault ended; Settle how long after it the cluster settled
-	// (every LiveMigrate VM its owner wants running running, nothing held), negative if it never did.
+	// LastFault is when the last fault ended; Settle how long after it the cluster settled for
+	// good (every LiveMigrate VM its owner wants running running, nothing held, in every snapshot
+	// from then on), negative if it never did.
 	LastFault  time.Time
 	Settle     time.Duration
 	Violations []Violation
@@ -159,13 +160,25 @@ func Summarise(h History, l Limits, faults map[string]bool) Report {
 	}
 	sort.SliceStable(snapshots, func(i, j int) bool { return snapshots[i].At.Before(snapshots[j].At) })
 	phase := map[string]string{}
+	// Settled from the first snapshot of the last settled stretch: a moment of calm between a
+	// fault and what it set off does not count.
+	var stretch time.Time
 	for _, s := range snapshots {
 		for _, m := range s.Migrations {
 			phase[m.Name] = m.Phase
 		}
-		if r.Settle < 0 && !s.At.Before(r.LastFault) && settled(s) {
-			r.Settle = s.At.Sub(r.LastFault)
+		if s.At.Before(r.LastFault) {
+			continue
 		}
+		switch {
+		case !settled(s):
+			stretch = time.Time{}
+		case stretch.IsZero():
+			stretch = s.At
+		}
+	}
+	if !stretch.IsZero() {
+		r.Settle = stretch.Sub(r.LastFault)
 	}
 	for _, p := range phase {
 		r.Migrations[p]++
