@@ -35,8 +35,20 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	defer os.RemoveAll(bins)
-	controlplane.Main(m, &cluster, controlplane.Options{})
+	// controlplane.Main exits the process, so a deferred removal would never run (each run left
+	// its binaries, about 700 MB, in the temporary directory): the runner removes them instead.
+	controlplane.Main(removingAfter{m, bins}, &cluster, controlplane.Options{})
+}
+
+// removingAfter runs the tests, then removes dir.
+type removingAfter struct {
+	m   *testing.M
+	dir string
+}
+
+func (r removingAfter) Run() int {
+	defer os.RemoveAll(r.dir)
+	return r.m.Run()
 }
 
 func prepare() error {
