@@ -21,6 +21,7 @@
 #   make bench-relief    node-pressure relief on and off on the real kubelet, 3 runs (4 min a run)
 #   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
 #   make manifests-check  apply manifests/ to a local control plane and check every object
+#   make soak        operations and faults at random while VMs move, judged by an independent checker (SOAK_DURATION, SOAK_SEED, SOAK_VMS)
 #   make e2e         lifeboat deployed from manifests/ on a real kubelet, whose soft eviction it turns into a live migration
 
 SHELL := /bin/bash
@@ -40,7 +41,11 @@ DEMO_DIR  ?= $(CURDIR)/.demo/cluster
 DEMO_NODES ?= /tmp/lifeboat-demo
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-mirror bench-relief test-security fuzz binaries lifeboat-bins demo demo-down clean images manifests-check e2e
+SOAK_DURATION ?= 10m
+SOAK_SEED ?= 47
+SOAK_VMS ?= 3
+
+.PHONY: soak deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-mirror bench-relief test-security fuzz binaries lifeboat-bins demo demo-down clean images manifests-check e2e
 
 all: test
 
@@ -118,6 +123,11 @@ fuzz:
 	  echo "fuzzing $${t%%:*} ($${t#*:}) for $(FUZZ_TIME)"; \
 	  $(GO) test -count=1 -run '^$$' -fuzz "^$${t%%:*}\$$" -fuzztime=$(FUZZ_TIME) "$${t#*:}"; \
 	done
+
+# A soak (test/soak, docs/benchmarks.md): the seed's plan of operations and faults carried out on
+# three emulated nodes with real guests, then the checker's report; the same seed replays the same plan.
+soak: binaries
+	$(GO) test -count=1 -v -timeout 0 -run '^TestSoak$$' ./test/e2e/ -args -soak-duration=$(SOAK_DURATION) -soak-seed=$(SOAK_SEED) -soak-vms=$(SOAK_VMS)
 
 # Benchmarks; figures and how to read them: docs/benchmarks.md. Each target writes into BENCH_OUT
 # (docs/bench, beside the report): NAME.log, the whole output (not committed: docs/bench/.gitignore);

@@ -1,0 +1,605 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
+	"github.com/lifeboat-vm/lifeboat/test/node"
+	"github.com/lifeboat-vm/lifeboat/test/soak"
+	"github.com/lifeboat-vm/lifeboat/test/soak/check"
+)
+
+var (
+	// make test runs the short soak: seed 47, three minutes (two restarts, a manual, a
+	// node-pressure and an API-eviction migration, configuration changes, the controller killed, a
+	// node frozen); make soak a longer one.
+	soakDuration = flag.Duration("soak-duration", 3*time.Minute, "how long TestSoak breaks things (its last quarter is left to settle)")
+	soakSeed     = flag.Uint64("soak-seed", 47, "the seed of TestSoak's plan: the same seed replays the same operations and faults")
+	soakVMs      = flag.Int("soak-vms", 3, "VMs TestSoak runs")
+)
+
+const (
+	// soakNodes is how many emulated nodes the soak runs its VMs on.
+	soakNodes = 3
+	// soakGrace is the VMs' and the nodes' grace period: a TCG guest's migration on a loaded
+	// machine needs tens of seconds.
+	soakGrace = 60
+	// soakSettle is how long the cluster may take to settle once the plan is over.
+	soakSettle = 5 * time.Minute
+	// soakConsolePoll and soakAPIPoll are how often the soak reads the consoles and the API.
+	soakConsolePoll = 500 * time.Millisecond
+	soakAPIPoll     = 2 * time.Second
+)
+
+// TestSoak carries out a seed's plan (package soak: node-pressure evictions, drains, API
+// evictions, manual migrations, restarts, stops and starts, configuration changes; agents, the
+// controller, launchers' libvirt daemons and QEMUs killed, nodes frozen) on LiveMigrate VMs that
+// count on their consoles and keep journals on shared disks, on three emulated nodes, while it
+// records what a user sees (the consoles, the journals, the API); then it lets the cluster
+// settle, prints the report, and fails on every violation the independent checker (package
+// check) finds. make test runs a short one; make soak any: SOAK_DURATION, SOAK_SEED, SOAK_VMS.
+func TestSoak(t *testing.T) {
+	plan := soak.Plan(*soakSeed, *soakDuration, *soakVMs, soakNodes, soak.DefaultPace)
+	t.Logf("soak: seed %d, %s, %d VMs on %d nodes, %d steps", *soakSeed, *soakDuration, *soakVMs, soakNodes, len(plan))
+	for _, s := range plan {
+		t.Logf("plan %s", s)
+	}
+
+	setConfig(t, true)
+	ctrl := startControllerWithWebhook(t)
+	nodes := startNodes(t, soakNodes, func(c *node.Config) { c.EvictionMaxPodGracePeriod = soakGrace })
+	ns := testNamespace(t)
+	r := &soakRun{t: t, ns: ns, nodes: nodes, ctrl: ctrl, vmOf: map[string]string{}, cordoned: map[string]bool{},
+		seenErrors: map[string]bool{}, journal: map[string]int{}, skipped: map[soak.Kind]int{},
+		counting: map[string]time.Time{}, lastCounter: map[string]int{}}
+	for i := range *soakVMs {
+		name := fmt.Sprintf("soak-%d", i)
+		createClaim(t, ns, name, corev1.ReadWriteMany)
+		template := newVMI(name, withClaimDisk(name), strategy(v1alpha1.EvictionStrategyLiveMigrate),
+			func(v *v1alpha1.VirtualMachineInstance) {
+				v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](soakGrace)
+			})
+		vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.VirtualMachineSpec{
+			RunStrategy: v1alpha1.RunStrategyAlways,
+			Template:    v1alpha1.VirtualMachineInstanceTemplateSpec{Spec: template.Spec}}}
+		if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(ns).Create(context.Background(), vm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		r.vms = append(r.vms, name)
+	}
+	for _, name := range r.vms {
+		waitVMI(t, ns, name, 2*bootTimeout, "Running", running)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var observers sync.WaitGroup
+	observers.Add(2)
+	go func() { defer observers.Done(); r.observeAPI(ctx) }()
+	go func() { defer observers.Done(); r.observeConsoles(ctx) }()
+	defer func() { cancel(); observers.Wait() }()
+	// Every guest counts before the first step, so that its boot is not taken for a stop.
+	if err := wait.PollUntilContextTimeout(context.Background(), time.Second, bootTimeout, true, func(context.Context) (bool, error) {
+		return r.allCounting(), nil
+	}); err != nil {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, n := range nodes {
+			paths, _ := filepath.Glob(filepath.Join(n.HostPath("/var/run/lifeboat"), "domains", "*", "console.log"))
+			for _, p := range paths {
+				b, _ := os.ReadFile(p)
+				t.Logf("console %s:\n%s", p, tail(string(b), 5))
+			}
+		}
+		t.Fatalf("not every guest counts on its console within %s: instances %v, last counters %v", bootTimeout, r.vmOf, r.lastCounter)
+	}
+
+	start := time.Now()
+	var ends sync.WaitGroup
+	for _, s := range plan {
+		select {
+		case <-time.After(time.Until(start.Add(s.At))):
+		case <-ctx.Done():
+		}
+		r.do(s, &ends)
+	}
+	ends.Wait()
+	// The plan's end: every cordon lifted (a drain's uncordon may have been cut short).
+	for n := range r.cordonedNodes() {
+		r.setCordon(n, false)
+	}
+	t.Logf("soak: the plan is over after %s; settling", time.Since(start).Round(time.Second))
+	settled := time.Now()
+	if err := wait.PollUntilContextTimeout(context.Background(), soakAPIPoll, soakSettle, true, func(context.Context) (bool, error) {
+		return r.settled(settled), nil
+	}); err != nil {
+		t.Errorf("the cluster did not settle within %s of the plan's end (every LiveMigrate VM Running, nothing held)", soakSettle)
+	} else {
+		t.Logf("soak: settled %s after the plan's end", time.Since(settled).Round(time.Second))
+	}
+	// Settled must stay settled: a copy that resumes late, or a guest that stops, shows here.
+	kubewait.Consistently(t, 20*time.Second, "every LiveMigrate VM running once settled", func(context.Context) error {
+		if !r.allCounting() {
+			return errors.New("a guest stopped counting")
+		}
+		return nil
+	})
+	cancel()
+	observers.Wait()
+
+	h := r.history()
+	last := h.Snapshots[len(h.Snapshots)-1]
+	h.Settled = &last
+	faults := map[string]bool{}
+	for k := range soak.Faults {
+		faults[string(k)] = true
+	}
+	report := check.Summarise(h, check.DefaultLimits(), faults)
+	var out bytes.Buffer
+	fmt.Fprintf(&out, "soak: seed %d, duration %s, %d VMs, %d nodes; steps skipped (nothing to act on): %v\n", *soakSeed, *soakDuration, *soakVMs, soakNodes, r.skipped)
+	report.Print(&out)
+	t.Log("\n" + out.String())
+	fmt.Print(out.String())
+	for _, v := range report.Violations {
+		t.Errorf("violation: %s", v)
+	}
+}
+
+// soakRun is one soak's cluster and what it recorded.
+type soakRun struct {
+	t     *testing.T
+	ns    string
+	nodes []*testNode
+	ctrl  *webhookController
+	vms   []string
+
+	mu          sync.Mutex
+	consoles    []check.Console
+	journals    []check.Journal
+	snapshots   []check.Snapshot
+	actions     []check.Action
+	vmOf        map[string]string // VMI UID → VM (namespace/name)
+	cordoned    map[string]bool
+	seenErrors  map[string]bool // console streams' error lines already recorded
+	journal     map[string]int  // each stream's last journal length recorded
+	skipped     map[soak.Kind]int
+	counting    map[string]time.Time // VM → when its counter last rose
+	lastCounter map[string]int       // each stream's last counter
+}
+
+func (r *soakRun) history() check.History {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return check.History{Consoles: r.consoles, Journals: r.journals, Snapshots: r.snapshots, Actions: r.actions}
+}
+
+// record notes an action the soak took.
+func (r *soakRun) record(a check.Action) {
+	a.At = time.Now()
+	r.mu.Lock()
+	r.actions = append(r.actions, a)
+	r.mu.Unlock()
+	r.t.Logf("soak %s: %s vm=%s node=%s", a.At.UTC().Format("15:04:05.000"), a.Kind, a.VM, a.Node)
+}
+
+func (r *soakRun) skip(s soak.Step, why string) {
+	r.mu.Lock()
+	r.skipped[s.Kind]++
+	r.mu.Unlock()
+	r.t.Logf("soak: skipped %s: %s", s, why)
+}
+
+func (r *soakRun) cordonedNodes() map[string]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]bool{}
+	for n, on := range r.cordoned {
+		if on {
+			out[n] = true
+		}
+	}
+	return out
+}
+
+// observeAPI takes a snapshot of what the API shows every soakAPIPoll.
+func (r *soakRun) observeAPI(ctx context.Context) {
+	_ = wait.PollUntilContextCancel(ctx, soakAPIPoll, true, func(ctx context.Context) (bool, error) {
+		o, err := r.list(ctx)
+		if err != nil {
+			return false, nil // the API server may be the fault; the next poll tries again
+		}
+		s := check.SnapshotOf(time.Now(), o)
+		r.mu.Lock()
+		for _, v := range o.VMIs {
+			r.vmOf[string(v.UID)] = v.Namespace + "/" + v.Name
+		}
+		r.snapshots = append(r.snapshots, s)
+		r.mu.Unlock()
+		return false, nil
+	})
+}
+
+func (r *soakRun) list(ctx context.Context) (check.Objects, error) {
+	o := check.Objects{Cordoned: r.cordonedNodes()}
+	lb := cluster.Lifeboat.LifeboatV1alpha1()
+	vms, err := lb.VirtualMachines(r.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return o, err
+	}
+	vmis, err := lb.VirtualMachineInstances(r.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return o, err
+	}
+	migrations, err := lb.VirtualMachineInstanceMigrations(r.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return o, err
+	}
+	pods, err := cluster.Kube.CoreV1().Pods(r.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return o, err
+	}
+	nodes, err := cluster.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return o, err
+	}
+	budgets, err := cluster.Kube.PolicyV1().PodDisruptionBudgets(r.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return o, err
+	}
+	o.VMs, o.VMIs, o.Migrations, o.Pods, o.Budgets = vms.Items, vmis.Items, migrations.Items, pods.Items, budgets.Items
+	for _, n := range nodes.Items {
+		for _, tn := range r.nodes {
+			if n.Name == tn.Name() {
+				o.Nodes = append(o.Nodes, n)
+			}
+		}
+	}
+	return o, nil
+}
+
+// observeConsoles reads every guest console on every node every soakConsolePoll: its last
+// counter, its journal's last report and its error lines.
+func (r *soakRun) observeConsoles(ctx context.Context) {
+	_ = wait.PollUntilContextCancel(ctx, soakConsolePoll, true, func(context.Context) (bool, error) {
+		for _, n := range r.nodes {
+			paths, _ := filepath.Glob(filepath.Join(n.HostPath("/var/run/lifeboat"), "domains", "*", "console.log"))
+			for _, path := range paths {
+				r.readConsole(n.Name(), filepath.Base(filepath.Dir(path)), path)
+			}
+		}
+		return false, nil
+	})
+}
+
+func (r *soakRun) readConsole(nodeName, instance, path string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	counter, through, errs := soak.ParseConsole(string(b))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	vm, ok := r.vmOf[instance]
+	if !ok {
+		return
+	}
+	stream := nodeName + "/" + instance
+	r.consoles = append(r.consoles, check.Console{At: now, VM: vm, Instance: instance, Node: nodeName, Stream: stream, Counter: counter})
+	if through > r.journal[stream] {
+		r.journal[stream] = through
+		r.journals = append(r.journals, check.Journal{At: now, VM: vm, Instance: instance, Through: through})
+	}
+	for _, e := range errs {
+		if !r.seenErrors[stream+e] {
+			r.seenErrors[stream+e] = true
+			r.journals = append(r.journals, check.Journal{At: now, VM: vm, Instance: instance, Err: e})
+		}
+	}
+	if counter > r.lastCounter[stream] {
+		r.counting[vm] = now
+	}
+	r.lastCounter[stream] = counter
+}
+
+// allCounting says every VM's counter rose within the last few seconds, on whichever console.
+func (r *soakRun) allCounting() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, vm := range r.vms {
+		if time.Since(r.counting[r.ns+"/"+vm]) > 5*time.Second {
+			return false
+		}
+	}
+	return true
+}
+
+// settled says the last snapshot, taken after since, shows every LiveMigrate VM running and
+// nothing held, and every guest counts.
+func (r *soakRun) settled(since time.Time) bool {
+	r.mu.Lock()
+	if len(r.snapshots) == 0 {
+		r.mu.Unlock()
+		return false
+	}
+	s := r.snapshots[len(r.snapshots)-1]
+	r.mu.Unlock()
+	if !s.At.After(since) || len(s.Holds) > 0 {
+		return false
+	}
+	for _, vm := range s.VMs {
+		if vm.WantRunning && vm.Phase != string(v1alpha1.VMIRunning) {
+			return false
+		}
+	}
+	return r.allCounting()
+}
+
+// do carries out one step; a step with an end (For) ends in a goroutine ends waits for.
+func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
+	ctx := context.Background()
+	name := r.vms[s.VM]
+	vmName := r.ns + "/" + name
+	n := r.nodes[s.Node]
+	later := func(what func()) {
+		ends.Add(1)
+		go func() {
+			defer ends.Done()
+			<-time.After(s.For)
+			what()
+		}()
+	}
+	switch s.Kind {
+	case soak.NodePressureEviction:
+		pod, tn := r.runningPod(name)
+		if pod == nil {
+			r.skip(s, "the VM has no running launcher pod")
+			return
+		}
+		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: tn.Name()})
+		ends.Add(1)
+		go func() {
+			defer ends.Done()
+			if err := tn.EvictPod(ctx, pod.Namespace, pod.Name); err != nil {
+				r.t.Logf("soak: the node-pressure eviction of %s: %v", pod.Name, err)
+			}
+		}()
+	case soak.Drain:
+		r.setCordon(n.Name(), true)
+		r.record(check.Action{Kind: string(s.Kind), Node: n.Name()})
+		// kubectl drain evicts every pod of the node and asks again until each is gone.
+		ends.Add(1)
+		go func() {
+			defer ends.Done()
+			deadline := time.Now().Add(s.For)
+			_ = wait.PollUntilContextTimeout(ctx, 5*time.Second, time.Until(deadline), true, func(ctx context.Context) (bool, error) {
+				pods, err := cluster.Kube.CoreV1().Pods(r.ns).List(ctx, metav1.ListOptions{})
+				if err != nil {
+					return false, nil
+				}
+				left := 0
+				for _, p := range pods.Items {
+					if p.Spec.NodeName == n.Name() && p.DeletionTimestamp == nil && !podEnded(&p) {
+						left++
+						_ = cluster.Kube.CoreV1().Pods(r.ns).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}})
+					}
+				}
+				return left == 0, nil
+			})
+		}()
+	case soak.Uncordon:
+		if !r.cordonedNodes()[n.Name()] {
+			r.skip(s, "the node is not cordoned")
+			return
+		}
+		r.setCordon(n.Name(), false)
+		r.record(check.Action{Kind: string(s.Kind), Node: n.Name()})
+	case soak.APIEviction:
+		pod, tn := r.runningPod(name)
+		if pod == nil {
+			r.skip(s, "the VM has no running launcher pod")
+			return
+		}
+		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: tn.Name()})
+		if err := cluster.Kube.CoreV1().Pods(r.ns).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace}}); err != nil {
+			r.t.Logf("soak: the API eviction of %s: %v", pod.Name, err)
+		}
+	case soak.ManualMigration:
+		r.record(check.Action{Kind: string(s.Kind), VM: vmName})
+		_, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(r.ns).Create(ctx, &v1alpha1.VirtualMachineInstanceMigration{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: name + "-manual-"}, Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: name}}, metav1.CreateOptions{})
+		if err != nil {
+			r.t.Logf("soak: the manual migration of %s: %v", name, err)
+		}
+	case soak.Restart:
+		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Restart: true})
+		if err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(r.ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			r.t.Logf("soak: restarting %s: %v", name, err)
+		}
+	case soak.StopStart:
+		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Restart: true})
+		r.setRunStrategy(name, v1alpha1.RunStrategyHalted)
+		later(func() {
+			r.record(check.Action{Kind: "vm-start", VM: vmName, Restart: true, Ends: string(s.Kind)})
+			r.setRunStrategy(name, v1alpha1.RunStrategyAlways)
+		})
+	case soak.Bandwidth, soak.PostCopy:
+		r.record(check.Action{Kind: string(s.Kind)})
+		r.updateConfig(func(c *v1alpha1.LifeboatConfig) {
+			if s.Kind == soak.PostCopy {
+				c.Spec.Migrations.AllowPostCopy = ptr.To(s.Value == 1)
+			} else if s.Value == 0 {
+				c.Spec.Migrations.BandwidthPerMigration = nil
+			} else {
+				c.Spec.Migrations.BandwidthPerMigration = ptr.To(resource.MustParse(fmt.Sprintf("%dMi", s.Value)))
+			}
+		})
+	case soak.AgentKill:
+		// The source or the target of a migration under way, when there is one.
+		if busy := r.migratingNode(); busy != nil {
+			n = busy
+		}
+		r.record(check.Action{Kind: string(s.Kind), Node: n.Name()})
+		n.agent.Kill()
+		later(func() { r.restart(n.agent, s.Kind) })
+	case soak.ControllerKill:
+		r.record(check.Action{Kind: string(s.Kind)})
+		r.ctrl.Kill()
+		later(func() { r.restart(r.ctrl.proc, s.Kind) })
+	case soak.LibvirtdKill, soak.QEMUKill:
+		pod, tn := r.runningPod(name)
+		if pod == nil {
+			r.skip(s, "the VM has no running launcher pod")
+			return
+		}
+		pid := podProcess(pod, "libvirtd")
+		if s.Kind == soak.QEMUKill {
+			pid = qemuOn(tn, r.ns, name)
+		}
+		if pid == 0 {
+			r.skip(s, "no such process of pod "+pod.Name)
+			return
+		}
+		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: tn.Name(), Fatal: soak.Fatal[s.Kind]})
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	case soak.NodeFreeze:
+		r.record(check.Action{Kind: string(s.Kind), Node: n.Name()})
+		stopped := freezeNode(r.t, n)
+		later(func() {
+			r.record(check.Action{Kind: "node-thaw", Node: n.Name(), Ends: string(s.Kind)})
+			thawNode(n, stopped)
+		})
+	default:
+		r.t.Fatalf("the soak cannot do %s", s.Kind)
+	}
+}
+
+func podEnded(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// runningPod is the VM's launcher pod on the node its VMI runs on, and that node; nil if none.
+func (r *soakRun) runningPod(name string) (*corev1.Pod, *testNode) {
+	ctx := context.Background()
+	v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(r.ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil || v.Status.Phase != v1alpha1.VMIRunning {
+		return nil, nil
+	}
+	pods, err := cluster.Kube.CoreV1().Pods(r.ns).List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(v.UID)})
+	if err != nil {
+		return nil, nil
+	}
+	for i, p := range pods.Items {
+		if p.Spec.NodeName == v.Status.NodeName && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+			for _, n := range r.nodes {
+				if n.Name() == p.Spec.NodeName {
+					return &pods.Items[i], n
+				}
+			}
+		}
+	}
+	return nil, nil
+}
+
+// migratingNode is the source or the target node of a migration under way; nil if none.
+func (r *soakRun) migratingNode() *testNode {
+	list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(r.ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return nil
+	}
+	for _, m := range list.Items {
+		if m.Status.Phase.Terminal() {
+			continue
+		}
+		for _, n := range r.nodes {
+			if n.Name() == m.Status.TargetNode || (m.Status.TargetNode == "" && n.Name() == m.Status.SourceNode) {
+				return n
+			}
+		}
+	}
+	return nil
+}
+
+// restart starts a killed process again, as its Deployment or DaemonSet would.
+func (r *soakRun) restart(p *proc, fault soak.Kind) {
+	var err error
+	for range 5 {
+		if p.Process, err = controlplane.StartProcess(p.dir, p.name, filepath.Join(bins, p.name), p.args...); err == nil {
+			r.record(check.Action{Kind: p.name + "-started", Ends: string(fault)})
+			return
+		}
+	}
+	r.t.Errorf("soak: starting %s again: %v", p.name, err)
+}
+
+func (r *soakRun) setCordon(name string, on bool) {
+	r.mu.Lock()
+	r.cordoned[name] = on
+	r.mu.Unlock()
+	patch := fmt.Sprintf(`{"spec":{"unschedulable":%v}}`, on)
+	if _, err := cluster.Kube.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		r.t.Errorf("soak: cordoning %s (%v): %v", name, on, err)
+	}
+}
+
+func (r *soakRun) setRunStrategy(name string, s v1alpha1.RunStrategy) {
+	patch := fmt.Sprintf(`{"spec":{"runStrategy":%q}}`, s)
+	if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(r.ns).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		r.t.Errorf("soak: setting %s's run strategy to %s: %v", name, s, err)
+	}
+}
+
+func (r *soakRun) updateConfig(change func(*v1alpha1.LifeboatConfig)) {
+	configs := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		c, err := configs.Get(context.Background(), v1alpha1.ConfigName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		change(c)
+		_, err = configs.Update(context.Background(), c, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		r.t.Errorf("soak: changing the LifeboatConfig: %v", err)
+	}
+}
+
+// qemuOn is the pid of the QEMU of VM ns/name among the processes of node n; 0 if none.
+func qemuOn(n *testNode, ns, name string) int {
+	want := "guest=" + ns + "_" + name
+	for _, pid := range descendants(n.ContainerPIDs()) {
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if !strings.HasPrefix(filepath.Base(exe), "qemu-system") {
+			continue
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		for _, arg := range strings.Split(string(cmdline), "\x00") {
+			if arg == want || strings.HasPrefix(arg, want+",") {
+				return pid
+			}
+		}
+	}
+	return 0
+}
