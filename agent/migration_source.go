@@ -173,6 +173,7 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 		c.Deadline = mig.Status.Deadline.Time
 	}
 	c.Tightened = m.tightened(mig, string(vmi.UID), c.Deadline)
+	h := m.prepareHandover(ctx, mig, vmi)
 	mode, result := MigrateConverging(ctx, c)
 	// The moment libvirt's migration ended, apart from the status writes that follow: the
 	// drain benchmark reads the controllers' overhead from it.
@@ -200,6 +201,9 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 					mig.Status.SourceNode, *seen.SourceExit, mig.Status.TargetNode)
 			}
 		}
+	}
+	if result == nil {
+		m.handOver(h, vmi, log)
 	}
 	m.record(mig, vmi, mode, result, where)
 }
