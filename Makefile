@@ -174,12 +174,12 @@ bench-scale: binaries
 	$(BENCHSTAT) "$$out"
 
 # A VM on the pod network, behind a Service, live-migrated while a client asks every 20 ms:
-# the longest interruption beside the migration's downtime (issue 16).
+# the longest interruption beside the migration's downtime, then each run's timeline of the switch.
 NETWORK_COUNT ?= 5
 bench-network: binaries
-	@set -o pipefail; out=$$(mktemp); \
-	$(GO) test -run '^$$' -bench BenchmarkMigrationNetworkInterruption -benchtime=1x -count=$(NETWORK_COUNT) -timeout 0 ./test/e2e/ | tee "$$out" && \
-	$(BENCHSTAT) "$$out"; rm -f "$$out"
+	@set -o pipefail; out=$$(mktemp); timelines=$$(mktemp); \
+	NETWORK_TIMELINES="$$timelines" $(GO) test -run '^$$' -bench BenchmarkMigrationNetworkInterruption -benchtime=1x -count=$(NETWORK_COUNT) -timeout 0 ./test/e2e/ | tee "$$out" && \
+	$(BENCHSTAT) "$$out" && cat "$$timelines"; rm -f "$$out" "$$timelines"
 
 # The same migration over plain TCP and over TLS 1.3 between the proxies, uncapped and capped,
 # interleaved (issue 18): each round runs every case once (go test's -count would repeat each case

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+	"os"
 
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -80,6 +81,8 @@ type answer struct {
 	// err is the request's last error: a request that failed is tried once more, as a client
 	// that retries once would, and firstErr is the first attempt's error then.
 	err, firstErr error
+	// firstDone is when the first attempt failed.
+	firstDone time.Time
 }
 
 // clientInterval is how often the client asks: a user's health check, finer than any
@@ -109,7 +112,7 @@ func askEvery(ctx context.Context, network *node.Network, address string) (answe
 				a := answer{sent: time.Now()}
 				a.boot, a.counter, a.err = askGuest(context.Background(), network, address)
 				if a.err != nil {
-					a.firstErr = a.err
+					a.firstErr, a.firstDone = a.err, time.Now()
 					a.boot, a.counter, a.err = askGuest(context.Background(), network, address)
 				}
 				a.received = time.Now()
@@ -258,7 +261,8 @@ func migrateServedVM(tb testing.TB) servedMigration {
 	}
 	r.downtime = arrivalDowntime(tb, target, targetPod)
 	if lastBefore != nil {
-		r.timeline = switchTimeline(tb, switches, lastBefore, firstAfter, source, target, sourcePod, targetPod, kubeProxy.LogPath, vmi.Name)
+		r.timeline = switchTimeline(tb, switches, lastBefore, firstAfter, source, target, sourcePod, targetPod, kubeProxy.LogPath, vmi.Name) +
+			failedRequests(lastBefore.received, r.answers)
 	}
 	r.downtime = arrivalDowntime(tb, target, targetPod)
 	return r
@@ -310,11 +314,19 @@ func TestServiceFollowsTheVMThroughAMigration(t *testing.T) {
 	}
 }
 
+// networkRuns counts the runs of BenchmarkMigrationNetworkInterruption (go test -count) for
+// their timelines.
+var networkRuns int
+
 // BenchmarkMigrationNetworkInterruption reports, for a node-pressure live migration of a VM on
 // the pod network, the longest time a client asking its Service every 20 ms had no answer, beside
 // the migration's downtime as libvirt measured it in the same run, and their difference: what
-// the network adds to the pause (goal: under a second). Run with -count for several runs.
+// the network adds to the pause, and the requests that failed once and after a retry. With
+// NETWORK_TIMELINES set to a file, each run's timeline of the switch is appended to it.
+// Run with -count for several runs.
 func BenchmarkMigrationNetworkInterruption(b *testing.B) {
+	networkRuns++
+	run := networkRuns
 	for b.Loop() {
 		r := migrateServedVM(b)
 		b.ReportMetric(float64(r.interruption.Milliseconds()), "interruption-ms")
@@ -322,8 +334,11 @@ func BenchmarkMigrationNetworkInterruption(b *testing.B) {
 		b.ReportMetric(float64((r.interruption - r.downtime).Milliseconds()), "added-ms")
 		b.ReportMetric(float64(r.failedOnce), "failed-requests")
 		b.ReportMetric(float64(r.failedTwice), "failed-after-retry")
-		b.Logf("interruption %s, downtime %s; %d of %d requests failed once, %d failed their retry too; the switch:\n%s",
-			r.interruption.Round(time.Millisecond), r.downtime.Round(time.Millisecond), r.failedOnce, len(r.answers), r.failedTwice, r.timeline)
+		// Not b.Logf: a benchmark's log is cut after ten lines, which the nodes' own take.
+		if path := os.Getenv("NETWORK_TIMELINES"); path != "" {
+			appendFile(b, path, fmt.Sprintf("run %d: interruption %s, downtime %s; of %d requests %d failed once, %d failed their retry too; the switch:\n%s\n",
+				run, r.interruption.Round(time.Millisecond), r.downtime.Round(time.Millisecond), len(r.answers), r.failedOnce, r.failedTwice, r.timeline))
+		}
 	}
 }
 

@@ -243,3 +243,33 @@ func switchTimeline(tb testing.TB, w *switchWatch, lastBefore, firstAfter *answe
 	}
 	return formatTimeline(lastBefore.received, events)
 }
+
+// appendFile appends text to the file at path.
+func appendFile(tb testing.TB, path, text string) {
+	tb.Helper()
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(text); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// failedRequests lists the requests whose first attempt failed, in milliseconds from zero.
+func failedRequests(zero time.Time, answers []answer) string {
+	var sb strings.Builder
+	ms := func(t time.Time) int64 { return t.Sub(zero).Milliseconds() }
+	for _, a := range answers {
+		if a.firstErr == nil {
+			continue
+		}
+		retry := "answered"
+		if a.err != nil {
+			retry = a.err.Error()
+		}
+		fmt.Fprintf(&sb, "  request sent %+d ms: %v at %+d ms; retry: %s at %+d ms\n", ms(a.sent), a.firstErr, ms(a.firstDone), retry, ms(a.received))
+	}
+	return sb.String()
+}
