@@ -476,6 +476,19 @@ func (a *Agent) conn(uid string) DomainConn {
 }
 
 // migrator is the launcher connection of the VMI with uid, for migrating; nil if none.
+// switchOvers is when uid's launcher's guest pauses for a migration's switch-over; nil if its
+// connection does not say.
+func (a *Agent) switchOvers(uid string) <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if l := a.launchers[uid]; l != nil {
+		if s, ok := l.conn.(switchOverer); ok {
+			return s.SwitchOvers()
+		}
+	}
+	return nil
+}
+
 func (a *Agent) migrator(uid string) Migrator {
 	a.mu.Lock()
 	defer a.mu.Unlock()

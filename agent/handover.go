@@ -9,10 +9,12 @@ import (
 
 	"golang.org/x/sys/unix"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"sync"
 
 	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
 // A migrated guest's Service reaches its new pod only once the VMI's node has moved, the
@@ -25,8 +27,8 @@ import (
 
 // HandoverInput is what the source agent knows when libvirt's migration call returned.
 type HandoverInput struct {
-	// Migrated says the guest left this node by the migration.
-	Migrated bool
+	// Leaving says the guest paused on this node for the migration's switch-over, or left.
+	Leaving bool
 	// Plan is the source pod's network plan; ok false if the VMI has no pod interface.
 	Plan   podnetwork.Plan
 	HasNet bool
@@ -37,11 +39,13 @@ type HandoverInput struct {
 }
 
 // DecideForward says whether the source pod forwards to the target pod, and to where; reason
-// says why not.
+// says why not. It forwards from the switch-over's start: what reaches the target pod then
+// waits in its tap, which its QEMU reads once the guest runs there, where the source's would
+// be lost with the source's QEMU.
 func DecideForward(in HandoverInput) (f podnetwork.Forward, ok bool, reason string) {
 	switch {
-	case !in.Migrated:
-		return f, false, "the guest did not leave"
+	case !in.Leaving:
+		return f, false, "the guest is not leaving"
 	case !in.HasNet:
 		return f, false, "the VM has no interface on the pod network"
 	case in.Plan.Binding != podnetwork.Masquerade:
@@ -143,32 +147,121 @@ func (m *migrations) prepareHandover(ctx context.Context, mig *v1alpha1.VirtualM
 	return h
 }
 
-// handOver makes the source pod forward to the target pod once the guest has left, and ends
-// the forward in the background.
-func (m *migrations) handOver(h handover, vmi *v1alpha1.VirtualMachineInstance, log *slog.Logger) {
-	uid := string(vmi.UID)
-	ns := m.a.takeNetns(uid)
-	h.in.Migrated, h.in.Namespace = true, ns != nil
-	f, ok, reason := DecideForward(h.in)
+// SwitchOverBegan says whether ev is a domain pausing for its migration's switch-over: the
+// moment the source pod's forward starts.
+func SwitchOverBegan(ev domain.Event) bool {
+	return ev.Type == domain.EventSuspended && ev.Reason == domain.ReasonMigration
+}
+
+// switchOverer is a libvirt connection that says when its guest pauses for a switch-over.
+type switchOverer interface {
+	SwitchOvers() <-chan struct{}
+}
+
+// forwarder is one migration's forward on the source: started at the switch-over's start or at
+// the migration's end, whichever comes first; undone if the migration then fails.
+type forwarder struct {
+	m   *migrations
+	h   handover
+	vmi *v1alpha1.VirtualMachineInstance
+	log *slog.Logger
+
+	mu      sync.Mutex
+	started bool
+	ns      *os.File
+}
+
+// watchSwitchOver starts the forward when the guest pauses for its switch-over, until stop is
+// closed; done is closed when it no longer watches.
+func (f *forwarder) watchSwitchOver(stop <-chan struct{}) (done <-chan struct{}) {
+	d := make(chan struct{})
+	pauses := f.m.a.switchOvers(string(f.vmi.UID))
+	// A pause left from an earlier attempt on the same connection is not this one's.
+	for drained := false; pauses != nil && !drained; {
+		select {
+		case <-pauses:
+		default:
+			drained = true
+		}
+	}
+	go func() {
+		defer close(d)
+		select {
+		case <-pauses:
+			f.start("the guest paused for the switch-over")
+		case <-stop:
+		}
+	}()
+	return d
+}
+
+// start makes the source pod forward to the target pod, once.
+func (f *forwarder) start(why string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.started {
+		return
+	}
+	f.started = true
+	uid := string(f.vmi.UID)
+	ns := f.m.a.takeNetns(uid)
+	in := f.h.in
+	in.Leaving, in.Namespace = true, ns != nil
+	fw, ok, reason := DecideForward(in)
 	if !ok {
 		if ns != nil {
-			ns.Close()
+			f.m.a.putNetns(uid, ns)
 		}
-		if h.in.HasNet {
-			m.a.cfg.Metrics.SourceForwards.WithLabelValues("skipped").Inc()
-			log.Info("the source pod does not forward to the target pod", "reason", reason)
+		if in.HasNet {
+			f.m.a.cfg.Metrics.SourceForwards.WithLabelValues("skipped").Inc()
+			f.log.Info("the source pod does not forward to the target pod", "reason", reason)
 		}
 		return
 	}
-	if err := podnetwork.StartForward(ns, f); err != nil {
+	if err := podnetwork.StartForward(ns, fw); err != nil {
+		f.m.a.putNetns(uid, ns)
+		f.m.a.cfg.Metrics.SourceForwards.WithLabelValues("failed").Inc()
+		f.log.Error("making the source pod forward to the target pod", "err", err)
+		return
+	}
+	f.ns = ns
+	f.m.a.cfg.Metrics.SourceForwards.WithLabelValues("started").Inc()
+	f.log.Info(podnetwork.MsgForwarding, "when", why, "target", fw.Target.String(), "ports", len(fw.Ports))
+}
+
+// finish ends the forward: in the background once no EndpointSlice lists the source pod if the
+// guest left, at once if it stays.
+func (f *forwarder) finish(left bool) {
+	if left {
+		f.start("the migration ended")
+	}
+	f.mu.Lock()
+	ns := f.ns
+	f.ns = nil
+	f.mu.Unlock()
+	if ns == nil {
+		return
+	}
+	if left {
+		go f.m.endForward(f.vmi.Namespace, f.h.sourcePod, ns, f.log)
+		return
+	}
+	if err := podnetwork.StopForward(ns); err != nil {
 		ns.Close()
-		m.a.cfg.Metrics.SourceForwards.WithLabelValues("failed").Inc()
-		log.Error("making the source pod forward to the target pod", "err", err)
+		f.log.Error("removing the source pod's forward to the target pod after the migration failed", "err", err)
 		return
 	}
-	m.a.cfg.Metrics.SourceForwards.WithLabelValues("started").Inc()
-	log.Info(podnetwork.MsgForwarding, "target", f.Target.String(), "ports", len(f.Ports))
-	go m.endForward(vmi.Namespace, h.sourcePod, ns, log)
+	f.log.Info(podnetwork.MsgForwardEnded, "reason", "the migration call failed: the guest may stay")
+	f.m.a.putNetns(string(f.vmi.UID), ns)
+}
+
+// undo removes the forward at once, when the migration call failed: the guest most likely runs
+// on here again, and finish(true) starts the forward anew if it turns out to have left.
+func (f *forwarder) undo() {
+	f.finish(false)
+	f.mu.Lock()
+	f.started = false
+	f.mu.Unlock()
 }
 
 // endForward removes the source pod's forward once DecideForwardEnd says so. An agent that
@@ -231,6 +324,23 @@ func (a *Agent) takeNetns(uid string) *os.File {
 	f := a.netns[uid]
 	delete(a.netns, uid)
 	return f
+}
+
+// putNetns gives back the namespace of uid's launcher pod taken for a forward that did not
+// last (the guest stayed), unless another was kept since.
+func (a *Agent) putNetns(uid string, ns *os.File) {
+	a.netnsMu.Lock()
+	if a.netns == nil {
+		a.netns = map[string]*os.File{}
+	}
+	_, kept := a.netns[uid]
+	if !kept {
+		a.netns[uid] = ns
+	}
+	a.netnsMu.Unlock()
+	if kept {
+		ns.Close()
+	}
 }
 
 // dropNetns closes the kept namespace of uid's launcher pod.

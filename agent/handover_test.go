@@ -11,11 +11,12 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
+	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
 func TestDecideForward(t *testing.T) {
 	masq := podnetwork.Plan{Binding: podnetwork.Masquerade, Ports: []podnetwork.PortRule{{Protocol: "TCP", Port: 8080}}}
-	ready := HandoverInput{Migrated: true, Plan: masq, HasNet: true, SourceIP: "10.244.1.5", TargetIP: "10.244.2.7", Namespace: true}
+	ready := HandoverInput{Leaving: true, Plan: masq, HasNet: true, SourceIP: "10.244.1.5", TargetIP: "10.244.2.7", Namespace: true}
 	with := func(f func(*HandoverInput)) HandoverInput { in := ready; f(&in); return in }
 	for _, tc := range []struct {
 		name   string
@@ -24,7 +25,7 @@ func TestDecideForward(t *testing.T) {
 		reason string
 	}{
 		{"the guest left a masquerade pod: forward to the target", ready, true, ""},
-		{"the migration failed: the guest still answers here", with(func(in *HandoverInput) { in.Migrated = false }), false, "the guest did not leave"},
+		{"the migration has not reached its switch-over", with(func(in *HandoverInput) { in.Leaving = false }), false, "the guest is not leaving"},
 		{"no pod network", with(func(in *HandoverInput) { in.HasNet = false }), false, "the VM has no interface on the pod network"},
 		{"bridge binding", with(func(in *HandoverInput) { in.Plan.Binding = podnetwork.BridgeMode }), false, "only the masquerade binding forwards"},
 		{"an agent restarted since the pod's network was built", with(func(in *HandoverInput) { in.Namespace = false }), false,
@@ -51,7 +52,9 @@ func TestSourceListed(t *testing.T) {
 		return discoveryv1.Endpoint{TargetRef: &corev1.ObjectReference{Kind: "Pod", UID: types.UID(uid)},
 			Conditions: discoveryv1.EndpointConditions{Ready: ready, Serving: serving}}
 	}
-	slice := func(eps ...discoveryv1.Endpoint) discoveryv1.EndpointSlice { return discoveryv1.EndpointSlice{Endpoints: eps} }
+	slice := func(eps ...discoveryv1.Endpoint) discoveryv1.EndpointSlice {
+		return discoveryv1.EndpointSlice{Endpoints: eps}
+	}
 	for _, tc := range []struct {
 		name   string
 		slices []discoveryv1.EndpointSlice
@@ -100,5 +103,22 @@ func TestDecideForwardEnd(t *testing.T) {
 				t.Errorf("DecideForwardEnd = %t %q, want %t %q", stop, reason, tc.stop, tc.reason)
 			}
 		})
+	}
+}
+
+func TestSwitchOverBegan(t *testing.T) {
+	for _, tc := range []struct {
+		ev   domain.Event
+		want bool
+	}{
+		{domain.Event{Type: domain.EventSuspended, Reason: domain.ReasonMigration}, true},
+		{domain.Event{Type: domain.EventSuspended, Reason: domain.ReasonUser}, false},
+		{domain.Event{Type: domain.EventSuspended, Reason: domain.ReasonPostcopy}, false},
+		{domain.Event{Type: domain.EventStopped, Reason: domain.ReasonMigrated}, false},
+		{domain.Event{Type: domain.EventResumed, Reason: domain.ReasonMigrated}, false},
+	} {
+		if got := SwitchOverBegan(tc.ev); got != tc.want {
+			t.Errorf("SwitchOverBegan(%s %s) = %t, want %t", tc.ev.Type, tc.ev.Reason, got, tc.want)
+		}
 	}
 }
