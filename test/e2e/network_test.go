@@ -151,6 +151,8 @@ type servedMigration struct {
 	// downtime is the migration's own, as libvirt measured it (the target launcher logs it).
 	downtime time.Duration
 	took     time.Duration
+	// switchGap is the time without an answer around the guest's arrival on the target.
+	switchGap time.Duration
 	// failedOnce counts the requests whose first attempt failed, failedTwice those whose retry
 	// failed too: what a client that retries once sees as errors.
 	failedOnce, failedTwice int
@@ -260,11 +262,18 @@ func migrateServedVM(tb testing.TB) servedMigration {
 		tb.Fatalf("the client had no answer after the migration")
 	}
 	r.downtime = arrivalDowntime(tb, target, targetPod)
+	// The switch's gap is the one around the guest's arrival on the target; the longest may be
+	// another (a guest that a loaded machine stalls during the migration's copy).
+	landed := guestArrived(tb, target, targetPod)
+	for i := 1; i < len(answers); i++ {
+		if a, b := answers[i-1], answers[i]; a.received.Before(landed) && !b.received.Before(landed) {
+			r.switchGap, lastBefore, firstAfter = b.received.Sub(a.received), a, b
+		}
+	}
 	if lastBefore != nil {
 		r.timeline = switchTimeline(tb, switches, lastBefore, firstAfter, source, target, sourcePod, targetPod, kubeProxy.LogPath, vmi.Name) +
 			failedRequests(lastBefore.received, r.answers)
 	}
-	r.downtime = arrivalDowntime(tb, target, targetPod)
 	return r
 }
 
@@ -332,12 +341,14 @@ func BenchmarkMigrationNetworkInterruption(b *testing.B) {
 		b.ReportMetric(float64(r.interruption.Milliseconds()), "interruption-ms")
 		b.ReportMetric(float64(r.downtime.Milliseconds()), "downtime-ms")
 		b.ReportMetric(float64((r.interruption - r.downtime).Milliseconds()), "added-ms")
+		b.ReportMetric(float64(r.switchGap.Milliseconds()), "switch-ms")
+		b.ReportMetric(float64((r.switchGap - r.downtime).Milliseconds()), "switch-added-ms")
 		b.ReportMetric(float64(r.failedOnce), "failed-requests")
 		b.ReportMetric(float64(r.failedTwice), "failed-after-retry")
 		// Not b.Logf: a benchmark's log is cut after ten lines, which the nodes' own take.
 		if path := os.Getenv("NETWORK_TIMELINES"); path != "" {
-			appendFile(b, path, fmt.Sprintf("run %d: interruption %s, downtime %s; of %d requests %d failed once, %d failed their retry too; the switch:\n%s\n",
-				run, r.interruption.Round(time.Millisecond), r.downtime.Round(time.Millisecond), len(r.answers), r.failedOnce, r.failedTwice, r.timeline))
+			appendFile(b, path, fmt.Sprintf("run %d: interruption %s (around the switch %s), downtime %s; of %d requests %d failed once, %d failed their retry too; the switch:\n%s\n",
+				run, r.interruption.Round(time.Millisecond), r.switchGap.Round(time.Millisecond), r.downtime.Round(time.Millisecond), len(r.answers), r.failedOnce, r.failedTwice, r.timeline))
 		}
 	}
 }

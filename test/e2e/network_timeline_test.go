@@ -210,18 +210,7 @@ func switchTimeline(tb testing.TB, w *switchWatch, lastBefore, firstAfter *answe
 		}
 		return times[len(times)-1]
 	}
-	var targetStats time.Time
-	if log, err := target.ContainerLog(targetPod, launcher.ContainerName); err == nil {
-		for _, line := range strings.Split(log, "\n") {
-			var rec struct {
-				Time time.Time `json:"time"`
-				Msg  string    `json:"msg"`
-			}
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "migration statistics" {
-				targetStats = rec.Time
-			}
-		}
-	}
+	targetStats := guestArrived(tb, target, targetPod)
 	targetInSlice := w.at(sliceReady(targetPod.Name))
 	if both := w.at(sliceReady(sourcePod.Name, targetPod.Name)); !both.IsZero() && (targetInSlice.IsZero() || both.Before(targetInSlice)) {
 		targetInSlice = both
@@ -272,4 +261,25 @@ func failedRequests(zero time.Time, answers []answer) string {
 		fmt.Fprintf(&sb, "  request sent %+d ms: %v at %+d ms; retry: %s at %+d ms\n", ms(a.sent), a.firstErr, ms(a.firstDone), retry, ms(a.received))
 	}
 	return sb.String()
+}
+
+// guestArrived is when the target launcher logged the migration's statistics, just after the
+// guest began to run there.
+func guestArrived(tb testing.TB, target *testNode, targetPod *corev1.Pod) time.Time {
+	tb.Helper()
+	log, err := target.ContainerLog(targetPod, launcher.ContainerName)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(log, "\n") {
+		var rec struct {
+			Time time.Time `json:"time"`
+			Msg  string    `json:"msg"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "migration statistics" {
+			return rec.Time
+		}
+	}
+	tb.Fatalf("the target launcher logged no migration statistics:\n%s", tail(log, 10))
+	return time.Time{}
 }
