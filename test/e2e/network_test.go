@@ -21,6 +21,8 @@ import (
 	"k8s.io/utils/ptr"
 	"os"
 
+	"github.com/lifeboat-vm/lifeboat/agent"
+	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
@@ -145,6 +147,10 @@ func askEvery(ctx context.Context, network *node.Network, address string) (answe
 // servedMigration is what a client of a VM's Service saw while the VM was live-migrated.
 type servedMigration struct {
 	answers []answer
+	// sourceAgentLog is the source node's agent's log; sourceAddress the guest's port on the
+	// source pod's address; network the fabric the client asks from.
+	sourceAgentLog, sourceAddress string
+	network                       *node.Network
 	// interruption is the longest time without an answer, from the last answer before it to
 	// the first after it: for a migration, from the source's last to the target's first.
 	interruption time.Duration
@@ -226,7 +232,8 @@ func migrateServedVM(tb testing.TB) servedMigration {
 		tb.Fatalf("the guest did not answer through the Service after its migration: %d answers since", answered(arrived))
 	}
 	stop()
-	r := servedMigration{answers: collect(), took: time.Since(evicted)}
+	r := servedMigration{answers: collect(), took: time.Since(evicted), sourceAgentLog: source.agent.LogPath(), network: network,
+		sourceAddress: net.JoinHostPort(sourcePod.Status.PodIP, fmt.Sprint(protocol.ServePort))}
 
 	// Answers in the order they arrived: a retried request's answer comes after those of
 	// requests sent later.
@@ -320,6 +327,20 @@ func TestServiceFollowsTheVMThroughAMigration(t *testing.T) {
 		len(r.answers), r.failedOnce, r.failedTwice, r.interruption.Round(time.Millisecond), r.downtime.Round(time.Millisecond), r.took.Round(time.Millisecond), r.timeline)
 	if len(r.answers)-r.failedTwice < 10 {
 		t.Errorf("only %d answers of %d requests", len(r.answers)-r.failedTwice, len(r.answers))
+	}
+	// The source pod forwarded to the target while the Service still sent there; once no
+	// EndpointSlice lists it, that path goes, and the old address no longer reaches the guest.
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, agent.ForwardAtMost, true, func(context.Context) (bool, error) {
+		return len(logTimes(t, r.sourceAgentLog, podnetwork.MsgForwardEnded, "served")) > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("the source agent did not end the source pod's forward to the target pod: %v", err)
+	}
+	if len(logTimes(t, r.sourceAgentLog, podnetwork.MsgForwarding, "served")) == 0 {
+		t.Errorf("the source agent logged no forward to the target pod")
+	}
+	if _, _, err := askGuest(context.Background(), r.network, r.sourceAddress); err == nil {
+		t.Errorf("the guest still answers on the source pod's address %s after the forward ended", r.sourceAddress)
 	}
 }
 
