@@ -226,6 +226,7 @@ func switchTimeline(tb testing.TB, w *switchWatch, lastBefore, firstAfter *answe
 		{"source pod: readiness gate False", w.at(fmt.Sprintf("pod %s %s=False", sourcePod.Name, v1alpha1.PodConditionGuestRunning))},
 		{"EndpointSlice: the target ready", targetInSlice},
 		{"EndpointSlice: only the target ready", w.at(sliceReady(targetPod.Name))},
+		{"EndpointSlice: no endpoint ready (the proxies refuse connections)", w.at(sliceReady())},
 		{"kube-proxy: rules synced after the target became an endpoint", nextAfter(kubeProxySyncs(tb, kubeProxyLog), targetInSlice)},
 		{"the target's first answer: request sent", firstAfter.sent},
 		{"the target's first answer received", firstAfter.received},
