@@ -272,7 +272,6 @@ func (m *migrations) endForward(namespace, sourcePod string, ns *os.File, log *s
 	in := ForwardEndInput{Started: clk.Now()}
 	in.LastListed = in.Started
 	for {
-		in.Now = clk.Now()
 		in.Listed, in.ReadFailed = false, m.a.cfg.EndpointSlices == nil
 		if !in.ReadFailed {
 			ctx, cancel := context.WithTimeout(context.Background(), forwardCheckInterval*4)
@@ -281,6 +280,8 @@ func (m *migrations) endForward(namespace, sourcePod string, ns *os.File, log *s
 			in.ReadFailed = err != nil
 			in.Listed = err == nil && SourceListed(slices, sourcePod)
 		}
+		// After the read: a slow answer must not date the source's last listing too early.
+		in.Now = clk.Now()
 		if in.Listed {
 			in.LastListed = in.Now
 		}
