@@ -196,10 +196,12 @@ bench-scale: binaries
 
 # A VM on the pod network, behind a Service, live-migrated while a client asks every 20 ms:
 # the longest interruption beside the guest's stop and the migration's downtime (about 2 minutes);
-# chart network.svg.
+# chart network.svg; each run's timeline of the switch in network-timelines.txt, printed at the end.
 NETWORK_COUNT ?= 5
 bench-network: binaries
-	$(call bench_run,network,,$(GO) test -run '^$$' -bench BenchmarkMigrationNetworkInterruption -benchtime=1x -count=$(NETWORK_COUNT) -timeout 0 ./test/e2e/)
+	@mkdir -p $(BENCH_OUT); rm -f $(BENCH_OUT)/network-timelines.txt
+	$(call bench_run,network,,NETWORK_TIMELINES=$(BENCH_OUT)/network-timelines.txt $(GO) test -run '^$$' -bench BenchmarkMigrationNetworkInterruption -benchtime=1x -count=$(NETWORK_COUNT) -timeout 0 ./test/e2e/)
+	@cat $(BENCH_OUT)/network-timelines.txt
 
 # The same migration over plain TCP and over TLS 1.3 between the proxies, uncapped and capped,
 # interleaved: each round runs every case once (go test's -count would repeat each case back to

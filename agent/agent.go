@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -65,6 +66,12 @@ type Config struct {
 	// node, nil while it runs; a restarted agent uses it to learn how a migration it lost track
 	// of ended.
 	LauncherExit func(ctx context.Context, namespace, name string, podUID types.UID) (*int32, error)
+	// GetPod reads a pod from the API server (a migration's source and target pods, for their
+	// addresses); nil: a source pod never forwards to its target (handover.go).
+	GetPod func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+	// EndpointSlices lists a namespace's EndpointSlices, to end a source pod's forward once
+	// none lists it; nil: a forward lasts ForwardAtMost.
+	EndpointSlices func(ctx context.Context, namespace string) ([]discoveryv1.EndpointSlice, error)
 	// PodInformer, if set, holds this node's launcher pods: the agent links each VMI's directory
 	// to its pod's run volume (poddirs.go), and a pod deleted through the API gives its SIGTERM
 	// its cause and deadline (PodDeletion).
@@ -131,6 +138,10 @@ type Agent struct {
 	// signalled holds, by VMI UID, the SIGTERM a launcher reported (a *signal), which its domain's
 	// metadata may not show yet: libvirt holds that write while a migration runs.
 	signalled sync.Map
+	// netns holds, by VMI UID, the network namespace of the launcher pod whose network this
+	// agent built, for the forward at the end of a migration away (handover.go).
+	netnsMu sync.Mutex
+	netns   map[string]*os.File
 }
 
 // launcher is the agent's link to one launcher.
@@ -311,6 +322,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 			go a.connect(ctx, uid)
 		case uid := <-gone:
 			a.forget(uid)
+			a.dropNetns(uid)
 			a.mu.Lock()
 			delete(a.stalls, uid)
 			a.mu.Unlock()
@@ -464,6 +476,19 @@ func (a *Agent) conn(uid string) DomainConn {
 }
 
 // migrator is the launcher connection of the VMI with uid, for migrating; nil if none.
+// switchOvers is when uid's launcher's guest pauses for a migration's switch-over; nil if its
+// connection does not say.
+func (a *Agent) switchOvers(uid string) <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if l := a.launchers[uid]; l != nil {
+		if s, ok := l.conn.(switchOverer); ok {
+			return s.SwitchOvers()
+		}
+	}
+	return nil
+}
+
 func (a *Agent) migrator(uid string) Migrator {
 	a.mu.Lock()
 	defer a.mu.Unlock()

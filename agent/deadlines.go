@@ -235,6 +235,14 @@ func (g *guardedConn) Close() error {
 }
 
 // migrator is g as a Migrator if its connection is one; nil otherwise.
+// SwitchOvers is the inner connection's, nil if it has none.
+func (g *guardedConn) SwitchOvers() <-chan struct{} {
+	if s, ok := g.inner.(switchOverer); ok {
+		return s.SwitchOvers()
+	}
+	return nil
+}
+
 func (g *guardedConn) migrator() Migrator {
 	if g.mg == nil {
 		return nil

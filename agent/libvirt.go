@@ -16,7 +16,10 @@ type libvirtConn struct {
 	socket  *podsocket.Socket
 	relay   *libvirtRelay
 	changes chan struct{}
-	cancel  context.CancelFunc
+	// switchOvers holds a value once one of the connection's domains paused for a
+	// migration's switch-over (SwitchOverBegan).
+	switchOvers chan struct{}
+	cancel      context.CancelFunc
 }
 
 // LibvirtDialer connects to launchers' libvirt and follows their lifecycle events. A launcher's
@@ -88,10 +91,16 @@ func openLibvirt(relay *libvirtRelay, session bool) (*libvirtConn, error) {
 		conn.Close()
 		return nil, err
 	}
-	c := &libvirtConn{conn: conn, relay: relay, changes: make(chan struct{}, 1), cancel: cancel}
+	c := &libvirtConn{conn: conn, relay: relay, changes: make(chan struct{}, 1), switchOvers: make(chan struct{}, 1), cancel: cancel}
 	go func() {
 		defer close(c.changes)
-		for range events {
+		for ev := range events {
+			if SwitchOverBegan(ev) {
+				select {
+				case c.switchOvers <- struct{}{}:
+				default:
+				}
+			}
 			select {
 			case c.changes <- struct{}{}:
 			default: // a change is already pending; one look covers both
@@ -102,6 +111,10 @@ func openLibvirt(relay *libvirtRelay, session bool) (*libvirtConn, error) {
 }
 
 func (c *libvirtConn) Changes() <-chan struct{} { return c.changes }
+
+// SwitchOvers holds a value once a domain of the connection paused for a migration's
+// switch-over; a value left from an earlier migration is to be drained before the next.
+func (c *libvirtConn) SwitchOvers() <-chan struct{} { return c.switchOvers }
 
 func (c *libvirtConn) Observe(_ context.Context, name string) (*Domain, error) {
 	info, err := c.conn.Lookup(name)

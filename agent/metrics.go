@@ -22,6 +22,9 @@ type Metrics struct {
 	LauncherDirsRemoved prometheus.Counter
 	// PodNetworks counts pod networks built in launcher pods, by binding and result.
 	PodNetworks *prometheus.CounterVec
+	// SourceForwards counts migration source pods made to forward to their target pods, by
+	// result (started, skipped, failed).
+	SourceForwards *prometheus.CounterVec
 	// LauncherImpostors counts pods on the node that claim to be a VMI's launcher by their
 	// labels but are not the pod lifeboat's controller recorded for it; each is refused once.
 	LauncherImpostors prometheus.Counter
@@ -102,6 +105,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_pod_networks_total",
 			Help: "Guests' sides of the pod network the agent built in launcher pods, by binding (masquerade, bridge; unknown when the VMI could not be read) and result (built, failed).",
 		}, []string{"binding", "result"}),
+		SourceForwards: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_agent_source_forwards_total",
+			Help: "Migration source pods on the pod network made to forward what still reaches them to the target pod once the guest left, until no EndpointSlice lists them, by result (started; skipped: no namespace held or no target address; failed).",
+		}, []string{"result"}),
 		LauncherImpostors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "lifeboat_agent_launcher_impostors_total",
 			Help: "Pods on this node labelled as a VMI's launcher that are not the launcher pod lifeboat's controller recorded for it (in the VMI's or its migration's status): the agent linked nothing of the VM to them. Each pod counts once.",
@@ -170,7 +177,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Times the agent was cut off from the API server (or did not run) for longer than --api-server-lost-after, counted when contact came back.",
 		}),
 	}
-	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.LibvirtCallsAbandoned, m.MigrationConnectionsRefused,
+	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.SourceForwards, m.LibvirtCallsAbandoned, m.MigrationConnectionsRefused,
 		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated, m.MigrationDowntime,
 		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn, m.StrayGuestsDestroyed, m.APIServerCutOff, m.APIServerOutages)
 	// Each decision is served from the start, at 0: no SIGTERM yet reads as 0, not as a series

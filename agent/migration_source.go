@@ -173,7 +173,15 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 		c.Deadline = mig.Status.Deadline.Time
 	}
 	c.Tightened = m.tightened(mig, string(vmi.UID), c.Deadline)
+	fw := &forwarder{m: m, h: m.prepareHandover(ctx, mig, vmi), vmi: vmi, log: log}
+	stopWatch := make(chan struct{})
+	watched := fw.watchSwitchOver(stopWatch)
 	mode, result := MigrateConverging(ctx, c)
+	close(stopWatch)
+	<-watched
+	if result != nil {
+		fw.undo()
+	}
 	// The moment libvirt's migration ended, apart from the status writes that follow: the
 	// drain benchmark reads the controllers' overhead from it.
 	log.Info("libvirt migration ended", "mode", mode, "err", result)
@@ -201,6 +209,7 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 			}
 		}
 	}
+	fw.finish(result == nil)
 	m.record(mig, vmi, mode, result, where)
 }
 

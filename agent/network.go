@@ -46,6 +46,9 @@ func (a *Agent) SetupNetwork(ctx context.Context, ref notify.VMIRef, netns *os.F
 		a.cfg.Recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonPodNetworkFailed, "Building the pod network on node %s: %v", a.cfg.NodeName, err)
 		return nil, err
 	}
+	if err := a.keepNetns(ref.UID, netns); err != nil {
+		a.cfg.Log.Warn("keeping the pod's network namespace: its pod will not forward to a migration's target", "vmi", ref.String(), "err", err)
+	}
 	a.cfg.Metrics.PodNetworks.WithLabelValues(binding, "built").Inc()
 	a.cfg.Log.Info("built the pod network", "vmi", ref.String(), "binding", plan.Binding, "guestAddress", lease.Address, "mtu", lease.MTU)
 	return lease, nil

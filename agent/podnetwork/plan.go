@@ -11,6 +11,7 @@ import (
 	"net/netip"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"net"
 )
 
 // Names and addresses inside every launcher pod's network namespace.
@@ -24,6 +25,11 @@ const (
 )
 
 var (
+	// BridgeMAC is the bridge's address, the same in every pod (a locally administered one
+	// that only the pod's guest sees): the guest's gateway keeps its hardware address through a
+	// migration, so the guest's ARP cache holds for the target's bridge, and its first answers
+	// there are not sent to the source's.
+	BridgeMAC = net.HardwareAddr{0x02, 0x6c, 0x62, 0x00, 0x00, 0x01}
 	// GuestPrefix is the guest's address behind masquerade, the same in every pod and on both
 	// sides of a migration, so the guest never sees its address change.
 	GuestPrefix = netip.MustParsePrefix("10.0.2.2/24")

@@ -107,7 +107,7 @@ func build(plan Plan, nsFD int) (*notify.Lease, error) {
 		return nil, fmt.Errorf("the pod has no %s: %w", PodInterface, err)
 	}
 	mtu := eth0.Attrs().MTU
-	br, err := ensureLink(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: Bridge, MTU: mtu}})
+	br, err := ensureLink(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: Bridge, MTU: mtu, HardwareAddr: BridgeMAC}})
 	if err != nil {
 		return nil, err
 	}

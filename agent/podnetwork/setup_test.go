@@ -87,6 +87,11 @@ func TestMasqueradeBuildsBridgeTapAndNAT(t *testing.T) {
 			if tap.Attrs().MasterIndex != br.Attrs().Index || br.Attrs().Flags&net.FlagUp == 0 || tap.Attrs().Flags&net.FlagUp == 0 {
 				t.Errorf("the tap is not on the bridge %s, or either is not up", Bridge)
 			}
+			// The guest's gateway has the same hardware address in every pod, the tap's
+			// joining notwithstanding: a migrated guest's ARP cache holds on the target.
+			if got := br.Attrs().HardwareAddr.String(); got != BridgeMAC.String() {
+				t.Errorf("the bridge's address is %s, want %s in every pod", got, BridgeMAC)
+			}
 			addrs, _ := netlink.AddrList(br, netlink.FAMILY_V4)
 			if len(addrs) != 1 || addrs[0].IPNet.String() != "10.0.2.1/24" {
 				t.Errorf("the bridge's addresses are %v, want the guest's gateway 10.0.2.1/24", addrs)

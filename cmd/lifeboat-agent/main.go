@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	coreinformers "k8s.io/client-go/informers/core/v1"
@@ -171,6 +173,8 @@ func run(o options, log *slog.Logger) error {
 		Metrics:           agent.NewMetrics(reg),
 		Log:               log,
 		LauncherExit:      launcherExit(kubeClient, o.nodeName),
+		GetPod:            getPod(kubeClient),
+		EndpointSlices:    endpointSlices(kubeClient),
 		PodInformer:       pods,
 		KubeletPodsDir:    o.kubeletPodsDir,
 		PodDirResync:      o.podDirResync,
@@ -259,6 +263,33 @@ func annotateNode(kube kubernetes.Interface, node string) func(ctx context.Conte
 
 // launcherExit reads, from the kubelet's record of the pod, how the launcher in it ended: only
 // the pod with that UID on this node counts.
+// getPod reads a pod on any node: a migration's source and target pods, for their addresses.
+func getPod(client kubernetes.Interface) func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	return func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+		// Listed, not read: the agent may list pods but not get them (manifests/agent-rbac.yaml).
+		pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+		if err != nil {
+			return nil, err
+		}
+		if len(pods.Items) != 1 {
+			return nil, fmt.Errorf("pod %s/%s not found", namespace, name)
+		}
+		return &pods.Items[0], nil
+	}
+}
+
+// endpointSlices lists a namespace's EndpointSlices: whether one still lists a migration's
+// source pod.
+func endpointSlices(client kubernetes.Interface) func(ctx context.Context, namespace string) ([]discoveryv1.EndpointSlice, error) {
+	return func(ctx context.Context, namespace string) ([]discoveryv1.EndpointSlice, error) {
+		list, err := client.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return list.Items, nil
+	}
+}
+
 func launcherExit(client kubernetes.Interface, nodeName string) func(ctx context.Context, namespace, name string, podUID types.UID) (*int32, error) {
 	return func(ctx context.Context, namespace, name string, podUID types.UID) (*int32, error) {
 		// Listed, not read: the agent may list pods but not get them (manifests/agent-rbac.yaml).

@@ -26,9 +26,28 @@ func GuestRunningIn(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod) corev
 	return corev1.ConditionTrue
 }
 
-// syncGuestGates sets the readiness gate of each of pods that has it.
+// GateOrder is pods in the order their readiness gates are written: the pods the guest runs in
+// first. At a migration's end the target becomes an endpoint of the VM's Services before the
+// source stops being one; the other way round, the EndpointSlice controller can publish a slice
+// with no ready endpoint in between, and the Service proxies then refuse connections.
+func GateOrder(vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod) []*corev1.Pod {
+	out := slices.Clone(pods)
+	slices.SortStableFunc(out, func(a, b *corev1.Pod) int {
+		ra, rb := GuestRunningIn(vmi, a) == corev1.ConditionTrue, GuestRunningIn(vmi, b) == corev1.ConditionTrue
+		switch {
+		case ra && !rb:
+			return -1
+		case rb && !ra:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// syncGuestGates sets the readiness gate of each of pods that has it, in GateOrder.
 func (c *Controller) syncGuestGates(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod) error {
-	for _, pod := range pods {
+	for _, pod := range GateOrder(vmi, pods) {
 		if !slices.ContainsFunc(pod.Spec.ReadinessGates, func(g corev1.PodReadinessGate) bool {
 			return g.ConditionType == v1alpha1.PodConditionGuestRunning
 		}) {

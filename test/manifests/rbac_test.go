@@ -44,6 +44,9 @@ var rbacCases = []struct {
 	{"agent probes the API server with the configuration", agentSA, access{verb: "get", group: "lifeboat.dev", resource: "lifeboatconfigs", name: "cluster"}, true},
 	{"agent reports an outage on its Node (an Event in default)", agentSA, access{verb: "create", resource: "events", namespace: "default"}, true},
 	{"controller watches nodes, to hold the VMs of one that stops answering", controllerSA, access{verb: "watch", resource: "nodes"}, true},
+	// Issue 48: a migration's source pod forwards to the target pod until no EndpointSlice lists it.
+	{"agent lists a namespace's EndpointSlices, to end a source pod's forward", agentSA, access{verb: "list", group: "discovery.k8s.io", resource: "endpointslices", namespace: "ns"}, true},
+	{"agent may not change EndpointSlices", agentSA, access{verb: "update", group: "discovery.k8s.io", resource: "endpointslices", namespace: "ns", name: "s"}, false},
 	{"agent may not change a VMI's spec", agentSA, access{verb: "update", group: "lifeboat.dev", resource: "virtualmachineinstances", namespace: "ns", name: "vm"}, false},
 	{"agent may not create migrations", agentSA, access{verb: "create", group: "lifeboat.dev", resource: "virtualmachineinstancemigrations", namespace: "ns"}, false},
 	{"agent may not change the configuration", agentSA, access{verb: "update", group: "lifeboat.dev", resource: "lifeboatconfigs", name: "cluster"}, false},
