@@ -8,6 +8,7 @@ package podnetwork
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -58,6 +59,8 @@ type Plan struct {
 	// TapOwner is the user (and group) the tap belongs to: the launcher's, so that its QEMU
 	// may open it without any capability.
 	TapOwner uint32
+	// GuestMAC is the guest's card's address, the only source MAC the pod lets through from it.
+	GuestMAC net.HardwareAddr
 }
 
 // PlanFor is the plan for vmi's interface on the pod network; ok is false when it has none.
@@ -68,7 +71,11 @@ func PlanFor(vmi *v1alpha1.VirtualMachineInstance, tapOwner uint32) (plan Plan, 
 	if !ok || err != nil {
 		return Plan{}, ok, err
 	}
-	plan = Plan{TapOwner: tapOwner}
+	mac, err := iface.MAC(string(vmi.UID))
+	if err != nil {
+		return Plan{}, true, fmt.Errorf("interface %q: %w", iface.Name, err)
+	}
+	plan = Plan{TapOwner: tapOwner, GuestMAC: mac}
 	switch {
 	case iface.Masquerade != nil && iface.Bridge == nil:
 		plan.Binding = Masquerade

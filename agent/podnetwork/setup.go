@@ -135,6 +135,14 @@ func build(plan Plan, nsFD int) (*notify.Lease, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The filter is in place before the tap is up, so before QEMU may send anything.
+	guestAddr, err := netip.ParsePrefix(lease.Address)
+	if err != nil {
+		return nil, err
+	}
+	if err := guestFilter(GuestIdentity{MAC: plan.GuestMAC, Address: guestAddr.Addr()}, nsFD); err != nil {
+		return nil, fmt.Errorf("writing the filter of what the guest sends: %w", err)
+	}
 	for _, l := range []netlink.Link{tap, br} {
 		if err := netlink.LinkSetUp(l); err != nil {
 			return nil, fmt.Errorf("bringing %s up: %w", l.Attrs().Name, err)

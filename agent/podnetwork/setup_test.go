@@ -61,7 +61,7 @@ func podNamespace(t *testing.T) *os.File {
 
 func TestMasqueradeBuildsBridgeTapAndNAT(t *testing.T) {
 	ns := podNamespace(t)
-	plan := Plan{Binding: Masquerade, TapOwner: 107, Ports: []PortRule{{Protocol: "TCP", Port: 8080}, {Protocol: "UDP", Port: 53}}}
+	plan := Plan{Binding: Masquerade, TapOwner: 107, GuestMAC: guestMAC, Ports: []PortRule{{Protocol: "TCP", Port: 8080}, {Protocol: "UDP", Port: 53}}}
 	lease, err := Setup(ns, plan)
 	if err != nil {
 		t.Fatal(err)
@@ -127,7 +127,7 @@ func TestBridgeBindingGivesTheGuestThePodsAddress(t *testing.T) {
 	ns := podNamespace(t)
 	want := notify.Lease{Interface: Bridge, Tap: Tap, Address: "10.244.9.5/24", Gateway: "10.244.9.1", Server: "169.254.75.10", MTU: 1450}
 	for range 2 {
-		lease, err := Setup(ns, Plan{Binding: BridgeMode, TapOwner: 107})
+		lease, err := Setup(ns, Plan{Binding: BridgeMode, TapOwner: 107, GuestMAC: guestMAC})
 		if err != nil || *lease != want {
 			t.Fatalf("Setup = %+v, %v; want %+v (the same the second time, from what the first recorded)", lease, err, want)
 		}
