@@ -19,17 +19,7 @@ import (
 // 10.244.9.1. It returns the namespace, open.
 func podNamespace(t *testing.T) *os.File {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("making network namespaces needs root: run the tests as root, as make test and .ci/run do (README, Prerequisites)")
-	}
-	path := filepath.Join(t.TempDir(), "netns")
-	if err := os.WriteFile(path, nil, 0o444); err != nil {
-		t.Fatal(err)
-	}
-	err := OnThread(func() error { return unix.Unshare(unix.CLONE_NEWNET) }, func() error {
-		if err := unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, ""); err != nil {
-			return err
-		}
+	return newNamespace(t, func() error {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: PodInterface, MTU: 1450}, PeerName: "peer0"}); err != nil {
 			return err
 		}
@@ -45,8 +35,26 @@ func podNamespace(t *testing.T) *os.File {
 		}
 		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("10.244.9.1")})
 	})
+}
+
+// newNamespace makes a network namespace, runs populate in it, and returns it, open.
+func newNamespace(t *testing.T, populate func() error) *os.File {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("making network namespaces needs root: run the tests as root, as make test and .ci/run do (README, Prerequisites)")
+	}
+	path := filepath.Join(t.TempDir(), "netns")
+	if err := os.WriteFile(path, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	err := OnThread(func() error { return unix.Unshare(unix.CLONE_NEWNET) }, func() error {
+		if err := unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, ""); err != nil {
+			return err
+		}
+		return populate()
+	})
 	if err != nil {
-		t.Fatalf("making a pod's network namespace: %v", err)
+		t.Fatalf("making a network namespace: %v", err)
 	}
 	ns, err := os.Open(path)
 	if err != nil {
