@@ -311,6 +311,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 			go a.connect(ctx, uid)
 		case uid := <-gone:
 			a.forget(uid)
+			a.cfg.Metrics.guestDrops.forget(uid)
 			a.mu.Lock()
 			delete(a.stalls, uid)
 			a.mu.Unlock()
