@@ -35,13 +35,14 @@ type GuestIdentity struct {
 
 // Offsets in an Ethernet frame and in the headers after it.
 const (
-	ethSource    = 6
-	ethType      = 12
-	ipProtocol   = 9
-	ipSource     = 12
-	arpFixed     = 0 // hardware type, protocol type, their lengths: Ethernet and IPv4, 6 and 4
-	arpSenderMAC = 8
-	arpSenderIP  = 14
+	ethSource     = 6
+	ethType       = 12
+	ipProtocol    = 9
+	ipSource      = 12
+	ipDestination = 16
+	arpFixed      = 0 // hardware type, protocol type, their lengths: Ethernet and IPv4, 6 and 4
+	arpSenderMAC  = 8
+	arpSenderIP   = 14
 )
 
 var (
@@ -49,8 +50,9 @@ var (
 	etherARP   = []byte{0x08, 0x06}
 	arpEthIPv4 = []byte{0x00, 0x01, 0x08, 0x00, 6, 4}
 	// dhcpPorts are a DHCP client's source and destination ports, 68 and 67.
-	dhcpPorts   = []byte{0, 68, 0, 67}
-	unspecified = []byte{0, 0, 0, 0}
+	dhcpPorts        = []byte{0, 68, 0, 67}
+	unspecified      = []byte{0, 0, 0, 0}
+	limitedBroadcast = []byte{255, 255, 255, 255}
 )
 
 // FilterRules are the expressions of the guest's ingress chain, rule by rule, in order; the
@@ -64,8 +66,9 @@ func FilterRules(g GuestIdentity) ([][]expr.Any, error) {
 	return [][]expr.Any{
 		concat(match(expr.PayloadBaseLLHeader, ethSource, expr.CmpOpNeq, mac), drop(SpoofedCounter)),
 		concat(isType(etherIPv4), match(expr.PayloadBaseNetworkHeader, ipSource, expr.CmpOpEq, addr), []expr.Any{accept}),
-		// DHCP's discover and request, sent before the guest has its address.
+		// DHCP's discover and request, broadcast before the guest has its address.
 		concat(isType(etherIPv4), match(expr.PayloadBaseNetworkHeader, ipSource, expr.CmpOpEq, unspecified),
+			match(expr.PayloadBaseNetworkHeader, ipDestination, expr.CmpOpEq, limitedBroadcast),
 			match(expr.PayloadBaseNetworkHeader, ipProtocol, expr.CmpOpEq, []byte{unix.IPPROTO_UDP}),
 			match(expr.PayloadBaseTransportHeader, 0, expr.CmpOpEq, dhcpPorts), []expr.Any{accept}),
 		concat(isType(etherARP), match(expr.PayloadBaseNetworkHeader, arpFixed, expr.CmpOpEq, arpEthIPv4),

@@ -102,6 +102,7 @@ func TestFilterRules(t *testing.T) {
 		{"IPv4 from the guest's address and another MAC", ethernet(routerMAC, otherMAC, typeIPv4, udp4(guestIP, gatewayIP, 40000, 53, nil)), false, SpoofedCounter},
 		{"a DHCP request before the lease", ethernet(broadcast, guestMAC, typeIPv4, udp4(zeroIP, broadcast4, 68, 67, nil)), true, ""},
 		{"a DHCP request from another MAC", ethernet(broadcast, otherMAC, typeIPv4, udp4(zeroIP, broadcast4, 68, 67, nil)), false, SpoofedCounter},
+		{"a DHCP request from 0.0.0.0 to one host", ethernet(routerMAC, guestMAC, typeIPv4, udp4(zeroIP, gatewayIP, 68, 67, nil)), false, SpoofedCounter},
 		{"other UDP from 0.0.0.0", ethernet(broadcast, guestMAC, typeIPv4, udp4(zeroIP, broadcast4, 68, 53, nil)), false, SpoofedCounter},
 		{"IPv4 cut short", ethernet(routerMAC, guestMAC, typeIPv4, []byte{0x45, 0}), false, SpoofedCounter},
 		{"ARP from the guest's MAC and address", ethernet(broadcast, guestMAC, typeARP, arpRequest(guestMAC, guestIP, gatewayIP)), true, ""},
