@@ -6,16 +6,16 @@ import (
 	"os"
 	"time"
 
+	"errors"
+	"io/fs"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"path/filepath"
-	"io/fs"
-	"errors"
 
 	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
-	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/notify"
 )
 
 // SetupNetwork builds, in the network namespace netns that ref's launcher sent, the guest's
