@@ -16,8 +16,8 @@ import (
 // MAC that carry IPv4 from the guest's own address (or a DHCP request before it has one) or ARP
 // that claims only the guest's own MAC and address. Anything else is dropped and counted.
 const (
-	// FilterTable is lifeboat's netdev table in the pod's namespace; it is replaced whole.
-	FilterTable = "lifeboat-guest"
+	// filterTable is lifeboat's netdev table in the pod's namespace; it is replaced whole.
+	filterTable = "lifeboat-guest"
 	filterChain = "from-guest"
 	// SpoofedCounter counts the frames dropped for a source MAC or IPv4 address, or an ARP
 	// sender, that is not the guest's.
@@ -114,10 +114,10 @@ func guestFilter(g GuestIdentity, nsFD int) error {
 	if err != nil {
 		return err
 	}
-	if old, err := c.ListTableOfFamily(FilterTable, nftables.TableFamilyNetdev); err == nil && old != nil {
+	if old, err := c.ListTableOfFamily(filterTable, nftables.TableFamilyNetdev); err == nil && old != nil {
 		c.DelTable(old)
 	}
-	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyNetdev, Name: FilterTable})
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyNetdev, Name: filterTable})
 	for _, name := range []string{SpoofedCounter, UnsupportedCounter} {
 		c.AddObj(&nftables.CounterObj{Table: t, Name: name})
 	}
@@ -137,7 +137,7 @@ func DroppedFromGuest(ns int) (spoofed, unsupported uint64, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyNetdev, Name: FilterTable}
+	t := &nftables.Table{Family: nftables.TableFamilyNetdev, Name: filterTable}
 	for _, into := range []struct {
 		name string
 		n    *uint64

@@ -1,6 +1,7 @@
 // Package podnetwork builds a VM's side of the pod network inside its launcher pod's network
 // namespace: a bridge, the tap QEMU opens, and for the masquerade binding the NAT between the
-// pod's address and the guest's fixed private one. The agent does this, as KubeVirt's
+// pod's address and the guest's fixed private one; for both bindings, a filter on the tap that
+// lets the guest send only from its own MAC and address (guestfilter.go). The agent does this, as KubeVirt's
 // virt-handler does, because it needs CAP_NET_ADMIN in the pod's namespace and the launcher has
 // no capability at all; the launcher then serves DHCP to the guest on the bridge (the lease
 // says what to offer) and points QEMU at the tap.
