@@ -17,9 +17,10 @@ import (
 )
 
 // A guest, played by the test writing frames to its tap, sends from a forged IPv4 address, from
-// a forged MAC and ARP claiming a forged sender address and a forged sender MAC, then as itself:
-// where its frames go next (the bridge, behind masquerade; the pod network, with the bridge
-// binding) sees only the genuine ones, and the filter counted each forgery.
+// a forged MAC and ARP claiming a forged sender address and a forged sender MAC, then as itself
+// (a DHCP request, a datagram and ARP): where its frames go next (the bridge, behind
+// masquerade; the pod network, with the bridge binding) sees only the genuine ones, and the
+// filter counted each forgery.
 func TestAGuestSendsOnlyAsItself(t *testing.T) {
 	for _, binding := range []Binding{Masquerade, BridgeMode} {
 		t.Run(string(binding), func(t *testing.T) {
@@ -56,15 +57,16 @@ func TestAGuestSendsOnlyAsItself(t *testing.T) {
 			send(ethernet(broadcast, guestMAC, typeARP, arpRequest(guestMAC, forgedIP, gateway)))
 			send(ethernet(broadcast, guestMAC, typeARP, arpRequest(otherMAC, own, gateway)))
 			send(ethernet(broadcast, guestMAC, typeIPv6, ipv6Header(netip.MustParseAddr("fe80::1"))))
+			send(ethernet(broadcast, guestMAC, typeIPv4, udp4(zeroIP, broadcast4, 68, 67, []byte("DHCP"))))
 			send(ethernet(dst, guestMAC, typeIPv4, udp4(own, gateway, 40000, 9999, []byte("genuine"))))
 			send(ethernet(broadcast, guestMAC, typeARP, arpRequest(guestMAC, own, gateway)))
 
 			// The tap hands frames on in the order written, so once both genuine frames are
 			// seen every forged one has either shown or been dropped.
-			var sawIP, sawARP bool
+			var sawDHCP, sawIP, sawARP bool
 			deadline := time.Now().Add(10 * time.Second)
 			buf := make([]byte, 2048)
-			for !(sawIP && sawARP) && time.Now().Before(deadline) {
+			for !(sawDHCP && sawIP && sawARP) && time.Now().Before(deadline) {
 				n, _, err := unix.Recvfrom(capture, buf, 0)
 				if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 					continue
@@ -94,10 +96,12 @@ func TestAGuestSendsOnlyAsItself(t *testing.T) {
 					}
 				case etherType == typeIPv4 && bytes.Contains(payload, []byte("genuine")):
 					sawIP = true
+				case etherType == typeIPv4 && bytes.Contains(payload, []byte("DHCP")):
+					sawDHCP = true
 				}
 			}
-			if !sawIP || !sawARP {
-				t.Fatalf("%s did not see the guest's own frames within 10s (IPv4 %v, ARP %v): the filter drops the genuine too", watchLink, sawIP, sawARP)
+			if !sawDHCP || !sawIP || !sawARP {
+				t.Fatalf("%s did not see the guest's own frames within 10s (DHCP %v, IPv4 %v, ARP %v): the filter drops the genuine too", watchLink, sawDHCP, sawIP, sawARP)
 			}
 			spoofed, unsupported, err := DroppedFromGuest(int(ns.Fd()))
 			if err != nil || spoofed != 4 || unsupported != 1 {

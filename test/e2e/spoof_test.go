@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,9 +28,9 @@ type spoofer struct {
 	// forgedIP is the address the guest forges: beside its own, which behind masquerade is
 	// the fixed private one.
 	forgedIP netip.Addr
-	// forgeries is the most forged frames the guest said it had sent before a genuine datagram
-	// the pod network carried.
-	forgeries int
+	// genuine counts the guest's own datagrams the pod network carried; forgeries is the most
+	// forged frames the guest said it had sent before one of them.
+	genuine, forgeries int
 }
 
 // Two guests on one node, one behind masquerade and one with the bridge binding, try once a
@@ -102,8 +104,9 @@ func TestAGuestThatSpoofsIsSeenOnlyAsItself(t *testing.T) {
 	}
 	for _, s := range spoofers {
 		if s.forgeries < enough {
-			t.Errorf("%s: the pod network carried no datagram of the guest's sent after %d forgeries within %s (the most: after %d); the filter drops the guest's own, or the guest did not spoof (see its console)",
-				s.vmi.Name, enough, bootTimeout, s.forgeries)
+			console, _ := os.ReadFile(nodes[0].consolePath(s.vmi))
+			t.Errorf("%s: the pod network carried %d datagrams of the guest's own within %s, the last sent after %d forgeries, not %d: the filter drops the guest's own, or the guest did not spoof; its console:\n%s",
+				s.vmi.Name, s.genuine, bootTimeout, s.forgeries, enough, tail(withoutCounters(string(console)), 15))
 		}
 		sample := fmt.Sprintf(`lifeboat_agent_guest_frames_dropped_total{namespace=%q,reason="spoofed",vmi=%q}`, ns, s.vmi.Name)
 		if got := nodes[0].metric(t, sample); got < float64(s.forgeries) {
@@ -142,6 +145,7 @@ func checkFrame(f []byte, spoofers []*spoofer, forgedMAC net.HardwareAddr) strin
 			}
 			rest, ok := bytes.CutPrefix(data, []byte(protocol.GenuinePrefix))
 			if n, err := strconv.Atoi(string(rest)); ok && err == nil && srcIP == s.podIP {
+				s.genuine++
 				s.forgeries = max(s.forgeries, n)
 			}
 		}
@@ -169,4 +173,15 @@ func captureFabric(t *testing.T, network *node.Network) int {
 		t.Fatalf("watching the pod network: %v", err)
 	}
 	return fd
+}
+
+// withoutCounters is console without the guest's counter lines.
+func withoutCounters(console string) string {
+	var kept []string
+	for _, line := range strings.Split(console, "\n") {
+		if !strings.HasPrefix(line, protocol.CounterPrefix) {
+			kept = append(kept, line)
+		}
+	}
+	return strings.Join(kept, "\n")
 }
