@@ -276,6 +276,12 @@ func bridge(eth0, br netlink.Link, lease *notify.Lease) error {
 	if err := netlink.LinkSetMaster(eth0, br); err != nil {
 		return fmt.Errorf("attaching %s to %s: %w", PodInterface, Bridge, err)
 	}
+	// A CNI bridge in hairpin mode sends the guest's broadcasts back in through eth0; learning
+	// there would place the guest's MAC behind eth0, and the bridge would then drop the answers
+	// to the guest's own ARP requests, which arrive through eth0 too.
+	if err := netlink.LinkSetLearning(eth0, false); err != nil {
+		return fmt.Errorf("turning learning off on %s: %w", PodInterface, err)
+	}
 	if err := ensureAddr(br, BridgeBindingServer); err != nil {
 		return err
 	}

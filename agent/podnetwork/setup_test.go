@@ -152,6 +152,9 @@ func TestBridgeBindingGivesTheGuestThePodsAddress(t *testing.T) {
 		if addrs, _ := netlink.AddrList(eth0, netlink.FAMILY_V4); len(addrs) != 0 || eth0.Attrs().MasterIndex != br.Attrs().Index {
 			t.Errorf("eth0 keeps %v and is on master %d; want it on the bridge %d without an address", addrs, eth0.Attrs().MasterIndex, br.Attrs().Index)
 		}
+		if port, err := netlink.LinkGetProtinfo(eth0); err != nil || port.Learning {
+			t.Errorf("eth0's bridge port learns addresses (%+v, %v); want not: a hairpin CNI bridge's echo of the guest's broadcasts would place the guest behind eth0", port, err)
+		}
 		return nil
 	})
 	if err != nil {

@@ -31,6 +31,8 @@ type spoofer struct {
 	// genuine counts the guest's own datagrams the pod network carried; forgeries is the most
 	// forged frames the guest said it had sent before one of them.
 	genuine, forgeries int
+	// frames counts every frame from the guest's MAC the pod network carried, by EtherType.
+	frames map[uint16]int
 }
 
 // Two guests on one node, one behind masquerade and one with the bridge binding, try once a
@@ -58,7 +60,7 @@ func TestAGuestThatSpoofsIsSeenOnlyAsItself(t *testing.T) {
 			v.Spec.Networks = []v1alpha1.Network{{Name: "default", Pod: &v1alpha1.PodNetwork{}}}
 			v.Spec.Boot.Cmdline += " " + protocol.SpoofParam + "=" + to
 		}))
-		spoofers = append(spoofers, &spoofer{vmi: v})
+		spoofers = append(spoofers, &spoofer{vmi: v, frames: map[uint16]int{}})
 	}
 	for _, s := range spoofers {
 		s.vmi = waitVMI(t, ns, s.vmi.Name, bootTimeout, "phase Running", running)
@@ -105,8 +107,11 @@ func TestAGuestThatSpoofsIsSeenOnlyAsItself(t *testing.T) {
 	for _, s := range spoofers {
 		if s.forgeries < enough {
 			console, _ := os.ReadFile(nodes[0].consolePath(s.vmi))
-			t.Errorf("%s: the pod network carried %d datagrams of the guest's own within %s, the last sent after %d forgeries, not %d: the filter drops the guest's own, or the guest did not spoof; its console:\n%s",
-				s.vmi.Name, s.genuine, bootTimeout, s.forgeries, enough, tail(withoutCounters(string(console)), 15))
+			dropped := func(reason string) float64 {
+				return nodes[0].metric(t, fmt.Sprintf(`lifeboat_agent_guest_frames_dropped_total{namespace=%q,reason=%q,vmi=%q}`, ns, reason, s.vmi.Name))
+			}
+			t.Errorf("%s: the pod network carried %d datagrams of the guest's own within %s, the last sent after %d forgeries, not %d, and frames from its MAC by EtherType %v; the filter dropped %v spoofed and %v unsupported: the filter drops the guest's own, or the guest did not spoof; its console:\n%s",
+				s.vmi.Name, s.genuine, bootTimeout, s.forgeries, enough, s.frames, dropped("spoofed"), dropped("unsupported"), tail(withoutCounters(string(console)), 15))
 		}
 		sample := fmt.Sprintf(`lifeboat_agent_guest_frames_dropped_total{namespace=%q,reason="spoofed",vmi=%q}`, ns, s.vmi.Name)
 		if got := nodes[0].metric(t, sample); got < float64(s.forgeries) {
@@ -124,6 +129,11 @@ func checkFrame(f []byte, spoofers []*spoofer, forgedMAC net.HardwareAddr) strin
 	src, etherType, payload := net.HardwareAddr(f[6:12]), binary.BigEndian.Uint16(f[12:]), f[14:]
 	if bytes.Equal(src, forgedMAC) {
 		return fmt.Sprintf("the pod network carried a frame from the forged MAC %s", src)
+	}
+	for _, s := range spoofers {
+		if bytes.Equal(src, s.mac) {
+			s.frames[etherType]++
+		}
 	}
 	switch {
 	case etherType == unix.ETH_P_ARP && len(payload) >= 28:
