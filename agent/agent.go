@@ -323,6 +323,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 		case uid := <-gone:
 			a.forget(uid)
 			a.dropNetns(uid)
+			a.cfg.Metrics.guestDrops.forget(uid)
 			a.mu.Lock()
 			delete(a.stalls, uid)
 			a.mu.Unlock()

@@ -58,6 +58,8 @@ type Metrics struct {
 	// --api-server-lost-after; APIServerOutages counts such outages once they ended.
 	APIServerCutOff  prometheus.Gauge
 	APIServerOutages prometheus.Counter
+	// guestDrops counts, by VM, the frames its guest sent that the filter in its pod dropped.
+	guestDrops *guestFilterDrops
 }
 
 // exposure sets the gauges of what the kubelet's eviction settings mean for the node's VMs.
@@ -176,10 +178,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_api_server_outages_total",
 			Help: "Times the agent was cut off from the API server (or did not run) for longer than --api-server-lost-after, counted when contact came back.",
 		}),
+		guestDrops: newGuestFilterDrops(),
 	}
 	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.SourceForwards, m.LibvirtCallsAbandoned, m.MigrationConnectionsRefused,
 		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated, m.MigrationDowntime,
-		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn, m.StrayGuestsDestroyed, m.APIServerCutOff, m.APIServerOutages)
+		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn, m.StrayGuestsDestroyed, m.APIServerCutOff, m.APIServerOutages, m.guestDrops)
 	// Each decision is served from the start, at 0: no SIGTERM yet reads as 0, not as a series
 	// that is missing, which a renamed metric would look like too.
 	for _, d := range []string{DecisionEvacuate, DecisionShutdown} {

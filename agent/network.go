@@ -6,11 +6,15 @@ import (
 	"os"
 	"time"
 
+	"errors"
+	"io/fs"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"path/filepath"
 
 	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 )
 
@@ -49,6 +53,7 @@ func (a *Agent) SetupNetwork(ctx context.Context, ref notify.VMIRef, netns *os.F
 	if err := a.keepNetns(ref.UID, netns); err != nil {
 		a.cfg.Log.Warn("keeping the pod's network namespace: its pod will not forward to a migration's target", "vmi", ref.String(), "err", err)
 	}
+	a.watchGuestFilter(vmi, netns)
 	a.cfg.Metrics.PodNetworks.WithLabelValues(binding, "built").Inc()
 	a.cfg.Log.Info("built the pod network", "vmi", ref.String(), "binding", plan.Binding, "guestAddress", lease.Address, "mtu", lease.MTU)
 	return lease, nil
@@ -56,3 +61,16 @@ func (a *Agent) SetupNetwork(ctx context.Context, ref notify.VMIRef, netns *os.F
 
 // ReasonPodNetworkFailed is the Warning Event on a VMI whose launcher pod's network the agent could not build.
 const ReasonPodNetworkFailed = "PodNetworkFailed"
+
+// watchGuestFilter keeps netns to serve its guest filter's counters until the launcher's
+// directory goes; if it went already, keeping it would hold a deleted pod's namespace.
+func (a *Agent) watchGuestFilter(vmi *v1alpha1.VirtualMachineInstance, netns *os.File) {
+	uid := string(vmi.UID)
+	if err := a.cfg.Metrics.guestDrops.watch(uid, vmi.Namespace, vmi.Name, netns); err != nil {
+		a.cfg.Log.Warn("keeping the pod's network namespace to read its filter's counters", "vmi", vmi.Namespace+"/"+vmi.Name, "err", err)
+		return
+	}
+	if _, err := os.Stat(filepath.Join(a.cfg.DomainsDir, uid)); a.cfg.DomainsDir != "" && errors.Is(err, fs.ErrNotExist) {
+		a.cfg.Metrics.guestDrops.forget(uid)
+	}
+}

@@ -1,6 +1,7 @@
 // Package podnetwork builds a VM's side of the pod network inside its launcher pod's network
 // namespace: a bridge, the tap QEMU opens, and for the masquerade binding the NAT between the
-// pod's address and the guest's fixed private one. The agent does this, as KubeVirt's
+// pod's address and the guest's fixed private one; for both bindings, a filter on the tap that
+// lets the guest send only from its own MAC and address (guestfilter.go). The agent does this, as KubeVirt's
 // virt-handler does, because it needs CAP_NET_ADMIN in the pod's namespace and the launcher has
 // no capability at all; the launcher then serves DHCP to the guest on the bridge (the lease
 // says what to offer) and points QEMU at the tap.
@@ -8,10 +9,10 @@ package podnetwork
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
-	"net"
 )
 
 // Names and addresses inside every launcher pod's network namespace.
@@ -64,6 +65,8 @@ type Plan struct {
 	// TapOwner is the user (and group) the tap belongs to: the launcher's, so that its QEMU
 	// may open it without any capability.
 	TapOwner uint32
+	// GuestMAC is the guest's card's address, the only source MAC the pod lets through from it.
+	GuestMAC net.HardwareAddr
 }
 
 // PlanFor is the plan for vmi's interface on the pod network; ok is false when it has none.
@@ -74,7 +77,11 @@ func PlanFor(vmi *v1alpha1.VirtualMachineInstance, tapOwner uint32) (plan Plan, 
 	if !ok || err != nil {
 		return Plan{}, ok, err
 	}
-	plan = Plan{TapOwner: tapOwner}
+	mac, err := iface.MAC(string(vmi.UID))
+	if err != nil {
+		return Plan{}, true, fmt.Errorf("interface %q: %w", iface.Name, err)
+	}
+	plan = Plan{TapOwner: tapOwner, GuestMAC: mac}
 	switch {
 	case iface.Masquerade != nil && iface.Bridge == nil:
 		plan.Binding = Masquerade

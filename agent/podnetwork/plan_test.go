@@ -29,6 +29,9 @@ func TestPlanFor(t *testing.T) {
 		{name: "bridge", ok: true,
 			spec: v1alpha1.VirtualMachineInstanceSpec{Interfaces: []v1alpha1.Interface{{Name: "default", Bridge: &v1alpha1.InterfaceBridge{}}}, Networks: pod},
 			want: Plan{Binding: BridgeMode, TapOwner: 107}},
+		{name: "bridge with the spec's MAC", ok: true,
+			spec: v1alpha1.VirtualMachineInstanceSpec{Interfaces: []v1alpha1.Interface{{Name: "default", Bridge: &v1alpha1.InterfaceBridge{}, MACAddress: "52:54:00:12:34:56"}}, Networks: pod},
+			want: Plan{Binding: BridgeMode, TapOwner: 107}},
 		{name: "an interface on an unknown network", ok: true, errHas: `interface "default" names no network`,
 			spec: v1alpha1.VirtualMachineInstanceSpec{Interfaces: []v1alpha1.Interface{{Name: "default", Masquerade: masq}}}},
 		{name: "two interfaces on the pod network", ok: true, errHas: "a VM has at most one",
@@ -40,6 +43,7 @@ func TestPlanFor(t *testing.T) {
 			spec: v1alpha1.VirtualMachineInstanceSpec{Interfaces: []v1alpha1.Interface{{Name: "default", Masquerade: masq, Ports: []v1alpha1.Port{{Port: 70000}}}}, Networks: pod}},
 	} {
 		vmi := &v1alpha1.VirtualMachineInstance{Spec: tc.spec}
+		vmi.UID = "uid-1"
 		plan, ok, err := PlanFor(vmi, 107)
 		switch {
 		case ok != tc.ok:
@@ -50,8 +54,16 @@ func TestPlanFor(t *testing.T) {
 			t.Errorf("%s: %v", tc.name, err)
 		case tc.errHas == "" && (plan.Binding != tc.want.Binding || plan.TapOwner != tc.want.TapOwner || !equalPorts(plan.Ports, tc.want.Ports)):
 			t.Errorf("%s: plan %+v, want %+v", tc.name, plan, tc.want)
+		case ok && tc.errHas == "" && plan.GuestMAC.String() != wantMAC(vmi):
+			t.Errorf("%s: the filter lets through MAC %s, want the card's %s", tc.name, plan.GuestMAC, wantMAC(vmi))
 		}
 	}
+}
+
+// wantMAC is the MAC of vmi's only interface, the card QEMU gives the guest.
+func wantMAC(vmi *v1alpha1.VirtualMachineInstance) string {
+	mac, _ := vmi.Spec.Interfaces[0].MAC(string(vmi.UID))
+	return mac.String()
 }
 
 func equalPorts(a, b []PortRule) bool { return slices.Equal(a, b) }

@@ -135,6 +135,14 @@ func build(plan Plan, nsFD int) (*notify.Lease, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The filter is in place before the tap is up, so before QEMU may send anything.
+	guestAddr, err := netip.ParsePrefix(lease.Address)
+	if err != nil {
+		return nil, err
+	}
+	if err := guestFilter(GuestIdentity{MAC: plan.GuestMAC, Address: guestAddr.Addr()}, nsFD); err != nil {
+		return nil, fmt.Errorf("writing the filter of what the guest sends: %w", err)
+	}
 	for _, l := range []netlink.Link{tap, br} {
 		if err := netlink.LinkSetUp(l); err != nil {
 			return nil, fmt.Errorf("bringing %s up: %w", l.Attrs().Name, err)
@@ -267,6 +275,12 @@ func bridge(eth0, br netlink.Link, lease *notify.Lease) error {
 	}
 	if err := netlink.LinkSetMaster(eth0, br); err != nil {
 		return fmt.Errorf("attaching %s to %s: %w", PodInterface, Bridge, err)
+	}
+	// A CNI bridge in hairpin mode sends the guest's broadcasts back in through eth0; learning
+	// there would place the guest's MAC behind eth0, and the bridge would then drop the answers
+	// to the guest's own ARP requests, which arrive through eth0 too.
+	if err := netlink.LinkSetLearning(eth0, false); err != nil {
+		return fmt.Errorf("turning learning off on %s: %w", PodInterface, err)
 	}
 	if err := ensureAddr(br, BridgeBindingServer); err != nil {
 		return err

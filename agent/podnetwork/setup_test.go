@@ -19,17 +19,7 @@ import (
 // 10.244.9.1. It returns the namespace, open.
 func podNamespace(t *testing.T) *os.File {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("making network namespaces needs root: run the tests as root, as make test and .ci/run do (README, Prerequisites)")
-	}
-	path := filepath.Join(t.TempDir(), "netns")
-	if err := os.WriteFile(path, nil, 0o444); err != nil {
-		t.Fatal(err)
-	}
-	err := OnThread(func() error { return unix.Unshare(unix.CLONE_NEWNET) }, func() error {
-		if err := unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, ""); err != nil {
-			return err
-		}
+	return newNamespace(t, func() error {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: PodInterface, MTU: 1450}, PeerName: "peer0"}); err != nil {
 			return err
 		}
@@ -45,8 +35,26 @@ func podNamespace(t *testing.T) *os.File {
 		}
 		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("10.244.9.1")})
 	})
+}
+
+// newNamespace makes a network namespace, runs populate in it, and returns it, open.
+func newNamespace(t *testing.T, populate func() error) *os.File {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("making network namespaces needs root: run the tests as root, as make test and .ci/run do (README, Prerequisites)")
+	}
+	path := filepath.Join(t.TempDir(), "netns")
+	if err := os.WriteFile(path, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	err := OnThread(func() error { return unix.Unshare(unix.CLONE_NEWNET) }, func() error {
+		if err := unix.Mount("/proc/thread-self/ns/net", path, "", unix.MS_BIND, ""); err != nil {
+			return err
+		}
+		return populate()
+	})
 	if err != nil {
-		t.Fatalf("making a pod's network namespace: %v", err)
+		t.Fatalf("making a network namespace: %v", err)
 	}
 	ns, err := os.Open(path)
 	if err != nil {
@@ -61,7 +69,7 @@ func podNamespace(t *testing.T) *os.File {
 
 func TestMasqueradeBuildsBridgeTapAndNAT(t *testing.T) {
 	ns := podNamespace(t)
-	plan := Plan{Binding: Masquerade, TapOwner: 107, Ports: []PortRule{{Protocol: "TCP", Port: 8080}, {Protocol: "UDP", Port: 53}}}
+	plan := Plan{Binding: Masquerade, TapOwner: 107, GuestMAC: guestMAC, Ports: []PortRule{{Protocol: "TCP", Port: 8080}, {Protocol: "UDP", Port: 53}}}
 	lease, err := Setup(ns, plan)
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +140,7 @@ func TestBridgeBindingGivesTheGuestThePodsAddress(t *testing.T) {
 	ns := podNamespace(t)
 	want := notify.Lease{Interface: Bridge, Tap: Tap, Address: "10.244.9.5/24", Gateway: "10.244.9.1", Server: "169.254.75.10", MTU: 1450}
 	for range 2 {
-		lease, err := Setup(ns, Plan{Binding: BridgeMode, TapOwner: 107})
+		lease, err := Setup(ns, Plan{Binding: BridgeMode, TapOwner: 107, GuestMAC: guestMAC})
 		if err != nil || *lease != want {
 			t.Fatalf("Setup = %+v, %v; want %+v (the same the second time, from what the first recorded)", lease, err, want)
 		}
@@ -148,6 +156,9 @@ func TestBridgeBindingGivesTheGuestThePodsAddress(t *testing.T) {
 		}
 		if addrs, _ := netlink.AddrList(eth0, netlink.FAMILY_V4); len(addrs) != 0 || eth0.Attrs().MasterIndex != br.Attrs().Index {
 			t.Errorf("eth0 keeps %v and is on master %d; want it on the bridge %d without an address", addrs, eth0.Attrs().MasterIndex, br.Attrs().Index)
+		}
+		if port, err := netlink.LinkGetProtinfo(eth0); err != nil || port.Learning {
+			t.Errorf("eth0's bridge port learns addresses (%+v, %v); want not: a hairpin CNI bridge's echo of the guest's broadcasts would place the guest behind eth0", port, err)
 		}
 		return nil
 	})

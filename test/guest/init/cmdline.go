@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -15,6 +16,7 @@ type params struct {
 	diskRate  int64 // bytes per second to write to the first writable disk
 	diskSpan  int64 // bytes of that disk the writes go round
 	tick      time.Duration
+	spoof     netip.AddrPort // where to send the datagrams of protocol.SpoofParam
 }
 
 // parseCmdline reads init's parameters from the kernel command line. Bad values are
@@ -33,6 +35,14 @@ func parseCmdline(cmdline string) (params, []error) {
 				continue
 			}
 			p.tick = tick
+			continue
+		case protocol.SpoofParam:
+			to, err := netip.ParseAddrPort(value)
+			if err != nil || !to.Addr().Is4() {
+				errs = append(errs, fmt.Errorf("%s: %q is not an IPv4 address and port", key, value))
+				continue
+			}
+			p.spoof = to
 			continue
 		case protocol.DirtyParam:
 			into = &p.dirty

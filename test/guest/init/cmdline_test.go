@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 )
@@ -21,6 +22,8 @@ func TestParseCmdline(t *testing.T) {
 		{name: "disk writes", cmdline: "lifeboat.diskrate=4M lifeboat.diskspan=256M", want: params{diskRate: 4 << 20, diskSpan: 256 << 20}},
 		{name: "disk writes over one block at least", cmdline: "lifeboat.diskrate=4M", want: params{diskRate: 4 << 20, diskSpan: 1 << 20}},
 		{name: "a finer tick", cmdline: "lifeboat.tick=50ms", want: params{tick: 50 * time.Millisecond}},
+		{name: "spoofing towards an address", cmdline: "lifeboat.spoof=192.0.2.1:9", want: params{spoof: netip.MustParseAddrPort("192.0.2.1:9")}},
+		{name: "spoofing needs an IPv4 address and a port", cmdline: "lifeboat.spoof=192.0.2.1 lifeboat.spoof=[fd00::1]:9", want: params{}, errs: 2},
 		{name: "bad tick is reported and ignored", cmdline: "lifeboat.tick=-1s lifeboat.tick=often", want: params{}, errs: 2},
 	}
 	for _, tt := range tests {

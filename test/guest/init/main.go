@@ -2,7 +2,8 @@
 // Linux guest booted from the lifeboat test image. It prints a ready line and then a
 // counter every second on the serial console, can keep a chosen amount of memory dirty
 // at a chosen rate (kernel command line, see package protocol), answers each line typed on
-// its console, and powers the guest off when the ACPI power button is pressed.
+// its console, can try to pass as other hosts on its network (protocol.SpoofParam), and
+// powers the guest off when the ACPI power button is pressed.
 //
 // PID 1 must never exit (the kernel would panic), so every failure is printed and init
 // goes on counting.
@@ -60,7 +61,7 @@ func main() {
 			con.println(protocol.DiskWriting(journal, params.diskSpan, params.diskRate))
 		}
 	}
-	if err := startNetwork(con); err != nil {
+	if err := startNetwork(con, params.spoof); err != nil {
 		con.errorf("network: %v", err)
 	}
 	goSafely(con, "console input", func() { answerInput(con, os.Stdin) })

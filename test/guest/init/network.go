@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"sync/atomic"
 	"time"
@@ -21,8 +22,9 @@ import (
 var counter atomic.Int64
 
 // startNetwork configures the guest's card by DHCP, if it has one, and answers on
-// protocol.ServePort. A guest without a card has nothing to do here.
-func startNetwork(con *console) error {
+// protocol.ServePort; with spoofTo valid, it also tries to pass as other hosts (spoof). A guest
+// without a card has nothing to do here.
+func startNetwork(con *console, spoofTo netip.AddrPort) error {
 	if _, err := os.Stat("/sys/class/net/eth0"); err != nil {
 		return nil
 	}
@@ -78,6 +80,9 @@ func startNetwork(con *console) error {
 	id := hex.EncodeToString(boot)
 	goSafely(con, "server", func() { serve(l, id) })
 	con.println(protocol.Network(addr.String(), routers[0].String(), eth0.Attrs().HardwareAddr.String()))
+	if spoofTo.IsValid() {
+		goSafely(con, "spoofing", func() { spoof(con, eth0, addr, routers[0], spoofTo) })
+	}
 	return nil
 }
 

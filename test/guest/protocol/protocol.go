@@ -5,6 +5,7 @@ package protocol
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,7 +44,31 @@ const (
 	// DiskSpanParam is how much of that disk the writes go round, with the same suffixes
 	// (DiskBlock when unset): lifeboat.diskspan=256M.
 	DiskSpanParam = "lifeboat.diskspan"
+	// SpoofParam makes the guest try, once a second, to pass as other hosts on its network
+	// (see Spoofing): lifeboat.spoof=192.0.2.1:9 names where its datagrams go.
+	SpoofParam = "lifeboat.spoof"
 )
+
+// Spoofing: with SpoofParam, once its network is up the guest sends, each second, through its
+// card's raw socket: a UDP datagram from ForgedAddress of its own, one from its own address but
+// ForgedMAC, and a gratuitous ARP reply giving its gateway's address as its own MAC; then, as
+// itself through its kernel's stack, a datagram saying how many forgeries it has sent so far
+// (Genuine). Every datagram goes to the address SpoofParam names, through its gateway.
+const (
+	ForgedMAC           = "02:5a:5a:5a:5a:5a"
+	ForgedPayloadPrefix = "lifeboat-guest forged "
+	GenuinePrefix       = "lifeboat-guest genuine, forgeries sent before: "
+)
+
+// ForgedAddress is the address the guest forges beside its own: the same subnet's host .250.
+func ForgedAddress(own netip.Addr) netip.Addr {
+	b := own.As4()
+	b[3] = 250
+	return netip.AddrFrom4(b)
+}
+
+// Genuine is the payload of the guest's own datagram after it sent forged frames.
+func Genuine(forged int) string { return GenuinePrefix + strconv.Itoa(forged) }
 
 // ModulesFile lists, one absolute path a line and dependencies first, the kernel modules
 // in the image that init loads before anything else (the ACPI power button driver and the
