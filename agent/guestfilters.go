@@ -5,7 +5,6 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sys/unix"
 
 	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
 )
@@ -40,7 +39,7 @@ func newGuestFilterDrops() *guestFilterDrops {
 // watch keeps a descriptor of netns, the pod network of VMI namespace/name with uid, replacing
 // any it kept for the VMI before.
 func (g *guestFilterDrops) watch(uid, namespace, name string, netns *os.File) error {
-	fd, err := unix.FcntlInt(netns.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	f, err := dupFile(netns, "netns of "+uid)
 	if err != nil {
 		return err
 	}
@@ -49,7 +48,7 @@ func (g *guestFilterDrops) watch(uid, namespace, name string, netns *os.File) er
 	if old, ok := g.byUID[uid]; ok {
 		old.netns.Close()
 	}
-	g.byUID[uid] = watchedFilter{namespace: namespace, name: name, netns: os.NewFile(uintptr(fd), "netns")}
+	g.byUID[uid] = watchedFilter{namespace: namespace, name: name, netns: f}
 	return nil
 }
 

@@ -300,11 +300,10 @@ func (m *migrations) endForward(namespace, sourcePod string, ns *os.File, log *s
 // keepNetns keeps a copy of the network namespace descriptor a launcher sent, for the
 // forward at the end of a migration away; it replaces the one kept before for the same VMI.
 func (a *Agent) keepNetns(uid string, ns *os.File) error {
-	fd, err := unix.FcntlInt(ns.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	f, err := dupFile(ns, "netns of "+uid)
 	if err != nil {
 		return err
 	}
-	f := os.NewFile(uintptr(fd), "netns of "+uid)
 	a.netnsMu.Lock()
 	if a.netns == nil {
 		a.netns = map[string]*os.File{}
@@ -349,4 +348,13 @@ func (a *Agent) dropNetns(uid string) {
 	if f := a.takeNetns(uid); f != nil {
 		f.Close()
 	}
+}
+
+// dupFile is a descriptor of its own for what f refers to, closed on exec, which outlives f.
+func dupFile(f *os.File, name string) (*os.File, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), name), nil
 }
