@@ -55,6 +55,8 @@ var wantObjects = []string{
 	"RoleBinding lifeboat-system/lifeboat-signer",
 	"Deployment lifeboat-system/lifeboat-signer",
 	"NetworkPolicy lifeboat-system/lifeboat-signer",
+	"ValidatingAdmissionPolicy lifeboat-kvm-node-label",
+	"ValidatingAdmissionPolicyBinding lifeboat-kvm-node-label",
 	"ValidatingWebhookConfiguration lifeboat-eviction",
 	"ValidatingAdmissionPolicy lifeboat-vmi-node-paths",
 	"ValidatingAdmissionPolicyBinding lifeboat-vmi-node-paths",

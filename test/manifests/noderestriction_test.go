@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+	"time"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -263,4 +264,95 @@ func TestAnAgentChangesOnlyItsNodesReliefLabel(t *testing.T) {
 	wantForbidden(t, "node A's agent cordoning its node", patch(agentA, nodeA.Name, map[string]any{"spec": map[string]any{"unschedulable": true}}, false), only)
 	wantForbidden(t, "an agent token bound to no node", patch(nodeClient(nil), nodeA.Name, label(v1alpha1.LabelMemoryPressureRelief, "true"), false),
 		"the agent's token names no node")
+}
+
+// TestAKubeletCannotUnmarkItsVMNode: the controller and the signer keep off nodes labelled
+// lifeboat.dev/kvm=true, so a VM node's kubelet (impersonated, as the Node authorizer knows it)
+// that could remove the label would draw them onto itself. It is refused removing or changing
+// the label, through nodes and nodes/status, and another node's kubelet adding it; the same
+// kubelet's heartbeat and other labels pass, and an admin adds and removes the label.
+func TestAKubeletCannotUnmarkItsVMNode(t *testing.T) {
+	install(t)
+	ctx := t.Context()
+	vmNode, plainNode := createNode(t, "kubelet-vm"), createNode(t, "kubelet-plain")
+	kubelet := func(node *corev1.Node) kubernetes.Interface {
+		cfg := rest.CopyConfig(cluster.Config)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:node:" + node.Name, Groups: []string{"system:nodes"}}
+		return kubernetes.NewForConfigOrDie(cfg)
+	}
+	vmKubelet, plainKubelet := kubelet(vmNode), kubelet(plainNode)
+	admin := cluster.Kube
+	patch := func(c kubernetes.Interface, node string, change map[string]any, dryRun bool, subresources ...string) error {
+		b, err := json.Marshal(change)
+		if err != nil {
+			return err
+		}
+		opts := metav1.PatchOptions{}
+		if dryRun {
+			opts.DryRun = []string{metav1.DryRunAll}
+		}
+		_, err = c.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, b, opts, subresources...)
+		return err
+	}
+	label := func(key string, value any) map[string]any {
+		return map[string]any{"metadata": map[string]any{"labels": map[string]any{key: value}}}
+	}
+	kvmLabel := func(n string) string {
+		got, err := admin.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, ok := got.Labels[v1alpha1.LabelKVMNode]
+		if !ok {
+			return "(none)"
+		}
+		return v
+	}
+
+	if err := patch(admin, vmNode.Name, label(v1alpha1.LabelKVMNode, "true"), false); err != nil {
+		t.Fatalf("an admin marking a VM node: %v", err)
+	}
+	says := func(node, verb string) string {
+		return "the kubelet system:node:" + node + " may not " + verb + " the label lifeboat.dev/kvm of node " + node + ": an admin sets it"
+	}
+	waitEnforced(t, "a VM node's kubelet removing its lifeboat.dev/kvm", says(vmNode.Name, "remove"), func(context.Context) error {
+		return patch(vmKubelet, vmNode.Name, label(v1alpha1.LabelKVMNode, nil), true)
+	})
+
+	wantForbidden(t, "a VM node's kubelet removing its lifeboat.dev/kvm", patch(vmKubelet, vmNode.Name, label(v1alpha1.LabelKVMNode, nil), false), says(vmNode.Name, "remove"))
+	wantForbidden(t, "a VM node's kubelet setting its lifeboat.dev/kvm to false", patch(vmKubelet, vmNode.Name, label(v1alpha1.LabelKVMNode, "false"), false), says(vmNode.Name, "change"))
+	wantForbidden(t, "a VM node's kubelet removing its lifeboat.dev/kvm through nodes/status",
+		patch(vmKubelet, vmNode.Name, label(v1alpha1.LabelKVMNode, nil), false, "status"), says(vmNode.Name, "remove"))
+	wantForbidden(t, "a kubelet marking its node a VM node", patch(plainKubelet, plainNode.Name, label(v1alpha1.LabelKVMNode, "true"), false), says(plainNode.Name, "add"))
+	if got := kvmLabel(vmNode.Name); got != "true" {
+		t.Errorf("the VM node's lifeboat.dev/kvm after its kubelet's tries: %s, want true", got)
+	}
+	if got := kvmLabel(plainNode.Name); got != "(none)" {
+		t.Errorf("the other node's lifeboat.dev/kvm after its kubelet's try: %s, want none", got)
+	}
+
+	// What a kubelet writes of its Node every few seconds, and a label of its own.
+	heartbeat := map[string]any{"status": map[string]any{"conditions": []any{map[string]any{
+		"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
+		"lastHeartbeatTime": time.Now().UTC().Format(time.RFC3339), "lastTransitionTime": time.Now().UTC().Format(time.RFC3339),
+	}}}}
+	if err := patch(vmKubelet, vmNode.Name, heartbeat, false, "status"); err != nil {
+		t.Errorf("a VM node's kubelet posting its heartbeat: %v", err)
+	}
+	if err := patch(vmKubelet, vmNode.Name, label("example.com/rack", "r1"), false); err != nil {
+		t.Errorf("a VM node's kubelet setting another label: %v", err)
+	}
+	if err := patch(vmKubelet, vmNode.Name, label("example.com/rack", nil), false); err != nil {
+		t.Errorf("a VM node's kubelet removing another label: %v", err)
+	}
+
+	if err := patch(admin, vmNode.Name, label(v1alpha1.LabelKVMNode, nil), false); err != nil {
+		t.Errorf("an admin unmarking a VM node: %v", err)
+	}
+	if err := patch(admin, plainNode.Name, label(v1alpha1.LabelKVMNode, "true"), false); err != nil {
+		t.Errorf("an admin marking a node a VM node: %v", err)
+	}
+	if got := kvmLabel(vmNode.Name) + " " + kvmLabel(plainNode.Name); got != "(none) true" {
+		t.Errorf("the nodes' lifeboat.dev/kvm after the admin's changes: %s, want (none) true", got)
+	}
 }
