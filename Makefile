@@ -17,6 +17,7 @@
 #   make bench-mirror    disk-writing guests migrated with the synchronous disk mirror and the background copy (issue 19)
 #   make bench-relief    node-pressure relief on and off on the real kubelet, 3 runs (4 min a run)
 #   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
+#   make push REGISTRY=host[:port][/path]  lifeboat's images pushed there, tagged TAG (default: the commit)
 #   make manifests-check  apply manifests/ to a local control plane and check every object
 #   make e2e         lifeboat deployed from manifests/ on a real kubelet, whose soft eviction it turns into a live migration
 
@@ -37,7 +38,7 @@ DEMO_DIR  ?= $(CURDIR)/.demo/cluster
 DEMO_NODES ?= /tmp/lifeboat-demo
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-mirror bench-relief test-security fuzz binaries lifeboat-bins demo demo-down clean images manifests-check e2e
+.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-mirror bench-relief test-security fuzz binaries lifeboat-bins demo demo-down clean images push manifests-check e2e
 
 all: test
 
@@ -237,6 +238,14 @@ bench-relief: binaries
 IMAGES_DIR ?= $(CURDIR)/.images
 images: deps
 	$(GO) run ./test/cmd/lifeboat-images build -out $(IMAGES_DIR)
+
+# The same images pushed to a registry, for a cluster whose nodes pull (README, "Install on a
+# cluster"): REGISTRY/lifeboat-{agent,controller,launcher}:TAG, with docker login's credentials.
+# A new TAG per build, so that nodes pull the new images (IfNotPresent keeps a tag they have).
+TAG ?= $(shell git rev-parse --short=12 HEAD)
+push: deps
+	@test -n "$(REGISTRY)" || { echo "usage: make push REGISTRY=host[:port][/path] [TAG=...]"; exit 2; }
+	$(GO) run ./test/cmd/lifeboat-images push -registry $(REGISTRY) -tag $(TAG)
 
 # manifests/ rendered and applied with server-side apply: every object accepted, RBAC per component, leader election.
 manifests-check: binaries
