@@ -52,9 +52,7 @@ type Options struct {
 	CRDDir string
 	// Stock runs the API server as clusters people run have it, with nothing set for lifeboat: no
 	// AdmissionConfiguration (it presents no client certificate to webhooks), no EvictionRequest
-	// API, and no CRDs installed. One thing differs, because this machine has no Service network:
-	// the API server reaches webhooks at their Service's endpoints (--enable-aggregator-routing)
-	// rather than at its cluster IP, which nothing routes here.
+	// API, and no CRDs installed.
 	Stock bool
 	// Progress receives build and start-up messages; nil discards them.
 	Progress io.Writer
@@ -270,9 +268,7 @@ func (cp *ControlPlane) startAPIServer(etcdURL string, stock bool) error {
 	}
 	cp.Host = fmt.Sprintf("https://127.0.0.1:%d", ports[0])
 	var lifeboats []string
-	if stock {
-		lifeboats = []string{"--enable-aggregator-routing=true"}
-	} else {
+	if !stock {
 		admission, err := cp.writeAdmissionConfig()
 		if err != nil {
 			return err

@@ -15,9 +15,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"io"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	"log"
 
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
@@ -37,15 +39,30 @@ type stock struct {
 	registry, guestKernel, guestDisk string
 }
 
+// profile is how the cluster is set up.
+type profile struct {
+	name string
+	// stock: the API server and the kubelets as upstream has them (the package's doc); otherwise
+	// as the other tests have them for lifeboat: the API server presents its webhook client
+	// certificate and serves the EvictionRequest API, the kubelets have evictionSoft
+	// memory.available<1Gi for 5 s and evictionMaxPodGracePeriod 60 (test/realnode's defaults).
+	stock bool
+}
+
+var (
+	stockProfile      = profile{name: "stock", stock: true}
+	configuredProfile = profile{name: "configured"}
+)
+
 // nodeAddresses are the two nodes' addresses; each kubelet listens on its own at 10250, the
 // default port, which lifeboat's agent asks.
 var nodeAddresses = []string{"127.0.0.41", "127.0.0.42"}
 
 // startStock brings the cluster up and installs lifeboat; cleanup removes everything.
-func startStock(t *testing.T) *stock {
+func startStock(t testing.TB, p profile) *stock {
 	t.Helper()
 	ctx := t.Context()
-	cp, err := controlplane.Start(ctx, controlplane.Options{Stock: true, Progress: os.Stderr})
+	cp, err := controlplane.Start(ctx, controlplane.Options{Stock: p.stock, Progress: os.Stderr})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +78,7 @@ func startStock(t *testing.T) *stock {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: registry.New(registry.Logger(nil))}
+	srv := &http.Server{Handler: registry.New(registry.Logger(log.New(io.Discard, "", 0)))}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	s.registry = l.Addr().String()
@@ -88,7 +105,13 @@ func startStock(t *testing.T) *stock {
 			Name: fmt.Sprintf("stock-%d", i+1), Address: addr, Kubeconfig: cp.Kubeconfig, Client: cp.Kube,
 			Labels: map[string]string{node.KVMLabel: "true"}, Progress: os.Stderr, Network: network,
 			OwnCgroupRoot: true, StandardPaths: true, RegistryHosts: hosts,
-			Kubelet: func(c *kubeletv1beta1.KubeletConfiguration) { stockKubelet(c, nil) },
+			Kubelet: func(c *kubeletv1beta1.KubeletConfiguration) {
+				if p.stock {
+					stockKubelet(c, nil)
+				} else {
+					c.Port = 10250
+				}
+			},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -125,7 +148,7 @@ func stockKubelet(c *kubeletv1beta1.KubeletConfiguration, hard *string) {
 
 // pushGuest pushes the test guest's kernel and disk images to the registry, as a user pushes the
 // images their VMs boot from.
-func (s *stock) pushGuest(t *testing.T) {
+func (s *stock) pushGuest(t testing.TB) {
 	t.Helper()
 	g, err := guest.Ensure(t.Context(), os.Stderr)
 	if err != nil {
@@ -164,7 +187,7 @@ images:
 `
 
 // install runs the README's steps: the overlay, the apply command, kubectl lifeboat check.
-func (s *stock) install(t *testing.T, pushed map[string]string, tag string) {
+func (s *stock) install(t testing.TB, pushed map[string]string, tag string) {
 	t.Helper()
 	root, err := controlplane.RepoRoot()
 	if err != nil {
@@ -218,7 +241,7 @@ func (s *stock) install(t *testing.T, pushed map[string]string, tag string) {
 const applyCommand = `kubectl apply --server-side -k lifeboat-install/ || { kubectl wait --for condition=Established crd -l app.kubernetes.io/part-of=lifeboat && kubectl apply --server-side -k lifeboat-install/; }`
 
 // shell runs a command line with kubectl on PATH and the admin kubeconfig, as a user would.
-func (s *stock) shell(t *testing.T, dir, line string, timeout time.Duration) string {
+func (s *stock) shell(t testing.TB, dir, line string, timeout time.Duration) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
@@ -234,7 +257,7 @@ func (s *stock) shell(t *testing.T, dir, line string, timeout time.Duration) str
 }
 
 // waitReady waits for count Ready pods of lifeboat's with the selector.
-func (s *stock) waitReady(t *testing.T, selector string, count int) {
+func (s *stock) waitReady(t testing.TB, selector string, count int) {
 	t.Helper()
 	kubewait.For(t, 5*time.Minute, fmt.Sprintf("%d Ready pods %s", count, selector), func(ctx context.Context) (*corev1.PodList, error) {
 		return s.cp.Kube.CoreV1().Pods("lifeboat-system").List(ctx, metav1.ListOptions{LabelSelector: selector})

@@ -10,11 +10,12 @@
 //   - both nodes run in the machine's network namespace, at 127.0.0.41 and 127.0.0.42, each
 //     node's containerd and kubelet in a mount namespace of its own where the node's directories
 //     are at /var/lib/kubelet and /var/run/lifeboat, and with a cgroup root of its own;
-//   - there is no Service network: the API server reaches webhooks at their Service's endpoints
-//     (--enable-aggregator-routing), and the install overlay adds one test-only kustomize
-//     component, no-service-network/, which points lifeboat's pods at the API server's loopback
-//     address, puts the controller (one replica) on the host network, makes the agents listen on
-//     their node's address (two agents share one network namespace here) and runs TCG guests;
+//   - there is no Service network, and a Service's endpoints may not be loopback addresses: the
+//     install overlay adds one test-only kustomize component, no-service-network/, which points
+//     lifeboat's pods at the API server's loopback address, puts the controller (one replica) on
+//     the host network with its webhook called at https://127.0.0.1:8443 (--webhook-url, and the
+//     same URL in the webhook configuration), makes the agents listen on their node's address
+//     (two agents share one network namespace here) and runs TCG guests;
 //   - the kubelets keep the default hard memory.available threshold but no disk thresholds (the
 //     machine's disk is fuller than their defaults allow), and listen on their node's address.
 package stockcluster
