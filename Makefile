@@ -16,6 +16,7 @@
 #   make bench-downtime  pre-copy downtime as the guest sees it with QEMU's target and lifeboat's, interleaved (issue 19)
 #   make bench-mirror    disk-writing guests migrated with the synchronous disk mirror and the background copy (issue 19)
 #   make bench-relief    node-pressure relief on and off on the real kubelet, 3 runs (4 min a run)
+#   make bench-stock     a drain on the stock cluster (two real kubelets, upstream defaults) beside the configured one, and the relief margin
 #   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
 #   make push REGISTRY=host[:port][/path]  lifeboat's images pushed there, tagged TAG (default: the commit)
 #   make manifests-check  apply manifests/ to a local control plane and check every object
@@ -38,7 +39,7 @@ DEMO_DIR  ?= $(CURDIR)/.demo/cluster
 DEMO_NODES ?= /tmp/lifeboat-demo
 CLUSTER   := bin/lifeboat-cluster
 
-.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-mirror bench-relief test-security fuzz binaries lifeboat-bins demo demo-down clean images push manifests-check e2e
+.PHONY: deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-mirror bench-relief bench-stock test-security fuzz binaries lifeboat-bins demo demo-down clean images push manifests-check e2e
 
 all: test
 
@@ -226,11 +227,22 @@ bench-report:
 	$(MAKE) bench-downtime
 	$(MAKE) bench-mirror
 	$(MAKE) bench-relief
+	$(MAKE) bench-stock
 
 # Node-pressure relief on the real kubelet, on and off in each run: benchstat's medians of 3 runs.
 bench-relief: binaries
 	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
 	$(GO) test -run '^$$' -bench BenchmarkRealNodeRelief -benchtime=1x -count=3 -timeout 0 ./test/e2e/ | tee /dev/stderr | \
+	  $(BENCH_RESULTS) > "$$out"; \
+	$(BENCHSTAT) "$$out"
+
+# kubectl drain of a node on the stock cluster (test/stockcluster: upstream defaults, lifeboat
+# installed as the README says) beside the cluster configured for lifeboat, and the relief margin
+# on a default kubelet: STOCK_COUNT runs of each (about 8 min a run, each bringing its cluster up).
+STOCK_COUNT ?= 3
+bench-stock: binaries
+	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
+	$(GO) test -run '^$$' -bench BenchmarkStockClusterDrain -benchtime=1x -count=$(STOCK_COUNT) -timeout 0 ./test/stockcluster/ | tee /dev/stderr | \
 	  $(BENCH_RESULTS) > "$$out"; \
 	$(BENCHSTAT) "$$out"
 

@@ -245,6 +245,14 @@ func (s *stock) shell(t testing.TB, dir, line string, timeout time.Duration) str
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), timeout)
 	defer cancel()
+	return s.shellContext(ctx, t, dir, line)
+}
+
+// shellContext is shell within ctx, for a cleanup (when t's context has ended).
+func (s *stock) shellContext(ctx context.Context, t testing.TB, dir, line string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", line)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+s.cp.Kubeconfig, "PATH="+s.bin+":"+filepath.Dir(s.cp.Binaries.Kubectl)+":"+os.Getenv("PATH"))

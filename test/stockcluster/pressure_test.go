@@ -50,12 +50,12 @@ func (s *stock) raiseHardThreshold(t testing.TB, n *realnode.Node) int64 {
 	if err := n.RestartKubelet(t.Context(), func(c *kubeletv1beta1.KubeletConfiguration) { stockKubelet(c, &q) }); err != nil {
 		t.Fatal(err)
 	}
-	s.restartAgent(t, n.Name())
+	s.restartAgent(t.Context(), t, n.Name())
 	t.Cleanup(func() {
 		if err := n.RestartKubelet(context.Background(), func(c *kubeletv1beta1.KubeletConfiguration) { stockKubelet(c, nil) }); err != nil {
 			t.Errorf("restoring %s's kubelet: %v", n.Name(), err)
 		}
-		s.restartAgent(t, n.Name())
+		s.restartAgent(context.Background(), t, n.Name())
 	})
 	t.Logf("%s: memory.available %s; the kubelet's hard threshold raised to memory.available<%s", n.Name(),
 		resource.NewQuantity(avail, resource.BinarySI), q)
@@ -63,9 +63,9 @@ func (s *stock) raiseHardThreshold(t testing.TB, n *realnode.Node) int64 {
 }
 
 // restartAgent deletes the node's agent pod (the DaemonSet makes another) and waits for both agents.
-func (s *stock) restartAgent(t testing.TB, node string) {
+func (s *stock) restartAgent(ctx context.Context, t testing.TB, node string) {
 	t.Helper()
-	s.shell(t, t.TempDir(), "kubectl delete pod -n lifeboat-system -l app.kubernetes.io/name=lifeboat-agent --field-selector spec.nodeName="+node, 2*time.Minute)
+	s.shellContext(ctx, t, os.TempDir(), "kubectl delete pod -n lifeboat-system -l app.kubernetes.io/name=lifeboat-agent --field-selector spec.nodeName="+node)
 	s.waitReady(t, "app.kubernetes.io/name=lifeboat-agent", 2)
 }
 
