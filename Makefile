@@ -268,6 +268,7 @@ manifests-check: binaries
 # eviction of a VM pod. make test runs them too; this runs only them. See docs/e2e.md.
 e2e: binaries
 	$(GO) test -count=1 -timeout 30m ./test/realnode/
+	$(GO) test -count=1 -timeout 30m -v ./test/stockcluster/
 	$(GO) test -count=1 -timeout 30m -v -run '^TestRealNode' ./test/e2e/
 
 $(CLUSTER): $(shell find test api -name '*.go') go.mod | deps
