@@ -242,7 +242,7 @@ bench-relief: binaries
 STOCK_COUNT ?= 3
 bench-stock: binaries
 	@set -o pipefail; out=$$(mktemp); trap 'rm -f "$$out"' EXIT; \
-	$(GO) test -run '^$$' -bench BenchmarkStockClusterDrain -benchtime=1x -count=$(STOCK_COUNT) -timeout 0 ./test/stockcluster/ | tee /dev/stderr | \
+	$(GO) test -run '^$$' -bench 'Benchmark(Stock|Configured)ClusterDrain' -benchtime=1x -count=$(STOCK_COUNT) -timeout 0 ./test/stockcluster/ | tee /dev/stderr | \
 	  $(BENCH_RESULTS) > "$$out"; \
 	$(BENCHSTAT) "$$out"
 

@@ -12,10 +12,13 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	"regexp"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 	"github.com/lifeboat-vm/lifeboat/test/realnode"
 )
 
@@ -118,11 +121,34 @@ func (a *allocator) release() {
 	_ = a.cmd.Wait()
 }
 
-// pressureResult is what the pressure test measured: memory.available when lifeboat marked the VM,
-// and the kubelet's hard threshold.
+// pressureResult is what the pressure test measured: memory.available as the agent read it when it
+// moved the VM, and the kubelet's hard threshold, from the agent's Event on the Node.
 type pressureResult struct {
 	availableAtMark, threshold int64
 	moved                      time.Duration // from the mark to the VM running on the other node
+}
+
+// reliefEvent matches the agent's Event on the Node when relief moves VMs (agent/relief.go).
+var reliefEvent = regexp.MustCompile(`memory\.available on node \S+ is (\S+), within \S+ of the kubelet's eviction threshold ([^:;]+)`)
+
+// reliefFigures reads memory.available and the threshold from the agent's relief Event on the node.
+func (s *stock) reliefFigures(t testing.TB, node string) (available, threshold int64) {
+	t.Helper()
+	e := kubewait.Event(t, s.cp.Kube, "default", fields.Set{"involvedObject.kind": "Node", "involvedObject.name": node,
+		"reason": string(v1alpha1.MigrationCauseNodePressureRelief)}, 30*time.Second)
+	m := reliefEvent.FindStringSubmatch(e.Message)
+	if m == nil {
+		t.Fatalf("the relief Event's message does not say memory.available and the threshold: %q", e.Message)
+	}
+	a, err := resource.ParseQuantity(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	th, err := resource.ParseQuantity(m[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.Value(), th.Value()
 }
 
 // testPressure: memory use climbs toward the VM node's hard threshold, the kubelet's defaults but
@@ -167,8 +193,10 @@ func (s *stock) testPressure(t testing.TB) pressureResult {
 	if err != nil {
 		t.Fatalf("waiting for lifeboat to move the VM as memory use climbs: %v", err)
 	}
-	t.Logf("lifeboat marked the VM at memory.available %s, %s above the hard threshold (%d MiB allocated)",
-		resource.NewQuantity(availableAtMark, resource.BinarySI), resource.NewQuantity(availableAtMark-threshold, resource.BinarySI), alloc.mib)
+	agentAvailable, agentThreshold := s.reliefFigures(t, n.Name())
+	t.Logf("lifeboat marked the VM at memory.available %s as its agent read it (the kubelet's summary: %s), %s above the hard threshold %s (%d MiB allocated)",
+		resource.NewQuantity(agentAvailable, resource.BinarySI), resource.NewQuantity(availableAtMark, resource.BinarySI),
+		resource.NewQuantity(agentAvailable-agentThreshold, resource.BinarySI), resource.NewQuantity(agentThreshold, resource.BinarySI), alloc.mib)
 	moved := s.waitVMI(t, ns, v.Name, 3*time.Minute, "moved off "+n.Name(), func(v *v1alpha1.VirtualMachineInstance) bool {
 		return v.Status.Phase == v1alpha1.VMIRunning && v.Status.NodeName != n.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
 	})
@@ -184,5 +212,5 @@ func (s *stock) testPressure(t testing.TB) pressureResult {
 	for _, e := range evs.Items {
 		t.Errorf("the kubelet evicted %s/%s: %s", e.InvolvedObject.Namespace, e.InvolvedObject.Name, e.Message)
 	}
-	return pressureResult{availableAtMark: availableAtMark, threshold: threshold, moved: took}
+	return pressureResult{availableAtMark: agentAvailable, threshold: agentThreshold, moved: took}
 }
