@@ -26,12 +26,17 @@ import (
 // allocator takes the machine toward it, never across (so nothing else here is evicted).
 const headroom = 3 << 30
 
-// allocStep is how much the allocator takes at a time, allocStepEvery how often: 100 MiB/s,
-// far slower than the agent's relief reads (every 2 s) can miss.
+// allocStep is how much the allocator takes at a time, allocStepEvery how often: 50 MiB/s, 100 MiB
+// between two of the agent's relief reads (every 2 s), a fifth of relief's default margin.
 const (
-	allocStep      = 64
+	allocStep      = 32
 	allocStepEvery = 640 * time.Millisecond
 )
+
+// targetShare is what the allocator gives back once the VM is marked: the migration's target is
+// on this same machine, so the VM arriving there (its memory and its launcher's) lowers the source
+// node's memory.available, which on a machine of its own it would not.
+const targetShare = 512
 
 // raiseHardThreshold restarts the node's kubelet with its hard memory.available threshold
 // headroom below memory.available now (no soft threshold, no grace: the defaults), and restarts
@@ -100,7 +105,7 @@ func startAllocator(t testing.TB) *allocator {
 	return a
 }
 
-// take allocates mib more and waits until it is held.
+// take allocates mib more (gives back -mib) and waits until it is done.
 func (a *allocator) take(mib int) error {
 	if _, err := fmt.Fprintln(a.in, mib); err != nil {
 		return err
@@ -192,6 +197,9 @@ func (s *stock) testPressure(t testing.TB) pressureResult {
 	})
 	if err != nil {
 		t.Fatalf("waiting for lifeboat to move the VM as memory use climbs: %v", err)
+	}
+	if err := alloc.take(-targetShare); err != nil {
+		t.Fatal(err)
 	}
 	agentAvailable, agentThreshold := s.reliefFigures(t, n.Name())
 	t.Logf("lifeboat marked the VM at memory.available %s as its agent read it (the kubelet's summary: %s), %s above the hard threshold %s (%d MiB allocated)",
