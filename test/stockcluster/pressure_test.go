@@ -17,6 +17,7 @@ import (
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"regexp"
 
+	"github.com/lifeboat-vm/lifeboat/agent/pressure"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 	"github.com/lifeboat-vm/lifeboat/test/realnode"
@@ -26,17 +27,25 @@ import (
 // allocator takes the machine toward it, never across (so nothing else here is evicted).
 const headroom = 3 << 30
 
-// allocStep is how much the allocator takes at a time, allocStepEvery how often: 50 MiB/s, 100 MiB
+// climbRate is how fast memory.available falls toward the threshold, in bytes a second: 100 MiB
 // between two of the agent's relief reads (every 2 s), a fifth of relief's default margin.
+// steerEvery is how often the allocator corrects, allocChunk by how much at most a step.
 const (
-	allocStep      = 32
-	allocStepEvery = 640 * time.Millisecond
+	climbRate  = 50 << 20
+	steerEvery = 250 * time.Millisecond
+	allocChunk = 32
 )
 
-// targetShare is what the allocator gives back once the VM is marked: the migration's target is
-// on this same machine, so the VM arriving there (its memory and its launcher's) lowers the source
-// node's memory.available, which on a machine of its own it would not.
-const targetShare = 512
+// machineAvailable is memory.available as the kubelet computes it and lifeboat's agent reads it
+// (agent/pressure), now: the kubelet's summary serves figures up to its housekeeping period old.
+func machineAvailable(t testing.TB) int64 {
+	t.Helper()
+	m, err := pressure.ReadMemory("/proc", "/sys/fs/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int64(m.Available())
+}
 
 // raiseHardThreshold restarts the node's kubelet with its hard memory.available threshold
 // headroom below memory.available now (no soft threshold, no grace: the defaults), and restarts
@@ -117,6 +126,17 @@ func (a *allocator) take(mib int) error {
 	return nil
 }
 
+// steer allocates or gives back one chunk to bring memory.available from cur toward want.
+func (a *allocator) steer(cur, want int64) error {
+	switch diff := (cur - want) >> 20; {
+	case diff > allocChunk:
+		return a.take(allocChunk)
+	case diff < -allocChunk && a.mib > 0:
+		return a.take(-allocChunk)
+	}
+	return nil
+}
+
 // release frees everything (the process ends).
 func (a *allocator) release() {
 	if a.cmd.Process == nil || a.cmd.ProcessState != nil {
@@ -173,41 +193,41 @@ func (s *stock) testPressure(t testing.TB) pressureResult {
 	}
 	threshold := s.raiseHardThreshold(t, n)
 	alloc := startAllocator(t)
-	var availableAtMark int64
+	// The allocator steers memory.available, as the agent reads it, down a ramp at 50 MiB/s and,
+	// once lifeboat has marked the VM, holds it at relief's line (the threshold plus the default
+	// 512 MiB margin): the pressure stops rising but does not go away. Steering, not a fixed
+	// allocation, because other work on this shared machine takes and frees gigabytes, and the
+	// migration's target is this machine too (on a machine of its own, the VM's memory arriving
+	// at its target does not lower its source's memory.available).
+	start := machineAvailable(t)
+	began := time.Now()
 	var markedAt time.Time
-	// Climb until lifeboat marks the VM; never within 128 MiB of the threshold.
-	err := wait.PollUntilContextTimeout(t.Context(), allocStepEvery, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+	var moved *v1alpha1.VirtualMachineInstance
+	err := wait.PollUntilContextTimeout(t.Context(), steerEvery, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
 		cur, err := s.cp.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Get(ctx, v.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
-		avail, err := n.MemoryAvailable(ctx)
-		if err != nil {
-			return false, nil
+		if markedAt.IsZero() && (cur.MarkedForEvacuation() || cur.Status.NodeName != n.Name()) {
+			markedAt = time.Now()
 		}
-		if cur.MarkedForEvacuation() || cur.Status.NodeName != n.Name() {
-			availableAtMark, markedAt = avail, time.Now()
+		if cur.Status.Phase == v1alpha1.VMIRunning && cur.Status.NodeName != n.Name() && cur.Status.MigrationState != nil && cur.Status.MigrationState.Completed {
+			moved = cur
 			return true, nil
 		}
-		if avail-allocStep<<20 < threshold+128<<20 {
-			return false, fmt.Errorf("memory.available %s is near the hard threshold %s and the VM is not marked (%d MiB allocated)",
-				resource.NewQuantity(avail, resource.BinarySI), resource.NewQuantity(threshold, resource.BinarySI), alloc.mib)
+		want := max(start-int64(time.Since(began).Seconds()*climbRate), threshold+128<<20)
+		if !markedAt.IsZero() {
+			want = threshold + 512<<20
 		}
-		return false, alloc.take(allocStep)
+		return false, alloc.steer(machineAvailable(t), want)
 	})
 	if err != nil {
-		t.Fatalf("waiting for lifeboat to move the VM as memory use climbs: %v", err)
-	}
-	if err := alloc.take(-targetShare); err != nil {
-		t.Fatal(err)
+		t.Fatalf("waiting for lifeboat to move the VM off %s as memory use climbs (marked: %t, %d MiB allocated): %v", n.Name(), !markedAt.IsZero(), alloc.mib, err)
 	}
 	agentAvailable, agentThreshold := s.reliefFigures(t, n.Name())
-	t.Logf("lifeboat marked the VM at memory.available %s as its agent read it (the kubelet's summary: %s), %s above the hard threshold %s (%d MiB allocated)",
-		resource.NewQuantity(agentAvailable, resource.BinarySI), resource.NewQuantity(availableAtMark, resource.BinarySI),
-		resource.NewQuantity(agentAvailable-agentThreshold, resource.BinarySI), resource.NewQuantity(agentThreshold, resource.BinarySI), alloc.mib)
-	moved := s.waitVMI(t, ns, v.Name, 3*time.Minute, "moved off "+n.Name(), func(v *v1alpha1.VirtualMachineInstance) bool {
-		return v.Status.Phase == v1alpha1.VMIRunning && v.Status.NodeName != n.Name() && v.Status.MigrationState != nil && v.Status.MigrationState.Completed
-	})
+	t.Logf("lifeboat marked the VM at memory.available %s as its agent read it, %s above the hard threshold %s",
+		resource.NewQuantity(agentAvailable, resource.BinarySI), resource.NewQuantity(agentAvailable-agentThreshold, resource.BinarySI),
+		resource.NewQuantity(agentThreshold, resource.BinarySI))
 	took := time.Since(markedAt)
 	alloc.release()
 	if c := moved.Status.MigrationState.Cause; c != v1alpha1.MigrationCauseNodePressureRelief {
