@@ -12,6 +12,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
@@ -64,9 +65,18 @@ func (s *stock) testDescheduler(t testing.TB) {
 		t.Errorf("launcher pod %s lacks the descheduler's %s annotation", pod.Name, v1alpha1.AnnotationRequestEvictOnly)
 	}
 	want := fmt.Sprintf("%s %q", webhook.EvacuationText, ns+"/"+v.Name)
-	code, msg := s.evict(t, pod)
-	if code != 429 || !strings.Contains(msg, want) {
-		t.Fatalf("the descheduler's eviction: got %d %q, want 429 containing %q", code, msg, want)
+	// The descheduler retries a 429: the webhook's cache may not show the VM Running yet.
+	var code int32
+	var msg string
+	err := wait.PollUntilContextTimeout(t.Context(), time.Second, 30*time.Second, true, func(context.Context) (bool, error) {
+		code, msg = s.evict(t, pod)
+		if code != 429 {
+			return false, fmt.Errorf("answered %d %q", code, msg)
+		}
+		return strings.Contains(msg, want), nil
+	})
+	if err != nil {
+		t.Fatalf("the descheduler's eviction: last answer %d %q, want 429 containing %q: %v", code, msg, want, err)
 	}
 	t.Logf("the descheduler's eviction → %d %s", code, msg)
 	if code, msg := s.evict(t, pod); code != 429 || !strings.Contains(msg, "Evacuation in progress") {
