@@ -19,7 +19,9 @@
 #   make bench-downtime  pre-copy downtime as the guest sees it with QEMU's target and lifeboat's, interleaved
 #   make bench-mirror    disk-writing guests migrated with the synchronous disk mirror and the background copy
 #   make bench-relief    node-pressure relief on and off on the real kubelet, 3 runs (4 min a run)
+#   make bench-stock     a drain on the stock cluster (two real kubelets, upstream defaults) beside the configured one, and the relief margin
 #   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
+#   make push REGISTRY=host[:port][/path]  lifeboat's images pushed there, tagged TAG (default: the commit)
 #   make manifests-check  apply manifests/ to a local control plane and check every object
 #   make soak        operations and faults at random while VMs move, judged by an independent checker (SOAK_DURATION, SOAK_SEED, SOAK_VMS)
 #   make e2e         lifeboat deployed from manifests/ on a real kubelet, whose soft eviction it turns into a live migration
@@ -45,7 +47,7 @@ SOAK_DURATION ?= 10m
 SOAK_SEED ?= 47
 SOAK_VMS ?= 3
 
-.PHONY: soak deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-mirror bench-relief test-security fuzz binaries lifeboat-bins demo demo-down clean images manifests-check e2e
+.PHONY: soak deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-mirror bench-relief bench-stock test-security fuzz binaries lifeboat-bins demo demo-down clean images push manifests-check e2e
 
 all: test
 
@@ -146,7 +148,7 @@ define bench_run
 	{ $(3) ; } 2>&1 | tee $(BENCH_OUT)/$(1).log /dev/stderr | $(BENCH_RESULTS) > $(BENCH_OUT)/$(1).txt && \
 	$(BENCHSTAT) $(2) $(BENCH_OUT)/$(1).txt | tee $(BENCH_OUT)/$(1).benchstat.txt
 endef
-BENCH_TARGETS := bench bench-deadline bench-drain bench-density bench-startup bench-scale bench-network bench-transport bench-downtime bench-mirror bench-relief
+BENCH_TARGETS := bench bench-deadline bench-drain bench-density bench-startup bench-scale bench-network bench-transport bench-downtime bench-mirror bench-relief bench-stock
 $(BENCH_TARGETS): export LIFEBOAT_BENCH_OUT = $(BENCH_OUT)
 
 # Control plane start-up, evacuation mark latency, eviction webhook latency: about 15 minutes.
@@ -247,11 +249,27 @@ bench-report:
 	$(MAKE) bench-downtime
 	$(MAKE) bench-mirror
 	$(MAKE) bench-relief
+	$(MAKE) bench-stock
+
+# kubectl drain of a node on the stock cluster (test/stockcluster: upstream defaults, lifeboat
+# installed as the README says) beside the cluster configured for lifeboat, and the relief margin
+# on a default kubelet: STOCK_COUNT runs of each (about 8 min a run, each bringing its cluster up).
+STOCK_COUNT ?= 3
+bench-stock: binaries
+	$(call bench_run,stock,,$(GO) test -run '^$$' -bench 'Benchmark(Stock|Configured)ClusterDrain' -benchtime=1x -count=$(STOCK_COUNT) -timeout 0 ./test/stockcluster/)
 
 # The Debian layer of the agent and launcher images is built once with mmdebstrap and cached (test/images).
 IMAGES_DIR ?= $(CURDIR)/.images
 images: deps
 	$(GO) run ./test/cmd/lifeboat-images build -out $(IMAGES_DIR)
+
+# The same images pushed to a registry, for a cluster whose nodes pull (README, "Install on a
+# cluster"): REGISTRY/lifeboat-{agent,controller,launcher}:TAG, with docker login's credentials.
+# A new TAG per build, so that nodes pull the new images (IfNotPresent keeps a tag they have).
+TAG ?= $(shell git rev-parse --short=12 HEAD)
+push: deps
+	@test -n "$(REGISTRY)" || { echo "usage: make push REGISTRY=host[:port][/path] [TAG=...]"; exit 2; }
+	$(GO) run ./test/cmd/lifeboat-images push -registry $(REGISTRY) -tag $(TAG)
 
 # manifests/ rendered and applied with server-side apply: every object accepted, RBAC per component, leader election.
 manifests-check: binaries
@@ -262,6 +280,7 @@ manifests-check: binaries
 # eviction of a VM pod. make test runs them too; this runs only them. See docs/e2e.md.
 e2e: binaries
 	$(GO) test -count=1 -timeout 30m ./test/realnode/
+	$(GO) test -count=1 -timeout 30m -v ./test/stockcluster/
 	$(GO) test -count=1 -timeout 30m -v -run '^TestRealNode' ./test/e2e/
 
 $(CLUSTER): $(shell find test api -name '*.go') go.mod | deps

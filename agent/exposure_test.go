@@ -73,7 +73,7 @@ func TestTheAgentPublishesWhatTheKubeletsSettingsMean(t *testing.T) {
 	if len(published) != 1 {
 		t.Fatalf("published %d times, want once: %+v", len(published), published)
 	}
-	want := v1alpha1.NodeEvictionExposure{Source: KubeletSourceDefaults, Threshold: "hard", GraceSeconds: 1, LargestVMBytes: gib, MigrationSeconds: 16, AtRisk: true}
+	want := v1alpha1.NodeEvictionExposure{Source: KubeletSourceDefaults, Threshold: "hard", GraceSeconds: 1, LargestVMBytes: gib, MigrationSeconds: 18, AtRisk: true}
 	got := published[0]
 	if msg := got.Message; !strings.Contains(msg, "could not be read") || !strings.Contains(msg, "does not fit") || !strings.Contains(msg, "relief is off") {
 		t.Errorf("message %q: want it to say the defaults were assumed, the migration does not fit and relief is off", msg)

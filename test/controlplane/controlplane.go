@@ -50,6 +50,10 @@ type Options struct {
 	WithoutScheduler         bool
 	// CRDDir holds the CRDs to install; empty means manifests/crds in the checkout.
 	CRDDir string
+	// Stock runs the API server as clusters people run have it, with nothing set for lifeboat: no
+	// AdmissionConfiguration (it presents no client certificate to webhooks), no EvictionRequest
+	// API, and no CRDs installed.
+	Stock bool
 	// Progress receives build and start-up messages; nil discards them.
 	Progress io.Writer
 }
@@ -132,7 +136,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cp.startAPIServer(etcdURL); err != nil {
+	if err := cp.startAPIServer(etcdURL, opts.Stock); err != nil {
 		return nil, err
 	}
 	if err := cp.writeKubeconfig(); err != nil {
@@ -152,12 +156,14 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 			return nil, err
 		}
 	}
-	if err := cp.InstallCRDs(ctx, crdDir); err != nil {
-		return nil, err
-	}
-	// lifeboat's own namespace, where its signer keeps the migration CA, as an install makes it.
-	if err := cp.ensureNamespace(ctx, LifeboatNamespace); err != nil {
-		return nil, err
+	if !opts.Stock {
+		if err := cp.InstallCRDs(ctx, crdDir); err != nil {
+			return nil, err
+		}
+		// lifeboat's own namespace, where its signer keeps the migration CA, as an install makes it.
+		if err := cp.ensureNamespace(ctx, LifeboatNamespace); err != nil {
+			return nil, err
+		}
 	}
 	if err := cp.bindKubeletClient(ctx); err != nil {
 		return nil, err
@@ -255,17 +261,25 @@ func (cp *ControlPlane) startEtcd() (string, error) {
 	return client, err
 }
 
-func (cp *ControlPlane) startAPIServer(etcdURL string) error {
+func (cp *ControlPlane) startAPIServer(etcdURL string, stock bool) error {
 	ports, err := FreePorts(1)
 	if err != nil {
 		return err
 	}
 	cp.Host = fmt.Sprintf("https://127.0.0.1:%d", ports[0])
-	admission, err := cp.writeAdmissionConfig()
-	if err != nil {
-		return err
+	var lifeboats []string
+	if !stock {
+		admission, err := cp.writeAdmissionConfig()
+		if err != nil {
+			return err
+		}
+		lifeboats = []string{
+			"--feature-gates", "EvictionRequestAPI=true",
+			"--runtime-config", "lifecycle.k8s.io/v1alpha1=true",
+			"--admission-control-config-file", admission,
+		}
 	}
-	_, err = cp.start("kube-apiserver", cp.Binaries.APIServer,
+	_, err = cp.start("kube-apiserver", cp.Binaries.APIServer, append([]string{
 		"--etcd-servers", etcdURL,
 		// The default reconciler refuses loopback addresses, and nothing here routes to the
 		// kubernetes Service anyway.
@@ -291,11 +305,8 @@ func (cp *ControlPlane) startAPIServer(etcdURL string) error {
 		"--kubelet-client-key", cp.pki.KubeletClientKey,
 		// Launcher pods are privileged (libvirtd's mount namespace, /dev/kvm), as in kubeadm's clusters.
 		"--allow-privileged=true",
-		"--feature-gates", "EvictionRequestAPI=true",
-		"--runtime-config", "lifecycle.k8s.io/v1alpha1=true",
 		"--cert-dir", filepath.Join(cp.Dir, "apiserver-certs"),
-		"--admission-control-config-file", admission,
-	)
+	}, lifeboats...)...)
 	return err
 }
 

@@ -71,8 +71,8 @@ func TestAnAgentOnADefaultKubeletPublishesTheRisk(t *testing.T) {
 
 	defaultsExposure := waitExposure(t, defaults.Name(), "at risk", func(e v1alpha1.NodeEvictionExposure) bool { return e.AtRisk })
 	if defaultsExposure.Source != agent.KubeletSourceFile || defaultsExposure.Threshold != "hard" || defaultsExposure.GraceSeconds != 1 ||
-		defaultsExposure.MigrationSeconds != 4 || defaultsExposure.Relief {
-		t.Errorf("node %s (upstream defaults): %+v; want the hard threshold with 1 s, a 4 s migration (256Mi at 64Mi/s), relief off", defaults.Name(), defaultsExposure)
+		defaultsExposure.MigrationSeconds != 6 || defaultsExposure.Relief {
+		t.Errorf("node %s (upstream defaults): %+v; want the hard threshold with 1 s, a 6 s migration (a target's 2 s start, then 256Mi at 64Mi/s), relief off", defaults.Name(), defaultsExposure)
 	}
 	generousExposure := waitExposure(t, generous.Name(), "reporting its VM", func(e v1alpha1.NodeEvictionExposure) bool { return e.LargestVMBytes > 0 })
 	if generousExposure.AtRisk || generousExposure.Threshold != "soft" || generousExposure.GraceSeconds < generousExposure.MigrationSeconds {

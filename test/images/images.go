@@ -18,11 +18,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
@@ -73,6 +77,39 @@ func Build(ctx context.Context, out string, progress io.Writer) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
+	return build(ctx, progress, func(c Component, img v1.Image) error {
+		path := filepath.Join(out, c.Archive())
+		if err := WriteArchive(path, img, c.Ref()); err != nil {
+			return err
+		}
+		fmt.Fprintf(progress, "%s → %s\n", c.Ref(), path)
+		return nil
+	})
+}
+
+// Push builds lifeboat's images and pushes each to registry (a host[:port][/path] prefix) as
+// <registry>/<name>:<tag>, with the credentials docker login or a container engine's login
+// stored (the default keychain). A registry on loopback is spoken to in plain HTTP. It returns
+// the references pushed, by component name.
+func Push(ctx context.Context, registry, tag string, progress io.Writer) (map[string]string, error) {
+	pushed := map[string]string{}
+	err := build(ctx, progress, func(c Component, img v1.Image) error {
+		ref, err := name.NewTag(strings.TrimSuffix(registry, "/") + "/" + c.Name + ":" + tag)
+		if err != nil {
+			return err
+		}
+		if err := remote.Write(ref, img, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain)); err != nil {
+			return fmt.Errorf("pushing %s: %w", ref, err)
+		}
+		pushed[c.Name] = ref.String()
+		fmt.Fprintf(progress, "%s → %s\n", c.Ref(), ref)
+		return nil
+	})
+	return pushed, err
+}
+
+// build builds each component's binary and image and hands the image to done.
+func build(ctx context.Context, progress io.Writer, done func(Component, v1.Image) error) error {
 	bins, err := os.MkdirTemp("", "lifeboat-images-bin-*")
 	if err != nil {
 		return err
@@ -101,11 +138,9 @@ func Build(ctx context.Context, out string, progress io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.Name, err)
 		}
-		path := filepath.Join(out, c.Archive())
-		if err := WriteArchive(path, img, c.Ref()); err != nil {
+		if err := done(c, img); err != nil {
 			return fmt.Errorf("%s: %w", c.Name, err)
 		}
-		fmt.Fprintf(progress, "%s → %s\n", c.Ref(), path)
 	}
 	return nil
 }

@@ -11,25 +11,108 @@ import (
 	"syscall"
 	"time"
 
+	"fmt"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sync"
+
+	"github.com/lifeboat-vm/lifeboat/test/internal/cache"
 )
 
 // dirPrefix names the nodes' directories in the temporary directory.
 const dirPrefix = "lbr"
 
-// sweepStale removes what a real node whose test binary was killed left: its containers'
-// processes and cgroups, its shims, its mounts and its directory. The caller holds the lock
-// that only a live real node holds, so whatever is found is stale.
+// cgroupPrefix names the nodes' own cgroup roots (Config.OwnCgroupRoot) in every hierarchy.
+const cgroupPrefix = "lifeboat-node-"
+
+// machine counts this test binary's running real nodes, which hold the machine-wide lock.
+var machine struct {
+	sync.Mutex
+	nodes  int
+	unlock func()
+}
+
+// lockMachine takes the machine for this test binary's real nodes: the first node of the binary
+// waits for the lock, which only a live test binary with real nodes holds, and sweeps what a
+// killed one left; the others share it. The function it returns releases the node's share.
+func lockMachine() (func(), error) {
+	machine.Lock()
+	defer machine.Unlock()
+	if machine.nodes == 0 {
+		unlock, err := cache.Lock(filepath.Join(os.TempDir(), "lifeboat-realnode.lock"))
+		if err != nil {
+			return nil, err
+		}
+		machine.unlock = unlock
+		sweepStale()
+	}
+	machine.nodes++
+	return func() {
+		machine.Lock()
+		defer machine.Unlock()
+		if machine.nodes--; machine.nodes == 0 {
+			machine.unlock()
+		}
+	}, nil
+}
+
+// sweepStale removes what real nodes whose test binary was killed left: their containers'
+// processes and cgroups, their shims, their mounts and their directories. The caller holds the
+// lock that only a live test binary with real nodes holds, so whatever is found is stale.
 func sweepStale() {
-	killPodProcesses()
+	parents := []string{""}
+	roots, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", cgroupPrefix+"*"))
+	for _, r := range roots {
+		if p := "/" + filepath.Base(r); !slices.Contains(parents, p) {
+			parents = append(parents, p)
+		}
+	}
+	for _, p := range parents {
+		killPodProcesses(p)
+	}
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
 	for _, d := range dirs {
 		if _, err := os.Stat(filepath.Join(d, "containerd.toml")); err == nil {
 			removeNodeDir(d)
 		}
 	}
-	removePodCgroups(cgroupRoot)
+	for _, p := range parents {
+		removePodCgroups(cgroupRoot, p)
+	}
+}
+
+// makeCgroupRoot creates a kubelet's cgroupRoot parent (empty: the machine's root, which is
+// there) in every hierarchy, as the kubelet wants it to exist; on cgroup v1 its cpuset gets its
+// parent's CPUs and memory nodes, which a new cpuset cgroup lacks.
+func makeCgroupRoot(parent string) error {
+	if parent == "" {
+		return nil
+	}
+	hierarchies := []string{cgroupRoot}
+	if CgroupHierarchy() == "v1" {
+		hierarchies, _ = filepath.Glob(filepath.Join(cgroupRoot, "*"))
+	}
+	for _, h := range hierarchies {
+		if fi, err := os.Stat(h); err != nil || !fi.IsDir() {
+			continue
+		}
+		dir := filepath.Join(h, parent)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("the kubelet's cgroup root: %w", err)
+		}
+		if filepath.Base(h) == "cpuset" {
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				b, err := os.ReadFile(filepath.Join(h, f))
+				if err != nil {
+					return err
+				}
+				if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+					return fmt.Errorf("the kubelet's cgroup root's %s: %w", f, err)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // removeNodeDir ends the shims of the node's containerd, unmounts what is mounted below its
@@ -45,11 +128,15 @@ func removeNodeDir(dir string) {
 const cgroupRoot = "/sys/fs/cgroup"
 
 // podCgroups are the kubelet's pod cgroup trees under root, for both hierarchies and both
-// drivers: kubepods (cgroupfs) or kubepods.slice (systemd), at the root on cgroup v2 and under
-// each controller's hierarchy on v1. Only those that exist are returned.
-func podCgroups(root string) []string {
+// drivers: kubepods (cgroupfs) or kubepods.slice (systemd) below the kubelet's cgroupRoot
+// parent ("" or "/name"), at the root on cgroup v2 and under each controller's hierarchy on v1.
+// Only those that exist are returned.
+func podCgroups(root, parent string) []string {
 	var dirs []string
-	for _, pattern := range []string{"kubepods", "kubepods.slice", "*/kubepods", "*/kubepods.slice"} {
+	for _, pattern := range []string{"kubepods", "kubepods.slice", "*" + parent + "/kubepods", "*" + parent + "/kubepods.slice"} {
+		if parent != "" && !strings.HasPrefix(pattern, "*") {
+			pattern = parent[1:] + "/" + pattern
+		}
 		found, _ := filepath.Glob(filepath.Join(root, pattern))
 		for _, d := range found {
 			if fi, err := os.Stat(d); err == nil && fi.IsDir() {
@@ -60,12 +147,12 @@ func podCgroups(root string) []string {
 	return dirs
 }
 
-// killPodProcesses SIGKILLs every process in the kubelet's pod cgroups, until none is left,
-// so that no container outlives its node.
-func killPodProcesses() {
+// killPodProcesses SIGKILLs every process in the pod cgroups of the kubelet whose cgroupRoot is
+// parent, until none is left, so that no container outlives its node.
+func killPodProcesses(parent string) {
 	_ = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		var pids []int
-		for _, dir := range podCgroups(cgroupRoot) {
+		for _, dir := range podCgroups(cgroupRoot, parent) {
 			pids = append(pids, pidsIn(dir)...)
 		}
 		for _, pid := range pids {
@@ -93,9 +180,10 @@ func pidsIn(dir string) []int {
 	return pids
 }
 
-// removePodCgroups removes the emptied pod cgroups under root, deepest first, in every hierarchy.
-func removePodCgroups(root string) {
-	for _, h := range podCgroups(root) {
+// removePodCgroups removes the emptied pod cgroups under root of the kubelet whose cgroupRoot
+// is parent, deepest first, in every hierarchy, and then parent itself.
+func removePodCgroups(root, parent string) {
+	for _, h := range podCgroups(root, parent) {
 		var dirs []string
 		_ = filepath.WalkDir(h, func(path string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
@@ -107,6 +195,13 @@ func removePodCgroups(root string) {
 		for _, d := range dirs {
 			_ = unix.Rmdir(d)
 		}
+	}
+	if parent == "" {
+		return
+	}
+	own, _ := filepath.Glob(filepath.Join(root, "*"+parent))
+	for _, d := range append(own, filepath.Join(root, parent)) {
+		_ = unix.Rmdir(d)
 	}
 }
 

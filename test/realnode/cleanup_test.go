@@ -13,13 +13,18 @@ import (
 func TestPodCgroupsAreFoundAndRemovedInEitherLayout(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
+		parent string   // the kubelet's cgroupRoot
 		pods   []string // pod cgroup directories, each with a cgroup.procs
 		others []string // cgroups that are not the kubelet's
 	}{
-		{"cgroup v1, cgroupfs", []string{"memory/kubepods/burstable/podA", "cpu/kubepods/besteffort/podB"}, []string{"memory/system.slice", "cpu/user.slice"}},
-		{"cgroup v1, systemd", []string{"memory/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podA.slice"}, []string{"memory/system.slice"}},
-		{"cgroup v2, cgroupfs", []string{"kubepods/burstable/podA", "kubepods/podB"}, []string{"system.slice", "user.slice/user-0.slice"}},
-		{"cgroup v2, systemd", []string{"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podA.slice"}, []string{"system.slice/containerd.service"}},
+		{"cgroup v1, cgroupfs", "", []string{"memory/kubepods/burstable/podA", "cpu/kubepods/besteffort/podB"}, []string{"memory/system.slice", "cpu/user.slice"}},
+		{"cgroup v1, systemd", "", []string{"memory/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podA.slice"}, []string{"memory/system.slice"}},
+		{"cgroup v2, cgroupfs", "", []string{"kubepods/burstable/podA", "kubepods/podB"}, []string{"system.slice", "user.slice/user-0.slice"}},
+		{"cgroup v2, systemd", "", []string{"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podA.slice"}, []string{"system.slice/containerd.service"}},
+		// Two kubelets on one machine, each with its own cgroupRoot: one's clean-up leaves the other's pods.
+		{"cgroup v1, cgroupfs, a node's own root", "/lifeboat-node-a", []string{"memory/lifeboat-node-a/kubepods/burstable/podA", "cpu/lifeboat-node-a/kubepods/podB"},
+			[]string{"memory/lifeboat-node-b/kubepods/podC", "memory/kubepods/podD", "memory/system.slice"}},
+		{"cgroup v2, cgroupfs, a node's own root", "/lifeboat-node-a", []string{"lifeboat-node-a/kubepods/podA"}, []string{"lifeboat-node-b/kubepods/podC", "kubepods/podD"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
@@ -36,7 +41,7 @@ func TestPodCgroupsAreFoundAndRemovedInEitherLayout(t *testing.T) {
 				}
 			}
 			var got []int
-			for _, dir := range podCgroups(root) {
+			for _, dir := range podCgroups(root, tc.parent) {
 				got = append(got, pidsIn(dir)...)
 			}
 			slices.Sort(got)
@@ -50,8 +55,8 @@ func TestPodCgroupsAreFoundAndRemovedInEitherLayout(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			removePodCgroups(root)
-			if left := podCgroups(root); len(left) > 0 {
+			removePodCgroups(root, tc.parent)
+			if left := podCgroups(root, tc.parent); len(left) > 0 {
 				t.Errorf("pod cgroups left after removePodCgroups: %v", left)
 			}
 			for _, dir := range tc.others {

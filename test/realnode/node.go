@@ -27,7 +27,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
-	"github.com/lifeboat-vm/lifeboat/test/internal/cache"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
@@ -52,6 +51,19 @@ type Config struct {
 	// bridge plugin, with the node's own subnet and bridge in the network's fabric). Without one
 	// the node has only a loopback CNI configuration, and only host-network pods can run.
 	Network *node.Network
+	// OwnCgroupRoot gives the kubelet a cgroupRoot of its own, /lifeboat-node-<Name>, below
+	// which its kubepods cgroups are; otherwise they are at the machine's root, as by default.
+	// Nodes that run at once on this machine need it, or each kubelet would take the other's
+	// pods' cgroups for its own.
+	OwnCgroupRoot bool
+	// StandardPaths runs the node's containerd and kubelet in a mount namespace of their own in
+	// which the node's directories are where a node has them: the kubelet's root directory at
+	// /var/lib/kubelet, and /var/run/lifeboat. A DaemonSet's hostPaths (lifeboat's agent's)
+	// then find this node's files, unchanged, as on a machine of its own.
+	StandardPaths bool
+	// RegistryHosts is containerd's registry host configuration (its config_path): one
+	// directory per registry host with a hosts.toml; empty leaves containerd's defaults.
+	RegistryHosts string
 	// Progress receives start-up messages; nil discards them.
 	Progress io.Writer
 }
@@ -73,6 +85,12 @@ type Node struct {
 	kubelet    *controlplane.Process
 	unlock     func()
 }
+
+// Standard paths of a node, which StandardPaths binds the node's directories onto.
+const (
+	standardKubeletRoot = "/var/lib/kubelet"
+	standardRunDir      = "/var/run/lifeboat"
+)
 
 // cniBinDir is where Debian's containernetworking-plugins puts the plugins.
 const cniBinDir = "/usr/lib/cni"
@@ -102,14 +120,12 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	// A kubelet owns the machine's kubepods cgroups: real nodes run one at a time, across test
-	// binaries too. The lock dies with its holder, so what is found under it was left by a test
-	// binary that was killed, and is swept.
-	unlock, err := cache.Lock(filepath.Join(os.TempDir(), "lifeboat-realnode.lock"))
+	// A kubelet owns its kubepods cgroups and reads the machine's memory: real nodes run in one
+	// test binary at a time (several at once there, each with its own CgroupRoot).
+	unlock, err := lockMachine()
 	if err != nil {
 		return nil, err
 	}
-	sweepStale()
 	// Short: containerd's and the kubelet's unix sockets live under it (at most 107 bytes a path).
 	dir, err := os.MkdirTemp("", dirPrefix)
 	if err != nil {
@@ -122,6 +138,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			n.Stop()
 		}
 	}()
+	if err := makeCgroupRoot(n.cgroupParent()); err != nil {
+		return nil, err
+	}
 	if err := n.startContainerd(ctx); err != nil {
 		return nil, err
 	}
@@ -137,6 +156,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if n.KubeletConfig, err = DefaultKubeletConfig(cfg.Address, n.socket, filepath.Join(dir, "pod-logs")); err != nil {
 		return nil, err
 	}
+	n.KubeletConfig.CgroupRoot = n.cgroupParent()
 	if cfg.Kubelet != nil {
 		cfg.Kubelet(&n.KubeletConfig)
 	}
@@ -192,6 +212,39 @@ const rootDir = "kubelet"
 // each pod's volumes are: the agent's --kubelet-pods-dir.
 func (n *Node) PodsDir() string { return filepath.Join(n.Dir, rootDir, "pods") }
 
+// cgroupParent is the kubelet's cgroupRoot: "" (the machine's root) or the node's own.
+func (n *Node) cgroupParent() string {
+	if !n.cfg.OwnCgroupRoot {
+		return ""
+	}
+	return "/" + cgroupPrefix + n.cfg.Name
+}
+
+// RunDir is what /var/run/lifeboat is on the node with StandardPaths.
+func (n *Node) RunDir() string { return filepath.Join(n.Dir, "run-lifeboat") }
+
+// inOwnMountNamespace is the command that runs bin with args in a new private mount namespace
+// where the node's directories are bound onto the standard paths. Private: the kubelet's volume
+// mounts stay in it, where containerd's containers (started from it) see them.
+func (n *Node) inOwnMountNamespace(bin string, args []string) (string, []string, error) {
+	for _, d := range []string{filepath.Join(n.Dir, rootDir), n.RunDir(), standardKubeletRoot, standardRunDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", nil, err
+		}
+	}
+	script := `mount --bind "$1" ` + standardKubeletRoot + ` && mount --bind "$2" ` + standardRunDir + ` && shift 2 && exec "$@"`
+	return "unshare", append([]string{"--mount", "--propagation", "private", "sh", "-c", script, "sh",
+		filepath.Join(n.Dir, rootDir), n.RunDir(), bin}, args...), nil
+}
+
+// kubeletCommand is how the kubelet is started: in containerd's mount namespace with StandardPaths.
+func (n *Node) kubeletCommand(args []string) (string, []string) {
+	if !n.cfg.StandardPaths {
+		return n.kubeletBin, append([]string{"--root-dir", filepath.Join(n.Dir, rootDir)}, args...)
+	}
+	return "nsenter", append([]string{"--mount=/proc/" + strconv.Itoa(n.containerd.Pid()) + "/ns/mnt", "--", n.kubeletBin, "--root-dir", standardKubeletRoot}, args...)
+}
+
 func (n *Node) startContainerd(ctx context.Context) error {
 	cniDir := filepath.Join(n.Dir, "cni")
 	if err := os.MkdirAll(cniDir, 0o755); err != nil {
@@ -233,6 +286,8 @@ state = %[2]q
   path = %[4]q
 [plugins."io.containerd.cri.v1.images".pinned_images]
   sandbox = %[5]q
+[plugins."io.containerd.cri.v1.images".registry]
+  config_path = %[9]q
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
   # Devices from device plugins owned by the container's user, as docs/security.md asks of nodes
@@ -248,7 +303,7 @@ state = %[2]q
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
       SystemdCgroup = false
 `, filepath.Join(n.Dir, "containerd", "root"), filepath.Join(n.Dir, "containerd", "state"), n.socket,
-		filepath.Join(n.Dir, "containerd", "opt"), PauseImage, cniBinDir, cniDir, cniBin)
+		filepath.Join(n.Dir, "containerd", "opt"), PauseImage, cniBinDir, cniDir, cniBin, n.cfg.RegistryHosts)
 	path := filepath.Join(n.Dir, "containerd.toml")
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		return err
@@ -256,7 +311,14 @@ state = %[2]q
 	var err error
 	// The shim of the same build first: containerd looks for it on PATH before beside itself.
 	env := []string{"PATH=" + n.runtimeDir + string(os.PathListSeparator) + os.Getenv("PATH")}
-	if n.containerd, err = controlplane.StartProcessWithEnv(n.Dir, "containerd", env, filepath.Join(n.runtimeDir, "containerd"), "--config", path); err != nil {
+	bin, args := filepath.Join(n.runtimeDir, "containerd"), []string{"--config", path}
+	if n.cfg.StandardPaths {
+		bin, args, err = n.inOwnMountNamespace(bin, args)
+		if err != nil {
+			return err
+		}
+	}
+	if n.containerd, err = controlplane.StartProcessWithEnv(n.Dir, "containerd", env, bin, args...); err != nil {
 		return err
 	}
 	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -341,17 +403,17 @@ func (n *Node) startKubelet() error {
 	for k, v := range n.cfg.Labels {
 		labels = append(labels, k+"="+v)
 	}
-	n.kubelet, err = controlplane.StartProcess(n.Dir, "kubelet", n.kubeletBin,
+	bin, args := n.kubeletCommand([]string{
 		"--config", config,
 		"--kubeconfig", n.cfg.Kubeconfig,
-		"--root-dir", filepath.Join(n.Dir, rootDir),
 		"--hostname-override", n.cfg.Name,
 		// The kubelet refuses a loopback --node-ip; with an external cloud provider it leaves the
 		// node's addresses to that provider, which initialise plays.
 		"--cloud-provider", "external",
 		"--node-labels", strings.Join(labels, ","),
 		"--v", "2",
-	)
+	})
+	n.kubelet, err = controlplane.StartProcess(n.Dir, "kubelet", bin, args...)
 	return err
 }
 
@@ -529,13 +591,13 @@ func (n *Node) Stop() {
 	if n.kubelet != nil {
 		n.kubelet.Stop(30 * time.Second)
 	}
-	killPodProcesses()
+	killPodProcesses(n.cgroupParent())
 	if n.containerd != nil && !n.containerd.Exited() {
 		n.removeContainers(ctx)
 		n.containerd.Stop(30 * time.Second)
 	}
 	removeNodeDir(n.Dir)
-	removePodCgroups(cgroupRoot)
+	removePodCgroups(cgroupRoot, n.cgroupParent())
 	if n.cfg.Client != nil {
 		_ = n.cfg.Client.CoreV1().Nodes().Delete(ctx, n.cfg.Name, metav1.DeleteOptions{})
 	}
