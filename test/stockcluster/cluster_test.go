@@ -54,9 +54,13 @@ var (
 	configuredProfile = profile{name: "configured"}
 )
 
-// nodeAddresses are the two nodes' addresses; each kubelet listens on its own at 10250, the
+// nodeAddresses are the two VM nodes' addresses; each kubelet listens on its own at 10250, the
 // default port, which lifeboat's agent asks.
 var nodeAddresses = []string{"127.0.0.41", "127.0.0.42"}
+
+// controlNode is the node that runs no VMs, where lifeboat's controller and signer go (their
+// node affinity keeps them off VM nodes), as a cluster's control-plane or infrastructure nodes do.
+var controlNode = struct{ name, address string }{"stock-control", "127.0.0.43"}
 
 // startStock brings the cluster up and installs lifeboat; cleanup removes everything.
 func startStock(t testing.TB, p profile) *stock {
@@ -100,10 +104,18 @@ func startStock(t testing.TB, p profile) *stock {
 	s.pushGuest(t)
 
 	network := node.NewTestNetwork(t)
+	type nodeSpec struct {
+		name, address string
+		labels        map[string]string
+	}
+	nodes := []nodeSpec{{controlNode.name, controlNode.address, nil}}
 	for i, addr := range nodeAddresses {
+		nodes = append(nodes, nodeSpec{fmt.Sprintf("stock-%d", i+1), addr, map[string]string{node.KVMLabel: "true"}})
+	}
+	for _, spec := range nodes {
 		n, err := realnode.Start(ctx, realnode.Config{
-			Name: fmt.Sprintf("stock-%d", i+1), Address: addr, Kubeconfig: cp.Kubeconfig, Client: cp.Kube,
-			Labels: map[string]string{node.KVMLabel: "true"}, Progress: os.Stderr, Network: network,
+			Name: spec.name, Address: spec.address, Kubeconfig: cp.Kubeconfig, Client: cp.Kube,
+			Labels: spec.labels, Progress: os.Stderr, Network: network,
 			OwnCgroupRoot: true, StandardPaths: true, RegistryHosts: hosts,
 			Kubelet: func(c *kubeletv1beta1.KubeletConfiguration) {
 				if p.stock {
@@ -116,7 +128,9 @@ func startStock(t testing.TB, p profile) *stock {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.nodes = append(s.nodes, n)
+		if spec.labels != nil {
+			s.nodes = append(s.nodes, n)
+		}
 		t.Cleanup(func() {
 			if t.Failed() {
 				for name, log := range n.ContainerLogs(30) {
@@ -232,8 +246,8 @@ func (s *stock) install(t testing.TB, pushed map[string]string, tag string) {
 		t.Logf("pushed %s as %s", name, ref)
 	}
 	s.shell(t, dir, applyCommand, 5*time.Minute)
-	for _, app := range []string{"lifeboat-agent", "lifeboat-controller"} {
-		s.waitReady(t, "app.kubernetes.io/name="+app, map[string]int{"lifeboat-agent": 2, "lifeboat-controller": 1}[app])
+	for _, app := range []string{"lifeboat-agent", "lifeboat-controller", "lifeboat-signer"} {
+		s.waitReady(t, "app.kubernetes.io/name="+app, map[string]int{"lifeboat-agent": 2, "lifeboat-controller": 1, "lifeboat-signer": 1}[app])
 	}
 }
 
