@@ -13,7 +13,7 @@ import (
 // masquerade's table as it was.
 func TestForwardIsATableOfItsOwnAndGoesWhole(t *testing.T) {
 	ns := podNamespace(t)
-	plan := Plan{Binding: Masquerade, Ports: []PortRule{{Protocol: "TCP", Port: 8080}, {Protocol: "UDP", Port: 53}}, TapOwner: 107}
+	plan := Plan{Binding: Masquerade, Ports: []PortRule{{Protocol: "TCP", Port: 8080}, {Protocol: "UDP", Port: 53}}, TapOwner: 107, GuestMAC: guestMAC}
 	if _, err := Setup(ns, plan); err != nil {
 		t.Fatal(err)
 	}
