@@ -1,6 +1,7 @@
 package podnetwork
 
 import (
+	"bytes"
 	"net"
 	"os"
 	"path/filepath"
@@ -10,7 +11,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-	"bytes"
 
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 )
