@@ -25,6 +25,9 @@ const leaseSeconds = 24 * 60 * 60
 
 // Offer is what the launcher's DHCP server gives the guest.
 type Offer struct {
+	// MAC is the guest's card's: the only client the server answers. With the bridge binding
+	// the server also hears other pods' clients, through eth0, and must leave them alone.
+	MAC     net.HardwareAddr
 	Address netip.Prefix
 	Gateway netip.Addr
 	Server  netip.Addr
@@ -49,7 +52,11 @@ func OfferFor(lease *notify.Lease, resolvConf []byte) (Offer, error) {
 	if lease.MTU < 576 || lease.MTU > 65535 {
 		return Offer{}, fmt.Errorf("the agent's lease: MTU %d out of range", lease.MTU)
 	}
-	o := Offer{Address: addr, Gateway: gw, Server: server, MTU: uint16(lease.MTU)}
+	mac, err := net.ParseMAC(lease.MAC)
+	if err != nil || len(mac) != 6 {
+		return Offer{}, fmt.Errorf("the agent's lease has no Ethernet MAC for the guest: %q", lease.MAC)
+	}
+	o := Offer{MAC: mac, Address: addr, Gateway: gw, Server: server, MTU: uint16(lease.MTU)}
 	sc := bufio.NewScanner(bytes.NewReader(resolvConf))
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
@@ -69,8 +76,12 @@ func OfferFor(lease *notify.Lease, resolvConf []byte) (Offer, error) {
 }
 
 // Reply is the server's answer to req: an offer to a discover, an ack to a request for the
-// offered address, a nak to a request for any other; nil for anything else.
+// offered address, a nak to a request for any other; nil for anything else, and for any client
+// but the guest.
 func (o Offer) Reply(req *dhcpv4.DHCPv4) (*dhcpv4.DHCPv4, error) {
+	if !bytes.Equal(req.ClientHWAddr, o.MAC) {
+		return nil, nil
+	}
 	var kind dhcpv4.MessageType
 	switch req.MessageType() {
 	case dhcpv4.MessageTypeDiscover:

@@ -13,23 +13,24 @@ import (
 )
 
 func TestOfferForTakesTheLeaseAndThePodsResolver(t *testing.T) {
-	lease := &notify.Lease{Interface: "lb-br0", Tap: "lb-tap0", Address: "10.0.2.2/24", Gateway: "10.0.2.1", Server: "10.0.2.1", MTU: 1450}
+	lease := &notify.Lease{Interface: "lb-br0", Tap: "lb-tap0", Address: "10.0.2.2/24", Gateway: "10.0.2.1", Server: "10.0.2.1", MTU: 1450, MAC: "02:01:02:03:04:05"}
 	resolv := "# kubelet\nsearch ns.svc.cluster.local svc.cluster.local\nnameserver 10.96.0.10\nnameserver 127.0.0.53\noptions ndots:5\n"
 	o, err := OfferFor(lease, []byte(resolv))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Address.String() != "10.0.2.2/24" || o.Gateway.String() != "10.0.2.1" || o.MTU != 1450 {
-		t.Errorf("offer %+v: want the lease's address, gateway and MTU", o)
+	if o.Address.String() != "10.0.2.2/24" || o.Gateway.String() != "10.0.2.1" || o.MTU != 1450 || o.MAC.String() != "02:01:02:03:04:05" {
+		t.Errorf("offer %+v: want the lease's address, gateway, MTU and MAC", o)
 	}
 	if !slices.Equal(o.DNS, []netip.Addr{netip.MustParseAddr("10.96.0.10")}) || strings.Join(o.Search, " ") != "ns.svc.cluster.local svc.cluster.local" {
 		t.Errorf("DNS %v search %v: want the pod's name server (not its loopback one) and search list", o.DNS, o.Search)
 	}
 	for _, bad := range []notify.Lease{
-		{Address: "10.0.2.2", Gateway: "10.0.2.1", Server: "10.0.2.1", MTU: 1500},
-		{Address: "fd00::2/64", Gateway: "10.0.2.1", Server: "10.0.2.1", MTU: 1500},
-		{Address: "10.0.2.2/24", Gateway: "gateway", Server: "10.0.2.1", MTU: 1500},
-		{Address: "10.0.2.2/24", Gateway: "10.0.2.1", Server: "10.0.2.1", MTU: 100},
+		{Address: "10.0.2.2", Gateway: "10.0.2.1", Server: "10.0.2.1", MTU: 1500, MAC: "02:01:02:03:04:05"},
+		{Address: "fd00::2/64", Gateway: "10.0.2.1", Server: "10.0.2.1", MTU: 1500, MAC: "02:01:02:03:04:05"},
+		{Address: "10.0.2.2/24", Gateway: "gateway", Server: "10.0.2.1", MTU: 1500, MAC: "02:01:02:03:04:05"},
+		{Address: "10.0.2.2/24", Gateway: "10.0.2.1", Server: "10.0.2.1", MTU: 100, MAC: "02:01:02:03:04:05"},
+		{Address: "10.0.2.2/24", Gateway: "10.0.2.1", Server: "10.0.2.1", MTU: 1500},
 	} {
 		if _, err := OfferFor(&bad, nil); err == nil {
 			t.Errorf("OfferFor(%+v) accepted a lease it cannot offer", bad)
@@ -38,9 +39,10 @@ func TestOfferForTakesTheLeaseAndThePodsResolver(t *testing.T) {
 }
 
 func TestReply(t *testing.T) {
-	o := Offer{Address: netip.MustParsePrefix("10.0.2.2/24"), Gateway: netip.MustParseAddr("10.0.2.1"), Server: netip.MustParseAddr("10.0.2.1"),
-		MTU: 1450, DNS: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Search: []string{"svc.cluster.local"}}
 	mac := net.HardwareAddr{0x02, 1, 2, 3, 4, 5}
+	o := Offer{MAC: mac, Address: netip.MustParsePrefix("10.0.2.2/24"), Gateway: netip.MustParseAddr("10.0.2.1"), Server: netip.MustParseAddr("10.0.2.1"),
+		MTU: 1450, DNS: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Search: []string{"svc.cluster.local"}}
+	neighbour := net.HardwareAddr{0x0a, 0x58, 0x0a, 0xf4, 0x09, 0x07}
 	request := func(kind dhcpv4.MessageType, mods ...dhcpv4.Modifier) *dhcpv4.DHCPv4 {
 		m, err := dhcpv4.New(append([]dhcpv4.Modifier{dhcpv4.WithMessageType(kind), dhcpv4.WithHwAddr(mac)}, mods...)...)
 		if err != nil {
@@ -58,6 +60,10 @@ func TestReply(t *testing.T) {
 		{"a renewal from the address gets the ack (after a migration too)", request(dhcpv4.MessageTypeRequest, dhcpv4.WithClientIP(net.IPv4(10, 0, 2, 2))), dhcpv4.MessageTypeAck},
 		{"a request for another address gets a nak", request(dhcpv4.MessageTypeRequest, dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(net.IPv4(10, 0, 2, 9)))), dhcpv4.MessageTypeNak},
 		{"a release gets nothing", request(dhcpv4.MessageTypeRelease), dhcpv4.MessageTypeNone},
+		// With the bridge binding the server hears other pods' clients through eth0.
+		{"another MAC's discover gets nothing", request(dhcpv4.MessageTypeDiscover, dhcpv4.WithHwAddr(neighbour)), dhcpv4.MessageTypeNone},
+		{"another MAC's request gets nothing, not a nak", request(dhcpv4.MessageTypeRequest, dhcpv4.WithHwAddr(neighbour),
+			dhcpv4.WithOption(dhcpv4.OptRequestedIPAddress(net.IPv4(10, 244, 9, 7)))), dhcpv4.MessageTypeNone},
 	} {
 		reply, err := o.Reply(tc.req)
 		if err != nil {

@@ -270,10 +270,6 @@ func podNetwork(ctx context.Context, cfg Config, dir string, log *slog.Logger) (
 	if err != nil || !ok {
 		return nil, err
 	}
-	mac, err := spec.MAC(cfg.VMI.UID)
-	if err != nil {
-		return nil, fmt.Errorf("interface %q: %w", spec.Name, err)
-	}
 	ref := notify.VMIRef{Namespace: cfg.VMI.Namespace, Name: cfg.VMI.Name, UID: cfg.VMI.UID}
 	lease, err := RequestNetwork(ctx, filepath.Join(dir, contract.NotifySocketName), ref, log)
 	if err != nil {
@@ -286,8 +282,9 @@ func podNetwork(ctx context.Context, cfg Config, dir string, log *slog.Logger) (
 	if err := StartDHCP(ctx, lease.Interface, offer, log); err != nil {
 		return nil, err
 	}
-	log.Info("pod network ready", "tap", lease.Tap, "mac", mac.String(), "guestAddress", lease.Address, "gateway", lease.Gateway, "mtu", lease.MTU)
-	return &domain.Interface{Tap: lease.Tap, MAC: mac.String(), MTU: uint(lease.MTU)}, nil
+	log.Info("pod network ready", "interface", spec.Name, "tap", lease.Tap, "mac", offer.MAC.String(), "guestAddress", lease.Address, "gateway", lease.Gateway, "mtu", lease.MTU)
+	// The card has the MAC the pod lets the guest send from and the DHCP server answers.
+	return &domain.Interface{Tap: lease.Tap, MAC: offer.MAC.String(), MTU: uint(lease.MTU)}, nil
 }
 
 // startGuest defines and starts the VMI's domain.

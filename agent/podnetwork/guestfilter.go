@@ -14,7 +14,9 @@ import (
 // one chain on the tap's ingress hook (netdev family) sees every frame before the bridge, ARP,
 // routing or NAT do, and serves both bindings. It lets through only frames from the guest's own
 // MAC that carry IPv4 from the guest's own address (or a DHCP request before it has one) or ARP
-// that claims only the guest's own MAC and address. Anything else is dropped and counted.
+// that claims only the guest's own MAC and address. Anything else is dropped and counted, and so
+// is DHCP server traffic (UDP from port 67): the guest is only ever a DHCP client, and with the
+// bridge binding its answers would reach other pods' clients.
 const (
 	// filterTable is lifeboat's netdev table in the pod's namespace; it is replaced whole.
 	filterTable = "lifeboat-guest"
@@ -51,6 +53,7 @@ var (
 	arpEthIPv4 = []byte{0x00, 0x01, 0x08, 0x00, 6, 4}
 	// dhcpPorts are a DHCP client's source and destination ports, 68 and 67.
 	dhcpPorts        = []byte{0, 68, 0, 67}
+	dhcpServerPort   = []byte{0, 67}
 	unspecified      = []byte{0, 0, 0, 0}
 	limitedBroadcast = []byte{255, 255, 255, 255}
 )
@@ -65,6 +68,8 @@ func FilterRules(g GuestIdentity) ([][]expr.Any, error) {
 	accept := &expr.Verdict{Kind: expr.VerdictAccept}
 	return [][]expr.Any{
 		concat(match(expr.PayloadBaseLLHeader, ethSource, expr.CmpOpNeq, mac), drop(SpoofedCounter)),
+		concat(isType(etherIPv4), match(expr.PayloadBaseNetworkHeader, ipProtocol, expr.CmpOpEq, []byte{unix.IPPROTO_UDP}),
+			match(expr.PayloadBaseTransportHeader, 0, expr.CmpOpEq, dhcpServerPort), drop(SpoofedCounter)),
 		concat(isType(etherIPv4), match(expr.PayloadBaseNetworkHeader, ipSource, expr.CmpOpEq, addr), []expr.Any{accept}),
 		// DHCP's discover and request, broadcast before the guest has its address.
 		concat(isType(etherIPv4), match(expr.PayloadBaseNetworkHeader, ipSource, expr.CmpOpEq, unspecified),

@@ -17,7 +17,8 @@ import (
 )
 
 // A guest, played by the test writing frames to its tap, sends from a forged IPv4 address, from
-// a forged MAC and ARP claiming a forged sender address and a forged sender MAC, then as itself
+// a forged MAC, ARP claiming a forged sender address and a forged sender MAC, and a DHCP offer
+// as if it were a DHCP server, then as itself
 // (a DHCP request, a datagram and ARP): where its frames go next (the bridge, behind
 // masquerade; the pod network, with the bridge binding) sees only the genuine ones, and the
 // filter counted each forgery.
@@ -31,6 +32,10 @@ func TestAGuestSendsOnlyAsItself(t *testing.T) {
 				t.Fatal(err)
 			}
 			own := netip.MustParsePrefix(lease.Address).Addr()
+			me, err := net.ParseMAC(lease.MAC)
+			if err != nil {
+				t.Fatalf("the lease's MAC %q: %v", lease.MAC, err)
+			}
 			gateway := netip.MustParseAddr(lease.Gateway)
 			forged := own.As4()
 			forged[3] = 77
@@ -52,14 +57,15 @@ func TestAGuestSendsOnlyAsItself(t *testing.T) {
 					t.Fatalf("writing to the tap: %v", err)
 				}
 			}
-			send(ethernet(dst, guestMAC, typeIPv4, udp4(forgedIP, gateway, 40000, 9999, []byte("forged address"))))
+			send(ethernet(dst, me, typeIPv4, udp4(forgedIP, gateway, 40000, 9999, []byte("forged address"))))
 			send(ethernet(dst, otherMAC, typeIPv4, udp4(own, gateway, 40000, 9999, []byte("forged MAC"))))
-			send(ethernet(broadcast, guestMAC, typeARP, arpRequest(guestMAC, forgedIP, gateway)))
-			send(ethernet(broadcast, guestMAC, typeARP, arpRequest(otherMAC, own, gateway)))
-			send(ethernet(broadcast, guestMAC, typeIPv6, ipv6Header(netip.MustParseAddr("fe80::1"))))
-			send(ethernet(broadcast, guestMAC, typeIPv4, udp4(zeroIP, broadcast4, 68, 67, []byte("DHCP"))))
-			send(ethernet(dst, guestMAC, typeIPv4, udp4(own, gateway, 40000, 9999, []byte("genuine"))))
-			send(ethernet(broadcast, guestMAC, typeARP, arpRequest(guestMAC, own, gateway)))
+			send(ethernet(broadcast, me, typeARP, arpRequest(me, forgedIP, gateway)))
+			send(ethernet(broadcast, me, typeARP, arpRequest(otherMAC, own, gateway)))
+			send(ethernet(broadcast, me, typeIPv6, ipv6Header(netip.MustParseAddr("fe80::1"))))
+			send(ethernet(broadcast, me, typeIPv4, udp4(own, broadcast4, 67, 68, []byte("OFFER"))))
+			send(ethernet(broadcast, me, typeIPv4, udp4(zeroIP, broadcast4, 68, 67, []byte("DHCP"))))
+			send(ethernet(dst, me, typeIPv4, udp4(own, gateway, 40000, 9999, []byte("genuine"))))
+			send(ethernet(broadcast, me, typeARP, arpRequest(me, own, gateway)))
 
 			// The tap hands frames on in the order written, so once both genuine frames are
 			// seen every forged one has either shown or been dropped.
@@ -84,16 +90,18 @@ func TestAGuestSendsOnlyAsItself(t *testing.T) {
 					t.Errorf("%s saw a frame from the forged MAC %s: % x", watchLink, otherMAC, f)
 				case etherType == typeIPv4 && len(payload) >= 20 && netip.AddrFrom4([4]byte(payload[12:16])) == forgedIP:
 					t.Errorf("%s saw IPv4 from the forged address %s", watchLink, forgedIP)
-				case etherType == typeIPv6 && bytes.Equal(src, guestMAC):
+				case etherType == typeIPv6 && bytes.Equal(src, me):
 					t.Errorf("%s saw the guest's IPv6, which the pod network does not carry for it", watchLink)
 				case etherType == typeARP && len(payload) >= 28:
 					sender, senderIP := net.HardwareAddr(payload[8:14]), netip.AddrFrom4([4]byte(payload[14:18]))
 					switch {
 					case senderIP == forgedIP || bytes.Equal(sender, otherMAC):
 						t.Errorf("%s saw ARP claiming %s at %s", watchLink, senderIP, sender)
-					case senderIP == own && bytes.Equal(sender, guestMAC):
+					case senderIP == own && bytes.Equal(sender, me):
 						sawARP = true
 					}
+				case etherType == typeIPv4 && bytes.Contains(payload, []byte("OFFER")):
+					t.Errorf("%s saw the guest's DHCP offer: the guest may serve DHCP", watchLink)
 				case etherType == typeIPv4 && bytes.Contains(payload, []byte("genuine")):
 					sawIP = true
 				case etherType == typeIPv4 && bytes.Contains(payload, []byte("DHCP")):
@@ -104,8 +112,8 @@ func TestAGuestSendsOnlyAsItself(t *testing.T) {
 				t.Fatalf("%s did not see the guest's own frames within 10s (DHCP %v, IPv4 %v, ARP %v): the filter drops the genuine too", watchLink, sawDHCP, sawIP, sawARP)
 			}
 			spoofed, unsupported, err := DroppedFromGuest(int(ns.Fd()))
-			if err != nil || spoofed != 4 || unsupported != 1 {
-				t.Errorf("the filter counted %d spoofed and %d unsupported (%v); want the 4 forgeries and the IPv6 frame", spoofed, unsupported, err)
+			if err != nil || spoofed != 5 || unsupported != 1 {
+				t.Errorf("the filter counted %d spoofed and %d unsupported (%v); want the 4 forgeries, the DHCP offer and the IPv6 frame", spoofed, unsupported, err)
 			}
 		})
 	}

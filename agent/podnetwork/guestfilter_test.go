@@ -104,6 +104,11 @@ func TestFilterRules(t *testing.T) {
 		{"a DHCP request from another MAC", ethernet(broadcast, otherMAC, typeIPv4, udp4(zeroIP, broadcast4, 68, 67, nil)), false, SpoofedCounter},
 		{"a DHCP request from 0.0.0.0 to one host", ethernet(routerMAC, guestMAC, typeIPv4, udp4(zeroIP, gatewayIP, 68, 67, nil)), false, SpoofedCounter},
 		{"other UDP from 0.0.0.0", ethernet(broadcast, guestMAC, typeIPv4, udp4(zeroIP, broadcast4, 68, 53, nil)), false, SpoofedCounter},
+		// The guest is a DHCP client only: its offers, acks and naks would reach other pods' clients.
+		{"a DHCP offer from the guest's address", ethernet(broadcast, guestMAC, typeIPv4, udp4(guestIP, broadcast4, 67, 68, nil)), false, SpoofedCounter},
+		{"a DHCP offer from 0.0.0.0", ethernet(broadcast, guestMAC, typeIPv4, udp4(zeroIP, broadcast4, 67, 68, nil)), false, SpoofedCounter},
+		{"UDP from port 67 to another port", ethernet(routerMAC, guestMAC, typeIPv4, udp4(guestIP, gatewayIP, 67, 53, nil)), false, SpoofedCounter},
+		{"UDP to port 67 from the guest's address (a renewal)", ethernet(routerMAC, guestMAC, typeIPv4, udp4(guestIP, gatewayIP, 68, 67, nil)), true, ""},
 		{"IPv4 cut short", ethernet(routerMAC, guestMAC, typeIPv4, []byte{0x45, 0}), false, SpoofedCounter},
 		{"ARP from the guest's MAC and address", ethernet(broadcast, guestMAC, typeARP, arpRequest(guestMAC, guestIP, gatewayIP)), true, ""},
 		{"an ARP probe, claiming no address", ethernet(broadcast, guestMAC, typeARP, arpRequest(guestMAC, zeroIP, guestIP)), true, ""},

@@ -65,7 +65,9 @@ type Plan struct {
 	// TapOwner is the user (and group) the tap belongs to: the launcher's, so that its QEMU
 	// may open it without any capability.
 	TapOwner uint32
-	// GuestMAC is the guest's card's address, the only source MAC the pod lets through from it.
+	// GuestMAC is the guest's card's address behind masquerade, the only source MAC the pod
+	// lets through from it. The bridge binding leaves it unset: its guest takes eth0's own
+	// MAC, which only the pod's namespace knows (see bridge).
 	GuestMAC net.HardwareAddr
 }
 
@@ -77,18 +79,22 @@ func PlanFor(vmi *v1alpha1.VirtualMachineInstance, tapOwner uint32) (plan Plan, 
 	if !ok || err != nil {
 		return Plan{}, ok, err
 	}
-	mac, err := iface.MAC(string(vmi.UID))
-	if err != nil {
-		return Plan{}, true, fmt.Errorf("interface %q: %w", iface.Name, err)
-	}
-	plan = Plan{TapOwner: tapOwner, GuestMAC: mac}
+	plan = Plan{TapOwner: tapOwner}
 	switch {
 	case iface.Masquerade != nil && iface.Bridge == nil:
 		plan.Binding = Masquerade
+		mac, err := iface.MAC(string(vmi.UID))
+		if err != nil {
+			return Plan{}, true, fmt.Errorf("interface %q: %w", iface.Name, err)
+		}
+		plan.GuestMAC = mac
 	case iface.Bridge != nil && iface.Masquerade == nil:
 		plan.Binding = BridgeMode
 		if len(iface.Ports) > 0 {
 			return Plan{}, true, fmt.Errorf("interface %q: ports are for the masquerade binding", iface.Name)
+		}
+		if iface.MACAddress != "" {
+			return Plan{}, true, fmt.Errorf("interface %q: macAddress is for the masquerade binding", iface.Name)
 		}
 	default:
 		return Plan{}, true, fmt.Errorf("interface %q needs exactly one binding: masquerade or bridge", iface.Name)

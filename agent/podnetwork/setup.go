@@ -1,6 +1,8 @@
 package podnetwork
 
 import (
+	"bytes"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -22,8 +24,8 @@ import (
 // natTable is lifeboat's nftables table in the pod's namespace; it is replaced whole.
 const natTable = "lifeboat"
 
-// aliasPrefix marks eth0's alias where the bridge binding records the address it moved to
-// the guest, so that building again (an agent restarted mid-way) finds it.
+// aliasPrefix marks eth0's alias where the bridge binding records the address and MAC it
+// moved to the guest, so that building again (an agent restarted mid-way) finds it.
 const aliasPrefix = "lifeboat-pod-address "
 
 // Setup builds plan in the network namespace ns, a descriptor the launcher sent, and returns
@@ -124,11 +126,12 @@ func build(plan Plan, nsFD int) (*notify.Lease, error) {
 		return nil, fmt.Errorf("attaching %s to %s: %w", Tap, Bridge, err)
 	}
 	lease := &notify.Lease{Interface: Bridge, Tap: Tap, MTU: mtu}
+	guestMAC := plan.GuestMAC
 	switch plan.Binding {
 	case Masquerade:
 		err = masquerade(eth0, br, plan, nsFD, lease)
 	case BridgeMode:
-		err = bridge(eth0, br, lease)
+		guestMAC, err = bridge(eth0, br, lease)
 	default:
 		err = fmt.Errorf("unknown binding %q", plan.Binding)
 	}
@@ -140,7 +143,8 @@ func build(plan Plan, nsFD int) (*notify.Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := guestFilter(GuestIdentity{MAC: plan.GuestMAC, Address: guestAddr.Addr()}, nsFD); err != nil {
+	lease.MAC = guestMAC.String()
+	if err := guestFilter(GuestIdentity{MAC: guestMAC, Address: guestAddr.Addr()}, nsFD); err != nil {
 		return nil, fmt.Errorf("writing the filter of what the guest sends: %w", err)
 	}
 	for _, l := range []netlink.Link{tap, br} {
@@ -266,48 +270,67 @@ func concat(parts ...[]expr.Any) []expr.Any {
 	return out
 }
 
-// bridge moves the pod's address to the guest: eth0 joins the bridge without an address, and
-// the guest gets the address, with the pod's gateway, by DHCP.
-func bridge(eth0, br netlink.Link, lease *notify.Lease) error {
-	addr, gw, err := podAddress(eth0)
+// bridge moves the pod's address and MAC to the guest: eth0 joins the bridge without an
+// address and with another MAC, and the guest gets the address, with the pod's gateway, by DHCP,
+// on a card with eth0's MAC, which it returns. The pod network gave that MAC to this pod alone,
+// so on a node bridge that other pods share the guest cannot pass for one of them; and eth0
+// must give it up because a bridge keeps its ports' MACs for itself.
+func bridge(eth0, br netlink.Link, lease *notify.Lease) (net.HardwareAddr, error) {
+	addr, gw, mac, err := podAddress(eth0)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	if bytes.Equal(eth0.Attrs().HardwareAddr, mac) {
+		if err := netlink.LinkSetHardwareAddr(eth0, portMAC()); err != nil {
+			return nil, fmt.Errorf("giving %s another MAC: %w", PodInterface, err)
+		}
 	}
 	if err := netlink.LinkSetMaster(eth0, br); err != nil {
-		return fmt.Errorf("attaching %s to %s: %w", PodInterface, Bridge, err)
+		return nil, fmt.Errorf("attaching %s to %s: %w", PodInterface, Bridge, err)
 	}
 	// A CNI bridge in hairpin mode sends the guest's broadcasts back in through eth0; learning
 	// there would place the guest's MAC behind eth0, and the bridge would then drop the answers
 	// to the guest's own ARP requests, which arrive through eth0 too.
 	if err := netlink.LinkSetLearning(eth0, false); err != nil {
-		return fmt.Errorf("turning learning off on %s: %w", PodInterface, err)
+		return nil, fmt.Errorf("turning learning off on %s: %w", PodInterface, err)
 	}
 	if err := ensureAddr(br, BridgeBindingServer); err != nil {
-		return err
+		return nil, err
 	}
 	lease.Address, lease.Gateway, lease.Server = addr.String(), gw.String(), BridgeBindingServer.Addr().String()
-	return nil
+	return mac, nil
 }
 
-// podAddress is eth0's IPv4 address and default gateway, taken off eth0 and recorded in its
-// alias the first time, read from the alias after that.
-func podAddress(eth0 netlink.Link) (netip.Prefix, netip.Addr, error) {
+// portMAC is a random, locally administered unicast MAC for eth0 as a port of the bridge: it
+// never appears on the wire, since eth0 then sends only what the bridge forwards.
+func portMAC() net.HardwareAddr {
+	mac := make(net.HardwareAddr, 6)
+	_, _ = rand.Read(mac)
+	mac[0] = mac[0]&^0x01 | 0x02
+	return mac
+}
+
+// podAddress is eth0's IPv4 address, default gateway and MAC, taken off eth0 and recorded in
+// its alias the first time, read from the alias after that.
+func podAddress(eth0 netlink.Link) (netip.Prefix, netip.Addr, net.HardwareAddr, error) {
 	if alias, ok := strings.CutPrefix(eth0.Attrs().Alias, aliasPrefix); ok {
-		a, g, _ := strings.Cut(alias, " via ")
+		a, rest, _ := strings.Cut(alias, " via ")
+		g, m, _ := strings.Cut(rest, " mac ")
 		addr, err1 := netip.ParsePrefix(a)
 		gw, err2 := netip.ParseAddr(g)
-		if err := errors.Join(err1, err2); err != nil {
-			return netip.Prefix{}, netip.Addr{}, fmt.Errorf("reading the pod's address from %s's alias %q: %w", PodInterface, alias, err)
+		mac, err3 := net.ParseMAC(m)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return netip.Prefix{}, netip.Addr{}, nil, fmt.Errorf("reading the pod's address from %s's alias %q: %w", PodInterface, alias, err)
 		}
-		return addr, gw, nil
+		return addr, gw, mac, nil
 	}
 	addrs, err := netlink.AddrList(eth0, netlink.FAMILY_V4)
 	if err != nil || len(addrs) == 0 {
-		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("%s has no IPv4 address (%v)", PodInterface, err)
+		return netip.Prefix{}, netip.Addr{}, nil, fmt.Errorf("%s has no IPv4 address (%v)", PodInterface, err)
 	}
 	routes, err := netlink.RouteList(eth0, netlink.FAMILY_V4)
 	if err != nil {
-		return netip.Prefix{}, netip.Addr{}, err
+		return netip.Prefix{}, netip.Addr{}, nil, err
 	}
 	var gw netip.Addr
 	for _, r := range routes {
@@ -316,18 +339,22 @@ func podAddress(eth0 netlink.Link) (netip.Prefix, netip.Addr, error) {
 		}
 	}
 	if !gw.IsValid() {
-		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("%s has no default gateway", PodInterface)
+		return netip.Prefix{}, netip.Addr{}, nil, fmt.Errorf("%s has no default gateway", PodInterface)
+	}
+	mac := eth0.Attrs().HardwareAddr
+	if len(mac) != 6 {
+		return netip.Prefix{}, netip.Addr{}, nil, fmt.Errorf("%s has no Ethernet MAC (%q)", PodInterface, mac)
 	}
 	ip, _ := netip.AddrFromSlice(addrs[0].IP.To4())
 	ones, _ := addrs[0].Mask.Size()
 	addr := netip.PrefixFrom(ip, ones)
-	if err := netlink.LinkSetAlias(eth0, aliasPrefix+addr.String()+" via "+gw.String()); err != nil {
-		return netip.Prefix{}, netip.Addr{}, err
+	if err := netlink.LinkSetAlias(eth0, aliasPrefix+addr.String()+" via "+gw.String()+" mac "+mac.String()); err != nil {
+		return netip.Prefix{}, netip.Addr{}, nil, err
 	}
 	if err := netlink.AddrDel(eth0, &addrs[0]); err != nil {
-		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("taking %s off %s: %w", addr, PodInterface, err)
+		return netip.Prefix{}, netip.Addr{}, nil, fmt.Errorf("taking %s off %s: %w", addr, PodInterface, err)
 	}
-	return addr, gw, nil
+	return addr, gw, mac, nil
 }
 
 // forward turns IPv4 forwarding on for packets that come in on l, as the forwarding sysctl of l

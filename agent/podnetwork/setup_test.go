@@ -1,6 +1,7 @@
 package podnetwork
 
 import (
+	"bytes"
 	"net"
 	"os"
 	"path/filepath"
@@ -74,7 +75,7 @@ func TestMasqueradeBuildsBridgeTapAndNAT(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := notify.Lease{Interface: Bridge, Tap: Tap, Address: "10.0.2.2/24", Gateway: "10.0.2.1", Server: "10.0.2.1", MTU: 1450}
+	want := notify.Lease{Interface: Bridge, Tap: Tap, Address: "10.0.2.2/24", Gateway: "10.0.2.1", Server: "10.0.2.1", MTU: 1450, MAC: guestMAC.String()}
 	if *lease != want {
 		t.Errorf("lease %+v, want %+v", *lease, want)
 	}
@@ -136,16 +137,27 @@ func TestMasqueradeBuildsBridgeTapAndNAT(t *testing.T) {
 	check()
 }
 
+// The guest takes the pod's address and its MAC, the one the CNI plugin gave eth0: on a node
+// bridge that other pods share, that MAC is the pod's alone.
 func TestBridgeBindingGivesTheGuestThePodsAddress(t *testing.T) {
 	ns := podNamespace(t)
-	want := notify.Lease{Interface: Bridge, Tap: Tap, Address: "10.244.9.5/24", Gateway: "10.244.9.1", Server: "169.254.75.10", MTU: 1450}
+	var podMAC net.HardwareAddr
+	err := inNamespace(ns, func() error {
+		eth0, err := netlink.LinkByName(PodInterface)
+		podMAC = eth0.Attrs().HardwareAddr
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := notify.Lease{Interface: Bridge, Tap: Tap, Address: "10.244.9.5/24", Gateway: "10.244.9.1", Server: "169.254.75.10", MTU: 1450, MAC: podMAC.String()}
 	for range 2 {
-		lease, err := Setup(ns, Plan{Binding: BridgeMode, TapOwner: 107, GuestMAC: guestMAC})
+		lease, err := Setup(ns, Plan{Binding: BridgeMode, TapOwner: 107})
 		if err != nil || *lease != want {
 			t.Fatalf("Setup = %+v, %v; want %+v (the same the second time, from what the first recorded)", lease, err, want)
 		}
 	}
-	err := inNamespace(ns, func() error {
+	err = inNamespace(ns, func() error {
 		eth0, err := netlink.LinkByName(PodInterface)
 		if err != nil {
 			return err
@@ -159,6 +171,9 @@ func TestBridgeBindingGivesTheGuestThePodsAddress(t *testing.T) {
 		}
 		if port, err := netlink.LinkGetProtinfo(eth0); err != nil || port.Learning {
 			t.Errorf("eth0's bridge port learns addresses (%+v, %v); want not: a hairpin CNI bridge's echo of the guest's broadcasts would place the guest behind eth0", port, err)
+		}
+		if mac := eth0.Attrs().HardwareAddr; bytes.Equal(mac, podMAC) || mac[0]&0x03 != 0x02 {
+			t.Errorf("eth0 has MAC %s; want a locally administered unicast one other than the guest's %s, which the bridge would otherwise keep for itself", mac, podMAC)
 		}
 		return nil
 	})

@@ -96,6 +96,10 @@ type Lease struct {
 	Server string `json:"server"`
 	// MTU is the pod interface's, for the guest's card.
 	MTU int `json:"mtu"`
+	// MAC is the guest's card's address: the only one the pod lets the guest send from and
+	// the launcher's DHCP server answers. With the bridge binding it is the pod's own, the one
+	// its CNI plugin gave eth0.
+	MAC string `json:"mac"`
 }
 
 // VMIRef names a VMI.

@@ -394,8 +394,8 @@ func BenchmarkMigrationNetworkInterruption(b *testing.B) {
 // networkRuns are the runs of BenchmarkMigrationNetworkInterruption so far (-count calls it once a run).
 var networkRuns []chart.Interruption
 
-// A VM with the bridge binding gets its pod's own address by DHCP and answers on it, and cannot
-// be live-migrated (KubeVirt's reason).
+// A VM with the bridge binding gets its pod's own address and MAC by DHCP and answers on it,
+// and cannot be live-migrated (KubeVirt's reason).
 func TestBridgeBindingGivesTheGuestThePodAddress(t *testing.T) {
 	startController(t)
 	network := node.NewTestNetwork(t)
@@ -410,7 +410,9 @@ func TestBridgeBindingGivesTheGuestThePodAddress(t *testing.T) {
 		return running(v) && c != nil && c.Status == metav1.ConditionFalse && c.Reason == "InterfaceNotLiveMigratable"
 	})
 	pod := launcherPod(t, vmi)
-	mac, err := vmi.Spec.Interfaces[0].MAC(string(vmi.UID))
+	// The guest has the pod's own MAC, the one the pod network gave it: on the node's bridge no
+	// other pod's.
+	mac, err := network.PodMAC(string(pod.UID))
 	if err != nil {
 		t.Fatal(err)
 	}

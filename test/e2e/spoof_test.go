@@ -64,12 +64,17 @@ func TestAGuestThatSpoofsIsSeenOnlyAsItself(t *testing.T) {
 	}
 	for _, s := range spoofers {
 		s.vmi = waitVMI(t, ns, s.vmi.Name, bootTimeout, "phase Running", running)
+		pod := launcherPod(t, s.vmi)
+		// Behind masquerade the guest's card has the VMI's MAC; with the bridge binding, the pod's own.
 		mac, err := s.vmi.Spec.Interfaces[0].MAC(string(s.vmi.UID))
+		if s.vmi.Spec.Interfaces[0].Bridge != nil {
+			mac, err = network.PodMAC(string(pod.UID))
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
 		s.mac = mac
-		if s.podIP, err = netip.ParseAddr(launcherPod(t, s.vmi).Status.PodIP); err != nil {
+		if s.podIP, err = netip.ParseAddr(pod.Status.PodIP); err != nil {
 			t.Fatal(err)
 		}
 		s.forgedIP = protocol.ForgedAddress(s.podIP)

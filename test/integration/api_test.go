@@ -380,6 +380,8 @@ spec: %s
 			[]string{"an interface needs exactly one binding: masquerade or bridge"}},
 		{"ports on a bridge binding", withSpec("interfaces: [{name: default, bridge: {}, ports: [{port: 80}]}]\n  networks: [{name: default, pod: {}}]"),
 			[]string{"ports are for the masquerade binding"}},
+		{"a MAC address on a bridge binding", withSpec("interfaces: [{name: default, bridge: {}, macAddress: 0a:58:0a:f4:09:07}]\n  networks: [{name: default, pod: {}}]"),
+			[]string{"spec.interfaces[0]", "macAddress is for the masquerade binding: a bridge binding gives the guest the pod's own MAC"}},
 		{"a network of no kind", withSpec("interfaces: [{name: default, masquerade: {}}]\n  networks: [{name: default}]"),
 			[]string{"a network needs a kind: pod"}},
 		{"a MAC address that is not one", withSpec("interfaces: [{name: default, masquerade: {}, macAddress: 02-00-00}]\n  networks: [{name: default, pod: {}}]"),

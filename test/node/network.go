@@ -283,6 +283,31 @@ func (nn nodeNetwork) attach(ctx context.Context, pod *corev1.Pod) (*podSandbox,
 	return sb, nil
 }
 
+// PodMAC is the MAC the bridge plugin gave the eth0 of the pod with UID podUID, from the result
+// libcni cached when the plugin wired the pod, as a runtime keeps it: what the pod network knows
+// the pod by.
+func (n *Network) PodMAC(podUID string) (net.HardwareAddr, error) {
+	// The cache is looked up by the configuration's name alone, the same on every node.
+	list, err := nodeNetwork{net: n}.conflist()
+	if err != nil {
+		return nil, err
+	}
+	res, err := n.cni.GetNetworkListCachedResult(list, &libcni.RuntimeConf{ContainerID: podUID, IfName: "eth0"})
+	if err != nil || res == nil {
+		return nil, fmt.Errorf("the pod network's cached result for pod %s: %v", podUID, err)
+	}
+	r, err := types100.NewResultFromResult(res)
+	if err != nil {
+		return nil, err
+	}
+	for _, i := range r.Interfaces {
+		if i.Name == "eth0" && i.Sandbox != "" {
+			return net.ParseMAC(i.Mac)
+		}
+	}
+	return nil, fmt.Errorf("the pod network's result for pod %s names no eth0 in the pod", podUID)
+}
+
 // netSysctls sets the pod's network sysctls in the namespace of the calling thread, as a
 // runtime sets them in a sandbox's. The others are not the network namespace's; the emulated
 // nodes do not isolate what they belong to, so they are left alone.

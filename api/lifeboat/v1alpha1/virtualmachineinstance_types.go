@@ -276,6 +276,7 @@ type CloudInitNoCloudSource struct {
 // Interface is one of the guest's network cards (virtio). Exactly one binding is set.
 // +kubebuilder:validation:XValidation:rule="[has(self.masquerade), has(self.bridge)].filter(x, x).size() == 1",message="an interface needs exactly one binding: masquerade or bridge"
 // +kubebuilder:validation:XValidation:rule="!has(self.ports) || has(self.masquerade)",message="ports are for the masquerade binding: a bridge binding gives the guest the pod's address and every port"
+// +kubebuilder:validation:XValidation:rule="!has(self.macAddress) || has(self.masquerade)",message="macAddress is for the masquerade binding: a bridge binding gives the guest the pod's own MAC, the one the pod network assigned, since on a node bridge that pods share another MAC could be a neighbour pod's and take its traffic"
 type Interface struct {
 	// Name is the network (spec.networks) the card is on.
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
@@ -297,8 +298,9 @@ type Interface struct {
 	// +kubebuilder:validation:MaxItems=64
 	// +optional
 	Ports []Port `json:"ports,omitempty"`
-	// MACAddress is the card's MAC address; unset means one derived from the VMI's UID.
-	// Either way it never changes while the VMI lives, migrations included.
+	// MACAddress is the card's MAC address behind masquerade; unset means one derived from
+	// the VMI's UID. Either way it never changes while the VMI lives, migrations included.
+	// The bridge binding takes none: its guest has the pod's own MAC.
 	// +kubebuilder:validation:Pattern=`^([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}$`
 	// +optional
 	MACAddress string `json:"macAddress,omitempty"`
