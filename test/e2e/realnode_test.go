@@ -106,7 +106,8 @@ func startRealNode(t testing.TB, configure ...func(*kubeletv1beta1.KubeletConfig
 // lifeboat's own pods use the node's network and reach the API server on loopback, the agent
 // reads this kubelet's /configz on its port and listens on a free port of the node's address, one
 // controller replica runs (two on one host network would share ports), the signer serves no
-// metrics (its port would be the controller's), the controller and the signer run on the one
+// metrics and declares no port (on the host network its port would be the controller's, and the
+// scheduler would not place both), the controller and the signer run on the one
 // node although it runs VMs (their node affinity keeps them off such nodes in a cluster), and
 // launchers are TCG guests. Launcher pods are on the pod network, as in a cluster.
 const overlay = `apiVersion: kustomize.config.k8s.io/v1beta1
@@ -168,6 +169,7 @@ patches:
 - target: {kind: Deployment, name: lifeboat-signer}
   patch: |-
     - {op: add, path: /spec/template/spec/containers/0/args/-, value: --metrics-listen=}
+    - {op: remove, path: /spec/template/spec/containers/0/ports}
     - {op: remove, path: /spec/template/spec/affinity/nodeAffinity}
 `
 
