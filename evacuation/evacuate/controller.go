@@ -256,25 +256,12 @@ func (c *Controller) create(ctx context.Context, cand Candidate, ahead bool) err
 
 // release gives a migration made ahead its slot: its source agent may start moving memory.
 func (c *Controller) release(ctx context.Context, m *v1alpha1.VirtualMachineInstanceMigration) error {
-	client := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(m.Namespace)
-	m = m.DeepCopy()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := c.writeStatus(ctx, m, func(m *v1alpha1.VirtualMachineInstanceMigration) error {
 		if m.Status.Evacuation == nil {
 			return fmt.Errorf("migration %s has no evacuation record", m.Name)
 		}
 		m.Status.Evacuation.WaitingForSlot = false
-		_, err := client.UpdateStatus(ctx, m, metav1.UpdateOptions{})
-		if apierrors.IsConflict(err) {
-			fresh, gerr := client.Get(ctx, m.Name, metav1.GetOptions{})
-			if gerr != nil {
-				return gerr
-			}
-			if fresh.UID != m.UID {
-				return fmt.Errorf("migration %s was replaced", m.Name)
-			}
-			m = fresh
-		}
-		return err
+		return nil
 	})
 	if apierrors.IsNotFound(err) {
 		return nil // gone meanwhile: the next look counts without it
@@ -310,10 +297,21 @@ func (c *Controller) withdraw(ctx context.Context, m *v1alpha1.VirtualMachineIns
 // status is what no tenant can write, so this is what tells the migrations that count against
 // the evacuation limits from anyone else's. The migration controller may write the status first.
 func (c *Controller) record(ctx context.Context, m *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance, ahead bool) error {
+	return c.writeStatus(ctx, m, func(m *v1alpha1.VirtualMachineInstanceMigration) error {
+		m.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: string(vmi.UID), WaitingForSlot: ahead}
+		return nil
+	})
+}
+
+// writeStatus writes m's status as change makes it, reading the migration again on a conflict;
+// it fails if the migration was replaced (another UID) meanwhile.
+func (c *Controller) writeStatus(ctx context.Context, m *v1alpha1.VirtualMachineInstanceMigration, change func(*v1alpha1.VirtualMachineInstanceMigration) error) error {
 	client := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(m.Namespace)
 	m = m.DeepCopy()
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		m.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: string(vmi.UID), WaitingForSlot: ahead}
+		if err := change(m); err != nil {
+			return err
+		}
 		_, err := client.UpdateStatus(ctx, m, metav1.UpdateOptions{})
 		if apierrors.IsConflict(err) {
 			fresh, gerr := client.Get(ctx, m.Name, metav1.GetOptions{})
