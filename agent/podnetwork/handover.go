@@ -6,7 +6,6 @@ import (
 	"os"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 )
 
@@ -73,34 +72,8 @@ func StopForward(ns *os.File) error {
 }
 
 func forwardRules(f Forward, nsFD int) error {
-	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
-	if err != nil {
-		return err
-	}
-	if old, err := c.ListTableOfFamily(handoverTable, nftables.TableFamilyIPv4); err == nil && old != nil {
-		c.DelTable(old)
-	}
-	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: handoverTable})
 	// Before natTable's translation to the guest: a connection takes the first translation
 	// it meets.
-	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityNATDest - 10)})
-	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	target := f.Target.AsSlice()
-	dnat := []expr.Any{
-		&expr.Immediate{Register: 1, Data: target},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(nftables.TableFamilyIPv4), RegAddrMin: 1},
-	}
-	for _, match := range portMatches(f.Ports) {
-		c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: concat(ifname(expr.MetaKeyIIFNAME, PodInterface), match, dnat)})
-	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: concat(
-		ifname(expr.MetaKeyOIFNAME, PodInterface),
-		[]expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: target},
-			&expr.Masq{},
-		})})
-	return c.Flush()
+	return writeNAT(nsFD, natSpec{table: handoverTable, prePriority: nftables.ChainPriorityRef(*nftables.ChainPriorityNATDest - 10),
+		ports: f.Ports, to: f.Target, masqueradeBy: ipDestinationOffset})
 }

@@ -203,32 +203,55 @@ func masquerade(eth0, br netlink.Link, plan Plan, nsFD int, lease *notify.Lease)
 }
 
 func natRules(plan Plan, nsFD int) error {
+	return writeNAT(nsFD, natSpec{table: natTable, prePriority: nftables.ChainPriorityNATDest, ports: plan.Ports,
+		to: GuestPrefix.Addr(), masqueradeBy: ipSourceOffset})
+}
+
+// natSpec is a table of two NAT chains: what comes in on eth0 for ports goes to the address to,
+// and what leaves by eth0 with that address at masqueradeBy (the source's offset or the
+// destination's in the IPv4 header) leaves as the pod.
+type natSpec struct {
+	table        string
+	prePriority  *nftables.ChainPriority
+	ports        []PortRule
+	to           netip.Addr
+	masqueradeBy uint32
+}
+
+// IPv4 header offsets of the source and destination addresses.
+const (
+	ipSourceOffset      = 12
+	ipDestinationOffset = 16
+)
+
+// writeNAT writes n's table in the namespace nsFD, replacing the table of that name in the same
+// transaction that writes it: never half a rule set.
+func writeNAT(nsFD int, n natSpec) error {
 	c, err := nftables.New(nftables.WithNetNSFd(nsFD))
 	if err != nil {
 		return err
 	}
-	// The table is replaced in the same transaction that writes it: never half a rule set.
-	if old, err := c.ListTableOfFamily(natTable, nftables.TableFamilyIPv4); err == nil && old != nil {
+	if old, err := c.ListTableOfFamily(n.table, nftables.TableFamilyIPv4); err == nil && old != nil {
 		c.DelTable(old)
 	}
-	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable})
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: n.table})
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
+		Hooknum: nftables.ChainHookPrerouting, Priority: n.prePriority})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
-	guest := GuestPrefix.Addr().AsSlice()
+	to := n.to.AsSlice()
 	dnat := []expr.Any{
-		&expr.Immediate{Register: 1, Data: guest},
+		&expr.Immediate{Register: 1, Data: to},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: uint32(nftables.TableFamilyIPv4), RegAddrMin: 1},
 	}
-	for _, match := range portMatches(plan.Ports) {
+	for _, match := range portMatches(n.ports) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: concat(ifname(expr.MetaKeyIIFNAME, PodInterface), match, dnat)})
 	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: concat(
 		ifname(expr.MetaKeyOIFNAME, PodInterface),
 		[]expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: guest},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: n.masqueradeBy, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: to},
 			&expr.Masq{},
 		})})
 	return c.Flush()
