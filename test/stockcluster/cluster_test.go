@@ -37,6 +37,8 @@ type stock struct {
 	nodes []*realnode.Node
 	// registry is the registry's host:port; guestKernel and guestDisk the test guest's images there.
 	registry, guestKernel, guestDisk string
+	// installDir holds lifeboat-install/, the README's overlay, as the user keeps it for upgrades.
+	installDir string
 }
 
 // profile is how the cluster is set up.
@@ -245,6 +247,7 @@ func (s *stock) install(t testing.TB, pushed map[string]string, tag string) {
 	for name, ref := range pushed {
 		t.Logf("pushed %s as %s", name, ref)
 	}
+	s.installDir = dir
 	s.shell(t, dir, applyCommand, 5*time.Minute)
 	for _, app := range []string{"lifeboat-agent", "lifeboat-controller", "lifeboat-signer"} {
 		s.waitReady(t, "app.kubernetes.io/name="+app, map[string]int{"lifeboat-agent": 2, "lifeboat-controller": 1, "lifeboat-signer": 1}[app])

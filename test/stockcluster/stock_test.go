@@ -7,14 +7,15 @@ import (
 
 // TestOnAStockCluster installs lifeboat as the README says on a cluster with upstream defaults
 // (the package's doc) and, on it: drains a node of LiveMigrate VMs and of a VM that is not
-// migrated; plays the descheduler's protocol; and takes the machine's memory toward a node's
-// hard threshold.
+// migrated; plays the descheduler's protocol; takes the machine's memory toward a node's hard
+// threshold; and upgrades, then uninstalls lifeboat as the README says, with a VM running.
 func TestOnAStockCluster(t *testing.T) {
 	s := startStock(t, stockProfile)
 	s.shell(t, t.TempDir(), "kubectl lifeboat check", time.Minute)
 	t.Run("a drain moves every LiveMigrate VM to the other node and completes", func(t *testing.T) { s.testDrain(t) })
 	t.Run("the descheduler's protocol: 429 Evacuation in progress, then the VM moves", func(t *testing.T) { s.testDescheduler(t) })
 	t.Run("memory climbing toward the kubelet's hard threshold moves the VM before the kubelet evicts", func(t *testing.T) { s.testPressure(t) })
+	t.Run("an upgrade and an uninstall as the README says leave a running VM running", func(t *testing.T) { s.testUpgradeAndUninstall(t) })
 }
 
 // BenchmarkStockClusterDrain: kubectl drain of a node with two LiveMigrate VMs and one VM that is
