@@ -5,11 +5,11 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	"sync"
 
 	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"

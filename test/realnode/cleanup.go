@@ -3,18 +3,18 @@ package realnode
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
-	"fmt"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"sync"
 
 	"github.com/lifeboat-vm/lifeboat/test/internal/cache"
 )

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"regexp"
 	"testing"
 	"time"
 
@@ -15,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
-	"regexp"
 
 	"github.com/lifeboat-vm/lifeboat/agent/pressure"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
