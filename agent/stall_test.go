@@ -325,12 +325,21 @@ func TestAStalledLauncherHoldsOneWorkerAndTheOthersAreEvacuatedOnTime(t *testing
 			t.Errorf("a call on %s's abandoned connection: %v, want %v at once", uid, err, errLauncherStalled)
 		}
 	}
+	// The Event of an abandoned call is recorded just after it is counted: wait for both.
 	var events []string
-	for len(recorder.Events) > 0 {
-		events = append(events, <-recorder.Events)
+	stalledEvent := "Warning " + ReasonLauncherStalled + " The launcher's libvirt on node node did not answer observe within 10s"
+	noMore := time.After(5 * time.Second)
+collect:
+	for countEvents(events, stalledEvent) < 2 {
+		select {
+		case e := <-recorder.Events:
+			events = append(events, e)
+		case <-noMore:
+			break collect
+		}
 	}
-	if n := countEvents(events, "Warning "+ReasonLauncherStalled+" The launcher's libvirt on node node did not answer observe within 10s"); n != 2 {
-		t.Errorf("%d Warning %s Events, want one on each stalled launcher's VMI; events: %q", n, ReasonLauncherStalled, events)
+	if n := countEvents(events, stalledEvent); n != 2 {
+		t.Errorf("%d Warning %s Events within 5 s of both calls' abandonment, want one on each stalled launcher's VMI; events: %q", n, ReasonLauncherStalled, events)
 	}
 	// The healthy launchers stay connected and served throughout.
 	for _, uid := range healthyUIDs {
