@@ -37,51 +37,74 @@ import (
 // controllers until the test ends, as lifeboat-controller runs them.
 func startEvacuationControllers(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	p := newInProcess(t)
+	lbv1 := p.lb.Lifeboat().V1alpha1()
+	nodes, boundPods := evacuate.NewCapacityInformers(cluster.Kube)
+	budgets := disruption.NewBudgetInformer(cluster.Kube)
+	evacuations := evacuate.New(cluster.Lifeboat, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), nodes, boundPods, p.recorder, p.log)
+	migrations := migration.New(cluster.Kube, cluster.Lifeboat, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(),
+		p.launchers.Core().V1().Pods(), budgets, nodes, p.recorder, vmi.PodOptions{Image: "lifeboat-launcher:test", Acceleration: "tcg"}, prometheus.NewRegistry(), p.log)
+	budgetsController := disruption.New(cluster.Kube, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(),
+		p.launchers.Core().V1().Pods(), budgets, p.recorder, p.log)
+	cancels := cancellation.New(cluster.Lifeboat, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), p.recorder,
+		cancellation.NewMetrics(prometheus.NewRegistry()), p.log)
+	for _, inf := range []interface{ RunWithContext(context.Context) }{nodes, boundPods, budgets} {
+		go inf.RunWithContext(p.ctx)
+	}
+	p.run(t, evacuations.Run, func(ctx context.Context) error { return migrations.Run(ctx, 2) },
+		cancels.Run, func(ctx context.Context) error { return budgetsController.Run(ctx, 1) })
+}
+
+// inProcess is what lifeboat-controller's controllers share when a test runs them in its own
+// process against the real control plane: a context that ends with the test, an Event recorder
+// writing to the API server, a log, and the informer factories of launcher pods and of lifeboat's
+// objects.
+type inProcess struct {
+	ctx         context.Context
+	cancel      context.CancelFunc
+	broadcaster record.EventBroadcaster
+	recorder    record.EventRecorder
+	log         *slog.Logger
+	launchers   informers.SharedInformerFactory
+	lb          lifeboatinformers.SharedInformerFactory
+}
+
+func newInProcess(t *testing.T) *inProcess {
+	t.Helper()
 	if err := v1alpha1.AddToScheme(scheme.Scheme); err != nil {
 		t.Fatal(err)
 	}
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cluster.Kube.CoreV1().Events("")})
-	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "lifeboat-controller"})
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-
-	launchers := informers.NewSharedInformerFactoryWithOptions(cluster.Kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	p := &inProcess{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	p.broadcaster = record.NewBroadcaster(record.WithContext(p.ctx))
+	p.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cluster.Kube.CoreV1().Events("")})
+	p.recorder = p.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "lifeboat-controller"})
+	p.launchers = informers.NewSharedInformerFactoryWithOptions(cluster.Kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.LabelSelector = v1alpha1.LabelRole + "=" + v1alpha1.RoleLauncher
 	}))
-	lb := lifeboatinformers.NewSharedInformerFactory(cluster.Lifeboat, 0)
-	lbv1 := lb.Lifeboat().V1alpha1()
-	nodes, boundPods := evacuate.NewCapacityInformers(cluster.Kube)
-	budgets := disruption.NewBudgetInformer(cluster.Kube)
-	evacuations := evacuate.New(cluster.Lifeboat, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), nodes, boundPods, recorder, log)
-	migrations := migration.New(cluster.Kube, cluster.Lifeboat, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(),
-		launchers.Core().V1().Pods(), budgets, nodes, recorder, vmi.PodOptions{Image: "lifeboat-launcher:test", Acceleration: "tcg"}, prometheus.NewRegistry(), log)
-	budgetsController := disruption.New(cluster.Kube, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(),
-		launchers.Core().V1().Pods(), budgets, recorder, log)
-	cancels := cancellation.New(cluster.Lifeboat, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), recorder,
-		cancellation.NewMetrics(prometheus.NewRegistry()), log)
-	launchers.Start(ctx.Done())
-	lb.Start(ctx.Done())
-	for _, inf := range []interface{ RunWithContext(context.Context) }{nodes, boundPods, budgets} {
-		go inf.RunWithContext(ctx)
-	}
-	runs := []func(context.Context) error{evacuations.Run, func(ctx context.Context) error { return migrations.Run(ctx, 2) },
-		cancels.Run, func(ctx context.Context) error { return budgetsController.Run(ctx, 1) }}
+	p.lb = lifeboatinformers.NewSharedInformerFactory(cluster.Lifeboat, 0)
+	return p
+}
+
+// run starts the factories and each of runs until the test ends, when it stops them and waits.
+func (p *inProcess) run(t *testing.T, runs ...func(context.Context) error) {
+	p.launchers.Start(p.ctx.Done())
+	p.lb.Start(p.ctx.Done())
 	done := make(chan struct{}, len(runs))
 	for _, run := range runs {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			if err := run(ctx); err != nil {
+			if err := run(p.ctx); err != nil {
 				t.Error(err)
 			}
 		}()
 	}
 	t.Cleanup(func() {
-		cancel()
+		p.cancel()
 		for range runs {
 			<-done
 		}
-		broadcaster.Shutdown()
+		p.broadcaster.Shutdown()
 	})
 }
 

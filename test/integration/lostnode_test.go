@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -20,13 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
-	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/evacuate"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vm"
@@ -43,45 +37,17 @@ import (
 // startVMControllers runs the VMI and VM controllers until the test ends.
 func startVMControllers(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := v1alpha1.AddToScheme(scheme.Scheme); err != nil {
-		t.Fatal(err)
-	}
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cluster.Kube.CoreV1().Events("")})
-	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "lifeboat-controller"})
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-
-	launchers := informers.NewSharedInformerFactoryWithOptions(cluster.Kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.LabelSelector = v1alpha1.LabelRole + "=" + v1alpha1.RoleLauncher
-	}))
+	p := newInProcess(t)
 	claims := informers.NewSharedInformerFactory(cluster.Kube, 0)
-	lb := lifeboatinformers.NewSharedInformerFactory(cluster.Lifeboat, 0)
-	lbv1 := lb.Lifeboat().V1alpha1()
-	pods := launchers.Core().V1().Pods()
+	lbv1 := p.lb.Lifeboat().V1alpha1()
+	pods := p.launchers.Core().V1().Pods()
 	nodes, _ := evacuate.NewCapacityInformers(cluster.Kube)
 	vmis := vmi.New(cluster.Kube, cluster.Lifeboat, lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods,
-		claims.Core().V1().PersistentVolumeClaims(), nodes, recorder, vmi.PodOptions{Image: "lifeboat-launcher:test", Acceleration: "tcg"}, log)
-	vms := vm.New(cluster.Lifeboat, lbv1.VirtualMachines(), lbv1.VirtualMachineInstances(), pods, recorder, prometheus.NewRegistry(), log)
-	launchers.Start(ctx.Done())
-	claims.Start(ctx.Done())
-	lb.Start(ctx.Done())
-	go nodes.RunWithContext(ctx)
-	done := make(chan struct{}, 2)
-	for _, run := range []func(context.Context, int) error{vmis.Run, vms.Run} {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			if err := run(ctx, 2); err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		<-done
-		broadcaster.Shutdown()
-	})
+		claims.Core().V1().PersistentVolumeClaims(), nodes, p.recorder, vmi.PodOptions{Image: "lifeboat-launcher:test", Acceleration: "tcg"}, p.log)
+	vms := vm.New(cluster.Lifeboat, lbv1.VirtualMachines(), lbv1.VirtualMachineInstances(), pods, p.recorder, prometheus.NewRegistry(), p.log)
+	claims.Start(p.ctx.Done())
+	go nodes.RunWithContext(p.ctx)
+	p.run(t, func(ctx context.Context) error { return vmis.Run(ctx, 2) }, func(ctx context.Context) error { return vms.Run(ctx, 2) })
 }
 
 // fakeNode is a Node without a kubelet: the test says whether it is Ready, and renews its Lease
