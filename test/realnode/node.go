@@ -64,6 +64,9 @@ type Config struct {
 	// RegistryHosts is containerd's registry host configuration (its config_path): one
 	// directory per registry host with a hosts.toml; empty leaves containerd's defaults.
 	RegistryHosts string
+	// KubeletReader is the client certificate the harness reads the kubelet's summary with; nil
+	// reads it anonymously, which only a kubelet that lets anonymous callers in answers.
+	KubeletReader *tls.Certificate
 	// Progress receives start-up messages; nil discards them.
 	Progress io.Writer
 }
@@ -546,7 +549,11 @@ func (n *Node) MemoryAvailableAt(ctx context.Context) (int64, time.Time, error) 
 		return 0, time.Time{}, err
 	}
 	// The kubelet serves with a certificate it signed itself.
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	tlsConfig := &tls.Config{InsecureSkipVerify: true}
+	if n.cfg.KubeletReader != nil {
+		tlsConfig.Certificates = []tls.Certificate{*n.cfg.KubeletReader}
+	}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConfig}}
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, time.Time{}, fmt.Errorf("reading node %s's summary: %w", n.cfg.Name, err)

@@ -2,6 +2,7 @@ package stockcluster
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log"
@@ -105,6 +106,12 @@ func startStock(t testing.TB, p profile) *stock {
 	}
 	s.pushGuest(t)
 
+	// The harness reads the kubelets' summaries as the cluster's admin: a default kubelet lets no
+	// anonymous caller in.
+	reader, err := tls.X509KeyPair(cp.Config.CertData, cp.Config.KeyData)
+	if err != nil {
+		t.Fatal(err)
+	}
 	network := node.NewTestNetwork(t)
 	type nodeSpec struct {
 		name, address string
@@ -118,10 +125,10 @@ func startStock(t testing.TB, p profile) *stock {
 		n, err := realnode.Start(ctx, realnode.Config{
 			Name: spec.name, Address: spec.address, Kubeconfig: cp.Kubeconfig, Client: cp.Kube,
 			Labels: spec.labels, Progress: os.Stderr, Network: network,
-			OwnCgroupRoot: true, StandardPaths: true, RegistryHosts: hosts,
+			OwnCgroupRoot: true, StandardPaths: true, RegistryHosts: hosts, KubeletReader: &reader,
 			Kubelet: func(c *kubeletv1beta1.KubeletConfiguration) {
 				if p.stock {
-					stockKubelet(c, nil)
+					stockKubelet(c, cp.CAFile(), nil)
 				} else {
 					c.Port = 10250
 				}
@@ -148,8 +155,18 @@ func startStock(t testing.TB, p profile) *stock {
 }
 
 // stockKubelet is the kubelet's upstream default eviction configuration, but for the disk
-// thresholds (see the package's doc) and a hard memory.available threshold hard may raise.
-func stockKubelet(c *kubeletv1beta1.KubeletConfiguration, hard *string) {
+// thresholds (see the package's doc) and a hard memory.available threshold hard may raise, and
+// its default authentication and authorization (no anonymous caller; client certificates of the
+// cluster CA, as the API server's, and bearer tokens checked by the API server, as the agent's;
+// each request authorized by the API server), where the harness's other nodes let anyone in.
+func stockKubelet(c *kubeletv1beta1.KubeletConfiguration, clientCA string, hard *string) {
+	f, t := false, true
+	c.Authentication = kubeletv1beta1.KubeletAuthentication{
+		Anonymous: kubeletv1beta1.KubeletAnonymousAuthentication{Enabled: &f},
+		Webhook:   kubeletv1beta1.KubeletWebhookAuthentication{Enabled: &t},
+		X509:      kubeletv1beta1.KubeletX509Authentication{ClientCAFile: clientCA},
+	}
+	c.Authorization = kubeletv1beta1.KubeletAuthorization{Mode: kubeletv1beta1.KubeletAuthorizationModeWebhook}
 	c.Port = 10250
 	c.EvictionSoft = nil
 	c.EvictionSoftGracePeriod = nil

@@ -64,12 +64,12 @@ func (s *stock) raiseHardThreshold(t testing.TB, n *realnode.Node) int64 {
 	}
 	threshold := avail - headroom
 	q := resource.NewQuantity(threshold, resource.BinarySI).String()
-	if err := n.RestartKubelet(t.Context(), func(c *kubeletv1beta1.KubeletConfiguration) { stockKubelet(c, &q) }); err != nil {
+	if err := n.RestartKubelet(t.Context(), func(c *kubeletv1beta1.KubeletConfiguration) { stockKubelet(c, s.cp.CAFile(), &q) }); err != nil {
 		t.Fatal(err)
 	}
 	s.restartAgent(t.Context(), t, n.Name())
 	t.Cleanup(func() {
-		if err := n.RestartKubelet(context.Background(), func(c *kubeletv1beta1.KubeletConfiguration) { stockKubelet(c, nil) }); err != nil {
+		if err := n.RestartKubelet(context.Background(), func(c *kubeletv1beta1.KubeletConfiguration) { stockKubelet(c, s.cp.CAFile(), nil) }); err != nil {
 			t.Errorf("restoring %s's kubelet: %v", n.Name(), err)
 		}
 		s.restartAgent(context.Background(), t, n.Name())
