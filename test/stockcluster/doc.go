@@ -19,5 +19,8 @@
 //     metrics port, makes the agents listen on their node's address
 //     (two agents share one network namespace here) and runs TCG guests;
 //   - the kubelets keep the default hard memory.available threshold but no disk thresholds (the
-//     machine's disk is fuller than their defaults allow), and listen on their node's address.
+//     machine's disk is fuller than their defaults allow), and listen on their node's address;
+//     their authentication and authorization are the defaults (no anonymous caller, the API server
+//     checks tokens and authorizes each request), so the agent's read of /configz is checked as
+//     on a real cluster.
 package stockcluster
