@@ -309,26 +309,32 @@ func mib(kb int64) float64 { return float64(kb) / 1024 }
 // qemuPID finds the VM's QEMU by the guest name libvirt gives it (namespace_name).
 func qemuPID(b testing.TB, v *v1alpha1.VirtualMachineInstance) int {
 	b.Helper()
-	want := "guest=" + v.Namespace + "_" + v.Name
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-		if !strings.HasPrefix(filepath.Base(exe), "qemu-system") {
-			continue
-		}
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		for _, arg := range strings.Split(string(cmdline), "\x00") {
-			if arg == want || strings.HasPrefix(arg, want+",") {
-				return pid
-			}
+		if err == nil && isQEMUOf(pid, v.Namespace, v.Name) {
+			return pid
 		}
 	}
 	b.Fatalf("no QEMU for %s/%s", v.Namespace, v.Name)
 	return 0
+}
+
+// isQEMUOf says whether process pid is the QEMU of VM ns/name, by the guest name libvirt gives
+// it (namespace_name).
+func isQEMUOf(pid int, ns, name string) bool {
+	want := "guest=" + ns + "_" + name
+	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if !strings.HasPrefix(filepath.Base(exe), "qemu-system") {
+		return false
+	}
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	for _, arg := range strings.Split(string(cmdline), "\x00") {
+		if arg == want || strings.HasPrefix(arg, want+",") {
+			return true
+		}
+	}
+	return false
 }
 
 // medianOf is the median of one figure of ms.

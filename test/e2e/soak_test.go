@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -588,17 +587,9 @@ func (r *soakRun) updateConfig(change func(*v1alpha1.LifeboatConfig)) {
 
 // qemuOn is the pid of the QEMU of VM ns/name among the processes of node n; 0 if none.
 func qemuOn(n *testNode, ns, name string) int {
-	want := "guest=" + ns + "_" + name
 	for _, pid := range descendants(n.ContainerPIDs()) {
-		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-		if !strings.HasPrefix(filepath.Base(exe), "qemu-system") {
-			continue
-		}
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		for _, arg := range strings.Split(string(cmdline), "\x00") {
-			if arg == want || strings.HasPrefix(arg, want+",") {
-				return pid
-			}
+		if isQEMUOf(pid, ns, name) {
+			return pid
 		}
 	}
 	return 0
