@@ -94,9 +94,9 @@ type Config struct {
 	// AnnotationEvictionExposure: what they mean for the node's VMs.
 	KubeletSource   string
 	PublishExposure func(ctx context.Context, e v1alpha1.NodeEvictionExposure) error
-	// ServeNotify serves a launcher's notify socket at path, for the VMI with vmiUID, until ctx
-	// ends (notifyserver.Server.Serve).
-	ServeNotify func(ctx context.Context, path, vmiUID string) error
+	// ServeNotify serves a launcher's notify socket at path, for the VMI vmi (its namespace and
+	// name as lifeboat recorded them, with its UID), until ctx ends (notifyserver.Server.Serve).
+	ServeNotify func(ctx context.Context, path string, vmi notify.VMIRef) error
 	// APILostAfter is how long without reaching the API server (or without running) counts as
 	// cut off: the agent probes it, and once contact is back reports the outage and checks
 	// every guest against its VMI (apicontact.go). 0 probes nothing.
@@ -129,9 +129,12 @@ type Agent struct {
 	// relieving is the node's LabelMemoryPressureRelief as this agent last set it; nil until it has.
 	// Only the relief goroutine uses it.
 	relieving *bool
-	// links holds, by VMI UID, the pod its directory links to (poddirs.go).
-	linksMu sync.Mutex
-	links   map[string]RecordedPod
+	// links holds, by VMI UID, the pod its directory links to (poddirs.go); unlinked, the pod it
+	// linked to before its link went (the pod was deleted) while the agent still holds a
+	// connection to its launcher: a stray guest's namespace is known from it (stray.go).
+	linksMu  sync.Mutex
+	links    map[string]RecordedPod
+	unlinked map[string]RecordedPod
 	// exposed is the node's AnnotationEvictionExposure as this agent last set it; nil until it
 	// has. Only the relief goroutine uses it.
 	exposed *v1alpha1.NodeEvictionExposure
@@ -167,7 +170,7 @@ func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.Virtual
 	a := &Agent{
 		cfg: cfg, lifeboat: lb, informer: vmis.Informer(),
 		queue:     workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "agent"}),
-		launchers: map[string]*launcher{}, stalls: map[string]int{}, notifyConns: newNotifyConns(), links: map[string]RecordedPod{},
+		launchers: map[string]*launcher{}, stalls: map[string]int{}, notifyConns: newNotifyConns(), links: map[string]RecordedPod{}, unlinked: map[string]RecordedPod{},
 	}
 	if err := a.informer.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
 		return []string{string(obj.(metav1.Object).GetUID())}, nil
@@ -522,6 +525,9 @@ func (a *Agent) forget(uid string) {
 	l, ok := a.launchers[uid]
 	delete(a.launchers, uid)
 	a.mu.Unlock()
+	a.linksMu.Lock()
+	delete(a.unlinked, uid)
+	a.linksMu.Unlock()
 	if ok && l.conn != nil {
 		_ = l.conn.Close()
 		a.cfg.Metrics.Launchers.Dec()

@@ -332,7 +332,9 @@ func (m *migrations) targetDomainReady(ref notify.VMIRef) {
 	recorded := false
 	err := m.updateVMI(context.Background(), ref.Namespace, ref.Name, func(v *v1alpha1.VirtualMachineInstance) {
 		s := v.Status.MigrationState
-		if s != nil && s.MigrationUID == string(mig.UID) && s.TargetNode == m.a.cfg.NodeName && s.TargetNodeDomainReadyTimestamp == nil {
+		// The notify server hands on only reports naming its socket's VMI; the UID is checked
+		// here too, as recordDowntime does, so that no other VMI is ever written for one.
+		if string(v.UID) == ref.UID && s != nil && s.MigrationUID == string(mig.UID) && s.TargetNode == m.a.cfg.NodeName && s.TargetNodeDomainReadyTimestamp == nil {
 			s.TargetNodeDomainReadyTimestamp, recorded = &now, true
 		}
 	})

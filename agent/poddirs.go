@@ -18,6 +18,7 @@ import (
 
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/notify"
 )
 
 // A launcher keeps its files (its libvirtd's state and socket, the guest's console log) in
@@ -149,12 +150,17 @@ func (a *Agent) podByKey(namespace, name string) *corev1.Pod {
 
 // setLink records the pod the VMI's directory links to; nil for none.
 func (a *Agent) setLink(uid string, p *corev1.Pod) {
+	connected := a.conn(uid) != nil
 	a.linksMu.Lock()
 	defer a.linksMu.Unlock()
 	if p == nil {
+		if r, ok := a.links[uid]; ok && connected {
+			a.unlinked[uid] = r
+		}
 		delete(a.links, uid)
 		return
 	}
+	delete(a.unlinked, uid)
 	a.links[uid] = RecordedPod{Namespace: p.Namespace, Name: p.Name, UID: p.UID}
 }
 
@@ -328,7 +334,7 @@ func (d *podDirs) sync(ctx context.Context, uid string) {
 	target := d.runVolume(string(pod.UID))
 	if linkedTo == target {
 		d.a.setLink(uid, pod)
-		d.ensureNotify(ctx, uid, link)
+		d.ensureNotify(ctx, d.a.vmiRef(uid, pod), link)
 		return
 	}
 	// The kubelet makes the volume before the pod's containers start; until then, wait.
@@ -351,11 +357,26 @@ func (d *podDirs) sync(ctx context.Context, uid string) {
 	d.a.setLink(uid, pod)
 	log.Info("linked the launcher pod's run volume", "pod", pod.Namespace+"/"+pod.Name, "podUID", pod.UID, "dir", link)
 	d.stopNotify(uid)
-	d.ensureNotify(ctx, uid, link)
+	d.ensureNotify(ctx, d.a.vmiRef(uid, pod), link)
+}
+
+// vmiRef names the VMI with uid whose directory links to pod, its launcher: LinkPod links only a
+// pod the VMI controls, in the namespace lifeboat recorded it in. The name is the VMI's as this
+// node's informer holds it, or, for a migration's target (whose VMI runs on another node), the
+// controller's reference of the pod, which recordedPods matched to the migration's VMI.
+func (a *Agent) vmiRef(uid string, pod *corev1.Pod) notify.VMIRef {
+	ref := notify.VMIRef{Namespace: pod.Namespace, UID: uid}
+	if vmi := a.cachedVMI(uid); vmi != nil {
+		ref.Namespace, ref.Name = vmi.Namespace, vmi.Name
+	} else if owner := v1alpha1.VMIController(pod); owner != nil {
+		ref.Name = owner.Name
+	}
+	return ref
 }
 
 // ensureNotify serves the notify socket in dir for the VMI, unless it is served already.
-func (d *podDirs) ensureNotify(ctx context.Context, uid, dir string) {
+func (d *podDirs) ensureNotify(ctx context.Context, vmi notify.VMIRef, dir string) {
+	uid := vmi.UID
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.notify[uid]; ok || d.a.cfg.ServeNotify == nil {
@@ -368,7 +389,7 @@ func (d *podDirs) ensureNotify(ctx context.Context, uid, dir string) {
 	go func() {
 		defer close(serving.done)
 		defer cancel()
-		if err := d.a.cfg.ServeNotify(nctx, path, uid); err != nil {
+		if err := d.a.cfg.ServeNotify(nctx, path, vmi); err != nil {
 			d.a.cfg.Log.Warn("serving a launcher's notify socket", "vmiUID", uid, "socket", path, "err", err)
 		}
 		// Served again at the next sync, unless it was stopped on purpose.

@@ -115,7 +115,8 @@ func (a *Agent) syncStray(ctx context.Context, uid string) (bool, error) {
 		// The domain's name is the launcher's to choose; its pod's namespace, recorded from what
 		// lifeboat's controller wrote, is not: a name that contradicts it is not acted on.
 		namespace, vmiName, ok := strings.Cut(name, "_")
-		if recorded, linked := a.recordedPod(uid); !ok || (linked && recorded.Namespace != namespace) {
+		recorded, linked := a.recordedPod(uid)
+		if !ok || (linked && recorded.Namespace != namespace) {
 			a.cfg.Log.Warn("a launcher's domain is not named for its VMI (namespace_name, in its pod's namespace); leaving it", "vmiUID", uid, "domain", name)
 			continue
 		}
@@ -138,7 +139,7 @@ func (a *Agent) syncStray(ctx context.Context, uid string) (bool, error) {
 			return destroyed, fmt.Errorf("destroying the stray guest %s of launcher %s: %w", name, uid, err)
 		}
 		destroyed = true
-		a.reportStray(namespace, vmiName, uid, reason, msg)
+		a.reportStray(namespace, vmiName, uid, reason, msg, linked)
 	}
 	return destroyed, nil
 }
@@ -159,21 +160,34 @@ func (a *Agent) migratingHere(ctx context.Context, namespace, uid string) (bool,
 	return false, nil
 }
 
-// reportStray records a destroyed stray guest: an Event on its VMI (the instance it was, by
-// UID), a log line and the metric.
-func (a *Agent) reportStray(namespace, name, uid, reason, msg string) {
-	ref := &corev1.ObjectReference{Kind: "VirtualMachineInstance", APIVersion: v1alpha1.SchemeGroupVersion.String(),
-		Namespace: namespace, Name: name, UID: types.UID(uid)}
+// reportStray records a destroyed stray guest: an Event, a log line and the metric. The Event
+// is on its VMI (the instance it was, by UID) when the namespace and name are known to be the
+// VMI's, its launcher pod's directory linked here (linked); else they are only what the
+// launcher named its domain, and the Event is on this node's Node, so that no launcher puts one
+// on another tenant's VMI. The decision itself holds whatever the name says: a guest is kept only
+// while the VMI read by that name has the launcher's own UID (DecideStray).
+func (a *Agent) reportStray(namespace, name, uid, reason, msg string, linked bool) {
+	ref := a.nodeRef()
+	if linked {
+		ref = &corev1.ObjectReference{Kind: "VirtualMachineInstance", APIVersion: v1alpha1.SchemeGroupVersion.String(),
+			Namespace: namespace, Name: name, UID: types.UID(uid)}
+	} else {
+		msg = fmt.Sprintf("the guest of the launcher of VMI UID %s, whose domain is named %s_%s: %s", uid, namespace, name, msg)
+	}
 	a.cfg.Recorder.Event(ref, corev1.EventTypeWarning, ReasonStrayGuestDestroyed, msg)
 	a.cfg.Log.Warn(msg, "vmi", namespace+"/"+name, "vmiUID", uid, "reason", reason)
 	a.cfg.Metrics.StrayGuestsDestroyed.WithLabelValues(reason).Inc()
 }
 
 // recordedPod is the launcher pod this node's directory of the VMI with uid was linked to, as
-// recorded (it may be deleted since); false if none was.
+// recorded (it may be deleted since, while the agent holds its launcher's connection); false if
+// none was, as after the agent restarted with the pod gone.
 func (a *Agent) recordedPod(uid string) (RecordedPod, bool) {
 	a.linksMu.Lock()
 	defer a.linksMu.Unlock()
-	r, ok := a.links[uid]
+	if r, ok := a.links[uid]; ok {
+		return r, true
+	}
+	r, ok := a.unlinked[uid]
 	return r, ok
 }

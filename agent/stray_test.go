@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -352,4 +353,62 @@ func TestTheAgentReportsAnOutageOnItsReturn(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// A launcher whose pod's link the agent has no record of (it restarted after the pod went) and
+// whose domain is named for another tenant's VMI: its own guest, whose VMI is gone, is destroyed
+// all the same (the VMI read by that name has another UID), but the Event goes on the node, not
+// on the VMI the launcher named, and nothing of that VMI is written.
+func TestAnUnlinkedLauncherPutsNoEventOnTheVMIItNames(t *testing.T) {
+	victim := vmiNamed("victim", "node-2", v1alpha1.VMIRunning)
+	victim.Namespace = "victims"
+	a, client, libvirt, recorder, metrics := strayAgent(t, victim)
+	recorder.IncludeObject = true
+	libvirt.name = "victims_vm"
+	if _, err := a.sync(context.Background(), "old"); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	if libvirt.destroyed != 1 {
+		t.Errorf("the launcher's own guest, whose VMI is gone, was destroyed %d times, want once", libvirt.destroyed)
+	}
+	if got := testutil.ToFloat64(metrics.StrayGuestsDestroyed.WithLabelValues(StrayVMIReplaced)); got != 1 {
+		t.Errorf("lifeboat_agent_stray_guests_destroyed_total{reason=VMIReplaced} = %v, want 1", got)
+	}
+	select {
+	case e := <-recorder.Events:
+		if !strings.Contains(e, ReasonStrayGuestDestroyed) || !strings.Contains(e, "kind=Node") || !strings.Contains(e, "whose domain is named victims_vm") {
+			t.Errorf("event %q: want %s on the node, naming the domain", e, ReasonStrayGuestDestroyed)
+		}
+	default:
+		t.Error("want an Event")
+	}
+	for _, action := range client.Actions() {
+		if action.GetVerb() != "get" && action.GetVerb() != "list" && action.GetVerb() != "watch" {
+			t.Errorf("the agent wrote for a launcher's domain name: %s %s", action.GetVerb(), action.GetResource().Resource)
+		}
+	}
+}
+
+// A launcher whose pod was deleted while the agent held its connection (a node that comes back
+// after its pods were force-deleted): the pod it was linked to still says the namespace, and the
+// Event goes on the VMI, the instance it was.
+func TestAStrayOfADeletedPodIsReportedOnItsVMI(t *testing.T) {
+	a, _, libvirt, recorder, _ := strayAgent(t, vmiNamed("new", "node-2", v1alpha1.VMIRunning))
+	recorder.IncludeObject = true
+	a.setLink("old", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "launcher-vm-abcde", UID: "pod-uid"}})
+	a.setLink("old", nil)
+	if _, err := a.sync(context.Background(), "old"); err != nil {
+		t.Fatalf("sync: %v", err)
+	}
+	if libvirt.destroyed != 1 {
+		t.Fatalf("the guest was destroyed %d times, want once", libvirt.destroyed)
+	}
+	select {
+	case e := <-recorder.Events:
+		if !strings.Contains(e, ReasonStrayGuestDestroyed) || !strings.Contains(e, "kind=VirtualMachineInstance") {
+			t.Errorf("event %q: want %s on the VMI", e, ReasonStrayGuestDestroyed)
+		}
+	default:
+		t.Error("want an Event")
+	}
 }

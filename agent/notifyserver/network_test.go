@@ -24,7 +24,7 @@ func startNetworkServer(t *testing.T, h NetworkHandler) (*Server, string) {
 	s.HandleNetwork(h)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, path, "u1") }()
+	go func() { done <- s.Serve(ctx, path, msg(notify.KindHello, "u1").VMI) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

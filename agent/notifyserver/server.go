@@ -81,10 +81,13 @@ func (s *Server) HandleEnd(h EndHandler) { s.ended = h }
 // over its pod, must not make the agent hold goroutines and buffers without end.
 const MaxConnsPerSocket = 4
 
-// Serve listens on path, in the launcher directory of the VMI with vmiUID, until ctx ends.
-// A stale socket file from an earlier agent is replaced. Connections beyond MaxConnsPerSocket
-// are closed at once (reason too-many-connections).
-func (s *Server) Serve(ctx context.Context, path, vmiUID string) error {
+// Serve listens on path, in the launcher directory of the VMI vmi, until ctx ends. vmi is what
+// the agent knows of the VMI (its namespace and name with its UID, not what a launcher says): a
+// hello that names another VMI, by UID, namespace or name, is refused (reason wrong-vmi), so
+// every message handed on names the socket's own VMI. A stale socket file from an earlier agent
+// is replaced. Connections beyond MaxConnsPerSocket are closed at once (reason
+// too-many-connections).
+func (s *Server) Serve(ctx context.Context, path string, vmi notify.VMIRef) error {
 	l, err := podsocket.Listen(path)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", path, err)
@@ -115,12 +118,12 @@ func (s *Server) Serve(ctx context.Context, path, vmiUID string) error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
-			s.serveConn(ctx, conn, vmiUID)
+			s.serveConn(ctx, conn, vmi)
 		}()
 	}
 }
 
-func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmiUID string) {
+func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmi notify.VMIRef) {
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
@@ -158,8 +161,8 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmiUID strin
 		case hello == nil && m.Kind != notify.KindHello:
 			s.reject("no-hello", fmt.Errorf("first message is %s, want Hello", m.Kind), cred.Pid)
 			return
-		case hello == nil && m.VMI.UID != vmiUID:
-			s.reject("wrong-vmi", fmt.Errorf("hello for %s on the socket of VMI %s", m.VMI, vmiUID), cred.Pid)
+		case hello == nil && m.VMI != vmi:
+			s.reject("wrong-vmi", fmt.Errorf("hello for %s on the socket of VMI %s", m.VMI, vmi), cred.Pid)
 			return
 		case hello != nil && m.VMI != *hello:
 			s.reject("vmi-mismatch", fmt.Errorf("message for %s on a connection for %s", m.VMI, hello), cred.Pid)

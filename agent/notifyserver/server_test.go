@@ -37,7 +37,7 @@ func (r *received) count() int {
 	return len(r.msgs)
 }
 
-// startServer serves a notify socket for the VMI with vmiUID.
+// startServer serves a notify socket for the VMI ns/vm with vmiUID.
 func startServer(t *testing.T, uids []uint32, vmiUID string, configure ...func(*Server, *received)) (*Server, string, *received) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "notify.sock")
@@ -48,7 +48,7 @@ func startServer(t *testing.T, uids []uint32, vmiUID string, configure ...func(*
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, path, vmiUID) }()
+	go func() { done <- s.Serve(ctx, path, msg(notify.KindHello, vmiUID).VMI) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -132,6 +132,18 @@ func TestBadConnectionsAreClosedAloneAndCounted(t *testing.T) {
 		{"no hello first", func(c net.Conn) { _ = notify.Write(c, msg(notify.KindGracefulShutdown, "good")) }, "no-hello"},
 		// The socket is in one launcher's directory: a hello for another VMI is a lie.
 		{"hello for another VMI", func(c net.Conn) { _ = notify.Write(c, msg(notify.KindHello, "u2")) }, "wrong-vmi"},
+		// Nor may it name another VMI with its own UID: what the agent writes for a launcher's
+		// reports is the VMI the hello names.
+		{"hello with its UID for a VMI of another namespace", func(c net.Conn) {
+			m := msg(notify.KindHello, "good")
+			m.VMI.Namespace = "victims"
+			_ = notify.Write(c, m)
+		}, "wrong-vmi"},
+		{"hello with its UID for another VMI's name", func(c net.Conn) {
+			m := msg(notify.KindHello, "good")
+			m.VMI.Name = "victim"
+			_ = notify.Write(c, m)
+		}, "wrong-vmi"},
 		{"another VMI after hello", func(c net.Conn) {
 			_ = notify.Write(c, msg(notify.KindHello, "good"))
 			_ = notify.Write(c, msg(notify.KindGracefulShutdown, "u2"))
@@ -165,6 +177,13 @@ func TestBadConnectionsAreClosedAloneAndCounted(t *testing.T) {
 				defer got.mu.Unlock()
 				return got.msgs[len(got.msgs)-1].Kind == notify.KindDomainStarted && got.msgs[len(got.msgs)-1].VMI.UID == "good"
 			})
+			got.mu.Lock()
+			defer got.mu.Unlock()
+			for _, m := range got.msgs {
+				if m.VMI != msg(notify.KindHello, "good").VMI {
+					t.Errorf("the handler got a %s for %s from the socket of ns/vm (good)", m.Kind, m.VMI)
+				}
+			}
 		})
 	}
 }

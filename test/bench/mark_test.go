@@ -177,7 +177,8 @@ func setUp(b *testing.B, n int) *bed {
 	server := notifyserver.New([]uint32{uint32(os.Getuid())}, a.HandleNotify, reg, log)
 	for _, vmi := range t.vmis {
 		go func() {
-			_ = server.Serve(ctx, filepath.Join(domainsDir, string(vmi.UID), contract.NotifySocketName), string(vmi.UID))
+			_ = server.Serve(ctx, filepath.Join(domainsDir, string(vmi.UID), contract.NotifySocketName),
+				notify.VMIRef{Namespace: vmi.Namespace, Name: vmi.Name, UID: string(vmi.UID)})
 		}()
 	}
 	informers.Start(ctx.Done())

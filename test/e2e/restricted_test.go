@@ -190,12 +190,17 @@ func TestRestrictedLaunchersRunMoveAndReachOnlyTheirOwnSockets(t *testing.T) {
 	}{
 		{"a hello as the other VM", "wrong-vmi", forgery{Socket: ownNotify, Hello: ref(other), Report: ref(other)}},
 		{"the other VM's graceful shutdown", "vmi-mismatch", forgery{Socket: ownNotify, Hello: ref(one), Report: ref(other)}},
+		{"a hello with its own UID and the other VM's name", "wrong-vmi", forgery{Socket: ownNotify,
+			Hello:  notify.VMIRef{Namespace: ns, Name: other.Name, UID: string(one.UID)},
+			Report: notify.VMIRef{Namespace: ns, Name: other.Name, UID: string(one.UID)}}},
 	} {
+		rejected := fmt.Sprintf(`lifeboat_agent_notify_rejected_total{reason=%q}`, f.reason)
+		before := source.metric(t, rejected)
 		if !forgeFrom(t, onePod, f.forgery) {
 			t.Errorf("%s from %s's launcher: the agent kept the connection open", f.name, one.Name)
 		}
-		if got := source.metric(t, fmt.Sprintf(`lifeboat_agent_notify_rejected_total{reason=%q}`, f.reason)); got < 1 {
-			t.Errorf("%s: lifeboat_agent_notify_rejected_total{reason=%q} = %v, want it counted", f.name, f.reason, got)
+		if got := source.metric(t, rejected); got < before+1 {
+			t.Errorf("%s: %s = %v, want it counted (it was %v before)", f.name, rejected, got, before)
 		}
 	}
 	if v := getVMI(t, ns, other.Name); v.Status.EvacuationNodeName != "" || v.Status.Phase != v1alpha1.VMIRunning {
