@@ -67,8 +67,9 @@ func dryRunCreate(ctx context.Context, pods typedcorev1.PodInterface, p *corev1.
 // TestTheControllersTokenCreatesOnlyWhatALauncherNeeds uses the controller's token as a thief
 // would, against the real API server and the shipped policies: a pod like the launcher the
 // controller builds but for one escape (a host namespace, root, a capability, privilege
-// escalation, a node path, another Secret, another kind of volume) is refused, each with the
-// policy's message; the launcher and the migration target pods the controller really builds, with
+// escalation, a node path, another Secret, another kind of volume, a seccomp or AppArmor profile
+// but the runtime's default, the root group, a host port, a node of its choosing, a toleration)
+// is refused, each with the policy's message; the launcher and the migration target pods the controller really builds, with
 // an allowed node directory, a claim and the VM's cloud-init Secret, are admitted.
 func TestTheControllersTokenCreatesOnlyWhatALauncherNeeds(t *testing.T) {
 	f := newLauncherFixture(t)
@@ -105,7 +106,15 @@ func TestTheControllersTokenCreatesOnlyWhatALauncherNeeds(t *testing.T) {
 		capability    = "a launcher pod's containers add no capability"
 		escalation    = "a launcher pod's containers drop ALL capabilities and set allowPrivilegeEscalation false"
 		volumeKind    = "a launcher pod has only the volumes a launcher uses"
+		seccomp       = "a launcher pod runs under the container runtime's default seccomp profile: the pod sets seccompProfile RuntimeDefault and no container sets another"
+		appArmor      = "a launcher pod runs under the container runtime's default AppArmor profile: neither it nor a container sets another (Unconfined or Localhost)"
+		rootGroup     = "a launcher pod never runs with the root group: the pod sets runAsGroup other than 0, and neither it nor a container sets runAsGroup, fsGroup or a supplemental group 0"
+		hostPort      = "a launcher pod's containers take no host port"
+		nodeName      = "a launcher pod is placed by the scheduler (spec.nodeName unset)"
+		toleration    = "a launcher pod tolerates no taint but node.kubernetes.io/not-ready and node.kubernetes.io/unreachable (NoExecute, for a bounded time), as the API server adds them"
 	)
+	unconfined := &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}
+	noAppArmor := &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeUnconfined}
 	refusals := []struct {
 		name, says string
 		change     func(*corev1.Pod)
@@ -171,6 +180,40 @@ func TestTheControllersTokenCreatesOnlyWhatALauncherNeeds(t *testing.T) {
 		}},
 		{"an NFS export", "volume nfs is none of them", func(p *corev1.Pod) {
 			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "nfs", VolumeSource: corev1.VolumeSource{NFS: &corev1.NFSVolumeSource{Server: "10.0.0.1", Path: "/"}}})
+		}}, {"seccomp Unconfined for the pod", seccomp, func(p *corev1.Pod) { p.Spec.SecurityContext.SeccompProfile = unconfined }},
+		{"seccomp Unconfined for the container", seccomp, func(p *corev1.Pod) { compute(p).SecurityContext.SeccompProfile = unconfined }},
+		{"a node's own seccomp profile for the container", seccomp, func(p *corev1.Pod) {
+			compute(p).SecurityContext.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: ptr.To("allow-all.json")}
+		}},
+		{"no seccomp profile", seccomp, func(p *corev1.Pod) { p.Spec.SecurityContext.SeccompProfile = nil }},
+		{"AppArmor Unconfined for the pod", appArmor, func(p *corev1.Pod) { p.Spec.SecurityContext.AppArmorProfile = noAppArmor }},
+		{"AppArmor Unconfined for the container", appArmor, func(p *corev1.Pod) { compute(p).SecurityContext.AppArmorProfile = noAppArmor }},
+		{"AppArmor unconfined by the older annotation", appArmor, func(p *corev1.Pod) {
+			p.Annotations["container.apparmor.security.beta.kubernetes.io/"+compute(p).Name] = "unconfined"
+		}},
+		{"runAsGroup 0 for the pod", rootGroup, func(p *corev1.Pod) { p.Spec.SecurityContext.RunAsGroup = ptr.To[int64](0) }},
+		{"runAsGroup 0 for the container", rootGroup, func(p *corev1.Pod) { compute(p).SecurityContext.RunAsGroup = ptr.To[int64](0) }},
+		// Without one, the runtime takes the image's, which is 0 for a user the image does not name.
+		{"no runAsGroup", rootGroup, func(p *corev1.Pod) { p.Spec.SecurityContext.RunAsGroup = nil }},
+		{"fsGroup 0", rootGroup, func(p *corev1.Pod) { p.Spec.SecurityContext.FSGroup = ptr.To[int64](0) }},
+		{"the supplemental group 0", rootGroup, func(p *corev1.Pod) { p.Spec.SecurityContext.SupplementalGroups = []int64{0} }},
+		{"the kubelet's port as a host port", hostPort, func(p *corev1.Pod) {
+			compute(p).Ports = []corev1.ContainerPort{{ContainerPort: 8443, HostPort: 10250, Protocol: corev1.ProtocolTCP}}
+		}},
+		{"a host port in an init container", hostPort, func(p *corev1.Pod) {
+			c := compute(p).DeepCopy()
+			c.Name, c.Ports = "init", []corev1.ContainerPort{{ContainerPort: 8186, HostPort: 8186, Protocol: corev1.ProtocolTCP}}
+			p.Spec.InitContainers = []corev1.Container{*c}
+		}},
+		{"a node of its choosing", nodeName, func(p *corev1.Pod) { p.Spec.NodeName = "control-plane-1" }},
+		{"a toleration of the control plane's taint", toleration, func(p *corev1.Pod) {
+			p.Spec.Tolerations = []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+		}},
+		{"a toleration of every taint", toleration, func(p *corev1.Pod) {
+			p.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
+		}},
+		{"a node that is not ready tolerated for ever", toleration, func(p *corev1.Pod) {
+			p.Spec.Tolerations = []corev1.Toleration{{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}}
 		}},
 	}
 	for _, r := range refusals {
