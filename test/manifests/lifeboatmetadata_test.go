@@ -82,7 +82,8 @@ func TestOnlyLifeboatLabelsLaunchersAndMigrations(t *testing.T) {
 	launcher := lookalike("launcher-vm-abcde", map[string]string{v1alpha1.LabelRole: v1alpha1.RoleLauncher, v1alpha1.LabelVMIUID: string(owner.UID)}, nil)
 	launcher.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(owner, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))}
 	// As unprivileged as lifeboat-controller-pods holds the controller's pods to.
-	launcher.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true)}
+	launcher.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsGroup: ptr.To[int64](107),
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
 	launcher.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}
 	launcher, err = tokenClient(t, controllerSA, nil).CoreV1().Pods(ns).Create(ctx, launcher, metav1.CreateOptions{})
 	if err != nil {
@@ -138,4 +139,76 @@ func tenant(t *testing.T, ns, user string) (kubernetes.Interface, lifeboatclient
 		return err == nil, nil
 	})
 	return kube, lb
+}
+
+// TestAStatusWriterCannotSetLifeboatLabels: a pod's status subresource keeps the labels and
+// annotations a write sends, so a user who may only update pods' status (as a node's or an
+// operator's account may) cannot set lifeboat.dev/ ones through it either; a migration's status
+// subresource keeps none of them, whoever writes it.
+func TestAStatusWriterCannotSetLifeboatLabels(t *testing.T) {
+	install(t)
+	ctx := t.Context()
+	ns := testNamespace(t)
+	const (
+		user = "status-writer"
+		says = "lifeboat.dev/ labels and annotations on pods and migrations are lifeboat's"
+	)
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: user}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list"}},
+		{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"update", "patch"}},
+		{APIGroups: []string{v1alpha1.GroupName}, Resources: []string{"virtualmachineinstancemigrations"}, Verbs: []string{"get"}},
+		{APIGroups: []string{v1alpha1.GroupName}, Resources: []string{"virtualmachineinstancemigrations/status"}, Verbs: []string{"update", "patch"}},
+	}}
+	if _, err := cluster.Kube.RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user}, RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: user},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}
+	if _, err := cluster.Kube.RbacV1().RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.CopyConfig(cluster.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
+	pods := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods(ns)
+	migrations := lifeboatclient.NewForConfigOrDie(cfg).LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns)
+
+	pod, err := cluster.Kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "example.org/web:1"}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	patchStatus := func(ctx context.Context, body string, opts metav1.PatchOptions) error {
+		_, err := pods.Patch(ctx, pod.Name, types.MergePatchType, []byte(body), opts, "status")
+		return err
+	}
+	launcherLabels := `{"metadata":{"labels":{"lifeboat.dev/role":"launcher","lifeboat.dev/vmi-uid":"3f0c6a8e-0000-4000-8000-000000000001"}}}`
+	waitEnforced(t, "pods/status", says, func(ctx context.Context) error {
+		return patchStatus(ctx, launcherLabels, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+	})
+	wantForbidden(t, "a status writer labelling a pod as a launcher through its status", patchStatus(ctx, launcherLabels, metav1.PatchOptions{}), says)
+	wantForbidden(t, "a status writer annotating a pod lifeboat.dev/ through its status",
+		patchStatus(ctx, `{"metadata":{"annotations":{"lifeboat.dev/anything":"x"}}}`, metav1.PatchOptions{}), says)
+	if err := patchStatus(ctx, `{"metadata":{"labels":{"app":"web"}}}`, metav1.PatchOptions{}); err != nil {
+		t.Errorf("a status writer's other label through the status: %v", err)
+	}
+	got, err := cluster.Kube.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got.Labels[v1alpha1.LabelRole]; ok || got.Labels["app"] != "web" {
+		t.Errorf("the pod's labels after the status writes: %v; want app=web and no %s", got.Labels, v1alpha1.LabelRole)
+	}
+
+	m, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Create(ctx, migration("manual", nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Labels = map[string]string{v1alpha1.LabelEvacuation: "true"}
+	m, err = migrations.UpdateStatus(ctx, m, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatalf("a status writer's write of a migration's status: %v", err)
+	}
+	if _, ok := m.Labels[v1alpha1.LabelEvacuation]; ok {
+		t.Errorf("a migration's status write kept the label %s it sent: %v", v1alpha1.LabelEvacuation, m.Labels)
+	}
 }

@@ -163,7 +163,8 @@ func TestTheControllerCreatesOnlyLauncherPods(t *testing.T) {
 		p := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{GenerateName: "launcher-vm-", Labels: map[string]string{v1alpha1.LabelRole: v1alpha1.RoleLauncher},
 				OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(owner, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))}},
-			Spec: corev1.PodSpec{AutomountServiceAccountToken: ptr.To(false), SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true)},
+			Spec: corev1.PodSpec{AutomountServiceAccountToken: ptr.To(false), SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsGroup: ptr.To[int64](107),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
 				Containers: []corev1.Container{{Name: "compute", Image: "lifeboat.dev/lifeboat-launcher:dev", SecurityContext: &corev1.SecurityContext{
 					AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}}},
 		}
