@@ -46,7 +46,9 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 	}
 	vmi.Status.NodeName, vmi.Status.Phase = nodeA.Name, v1alpha1.VMIRunning
 	vmi.Status.LauncherPod = &v1alpha1.LauncherPodRef{Name: "launcher-vm-abcde", UID: "5d1d7c1e-0000-4000-8000-000000000001"}
-	if _, err = admin.VirtualMachineInstances(ns).UpdateStatus(ctx, vmi, metav1.UpdateOptions{}); err != nil {
+	// The launcher pod is the controller's to record (lifeboat-launcher-pod-record).
+	controller := impersonate(controllerSA)
+	if _, err = controller.LifeboatV1alpha1().VirtualMachineInstances(ns).UpdateStatus(ctx, vmi, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	mig, err := admin.VirtualMachineInstanceMigrations(ns).Create(ctx, migration("m", nil), metav1.CreateOptions{})
@@ -110,7 +112,7 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 		m.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: "uid-of-a-vm"}
 	}), "the agent of node restrict-a may not change the evacuation record of migration m")
 	// A migration made ahead of a free slot: its source agent may write its phase, not give it a slot.
-	if err := writeMigration(cluster.Lifeboat, func(m *v1alpha1.VirtualMachineInstanceMigration) {
+	if err := writeMigration(controller, func(m *v1alpha1.VirtualMachineInstanceMigration) {
 		m.Status.Evacuation = &v1alpha1.MigrationEvacuation{VMIUID: string(vmi.UID), WaitingForSlot: true}
 	}); err != nil {
 		t.Fatalf("the controller recording the migration as made ahead: %v", err)
