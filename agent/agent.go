@@ -97,6 +97,9 @@ type Config struct {
 	// ServeNotify serves a launcher's notify socket at path, for the VMI vmi (its namespace and
 	// name as lifeboat recorded them, with its UID), until ctx ends (notifyserver.Server.Serve).
 	ServeNotify func(ctx context.Context, path string, vmi notify.VMIRef) error
+	// TellLauncher writes m to the launcher of the VMI with vmiUID, if it is connected
+	// (notifyserver.Server.Tell); nil tells nothing.
+	TellLauncher func(vmiUID string, m *notify.Message) bool
 	// APILostAfter is how long without reaching the API server (or without running) counts as
 	// cut off: the agent probes it, and once contact is back reports the outage and checks
 	// every guest against its VMI (apicontact.go). 0 probes nothing.
@@ -121,6 +124,10 @@ type Agent struct {
 	// migratedAway holds, by VMI UID, when a launcher reported its guest left by migration; it is
 	// forgotten a while after the launcher's directory goes.
 	migratedAway sync.Map
+	// handovers holds, by VMI UID, the migrations away whose source pod this agent will tell
+	// when it is no longer needed (releaseSource); a launcher whose guest left without one (the
+	// agent restarted since) is told at once.
+	handovers sync.Map
 	// arrived holds, by VMI UID, the time of the last Migrated report counted: a launcher
 	// repeats its reports on each new connection, and each arrival counts once.
 	arrived sync.Map
@@ -258,6 +265,9 @@ func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 	a.cfg.Log.Info("launcher report", "kind", m.Kind, "vmi", m.VMI.String(), "peerPID", peerPID, "reason", m.Reason)
 	if m.Kind == notify.KindDomainGone && m.Reason == notify.ReasonMigrated {
 		a.migratedAway.Store(m.VMI.UID, m.Time)
+		if _, held := a.handovers.Load(m.VMI.UID); !held {
+			go a.tellHandoverDone(m.VMI, "this agent holds no forward for the pod")
+		}
 	}
 	if m.Kind == notify.KindMigrated {
 		if last, ok := a.arrived.Swap(m.VMI.UID, m.Time); !ok || !last.(time.Time).Equal(m.Time) {

@@ -14,6 +14,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
@@ -240,10 +241,16 @@ func (f *forwarder) finish(left bool) {
 	f.ns = nil
 	f.mu.Unlock()
 	if ns == nil {
+		if left {
+			f.m.releaseSource(f.vmi, "the source pod did not forward")
+		}
 		return
 	}
 	if left {
-		go f.m.endForward(f.vmi.Namespace, f.h.sourcePod, ns, f.log)
+		go func() {
+			f.m.endForward(f.vmi.Namespace, f.h.sourcePod, ns, f.log)
+			f.m.releaseSource(f.vmi, "the source pod's forward ended")
+		}()
 		return
 	}
 	if err := podnetwork.StopForward(ns); err != nil {
@@ -295,6 +302,27 @@ func (m *migrations) endForward(namespace, sourcePod string, ns *os.File, log *s
 		}
 		<-clk.After(forwardCheckInterval)
 	}
+}
+
+// releaseSource tells the source launcher whose guest left that its pod is no longer needed:
+// it has kept the pod, and the forward in its network namespace, until now.
+func (m *migrations) releaseSource(vmi *v1alpha1.VirtualMachineInstance, why string) {
+	m.a.handovers.Delete(string(vmi.UID))
+	m.a.tellHandoverDone(notify.VMIRef{Namespace: vmi.Namespace, Name: vmi.Name, UID: string(vmi.UID)}, why)
+}
+
+// tellHandoverDone sends notify.KindHandoverDone to the launcher of ref.
+func (a *Agent) tellHandoverDone(ref notify.VMIRef, why string) {
+	tell := a.cfg.TellLauncher
+	if tell == nil {
+		return
+	}
+	log := a.cfg.Log.With("vmi", ref.String())
+	if !tell(ref.UID, &notify.Message{Kind: notify.KindHandoverDone, Time: a.cfg.Clock.Now(), Reason: why, VMI: ref}) {
+		log.Info("the source launcher was not connected to hear that its pod is no longer needed; it ends by itself", "within", notify.HandoverAtMost.String())
+		return
+	}
+	log.Info("told the source launcher its pod is no longer needed", "reason", why)
 }
 
 // keepNetns keeps a copy of the network namespace descriptor a launcher sent, for the

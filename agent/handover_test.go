@@ -1,16 +1,25 @@
 package agent
 
 import (
+	"io"
+	"log/slog"
 	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
+	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
@@ -120,5 +129,71 @@ func TestSwitchOverBegan(t *testing.T) {
 		if got := SwitchOverBegan(tc.ev); got != tc.want {
 			t.Errorf("SwitchOverBegan(%s %s) = %t, want %t", tc.ev.Type, tc.ev.Reason, got, tc.want)
 		}
+	}
+}
+
+// A source launcher waits for HandoverDone longer than the agent forwards: only a lost agent
+// leaves it waiting its whole bound.
+func TestALauncherWaitsLongerThanItsPodForwards(t *testing.T) {
+	if longest := ForwardAtMost + 4*forwardCheckInterval; notify.HandoverAtMost <= longest {
+		t.Errorf("a launcher waits at most %s for HandoverDone, but its pod may forward for %s", notify.HandoverAtMost, longest)
+	}
+}
+
+// The source agent tells a launcher whose guest left that its pod is no longer needed: once its
+// forward ends if it holds the migration's handover, at once if it does not (it restarted
+// since, and the launcher's reports came again on a new connection).
+func TestTheSourceLauncherIsToldWhenItsPodIsNoLongerNeeded(t *testing.T) {
+	told := make(chan *notify.Message, 4)
+	client := lifeboatfake.NewSimpleClientset()
+	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
+	a, err := New(Config{NodeName: "node-a", Metrics: NewMetrics(prometheus.NewRegistry()), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		TellLauncher: func(uid string, m *notify.Message) bool {
+			if uid != m.VMI.UID {
+				t.Errorf("told the launcher of %s a message for %s", uid, m.VMI)
+			}
+			told <- m
+			return true
+		}},
+		client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
+		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := notify.VMIRef{Namespace: "ns", Name: "vm", UID: "uid-vm"}
+	gone := &notify.Message{Kind: notify.KindDomainGone, Reason: notify.ReasonMigrated, VMI: ref, Time: time.Now()}
+	next := func(what string) *notify.Message {
+		t.Helper()
+		select {
+		case m := <-told:
+			if m.Kind != notify.KindHandoverDone || m.VMI != ref {
+				t.Fatalf("told %s for %s, want HandoverDone for %s", m.Kind, m.VMI, ref)
+			}
+			return m
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the launcher was not told, %s", what)
+		}
+		return nil
+	}
+
+	a.HandleNotify(gone, 1)
+	next("though this agent holds no forward for its pod")
+
+	// This agent runs the migration: the launcher's report of its guest's departure waits for
+	// the forward's end.
+	a.handovers.Store(ref.UID, struct{}{})
+	a.HandleNotify(gone, 1)
+	select {
+	case m := <-told:
+		t.Fatalf("told %s while the migration's handover was held", m.Kind)
+	case <-time.After(300 * time.Millisecond):
+	}
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: ref.Name, UID: types.UID(ref.UID)}}
+	a.migrations.releaseSource(vmi, "the source pod's forward ended")
+	if m := next("when its forward ended"); m.Reason != "the source pod's forward ended" {
+		t.Errorf("told with reason %q", m.Reason)
+	}
+	if _, held := a.handovers.Load(ref.UID); held {
+		t.Error("the handover is still held after the launcher was told")
 	}
 }

@@ -174,6 +174,7 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	}
 	c.Tightened = m.tightened(mig, string(vmi.UID), c.Deadline)
 	fw := &forwarder{m: m, h: m.prepareHandover(ctx, mig, vmi), vmi: vmi, log: log}
+	m.a.handovers.Store(string(vmi.UID), struct{}{})
 	stopWatch := make(chan struct{})
 	watched := fw.watchSwitchOver(stopWatch)
 	mode, result := MigrateConverging(ctx, c)
@@ -210,6 +211,9 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 		}
 	}
 	fw.finish(result == nil)
+	if result != nil {
+		m.a.handovers.Delete(string(vmi.UID))
+	}
 	m.record(mig, vmi, mode, result, where)
 }
 

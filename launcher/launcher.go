@@ -219,6 +219,9 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 				}
 				notifier.Report(notify.KindDomainGone, time.Now(), 0, string(ev.Reason))
 				log.Info("domain gone", "event", ev.Type, "reason", ev.Reason, "exitCode", code)
+				if ev.Reason == domain.ReasonMigrated && iface != nil {
+					awaitHandover(ctx, notifier, log)
+				}
 				return code, nil
 			}
 		case <-daemon.Done():
@@ -226,6 +229,29 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 		case <-ctx.Done():
 			return contract.ExitFailed, ctx.Err()
 		}
+	}
+}
+
+// MsgHandoverDone is logged when the agent has said the pod is no longer needed after its
+// guest left by migration.
+const MsgHandoverDone = "the pod is no longer needed for the guest's connections"
+
+// awaitHandover keeps the pod after its guest left by migration, until the agent says it is no
+// longer needed: the agent makes the pod forward the guest's connections to the target pod
+// until Service proxies send them there, and the forward lives in the pod's network
+// namespace, which goes when the launcher exits. A SIGTERM does not end the wait (a drain
+// evicts the pod as soon as the guest has left); the pod's grace period, a lost agent and
+// notify.HandoverAtMost do.
+func awaitHandover(ctx context.Context, notifier *Notifier, log *slog.Logger) {
+	start := time.Now()
+	select {
+	case <-notifier.HandoverDone():
+		log.Info(MsgHandoverDone, "waited", time.Since(start).Round(time.Millisecond))
+	case <-notifier.Connection():
+		log.Info("the agent's connection ended while the pod forwarded the guest's connections; exiting")
+	case <-time.After(notify.HandoverAtMost):
+		log.Warn("the agent did not say the pod is no longer needed; exiting", "waited", notify.HandoverAtMost)
+	case <-ctx.Done():
 	}
 }
 

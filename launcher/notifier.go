@@ -22,12 +22,32 @@ type Notifier struct {
 	mu        sync.Mutex
 	history   []*notify.Message
 	delivered int // of history, on the current connection
+	// connected is closed when the current connection to the agent ends; closed while there
+	// is none.
+	connected chan struct{}
 	wake      chan struct{}
+
+	handoverDone chan struct{}
+	handoverOnce sync.Once
 }
 
 // NewNotifier makes a notifier for the agent's socket at path.
 func NewNotifier(path string, vmi notify.VMIRef, log *slog.Logger) *Notifier {
-	return &Notifier{socket: path, vmi: vmi, log: log, wake: make(chan struct{}, 1)}
+	ended := make(chan struct{})
+	close(ended)
+	return &Notifier{socket: path, vmi: vmi, log: log, wake: make(chan struct{}, 1), connected: ended, handoverDone: make(chan struct{})}
+}
+
+// HandoverDone is closed once the agent has said that this launcher's pod is no longer needed
+// after its guest left by migration (notify.KindHandoverDone).
+func (n *Notifier) HandoverDone() <-chan struct{} { return n.handoverDone }
+
+// Connection is closed when the connection to the agent that is open now ends, or at once if
+// none is: what an agent said it would tell, a restarted one will not.
+func (n *Notifier) Connection() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.connected
 }
 
 // Report queues a message and sends it at once if the agent is connected. It never blocks on the agent.
@@ -81,11 +101,29 @@ func (n *Notifier) Run(ctx context.Context) {
 
 // serve sends Hello and the history, then each new report, until the connection fails.
 func (n *Notifier) serve(ctx context.Context, conn net.Conn) {
-	// The agent never writes; a read returning means it closed the connection.
+	// The agent writes only what it tells the launcher; a read failing means the connection
+	// ended, and so does a frame the launcher cannot read.
 	closed := make(chan struct{})
+	n.mu.Lock()
+	n.connected = closed
+	n.mu.Unlock()
 	go func() {
-		_, _ = conn.Read(make([]byte, 1))
-		close(closed)
+		defer close(closed)
+		for {
+			m, err := notify.Read(conn)
+			if err != nil {
+				return
+			}
+			if m.Kind == notify.KindHandoverDone && m.VMI == n.vmi {
+				n.log.Info("the agent says the pod is no longer needed", "reason", m.Reason)
+				n.handoverOnce.Do(func() { close(n.handoverDone) })
+			}
+		}
+	}()
+	defer func() {
+		// serve returns on a failed write too; the reader ends with the connection's close.
+		conn.Close()
+		<-closed
 	}()
 	if err := notify.Write(conn, &notify.Message{Kind: notify.KindHello, VMI: n.vmi, Time: time.Now()}); err != nil {
 		return

@@ -66,3 +66,88 @@ func TestNotifierReplaysHistoryAfterTheAgentRestarts(t *testing.T) {
 		}
 	}
 }
+
+// agentThatTells accepts the notifier's connection, reads its hello and hands the connection
+// and the agent's socket to tell, as the source agent does when a migrated guest's handover ends.
+func agentThatTells(t *testing.T, tell func(c net.Conn, l net.Listener)) (ctx context.Context, n *Notifier) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	ref := notify.VMIRef{Namespace: "ns", Name: "vm", UID: "u"}
+	n = NewNotifier(path, ref, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go n.Run(ctx)
+	_ = l.(*net.UnixListener).SetDeadline(time.Now().Add(10 * time.Second))
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatalf("no connection from the notifier: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if m, err := notify.Read(c); err != nil || m.Kind != notify.KindHello {
+		t.Fatalf("the notifier's first message: %v, %v", m, err)
+	}
+	tell(c, l)
+	return ctx, n
+}
+
+// awaitsHandover runs awaitHandover and fails unless it returns well before HandoverAtMost.
+func awaitsHandover(t *testing.T, ctx context.Context, n *Notifier, why string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		awaitHandover(ctx, n, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the launcher still waited 10 s after %s (it would wait %s)", why, notify.HandoverAtMost)
+	}
+}
+
+// A source launcher whose guest left keeps its pod until the agent says it is no longer needed,
+// and heeds only what names its own VMI.
+func TestALauncherWaitsForItsHandoverToEnd(t *testing.T) {
+	var c net.Conn
+	ctx, n := agentThatTells(t, func(conn net.Conn, _ net.Listener) { c = conn })
+	other := &notify.Message{Kind: notify.KindHandoverDone, VMI: notify.VMIRef{Namespace: "ns", Name: "other", UID: "o"}, Time: time.Now()}
+	if err := notify.Write(c, other); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-n.HandoverDone():
+		t.Fatal("another VMI's HandoverDone released this launcher")
+	case <-time.After(500 * time.Millisecond):
+	}
+	own := &notify.Message{Kind: notify.KindHandoverDone, VMI: notify.VMIRef{Namespace: "ns", Name: "vm", UID: "u"}, Time: time.Now(), Reason: "the source pod's forward ended"}
+	if err := notify.Write(c, own); err != nil {
+		t.Fatal(err)
+	}
+	awaitsHandover(t, ctx, n, "the agent said the pod is no longer needed")
+	select {
+	case <-n.HandoverDone():
+	default:
+		t.Error("the launcher stopped waiting, but not because the agent said so")
+	}
+}
+
+// An agent that goes away will not say it: the launcher stops waiting when the connection it
+// waited on ends and no agent listens.
+func TestALauncherStopsWaitingWhenItsAgentGoes(t *testing.T) {
+	ctx, n := agentThatTells(t, func(c net.Conn, l net.Listener) {
+		l.Close()
+		c.Close()
+	})
+	awaitsHandover(t, ctx, n, "the agent's connection ended")
+	select {
+	case <-n.HandoverDone():
+		t.Error("the launcher counts a lost agent as one that said the pod is no longer needed")
+	default:
+	}
+}

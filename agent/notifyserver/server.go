@@ -47,13 +47,30 @@ type Server struct {
 
 	rejected *prometheus.CounterVec
 	received *prometheus.CounterVec
+
+	peersMu sync.Mutex
+	// peers are the connections past their hello, by VMI UID: what Tell writes to.
+	peers map[string]map[*peer]bool
+}
+
+// peer is a launcher's connection; its writes (answers and Tell) take turns.
+type peer struct {
+	mu   sync.Mutex
+	conn *net.UnixConn
+}
+
+func (p *peer) write(m *notify.Message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_ = p.conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	return notify.Write(p.conn, m)
 }
 
 // New makes a server that accepts peers running as one of allowedUIDs.
 func New(allowedUIDs []uint32, handle Handler, reg prometheus.Registerer, log *slog.Logger) *Server {
 	s := &Server{
 		handle: handle, log: log.With("component", "notify"), idle: 24 * time.Hour,
-		allowedUIDs: map[uint32]bool{},
+		allowedUIDs: map[uint32]bool{}, peers: map[string]map[*peer]bool{},
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lifeboat_agent_notify_rejected_total",
 			Help: "Notify connections closed because of a bad peer or frame, by reason.",
@@ -75,6 +92,48 @@ func (s *Server) HandleNetwork(h NetworkHandler) { s.network = h }
 
 // HandleEnd sets the handler of connections' clean ends.
 func (s *Server) HandleEnd(h EndHandler) { s.ended = h }
+
+// Tell writes m to every connection of the launcher of the VMI with vmiUID, and reports
+// whether one took it. A launcher that is not connected misses it: what the agent tells is
+// never more than a launcher may do without.
+func (s *Server) Tell(vmiUID string, m *notify.Message) bool {
+	s.peersMu.Lock()
+	var to []*peer
+	for p := range s.peers[vmiUID] {
+		to = append(to, p)
+	}
+	s.peersMu.Unlock()
+	told := false
+	for _, p := range to {
+		if err := p.write(m); err != nil {
+			s.log.Warn("telling a launcher", "vmi", m.VMI.String(), "kind", m.Kind, "err", err)
+			continue
+		}
+		told = true
+	}
+	return told
+}
+
+func (s *Server) addPeer(uid string, p *peer) {
+	s.peersMu.Lock()
+	defer s.peersMu.Unlock()
+	if s.peers[uid] == nil {
+		s.peers[uid] = map[*peer]bool{}
+	}
+	s.peers[uid][p] = true
+}
+
+func (s *Server) removePeer(uid string, p *peer) {
+	s.peersMu.Lock()
+	defer s.peersMu.Unlock()
+	delete(s.peers[uid], p)
+	if len(s.peers[uid]) == 0 {
+		delete(s.peers, uid)
+	}
+}
+
+// agentKinds are the messages only the agent sends; a launcher sending one is refused.
+var agentKinds = map[notify.Kind]bool{notify.KindNetworkReady: true, notify.KindNetworkFailed: true, notify.KindHandoverDone: true}
 
 // MaxConnsPerSocket bounds the connections open at once on one launcher's socket: a launcher
 // keeps one (two for a moment while it reconnects), and one that opens more, or whoever took
@@ -140,6 +199,8 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmi notify.V
 	var hello *notify.VMIRef
 	in := &rightsReader{conn: conn}
 	defer in.closeAll()
+	out := &peer{conn: conn}
+	defer s.removePeer(vmi.UID, out)
 	for {
 		_ = conn.SetReadDeadline(time.Now().Add(s.idle))
 		m, err := notify.Read(in)
@@ -167,9 +228,13 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmi notify.V
 		case hello != nil && m.VMI != *hello:
 			s.reject("vmi-mismatch", fmt.Errorf("message for %s on a connection for %s", m.VMI, hello), cred.Pid)
 			return
+		case agentKinds[m.Kind]:
+			s.reject("agent-kind", fmt.Errorf("a launcher sent %s, which only the agent sends", m.Kind), cred.Pid)
+			return
 		case hello == nil:
 			ref := m.VMI
 			hello = &ref
+			s.addPeer(vmi.UID, out)
 		}
 		if m.Kind == notify.KindNetworkSetup {
 			ns := in.take()
@@ -178,7 +243,7 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmi notify.V
 				return
 			}
 			s.received.WithLabelValues(string(m.Kind)).Inc()
-			err := s.answerNetwork(ctx, conn, *hello, ns)
+			err := s.answerNetwork(ctx, out, *hello, ns)
 			ns.Close()
 			if err != nil {
 				s.log.Warn("answering NetworkSetup", "vmi", hello.String(), "err", err)
@@ -195,8 +260,8 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmi notify.V
 	}
 }
 
-// answerNetwork builds the VMI's pod network and writes the answer back on conn.
-func (s *Server) answerNetwork(ctx context.Context, conn *net.UnixConn, ref notify.VMIRef, ns *os.File) error {
+// answerNetwork builds the VMI's pod network and writes the answer back to out.
+func (s *Server) answerNetwork(ctx context.Context, out *peer, ref notify.VMIRef, ns *os.File) error {
 	reply := &notify.Message{Kind: notify.KindNetworkReady, VMI: ref}
 	var err error
 	if s.network == nil {
@@ -209,8 +274,7 @@ func (s *Server) answerNetwork(ctx context.Context, conn *net.UnixConn, ref noti
 		s.log.Warn("could not build the pod network", "vmi", ref.String(), "err", err)
 	}
 	reply.Time = time.Now()
-	_ = conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
-	return notify.Write(conn, reply)
+	return out.write(reply)
 }
 
 // rightsReader reads a connection's bytes and keeps the descriptors that come with them

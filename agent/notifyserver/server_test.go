@@ -144,6 +144,11 @@ func TestBadConnectionsAreClosedAloneAndCounted(t *testing.T) {
 			m.VMI.Name = "victim"
 			_ = notify.Write(c, m)
 		}, "wrong-vmi"},
+		// What the agent tells a launcher is the agent's to say.
+		{"a message only the agent sends", func(c net.Conn) {
+			_ = notify.Write(c, msg(notify.KindHello, "good"))
+			_ = notify.Write(c, msg(notify.KindHandoverDone, "good"))
+		}, "agent-kind"},
 		{"another VMI after hello", func(c net.Conn) {
 			_ = notify.Write(c, msg(notify.KindHello, "good"))
 			_ = notify.Write(c, msg(notify.KindGracefulShutdown, "u2"))
@@ -277,5 +282,50 @@ func TestACleanEndIsReportedAfterEveryMessage(t *testing.T) {
 	}
 	if seenAtEnd != 2 {
 		t.Fatalf("the end came after %d handled messages, want both", seenAtEnd)
+	}
+}
+
+// Tell reaches the launcher's connections past their hello, and only its own: what the source
+// agent tells the launcher whose guest left (that its pod is no longer needed).
+func TestTellReachesOnlyThatVMIsLauncher(t *testing.T) {
+	uids := []uint32{uint32(os.Getuid())}
+	s, path, got := startServer(t, uids, "good")
+	// A second socket for another VMI, on the same server, as an agent serves one per launcher.
+	other := filepath.Join(t.TempDir(), "notify.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, other, msg(notify.KindHello, "other").VMI) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	if s.Tell("good", msg(notify.KindHandoverDone, "good")) {
+		t.Error("Tell reported a launcher that was not connected as told")
+	}
+	launcher, bystander := dial(t, path), dial(t, other)
+	defer launcher.Close()
+	defer bystander.Close()
+	for c, uid := range map[net.Conn]string{launcher: "good", bystander: "other"} {
+		if err := notify.Write(c, msg(notify.KindHello, uid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "both hellos", func() bool { return got.count() == 2 })
+	if !s.Tell("good", msg(notify.KindHandoverDone, "good")) {
+		t.Fatal("Tell did not reach the connected launcher")
+	}
+	_ = launcher.SetReadDeadline(time.Now().Add(5 * time.Second))
+	m, err := notify.Read(launcher)
+	if err != nil {
+		t.Fatalf("the launcher read nothing: %v", err)
+	}
+	if m.Kind != notify.KindHandoverDone || m.VMI.UID != "good" {
+		t.Errorf("the launcher read %s for %s, want HandoverDone for good", m.Kind, m.VMI)
+	}
+	_ = bystander.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := bystander.Read(make([]byte, 1)); !os.IsTimeout(err) {
+		t.Errorf("the other VMI's launcher read something, or its connection ended: %v", err)
 	}
 }

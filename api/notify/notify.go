@@ -57,11 +57,21 @@ const (
 	KindNetworkReady Kind = "NetworkReady"
 	// KindNetworkFailed answers KindNetworkSetup with why it could not be done (Reason).
 	KindNetworkFailed Kind = "NetworkFailed"
+	// KindHandoverDone tells a source launcher whose guest left by migration that its pod is no
+	// longer needed: the pod's forward to the target pod has ended, or there was none. Until
+	// then the launcher keeps its pod, and with it the network namespace the forward lives in,
+	// for at most HandoverAtMost. Only the agent sends it.
+	KindHandoverDone Kind = "HandoverDone"
 )
+
+// HandoverAtMost bounds how long a source launcher waits for KindHandoverDone after its guest
+// left: longer than the agent forwards (agent.ForwardAtMost), so that only an agent that
+// restarted or lost the launcher's connection leaves it waiting that long.
+const HandoverAtMost = 65 * time.Second
 
 var kinds = map[Kind]bool{
 	KindHello: true, KindDomainStarted: true, KindGracefulShutdown: true, KindDomainGone: true, KindFailed: true, KindMigrated: true,
-	KindNetworkSetup: true, KindNetworkReady: true, KindNetworkFailed: true,
+	KindNetworkSetup: true, KindNetworkReady: true, KindNetworkFailed: true, KindHandoverDone: true,
 }
 
 // Message is one report from a launcher.

@@ -179,6 +179,7 @@ func run(o options, log *slog.Logger) error {
 		KubeletPodsDir:    o.kubeletPodsDir,
 		PodDirResync:      o.podDirResync,
 		ServeNotify:       notifyServer.Serve,
+		TellLauncher:      notifyServer.Tell,
 		Memory:            readMemory,
 		Thresholds:        thresholds,
 		PodWorkingSet:     func(uid string) (uint64, bool) { return pressure.PodWorkingSet(o.cgroupRoot, uid) },

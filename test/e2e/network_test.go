@@ -26,6 +26,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	launcherrun "github.com/lifeboat-vm/lifeboat/launcher"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
@@ -153,6 +154,9 @@ type servedMigration struct {
 	// source pod's address; network the fabric the client asks from.
 	sourceAgentLog, sourceAddress string
 	network                       *node.Network
+	// source is the node the guest left and sourcePod its launcher pod there.
+	source    *testNode
+	sourcePod *corev1.Pod
 	// interruption is the longest time without an answer, from the last answer before it to
 	// the first after it: for a migration, from the source's last to the target's first.
 	interruption time.Duration
@@ -244,6 +248,7 @@ func migrateServedVM(tb testing.TB) servedMigration {
 	stall := watch()
 	stop()
 	r := servedMigration{answers: collect(), took: time.Since(evicted), stop: stall.Switch, sourceAgentLog: source.agent.LogPath(), network: network,
+		source: source, sourcePod: sourcePod,
 		sourceAddress: net.JoinHostPort(sourcePod.Status.PodIP, fmt.Sprint(protocol.ServePort))}
 
 	// Answers in the order they arrived: a retried request's answer comes after those of
@@ -352,6 +357,27 @@ func TestServiceFollowsTheVMThroughAMigration(t *testing.T) {
 	}
 	if _, _, err := askGuest(context.Background(), r.network, r.sourceAddress); err == nil {
 		t.Errorf("the guest still answers on the source pod's address %s after the forward ended", r.sourceAddress)
+	}
+	// The source launcher kept its pod, where the forward lives, until the agent said the
+	// forward had ended, and then exited.
+	ended := logTimes(t, r.sourceAgentLog, podnetwork.MsgForwardEnded, "served")[0]
+	var released []time.Time
+	err = wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		pod, err := cluster.Kube.CoreV1().Pods(r.sourcePod.Namespace).Get(ctx, r.sourcePod.Name, metav1.GetOptions{})
+		if err != nil || pod.Status.Phase != corev1.PodSucceeded {
+			return false, nil
+		}
+		log, err := r.source.ContainerLog(r.sourcePod, launcher.ContainerName)
+		released = logTimesIn(strings.NewReader(log), launcherrun.MsgHandoverDone, "served")
+		return err == nil, nil
+	})
+	switch {
+	case err != nil:
+		t.Errorf("the source launcher's pod did not end within 30 s of the forward's end: %v", err)
+	case len(released) == 0:
+		t.Errorf("the source launcher ended without logging %q", launcherrun.MsgHandoverDone)
+	case released[0].Before(ended):
+		t.Errorf("the source launcher was released at %s, before the forward ended at %s", released[0].Format(time.StampMilli), ended.Format(time.StampMilli))
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"io"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -112,8 +113,13 @@ func logTimes(tb testing.TB, path, msg, vmi string) []time.Time {
 		tb.Fatal(err)
 	}
 	defer f.Close()
+	return logTimesIn(f, msg, vmi)
+}
+
+// logTimesIn is logTimes of a log read from r.
+func logTimesIn(r io.Reader, msg, vmi string) []time.Time {
 	var out []time.Time
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		var line struct {
