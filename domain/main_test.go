@@ -129,7 +129,7 @@ func qemuPid(t *testing.T, d *Libvirtd, name string) int {
 }
 
 // daemonPid is the pid of d's libvirtd, as its pid file says (a root caller's daemon is the
-// child of its shim, whose pid is d.cmd's).
+// child of its shim, whose pid is d.Pid()).
 func daemonPid(t *testing.T, d *Libvirtd) int {
 	t.Helper()
 	var pid int
