@@ -255,6 +255,20 @@ func writeDaemonFiles(l daemonLayout) error {
 	return nil
 }
 
+// DaemonPid is the pid of the running libvirtd itself, from its pid file (Pid is its shim's
+// where it has one).
+func (d *Libvirtd) DaemonPid() (int, error) {
+	b, err := os.ReadFile(d.layout.pidFile())
+	if err != nil {
+		return 0, fmt.Errorf("reading libvirtd's pid: %w", err)
+	}
+	var pid int
+	if _, err := fmt.Sscan(string(b), &pid); err != nil {
+		return 0, fmt.Errorf("reading libvirtd's pid from %s: %w", d.layout.pidFile(), err)
+	}
+	return pid, nil
+}
+
 // Socket is the path of the daemon's read-write socket, for Connect.
 func (d *Libvirtd) Socket() string { return d.layout.socket() }
 

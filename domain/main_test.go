@@ -128,13 +128,13 @@ func qemuPid(t *testing.T, d *Libvirtd, name string) int {
 	return pid
 }
 
-// daemonPid is the pid of d's libvirtd, as its pid file says (a root caller's daemon is the
-// child of its shim, whose pid is d.Pid()).
+// daemonPid is the pid of d's libvirtd (a root caller's daemon is the child of its shim,
+// whose pid is d.Pid()).
 func daemonPid(t *testing.T, d *Libvirtd) int {
 	t.Helper()
-	var pid int
-	if _, err := fmt.Sscan(readFile(t, d.layout.pidFile()), &pid); err != nil {
-		t.Fatalf("reading libvirtd's pid: %v", err)
+	pid, err := d.DaemonPid()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return pid
 }

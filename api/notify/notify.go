@@ -57,11 +57,14 @@ const (
 	KindNetworkReady Kind = "NetworkReady"
 	// KindNetworkFailed answers KindNetworkSetup with why it could not be done (Reason).
 	KindNetworkFailed Kind = "NetworkFailed"
+	// KindLibvirtdRestarted reports that the launcher's libvirtd exited and the launcher started
+	// it again; the guest ran on. Time is when the restart began, Reason says how many so far.
+	KindLibvirtdRestarted Kind = "LibvirtdRestarted"
 )
 
 var kinds = map[Kind]bool{
 	KindHello: true, KindDomainStarted: true, KindGracefulShutdown: true, KindDomainGone: true, KindFailed: true, KindMigrated: true,
-	KindNetworkSetup: true, KindNetworkReady: true, KindNetworkFailed: true,
+	KindNetworkSetup: true, KindNetworkReady: true, KindNetworkFailed: true, KindLibvirtdRestarted: true,
 }
 
 // Message is one report from a launcher.
