@@ -172,7 +172,7 @@ func (s *daemonSession) recover(ctx context.Context) error {
 		}
 		s.log.Warn("libvirtd restarted", "restarts", total, "took", time.Since(start).Round(time.Millisecond))
 		s.notifier.Report(notify.KindLibvirtdRestarted, start, 0,
-			fmt.Sprintf("the launcher's libvirtd exited and was restarted (%d restart(s) so far); the guest ran on", total))
+			fmt.Sprintf("the launcher's libvirtd exited and was restarted (%d restart(s) so far)", total))
 		return nil
 	}
 }
