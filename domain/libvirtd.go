@@ -257,14 +257,21 @@ func writeDaemonFiles(l daemonLayout) error {
 
 // DaemonPid is the pid of the running libvirtd itself, from its pid file (Pid is its shim's
 // where it has one).
-func (d *Libvirtd) DaemonPid() (int, error) {
-	b, err := os.ReadFile(d.layout.pidFile())
+func (d *Libvirtd) DaemonPid() (int, error) { return readPidFile(d.layout.pidFile()) }
+
+// QEMUPid is the pid of the QEMU running the named domain, from the pid file libvirt keeps.
+func (d *Libvirtd) QEMUPid(name string) (int, error) {
+	return readPidFile(filepath.Join(d.layout.qemuPidDir(), name+".pid"))
+}
+
+func readPidFile(path string) (int, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return 0, fmt.Errorf("reading libvirtd's pid: %w", err)
+		return 0, fmt.Errorf("reading a pid: %w", err)
 	}
 	var pid int
 	if _, err := fmt.Sscan(string(b), &pid); err != nil {
-		return 0, fmt.Errorf("reading libvirtd's pid from %s: %w", d.layout.pidFile(), err)
+		return 0, fmt.Errorf("reading the pid in %s: %w", path, err)
 	}
 	return pid, nil
 }

@@ -300,3 +300,46 @@ func TestAKillDuringAMigrationLeavesTheGuestWhereItWas(t *testing.T) {
 		})
 	}
 }
+
+// TestAGuestThatDiedWhileItsDaemonWasDownEndsTheLauncher: a QEMU that exits while no libvirtd
+// watches it (killed with its daemon down) is found gone by the restarted daemon, and the
+// launcher ends saying the guest crashed: nothing watches a dead guest for ever.
+func TestAGuestThatDiedWhileItsDaemonWasDownEndsTheLauncher(t *testing.T) {
+	p := migrationpair.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), guestTimeout)
+	defer cancel()
+	s, err := openSession(ctx, p.Src.Daemon, NewNotifier(filepath.Join(t.TempDir(), "none"), notify.VMIRef{}, quietLog()), quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	name := p.RunGuest(t, ctx, testVMI(t, "died"), domain.TCG)
+	qemu, err := p.Src.Daemon.QEMUPid(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		code int
+		err  error
+	}
+	ended := make(chan result, 1)
+	go func() {
+		code, err := watchDomain(ctx, s, name, 30, make(chan os.Signal), quietLog())
+		ended <- result{code, err}
+	}()
+	killDaemon(t, ctx, p.Src.Daemon)
+	if err := syscall.Kill(qemu, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-ended:
+		if r.code != contract.ExitCrashed || r.err != nil {
+			t.Errorf("the launcher returned %d, %v; want %d (crashed)", r.code, r.err, contract.ExitCrashed)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the launcher did not end a minute after its guest's QEMU was killed with its daemon down")
+	}
+	if s.Restarts() != 1 {
+		t.Errorf("%d restarts of libvirtd, want 1", s.Restarts())
+	}
+}
