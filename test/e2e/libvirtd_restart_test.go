@@ -19,8 +19,8 @@ import (
 // A launcher's libvirtd is a helper its guest does not need to run: killed, it is restarted by
 // its launcher and takes the running QEMU back. The guest neither stops nor reboots, its pod and
 // VMI stay as they were, the agent says what happened and manages the VM again (it migrates).
-// Killed in the middle of a migration out, it fails that migration, and the VM runs on where it
-// was until the retry moves it.
+// Killed in the middle of a migration, on the source or on the target, it fails that migration,
+// and the VM runs on where it was until the retry moves it.
 func TestKillingALaunchersLibvirtd(t *testing.T) {
 	setConfig(t, false)
 	startController(t)
@@ -34,7 +34,7 @@ func TestKillingALaunchersLibvirtd(t *testing.T) {
 	restarted := waitNewLibvirtd(t, pod, killed)
 	t.Logf("libvirtd %d of pod %s killed; its launcher started libvirtd %d", killed, pod.Name, restarted)
 	waitCounterPast(t, source.consolePath(vmi), before+3, 30*time.Second)
-	checkNoReboot(t, source.consolePath(vmi))
+	checkNoReboot(t, source.consolePath(vmi), 1)
 	now, err := cluster.Kube.CoreV1().Pods(pod.Namespace).Get(context.Background(), pod.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -61,12 +61,40 @@ func TestKillingALaunchersLibvirtd(t *testing.T) {
 	t.Logf("migration %s failed: %s", failed.Name, failed.Status.FailureReason)
 	waitNewLibvirtd(t, pod, killed)
 	waitCounterPast(t, source.consolePath(vmi), before+3, 30*time.Second)
-	checkNoReboot(t, source.consolePath(vmi))
+	checkNoReboot(t, source.consolePath(vmi), 1)
 	if v := waitVMI(t, vmi.Namespace, vmi.Name, 10*time.Second, "Running", running); v.Status.NodeName != source.Name() {
 		t.Errorf("after the failed migration the VM runs on %s: %s", source.Name(), describe(v))
 	}
 	// The retry moves it: the agent manages the guest through the restarted daemon.
 	finishEvacuation(t, nodes, vmi, source, m)
+
+	// Mid-migration on the target: the migration fails, the target pod goes, and the VM runs on
+	// where it was.
+	here := nodeOf(t, nodes, waitVMI(t, vmi.Namespace, vmi.Name, 10*time.Second, "Running", running))
+	setConfig(t, false, slowMigrations)
+	setMark(t, vmi, true)
+	m = waitMigrationOf(t, vmi, "Running from "+here.Name(), func(x *v1alpha1.VirtualMachineInstanceMigration) bool {
+		return x.Status.Phase == v1alpha1.MigrationRunning && x.Status.SourceNode == here.Name()
+	})
+	target, err := cluster.Kube.CoreV1().Pods(vmi.Namespace).Get(context.Background(), m.Status.TargetPod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before = lastCounterOn(t, here.consolePath(vmi))
+	killed = killLibvirtd(t, target)
+	t.Logf("killed libvirtd %d of the target pod %s while %s ran", killed, target.Name, m.Name)
+	failed = waitMigrationOf(t, vmi, "Failed with a reason", func(x *v1alpha1.VirtualMachineInstanceMigration) bool {
+		return x.Name == m.Name && x.Status.Phase == v1alpha1.MigrationFailed && x.Status.FailureReason != ""
+	})
+	t.Logf("migration %s failed: %s", failed.Name, failed.Status.FailureReason)
+	waitCounterPast(t, here.consolePath(vmi), before+3, 30*time.Second)
+	// The guest arrived here by migration: its boot is on the other node's console.
+	checkNoReboot(t, here.consolePath(vmi), 0)
+	if v := waitVMI(t, vmi.Namespace, vmi.Name, 10*time.Second, "Running", running); v.Status.NodeName != here.Name() {
+		t.Errorf("after the failed migration the VM runs on %s: %s", here.Name(), describe(v))
+	}
+	waitGone(t, target)
+	finishEvacuation(t, nodes, vmi, here, m)
 	watch.check(t)
 }
 
@@ -97,14 +125,14 @@ func waitNewLibvirtd(t *testing.T, pod *corev1.Pod, killed int) int {
 	return pid
 }
 
-// checkNoReboot fails the test if the console shows the guest booted more than once.
-func checkNoReboot(t *testing.T, console string) {
+// checkNoReboot fails the test if the console shows the guest booting more often than boots.
+func checkNoReboot(t *testing.T, console string, boots int) {
 	t.Helper()
 	b, err := os.ReadFile(console)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(b), protocol.Ready); n != 1 {
-		t.Errorf("the console shows %q %d times, want once: the guest rebooted", protocol.Ready, n)
+	if n := strings.Count(string(b), protocol.Ready); n != boots {
+		t.Errorf("the console %s shows %q %d times, want %d: the guest rebooted", console, protocol.Ready, n, boots)
 	}
 }
