@@ -11,9 +11,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"path/filepath"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
+	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
 // A launcher's libvirtd is a helper its guest does not need to run: killed, it is restarted by
@@ -52,6 +54,7 @@ func TestKillingALaunchersLibvirtd(t *testing.T) {
 	m := waitMigrationOf(t, vmi, "Running", func(m *v1alpha1.VirtualMachineInstanceMigration) bool {
 		return m.Status.Phase == v1alpha1.MigrationRunning
 	})
+	waitTransferring(t, source, vmi)
 	before = lastCounterOn(t, source.consolePath(vmi))
 	killed = killLibvirtd(t, pod)
 	t.Logf("killed libvirtd %d of the source pod while %s ran", killed, m.Name)
@@ -80,6 +83,7 @@ func TestKillingALaunchersLibvirtd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitTransferring(t, here, vmi)
 	before = lastCounterOn(t, here.consolePath(vmi))
 	killed = killLibvirtd(t, target)
 	t.Logf("killed libvirtd %d of the target pod %s while %s ran", killed, target.Name, m.Name)
@@ -96,6 +100,26 @@ func TestKillingALaunchersLibvirtd(t *testing.T) {
 	waitGone(t, target)
 	finishEvacuation(t, nodes, vmi, here, m)
 	watch.check(t)
+}
+
+// waitTransferring waits until the VMI's migration from node sends the guest's memory: a
+// migration's phase is Running from before libvirt begins it, and a kill before then only
+// delays it.
+func waitTransferring(t *testing.T, node *testNode, vmi *v1alpha1.VirtualMachineInstance) {
+	t.Helper()
+	c, err := domain.Connect(filepath.Join(node.HostPath("/var/run/lifeboat"), "domains", string(vmi.UID), "libvirt-sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var last domain.JobStats
+	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		last, _ = c.JobStats(domain.DomainName(vmi.Namespace, vmi.Name))
+		return last.Type == domain.JobUnbounded && last.DataProcessed > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("the migration of %s from %s sent no memory within a minute; last job statistics %+v", vmi.Name, node.Name(), last)
+	}
 }
 
 // killLibvirtd SIGKILLs the pod's libvirtd and returns its pid.
