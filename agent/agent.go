@@ -131,6 +131,9 @@ type Agent struct {
 	// arrived holds, by VMI UID, the time of the last Migrated report counted: a launcher
 	// repeats its reports on each new connection, and each arrival counts once.
 	arrived sync.Map
+	// libvirtdRestarts holds, by VMI UID, the time of the last LibvirtdRestarted report counted,
+	// so that a report repeated on a new connection counts once.
+	libvirtdRestarts sync.Map
 	// notifyConns says whether a launcher's reports have all been read.
 	notifyConns *notifyConns
 	// relieving is the node's LabelMemoryPressureRelief as this agent last set it; nil until it has.
@@ -275,6 +278,15 @@ func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 		}
 		go a.migrations.recordDowntime(m.VMI, m.Time, time.Duration(m.DowntimeMilliseconds)*time.Millisecond)
 	}
+	if m.Kind == notify.KindLibvirtdRestarted {
+		if last, ok := a.libvirtdRestarts.Load(m.VMI.UID); !ok || m.Time.After(last.(time.Time)) {
+			a.libvirtdRestarts.Store(m.VMI.UID, m.Time)
+			a.cfg.Metrics.LauncherLibvirtdRestarts.Inc()
+			if vmi := a.cachedVMI(m.VMI.UID); vmi != nil {
+				a.cfg.Recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonLibvirtdRestarted, "On node %s: %s", a.cfg.NodeName, m.Reason)
+			}
+		}
+	}
 	if m.Kind == notify.KindHello {
 		a.notifyConns.opened(m.VMI.UID)
 	}
@@ -286,6 +298,9 @@ func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 	}
 	a.queue.Add(m.VMI.UID)
 }
+
+// ReasonLibvirtdRestarted is the Warning Event on a VMI whose launcher restarted its libvirtd.
+const ReasonLibvirtdRestarted = "LibvirtdRestarted"
 
 // migratedAwaySince reports whether the VMI's launcher said its guest left by migration at or
 // after start.
@@ -342,6 +357,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 			a.mu.Unlock()
 			a.signalled.Delete(uid)
 			a.arrived.Delete(uid)
+			a.libvirtdRestarts.Delete(uid)
 			// A migration that just ended may still read what the launcher last reported
 			// (leftByMigration waits launcherReportWait for it): forget it after that.
 			at, _ := a.migratedAway.Load(uid)

@@ -31,6 +31,8 @@ type Metrics struct {
 	// LibvirtCallsAbandoned counts calls to launchers' libvirt abandoned at their deadline, by
 	// call (deadlines.go); each cut its launcher's connection.
 	LibvirtCallsAbandoned *prometheus.CounterVec
+	// LauncherLibvirtdRestarts counts the restarts of launchers' libvirtd that launchers reported.
+	LauncherLibvirtdRestarts prometheus.Counter
 	// MigrationConnectionsRefused counts connections to target proxies whose TLS handshake failed.
 	MigrationConnectionsRefused prometheus.Counter
 	// ReliefDecisions counts node-pressure relief decisions by result; ReliefAvailable is the
@@ -119,6 +121,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_libvirt_calls_abandoned_total",
 			Help: "Calls to a launcher's libvirt the agent stopped waiting for at their deadline, by call; each cut that launcher's connection.",
 		}, []string{"call"}),
+		LauncherLibvirtdRestarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_agent_launcher_libvirtd_restarts_total",
+			Help: "Times a launcher on this node found its libvirtd dead (killed or crashed) and started it again, as the launchers reported them; their guests ran on.",
+		}),
 		MigrationConnectionsRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "lifeboat_agent_migration_connections_refused_total",
 			Help: "Connections to this node's migration target proxies refused at the TLS handshake: no certificate, another node's or CA's, or another migration's.",
@@ -180,7 +186,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		guestDrops: newGuestFilterDrops(),
 	}
-	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.SourceForwards, m.LibvirtCallsAbandoned, m.MigrationConnectionsRefused,
+	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.SourceForwards, m.LibvirtCallsAbandoned, m.LauncherLibvirtdRestarts, m.MigrationConnectionsRefused,
 		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated, m.MigrationDowntime,
 		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn, m.StrayGuestsDestroyed, m.APIServerCutOff, m.APIServerOutages, m.guestDrops)
 	// Each decision is served from the start, at 0: no SIGTERM yet reads as 0, not as a series

@@ -58,13 +58,22 @@ const stopTimeout = 10 * time.Second
 // Libvirtd is a private libvirt daemon, a child of this process: a session daemon as this
 // process's user, or for a root caller a system daemon in its own mount namespace.
 type Libvirtd struct {
-	layout  daemonLayout
-	cmd     *exec.Cmd
-	logFile *os.File
-	done    chan struct{}
-	waitErr error
+	layout daemonLayout
+	cfg    Config
+	binary string
+
+	mu      sync.Mutex
+	proc    *daemonProc
+	stopped bool
 	stop    sync.Once
 	stopErr error
+}
+
+// daemonProc is one run of the daemon: the first, or one Restart started.
+type daemonProc struct {
+	cmd     *exec.Cmd
+	done    chan struct{}
+	waitErr error
 }
 
 // StartLibvirtd starts a private libvirtd for cfg and returns once it serves connections.
@@ -88,11 +97,27 @@ func StartLibvirtd(ctx context.Context, cfg Config) (*Libvirtd, error) {
 			}
 		}
 	}
-	logFile, err := os.Create(layout.daemonLog())
+	d := &Libvirtd{layout: layout, cfg: cfg, binary: binary}
+	p, err := d.spawn(os.O_TRUNC)
 	if err != nil {
-		return nil, fmt.Errorf("creating the libvirtd log: %w", err)
+		return nil, err
 	}
-	cmd, err := daemonCommand(layout, cfg, binary, logFile)
+	d.proc = p
+	if err := d.waitReady(ctx, p); err != nil {
+		_ = d.Stop()
+		return nil, err
+	}
+	return d, nil
+}
+
+// spawn starts the daemon's process, its output going to its log opened with logFlag
+// (O_TRUNC on the first start, O_APPEND on a restart, which keeps what the dead daemon wrote).
+func (d *Libvirtd) spawn(logFlag int) (*daemonProc, error) {
+	logFile, err := os.OpenFile(d.layout.daemonLog(), os.O_WRONLY|os.O_CREATE|logFlag, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening the libvirtd log: %w", err)
+	}
+	cmd, err := daemonCommand(d.layout, d.cfg, d.binary, logFile)
 	if err != nil {
 		logFile.Close()
 		return nil, err
@@ -101,17 +126,44 @@ func StartLibvirtd(ctx context.Context, cfg Config) (*Libvirtd, error) {
 		logFile.Close()
 		return nil, fmt.Errorf("starting libvirtd: %w", err)
 	}
-	d := &Libvirtd{layout: layout, cmd: cmd, logFile: logFile, done: make(chan struct{})}
+	p := &daemonProc{cmd: cmd, done: make(chan struct{})}
 	go func() {
-		d.waitErr = cmd.Wait()
+		p.waitErr = cmd.Wait()
 		logFile.Close()
-		close(d.done)
+		close(p.done)
 	}()
-	if err := d.waitReady(ctx); err != nil {
-		_ = d.Stop()
-		return nil, err
+	return p, nil
+}
+
+// Restart starts the daemon again after it exited (killed, or crashed) and returns once the new
+// one serves connections. It writes nothing anew: the new daemon has the old one's configuration
+// and host UUID, and finds the status files of the domains the old one ran in its run directory.
+// libvirt's QEMU driver reattaches to every QEMU of those still running (QEMU does not depend
+// on its daemon, and runs on without it), so their guests go on as they were. ctx bounds the
+// start; a daemon that does not come up is killed again, and Restart may be called again.
+func (d *Libvirtd) Restart(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopped {
+		return errors.New("restarting libvirtd: it was stopped")
 	}
-	return d, nil
+	select {
+	case <-d.proc.done:
+	default:
+		return errors.New("restarting libvirtd: it still runs")
+	}
+	p, err := d.spawn(os.O_APPEND)
+	if err != nil {
+		return err
+	}
+	if err := d.waitReady(ctx, p); err != nil {
+		// Its process group: a shim and its daemon. The guests' QEMUs are not in it.
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+		return err
+	}
+	d.proc = p
+	return nil
 }
 
 // daemonCommand runs binary for l. A session daemon of the caller's own is started as it is;
@@ -203,28 +255,61 @@ func writeDaemonFiles(l daemonLayout) error {
 	return nil
 }
 
+// DaemonPid is the pid of the running libvirtd itself, from its pid file (Pid is its shim's
+// where it has one).
+func (d *Libvirtd) DaemonPid() (int, error) { return readPidFile(d.layout.pidFile()) }
+
+// QEMUPid is the pid of the QEMU running the named domain, from the pid file libvirt keeps.
+func (d *Libvirtd) QEMUPid(name string) (int, error) {
+	return readPidFile(filepath.Join(d.layout.qemuPidDir(), name+".pid"))
+}
+
+func readPidFile(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("reading a pid: %w", err)
+	}
+	var pid int
+	if _, err := fmt.Sscan(string(b), &pid); err != nil {
+		return 0, fmt.Errorf("reading the pid in %s: %w", path, err)
+	}
+	return pid, nil
+}
+
 // Socket is the path of the daemon's read-write socket, for Connect.
 func (d *Libvirtd) Socket() string { return d.layout.socket() }
 
 // LogPath is the daemon's log: its standard output and error, warnings and errors only.
 func (d *Libvirtd) LogPath() string { return d.layout.daemonLog() }
 
-// Done is closed when the daemon has exited.
-func (d *Libvirtd) Done() <-chan struct{} { return d.done }
+// Done is closed when the daemon has exited; after a Restart, the new daemon's.
+func (d *Libvirtd) Done() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.proc.done
+}
+
+// Pid is the process this Libvirtd started for the current daemon: the daemon itself, or the
+// shim that is its parent (see daemonCommand).
+func (d *Libvirtd) Pid() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.proc.cmd.Process.Pid
+}
 
 // waitReady polls until the daemon answers on its socket, it exits, or ctx ends. A QEMU
 // connection is the test: it needs the daemon's QEMU driver to be up, not just the socket.
-func (d *Libvirtd) waitReady(ctx context.Context) error {
+func (d *Libvirtd) waitReady(ctx context.Context, p *daemonProc) error {
 	ticker := time.NewTicker(50 * time.Millisecond)
 	defer ticker.Stop()
 	for {
 		if c, err := net.Dial("unix", d.Socket()); err == nil {
 			c.Close()
-			return d.answers(ctx)
+			return d.answers(ctx, p)
 		}
 		select {
-		case <-d.done:
-			return d.exitError("libvirtd exited before it listened on " + d.Socket())
+		case <-p.done:
+			return d.exitError(p, "libvirtd exited before it listened on "+d.Socket())
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for libvirtd to listen on %s: %w; %s", d.Socket(), ctx.Err(), d.logTail())
 		case <-ticker.C:
@@ -234,7 +319,7 @@ func (d *Libvirtd) waitReady(ctx context.Context) error {
 
 // answers opens and closes a libvirt connection. libvirtd accepts connections only once
 // its drivers are up, so the call may wait; it runs aside so ctx and the daemon's exit still end the wait.
-func (d *Libvirtd) answers(ctx context.Context) error {
+func (d *Libvirtd) answers(ctx context.Context, p *daemonProc) error {
 	result := make(chan error, 1)
 	go func() {
 		c, err := Connect(d.Socket())
@@ -249,8 +334,8 @@ func (d *Libvirtd) answers(ctx context.Context) error {
 			return fmt.Errorf("libvirtd listens on %s but does not serve: %w; %s", d.Socket(), err, d.logTail())
 		}
 		return nil
-	case <-d.done:
-		return d.exitError("libvirtd exited while starting")
+	case <-p.done:
+		return d.exitError(p, "libvirtd exited while starting")
 	case <-ctx.Done():
 		return fmt.Errorf("waiting for libvirtd on %s to serve: %w; %s", d.Socket(), ctx.Err(), d.logTail())
 	}
@@ -261,16 +346,21 @@ func (d *Libvirtd) answers(ctx context.Context) error {
 // but a VM pod's daemon goes only when its VM goes.
 func (d *Libvirtd) Stop() error {
 	d.stop.Do(func() {
+		// A Restart under way finishes first; none starts after this.
+		d.mu.Lock()
+		d.stopped = true
+		p := d.proc
+		d.mu.Unlock()
 		select {
-		case <-d.done:
+		case <-p.done:
 		default:
-			_ = d.cmd.Process.Signal(syscall.SIGTERM)
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 			select {
-			case <-d.done:
+			case <-p.done:
 			case <-time.After(stopTimeout):
-				slog.Warn("libvirtd did not exit on SIGTERM; killing it", "pid", d.cmd.Process.Pid, "waited", stopTimeout)
-				_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
-				<-d.done
+				slog.Warn("libvirtd did not exit on SIGTERM; killing it", "pid", p.cmd.Process.Pid, "waited", stopTimeout)
+				_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+				<-p.done
 			}
 		}
 		d.stopErr = killQEMUs(d.layout.qemuPidDir())
@@ -278,8 +368,8 @@ func (d *Libvirtd) Stop() error {
 	return d.stopErr
 }
 
-func (d *Libvirtd) exitError(what string) error {
-	return fmt.Errorf("%s (%v); %s", what, d.waitErr, d.logTail())
+func (d *Libvirtd) exitError(p *daemonProc, what string) error {
+	return fmt.Errorf("%s (%v); %s", what, p.waitErr, d.logTail())
 }
 
 // logTail is the end of the daemon's log, for error messages.

@@ -277,7 +277,7 @@ func TestTheShimAdoptsTheDaemonsQEMU(t *testing.T) {
 	if _, err := fmt.Sscan(stat[strings.LastIndex(stat, ")")+1:], &state, &ppid); err != nil {
 		t.Fatalf("reading QEMU's parent from %q: %v", stat, err)
 	}
-	if shim := d.cmd.Process.Pid; ppid != shim || shim == daemonPid(t, d) {
+	if shim := d.Pid(); ppid != shim || shim == daemonPid(t, d) {
 		t.Errorf("QEMU %d's parent is %d, want the daemon's shim %d (the daemon is %d)", pid, ppid, shim, daemonPid(t, d))
 	}
 

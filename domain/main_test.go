@@ -2,9 +2,7 @@ package domain
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -118,9 +116,9 @@ func guestContext(t *testing.T) context.Context {
 // qemuPid is the pid of the QEMU running the named domain of d.
 func qemuPid(t *testing.T, d *Libvirtd, name string) int {
 	t.Helper()
-	var pid int
-	if _, err := fmt.Sscan(readFile(t, filepath.Join(d.layout.qemuPidDir(), name+".pid")), &pid); err != nil {
-		t.Fatalf("reading the QEMU pid of %s: %v", name, err)
+	pid, err := d.QEMUPid(name)
+	if err != nil {
+		t.Fatalf("the QEMU of %s: %v", name, err)
 	}
 	if !isQEMU(pid) {
 		t.Fatalf("pid %d of domain %s is not a running QEMU", pid, name)
@@ -128,13 +126,13 @@ func qemuPid(t *testing.T, d *Libvirtd, name string) int {
 	return pid
 }
 
-// daemonPid is the pid of d's libvirtd, as its pid file says (a root caller's daemon is the
-// child of its shim, whose pid is d.cmd's).
+// daemonPid is the pid of d's libvirtd (a root caller's daemon is the child of its shim,
+// whose pid is d.Pid()).
 func daemonPid(t *testing.T, d *Libvirtd) int {
 	t.Helper()
-	var pid int
-	if _, err := fmt.Sscan(readFile(t, d.layout.pidFile()), &pid); err != nil {
-		t.Fatalf("reading libvirtd's pid: %v", err)
+	pid, err := d.DaemonPid()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return pid
 }

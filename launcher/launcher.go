@@ -131,43 +131,61 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 			log.Warn("stopping libvirtd", "err", err)
 		}
 	}()
-	conn, err := domain.Connect(daemon.Socket())
+	s, err := openSession(ctx, daemon, notifier, log)
 	if err != nil {
 		return contract.ExitFailed, err
 	}
-	defer conn.Close()
+	defer s.Close()
 	// Before a guest is started here or migrated in: a migration target would otherwise probe
 	// QEMU in the middle of the migration.
 	loadStart := time.Now()
-	if err := conn.LoadQEMUCapabilities(); err != nil {
+	if err := s.Conn().LoadQEMUCapabilities(); err != nil {
 		return contract.ExitFailed, err
 	}
 	log.Info("QEMU capabilities loaded", "took", time.Since(loadStart).Round(time.Millisecond))
-	events, err := conn.Events(ctx)
-	if err != nil {
-		return contract.ExitFailed, err
-	}
 
 	name := domain.DomainName(cfg.VMI.Namespace, cfg.VMI.Name)
 	if cfg.MigrationTarget != "" {
-		arrived, err := awaitGuest(ctx, conn, name, events, daemon.Done(), sigterm, log)
+		arrived, err := awaitGuest(ctx, s, name, sigterm, log)
 		if !arrived {
 			return contract.ExitGuestPoweredOff, err
 		}
 		log.Info("the guest arrived by migration", "domain", name, "migration", cfg.MigrationTarget)
-		go reportMigrationCost(ctx, conn, name, notifier, log)
-		if err := conn.ClearGracefulShutdown(name); err != nil {
+		go reportMigrationCost(ctx, s.Conn, name, notifier, log)
+		if err := s.Conn().ClearGracefulShutdown(name); err != nil {
 			return contract.ExitFailed, fmt.Errorf("clearing the source pod's shutdown record from the arrived guest: %w", err)
 		}
-	} else if err := startGuest(ctx, conn, cfg, dir, prepared, iface); err != nil {
+	} else if err := startGuest(ctx, s.Conn(), cfg, dir, prepared, iface); err != nil {
 		return contract.ExitFailed, err
 	}
 	notifier.Report(notify.KindDomainStarted, time.Now(), 0, "")
 	go boundConsoleLog(ctx, filepath.Join(dir, contract.ConsoleLog), log)
+	return watchDomain(ctx, s, name, cfg.PodGracePeriodSeconds, iface != nil, sigterm, log)
+}
 
+// watchDomain serves the running domain until it is gone, and returns the launcher's exit code.
+// A libvirtd that dies meanwhile is restarted (daemonSession.recover): the guest runs on in its
+// QEMU, which the new daemon takes back. A launcher whose guest is on the pod network (podNet)
+// keeps its pod after the guest left by migration until its agent's forward ends (awaitHandover).
+func watchDomain(ctx context.Context, s *daemonSession, name string, podGrace int64, podNet bool, sigterm <-chan os.Signal, log *slog.Logger) (int, error) {
 	// A stop event may have come before we listened for it; start from the current state.
-	if code, done := exitCode(conn, name); done {
+	if code, done := exitCode(s.Conn(), name); done {
 		return code, nil
+	}
+	events := s.Events()
+	// recovered restarts the daemon or reconnects, and then says whether the domain ended while
+	// nothing watched it: the new event stream does not tell what happened before it began.
+	recovered := func() (int, bool, error) {
+		if err := s.recover(ctx); err != nil {
+			return contract.ExitFailed, true, err
+		}
+		events = s.Events()
+		code, done := exitCode(s.Conn(), name)
+		if done {
+			log.Info("the domain ended while libvirtd was down", "domain", name, "exitCode", code)
+			s.notifier.Report(notify.KindDomainGone, time.Now(), 0, "")
+		}
+		return code, done, nil
 	}
 	// Set once an event finds the domain gone: its stop event, still queued, says how it went.
 	var stopDue <-chan time.Time
@@ -175,19 +193,22 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 		select {
 		case <-stopDue:
 			log.Warn("the domain went without a stop event", "domain", name, "waited", confirmTimeout)
-			notifier.Report(notify.KindDomainGone, time.Now(), 0, "")
+			s.notifier.Report(notify.KindDomainGone, time.Now(), 0, "")
 			return contract.ExitGuestPoweredOff, nil
 		case <-sigterm:
 			now := time.Now()
 			// The agent hears first: recording the signal in the domain waits for libvirt's job
 			// lock, which an outgoing migration holds (up to 30 s, then it fails).
-			notifier.Report(notify.KindGracefulShutdown, now, cfg.PodGracePeriodSeconds, "")
-			log.Info("SIGTERM: told the agent; the guest keeps running until it decides", "podGracePeriodSeconds", cfg.PodGracePeriodSeconds)
-			gs := domain.GracefulShutdown{SignalTime: now, Deadline: now.Add(time.Duration(cfg.PodGracePeriodSeconds) * time.Second)}
-			go recordGracefulShutdown(ctx, conn, name, gs, log)
+			s.notifier.Report(notify.KindGracefulShutdown, now, podGrace, "")
+			log.Info("SIGTERM: told the agent; the guest keeps running until it decides", "podGracePeriodSeconds", podGrace)
+			gs := domain.GracefulShutdown{SignalTime: now, Deadline: now.Add(time.Duration(podGrace) * time.Second)}
+			go recordGracefulShutdown(ctx, s.Conn, name, gs, log)
 		case ev, ok := <-events:
 			if !ok {
-				return contract.ExitFailed, errors.New("the libvirt event stream ended")
+				if code, done, err := recovered(); done {
+					return code, err
+				}
+				continue
 			}
 			if ev.Domain != name {
 				continue
@@ -199,7 +220,7 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 				code, done = contract.ExitGuestPoweredOff, true
 			}
 			if !done {
-				state, reason, err := conn.State(name)
+				state, reason, err := s.Conn().State(name)
 				switch {
 				case errors.Is(err, domain.ErrNotFound):
 					// Gone since this event was sent: a late event (a busy node) must not say
@@ -215,17 +236,19 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 				if ev.Reason == domain.ReasonMigrated {
 					// The source daemon still confirms the migration to its peer; it undefines the
 					// domain when that is done, and must live until then.
-					awaitUndefined(conn, events, name, log)
+					awaitUndefined(s.Conn(), events, name, log)
 				}
-				notifier.Report(notify.KindDomainGone, time.Now(), 0, string(ev.Reason))
+				s.notifier.Report(notify.KindDomainGone, time.Now(), 0, string(ev.Reason))
 				log.Info("domain gone", "event", ev.Type, "reason", ev.Reason, "exitCode", code)
-				if ev.Reason == domain.ReasonMigrated && iface != nil {
-					awaitHandover(ctx, notifier, log)
+				if ev.Reason == domain.ReasonMigrated && podNet {
+					awaitHandover(ctx, s.notifier, log)
 				}
 				return code, nil
 			}
-		case <-daemon.Done():
-			return contract.ExitFailed, fmt.Errorf("libvirtd exited; see %s", daemon.LogPath())
+		case <-s.daemon.Done():
+			if code, done, err := recovered(); done {
+				return code, err
+			}
 		case <-ctx.Done():
 			return contract.ExitFailed, ctx.Err()
 		}
@@ -258,11 +281,11 @@ func awaitHandover(ctx context.Context, notifier *Notifier, log *slog.Logger) {
 // reportMigrationCost logs what the migration that brought the guest cost it, from the
 // statistics libvirt keeps on the destination once it has finished the migration (a moment
 // after the guest runs here), and tells the agent how long the guest stood still.
-func reportMigrationCost(ctx context.Context, conn *domain.Conn, name string, notifier *Notifier, log *slog.Logger) {
+func reportMigrationCost(ctx context.Context, conn func() *domain.Conn, name string, notifier *Notifier, log *slog.Logger) {
 	var stats domain.JobStats
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		var err error
-		stats, err = conn.CompletedJobStats(name)
+		stats, err = conn().CompletedJobStats(name)
 		return err == nil && stats.Type == domain.JobCompleted, nil
 	})
 	if err != nil {
@@ -276,10 +299,11 @@ func reportMigrationCost(ctx context.Context, conn *domain.Conn, name string, no
 
 // recordGracefulShutdown writes the signal into the domain's metadata, where a restarted agent
 // or libvirt finds it, trying again while libvirt's job lock is held (a migration) until it
-// succeeds or the domain is gone; the agent already knows from the report.
-func recordGracefulShutdown(ctx context.Context, conn *domain.Conn, name string, gs domain.GracefulShutdown, log *slog.Logger) {
+// succeeds or the domain is gone; the agent already knows from the report. conn is asked at each
+// try, so a try after a restart of the daemon uses the new connection.
+func recordGracefulShutdown(ctx context.Context, conn func() *domain.Conn, name string, gs domain.GracefulShutdown, log *slog.Logger) {
 	_ = wait.PollUntilContextCancel(ctx, time.Second, true, func(context.Context) (bool, error) {
-		err := conn.SetGracefulShutdown(name, gs)
+		err := conn().SetGracefulShutdown(name, gs)
 		if err == nil || errors.Is(err, domain.ErrNotFound) {
 			return true, nil
 		}
@@ -339,22 +363,31 @@ func startGuest(ctx context.Context, conn *domain.Conn, cfg Config, dir string, 
 
 // awaitGuest waits, as a migration target, until the domain runs here. A SIGTERM before that
 // means the migration failed or was cancelled: there is nothing to keep, so the launcher ends.
-func awaitGuest(ctx context.Context, conn *domain.Conn, name string, events <-chan domain.Event, daemonDone <-chan struct{}, sigterm <-chan os.Signal, log *slog.Logger) (bool, error) {
+// A libvirtd that dies meanwhile is restarted; the migration it was receiving fails with it (the
+// new daemon does not take back an unfinished incoming guest), and the source keeps the guest.
+func awaitGuest(ctx context.Context, s *daemonSession, name string, sigterm <-chan os.Signal, log *slog.Logger) (bool, error) {
 	log.Info("migration target: waiting for the guest", "domain", name)
+	events := s.Events()
 	for {
-		if state, _, err := conn.State(name); err == nil && state == domain.Running {
+		if state, _, err := s.Conn().State(name); err == nil && state == domain.Running {
 			return true, nil
 		}
 		select {
 		case _, ok := <-events:
 			if !ok {
-				return false, errors.New("the libvirt event stream ended while waiting for the guest")
+				if err := s.recover(ctx); err != nil {
+					return false, fmt.Errorf("waiting for the guest: %w", err)
+				}
+				events = s.Events()
 			}
 		case <-sigterm:
 			log.Info("SIGTERM before the guest arrived: the migration ended without this target")
 			return false, nil
-		case <-daemonDone:
-			return false, errors.New("libvirtd exited while waiting for the guest")
+		case <-s.daemon.Done():
+			if err := s.recover(ctx); err != nil {
+				return false, fmt.Errorf("waiting for the guest: %w", err)
+			}
+			events = s.Events()
 		case <-ctx.Done():
 			return false, ctx.Err()
 		}

@@ -62,6 +62,9 @@ const (
 	// then the launcher keeps its pod, and with it the network namespace the forward lives in,
 	// for at most HandoverAtMost. Only the agent sends it.
 	KindHandoverDone Kind = "HandoverDone"
+	// KindLibvirtdRestarted reports that the launcher's libvirtd exited and the launcher started
+	// it again; the guest ran on. Time is when the restart began, Reason says how many so far.
+	KindLibvirtdRestarted Kind = "LibvirtdRestarted"
 )
 
 // HandoverAtMost bounds how long a source launcher waits for KindHandoverDone after its guest
@@ -71,7 +74,7 @@ const HandoverAtMost = 65 * time.Second
 
 var kinds = map[Kind]bool{
 	KindHello: true, KindDomainStarted: true, KindGracefulShutdown: true, KindDomainGone: true, KindFailed: true, KindMigrated: true,
-	KindNetworkSetup: true, KindNetworkReady: true, KindNetworkFailed: true, KindHandoverDone: true,
+	KindNetworkSetup: true, KindNetworkReady: true, KindNetworkFailed: true, KindHandoverDone: true, KindLibvirtdRestarted: true,
 }
 
 // Message is one report from a launcher.

@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/record"
+
+	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
+	"github.com/lifeboat-vm/lifeboat/domain"
+)
+
+// TestTheAgentReconnectsToARestartedLauncherDaemon: when a launcher's libvirtd is killed and the
+// launcher starts it again, the agent's connection to it (through its relay) ends, and the
+// agent connects to the new daemon on its own, from the socket the new daemon makes.
+func TestTheAgentReconnectsToARestartedLauncherDaemon(t *testing.T) {
+	needRoot(t)
+	// Short paths: a unix socket's path holds 107 bytes.
+	root, err := os.MkdirTemp("", "restart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	if err := os.Chmod(root, 0o755); err != nil { // the daemon's user reaches its directory
+		t.Fatal(err)
+	}
+	const uid = "restarted"
+	domains := filepath.Join(root, "domains")
+	if err := os.Mkdir(domains, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	daemon, err := domain.StartLibvirtd(ctx, domain.Config{Dir: filepath.Join(root, "daemon"), SocketDir: filepath.Join(domains, uid),
+		User: &domain.User{UID: contract.UID, GID: contract.GID}})
+	if err != nil {
+		t.Fatalf("starting the launcher's libvirtd: %v", err)
+	}
+	t.Cleanup(func() { _ = daemon.Stop() })
+
+	client := lifeboatfake.NewSimpleClientset()
+	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
+	a, err := New(Config{NodeName: "node", DomainsDir: domains, Dial: LibvirtDialer(filepath.Join(root, "relays")), Metrics: NewMetrics(prometheus.NewRegistry()),
+		Recorder: record.NewFakeRecorder(100), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister()},
+		client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
+		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	informers.Start(ctx.Done())
+	errc := make(chan error, 1)
+	go func() { errc <- a.Run(ctx, 1) }()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			select {
+			case err := <-errc:
+				t.Fatalf("the agent ended while waiting for %s: %v", what, err)
+			default:
+			}
+			return cond(), nil
+		})
+		if err != nil {
+			t.Fatalf("%s: not within 30 s", what)
+		}
+	}
+	answers := func() bool {
+		c := a.conn(uid)
+		if c == nil {
+			return false
+		}
+		_, err := c.DomainNames(ctx)
+		return err == nil
+	}
+	waitFor("the agent connected to the launcher's libvirt", answers)
+
+	pid, err := daemon.DaemonPid()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-daemon.Done()
+	waitFor("the agent saw its connection to the killed daemon end", func() bool { return !a.connected(uid) })
+	if err := daemon.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the agent connected to the restarted daemon", answers)
+}

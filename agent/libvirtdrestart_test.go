@@ -1,0 +1,64 @@
+package agent
+
+import (
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+
+	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
+	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/api/notify"
+)
+
+// TestEachLibvirtdRestartIsCountedAndRecordedOnce: a launcher's report that it restarted its
+// libvirtd is counted and recorded as a Warning Event on the VMI once, though the launcher
+// repeats it on each new connection; a later restart counts again.
+func TestEachLibvirtdRestartIsCountedAndRecordedOnce(t *testing.T) {
+	client := lifeboatfake.NewSimpleClientset()
+	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
+	vmis := informers.Lifeboat().V1alpha1().VirtualMachineInstances()
+	metrics := NewMetrics(prometheus.NewRegistry())
+	recorder := record.NewFakeRecorder(10)
+	a, err := New(Config{NodeName: "node-a", Metrics: metrics, Recorder: recorder, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		client, vmis, informers.Lifeboat().V1alpha1().LifeboatConfigs(),
+		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vmis.Informer().GetIndexer().Add(&v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: types.UID("uid-vm")}}); err != nil {
+		t.Fatal(err)
+	}
+	vmi := notify.VMIRef{Namespace: "ns", Name: "vm", UID: "uid-vm"}
+	first := time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+	restarted := func(at time.Time, reason string) {
+		a.HandleNotify(&notify.Message{Kind: notify.KindLibvirtdRestarted, VMI: vmi, Time: at, Reason: reason}, 1)
+	}
+	restarted(first, "the launcher's libvirtd exited and was restarted (1 restart(s) so far)")
+	restarted(first, "the launcher's libvirtd exited and was restarted (1 restart(s) so far)") // replayed
+	restarted(first.Add(time.Minute), "the launcher's libvirtd exited and was restarted (2 restart(s) so far)")
+
+	if got := testutil.ToFloat64(metrics.LauncherLibvirtdRestarts); got != 2 {
+		t.Errorf("lifeboat_agent_launcher_libvirtd_restarts_total = %v, want 2", got)
+	}
+	var events []string
+	for len(recorder.Events) > 0 {
+		events = append(events, <-recorder.Events)
+	}
+	want := []string{
+		"Warning LibvirtdRestarted On node node-a: the launcher's libvirtd exited and was restarted (1 restart(s) so far)",
+		"Warning LibvirtdRestarted On node node-a: the launcher's libvirtd exited and was restarted (2 restart(s) so far)",
+	}
+	if strings.Join(events, "\n") != strings.Join(want, "\n") {
+		t.Errorf("Events:\n%s\nwant:\n%s", strings.Join(events, "\n"), strings.Join(want, "\n"))
+	}
+}
