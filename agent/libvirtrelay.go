@@ -15,12 +15,13 @@ import (
 )
 
 // libvirtRelay is the agent's own end of its connections to one launcher's libvirt. libvirt's C
-// client, which the agent uses, cannot be interrupted in a call: it waits for the daemon's reply
-// for as long as the daemon keeps the connection alive, and a launcher's daemon is the tenant's
-// to replace. So the client does not connect to the launcher's socket itself but to the relay's,
-// in a directory only root reaches, and the relay carries the bytes to and from the launcher's
-// socket. Cutting the relay ends the stream under the client, which then fails every call waiting
-// on it at once: a call the agent gave up on returns, and its connection is never used again.
+// client, which runs for the agent in a confined child (libvirtclient), cannot be interrupted in a
+// call: it waits for the daemon's reply for as long as the daemon keeps the connection alive, and
+// a launcher's daemon is the tenant's to replace. So the client does not connect to the launcher's
+// socket itself but to the relay's, in a directory of its own that the child alone sees (and that
+// the agent's other processes cannot reach: its parent is root's), and the relay carries the
+// bytes to and from the launcher's socket, which the agent holds open. Cutting the relay ends the
+// stream under the client, which then fails every call waiting on it at once.
 type libvirtRelay struct {
 	dir    string
 	ln     *net.UnixListener
@@ -29,14 +30,18 @@ type libvirtRelay struct {
 	mu    sync.Mutex
 	conns []net.Conn
 	cut   bool
+	// admitted is the process whose connections the relay takes: the child's (admit).
+	admitted int
 }
 
 // relaySocket is the relay's socket in its directory.
 const relaySocket = "libvirt-sock"
 
 // newLibvirtRelay relays connections made to its Path to the launcher's socket target, which
-// must stay open until Cut. Its socket is in a new directory under parent, both root's alone.
-func newLibvirtRelay(parent string, target *podsocket.Socket) (*libvirtRelay, error) {
+// must stay open until Cut. Its socket is in a new directory under parent, which is root's alone;
+// the directory and the socket are given to uid and gid, the child's, which binds the directory
+// into its own root.
+func newLibvirtRelay(parent string, target *podsocket.Socket, uid, gid int) (*libvirtRelay, error) {
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return nil, fmt.Errorf("making the directory of libvirt relays: %w", err)
 	}
@@ -48,6 +53,13 @@ func newLibvirtRelay(parent string, target *podsocket.Socket) (*libvirtRelay, er
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("listening for libvirt's client: %w", err)
+	}
+	for _, p := range []string{dir, filepath.Join(dir, relaySocket)} {
+		if err := os.Lchown(p, uid, gid); err != nil {
+			_ = ln.Close()
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("giving the libvirt relay's socket to the client's user: %w", err)
+		}
 	}
 	r := &libvirtRelay{dir: dir, ln: ln, target: target}
 	go r.serve()
@@ -63,8 +75,8 @@ func (r *libvirtRelay) serve() {
 		if err != nil {
 			return // cut
 		}
-		// Only this process's libvirt client: the directory is root's, and root is the node.
-		if pid, err := peerPID(c); err != nil || pid != os.Getpid() {
+		// Only the admitted child: no other process sees the directory, and one that did is turned away.
+		if pid, err := peerPID(c); err != nil || pid == 0 || pid != r.admittedPID() {
 			_ = c.Close()
 			continue
 		}
@@ -78,6 +90,20 @@ func (r *libvirtRelay) serve() {
 		}
 		go relay(c, up)
 	}
+}
+
+// admit has the relay take the connections of process pid (the child's, as the agent sees it) and
+// of no other.
+func (r *libvirtRelay) admit(pid int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.admitted = pid
+}
+
+func (r *libvirtRelay) admittedPID() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.admitted
 }
 
 // track records a relayed pair so that Cut ends it; false (and both closed) once cut.

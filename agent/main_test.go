@@ -5,10 +5,13 @@ import (
 	"testing"
 
 	"github.com/lifeboat-vm/lifeboat/domain"
+	"github.com/lifeboat-vm/lifeboat/agent/libvirtclient"
 )
 
 func TestMain(m *testing.M) {
-	// The private libvirt daemons some tests start are this test binary, re-executed.
+	// The private libvirt daemons some tests start, and the libvirt clients of LibvirtDialer, are
+	// this test binary, re-executed.
 	domain.MaybeRunLibvirtdShim()
+	libvirtclient.MaybeRunChild()
 	os.Exit(m.Run())
 }

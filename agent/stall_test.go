@@ -177,7 +177,7 @@ func TestAStalledLauncherHoldsOneWorkerAndTheOthersAreEvacuatedOnTime(t *testing
 		t.Cleanup(func() { l.Close() })
 	}
 
-	realDial := LibvirtDialer(filepath.Join(root, "relays"))
+	realDial := LibvirtDialer(filepath.Join(root, "relays"), slog.Default())
 	dial := func(ctx context.Context, path, uid string) (DomainConn, error) {
 		if slices.Contains(healthyUIDs, uid) {
 			return &healthyLauncher{changes: make(chan struct{})}, nil
@@ -393,7 +393,7 @@ func TestADaemonThatNeverAnswersDoesNotHoldTheDial(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	start := time.Now()
-	conn, err := LibvirtDialer(relays)(ctx, socket, "mute")
+	conn, err := LibvirtDialer(relays, slog.Default())(ctx, socket, "mute")
 	took := time.Since(start)
 	if err == nil {
 		conn.Close()
