@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
+	"github.com/lifeboat-vm/lifeboat/agent/libvirtclient"
 	"github.com/lifeboat-vm/lifeboat/agent/podsocket"
 	"github.com/lifeboat-vm/lifeboat/domain"
-	"github.com/lifeboat-vm/lifeboat/agent/libvirtclient"
-	"log/slog"
 )
 
 // libvirtConn is a DomainConn over a launcher's libvirt socket. libvirt's client runs in a

@@ -4,8 +4,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/lifeboat-vm/lifeboat/domain"
 	"github.com/lifeboat-vm/lifeboat/agent/libvirtclient"
+	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
 func TestMain(m *testing.M) {

@@ -82,7 +82,9 @@ var ErrMessageTooLong = fmt.Errorf("a message of the libvirt client's protocol i
 // lineReader reads the protocol's newline-delimited messages, none over MaxMessage.
 type lineReader struct{ r *bufio.Reader }
 
-func newLineReader(r io.Reader) *lineReader { return &lineReader{r: bufio.NewReaderSize(r, MaxMessage)} }
+func newLineReader(r io.Reader) *lineReader {
+	return &lineReader{r: bufio.NewReaderSize(r, MaxMessage)}
+}
 
 // next returns the next message without its newline; it is valid until the next call.
 func (l *lineReader) next() ([]byte, error) {

@@ -29,6 +29,7 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/agent"
 	"github.com/lifeboat-vm/lifeboat/agent/deviceplugin"
+	"github.com/lifeboat-vm/lifeboat/agent/libvirtclient"
 	"github.com/lifeboat-vm/lifeboat/agent/nodecert"
 	"github.com/lifeboat-vm/lifeboat/agent/notifyserver"
 	"github.com/lifeboat-vm/lifeboat/agent/pressure"
@@ -41,7 +42,6 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/cmd/internal/serve"
-	"github.com/lifeboat-vm/lifeboat/agent/libvirtclient"
 )
 
 type options struct {
