@@ -87,7 +87,7 @@ func TestTheLibvirtClientRunsConfined(t *testing.T) {
 			t.Errorf("the child runs as %d:%d, which is root's or the launchers' (%d)", libvirtclient.ChildUID, libvirtclient.ChildGID, id)
 		}
 	}
-	t.Logf("the child %d: Uid %s, Gid %s, CapEff %s, CapBnd %s, NoNewPrivs %s", pid, fields["Uid"], fields["Gid"], fields["CapEff"], fields["CapBnd"], fields["NoNewPrivs"])
+	t.Logf("the child %d: Uid %s, Gid %s, CapEff %s, CapBnd %s, NoNewPrivs %s, VmRSS %s (RssAnon %s)", pid, fields["Uid"], fields["Gid"], fields["CapEff"], fields["CapBnd"], fields["NoNewPrivs"], fields["VmRSS"], fields["RssAnon"])
 	// Not dumpable: its /proc files are root's, although it runs as nobody.
 	var st syscall.Stat_t
 	if err := syscall.Stat(proc+"/status", &st); err != nil || st.Uid != 0 {
