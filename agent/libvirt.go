@@ -44,7 +44,7 @@ func LibvirtDialer(relayDir string, log *slog.Logger) Dialer {
 			socket.Close()
 			return nil, err
 		}
-		relay, err := newLibvirtRelay(relayDir, socket, libvirtclient.ChildUID, libvirtclient.ChildGID)
+		relay, err := newLibvirtRelay(relayDir, socket)
 		if err != nil {
 			socket.Close()
 			return nil, err

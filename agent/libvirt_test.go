@@ -93,6 +93,10 @@ func TestTheLibvirtClientRunsConfined(t *testing.T) {
 	if err := syscall.Stat(proc+"/status", &st); err != nil || st.Uid != 0 {
 		t.Errorf("the child's /proc/%d/status belongs to %d (%v); want root's, as for a process that is not dumpable", pid, st.Uid, err)
 	}
+	// The first the kernel kills when the agent's container runs out of memory.
+	if adj, err := os.ReadFile(proc + "/oom_score_adj"); err != nil || strings.TrimSpace(string(adj)) != "1000" {
+		t.Errorf("the child's oom_score_adj: %q, %v; want 1000", adj, err)
+	}
 	for _, ns := range []string{"net", "mnt", "pid", "ipc"} {
 		mine, err1 := os.Readlink("/proc/self/ns/" + ns)
 		its, err2 := os.Readlink(proc + "/ns/" + ns)

@@ -28,7 +28,7 @@ type libvirtRelay struct {
 	target *podsocket.Socket
 
 	mu    sync.Mutex
-	conns []net.Conn
+	pairs map[*relayedPair]struct{}
 	cut   bool
 	// admitted is the process whose connections the relay takes: the child's (admit).
 	admitted int
@@ -38,12 +38,15 @@ type libvirtRelay struct {
 const relaySocket = "libvirt-sock"
 
 // newLibvirtRelay relays connections made to its Path to the launcher's socket target, which
-// must stay open until Cut. Its socket is in a new directory under parent, which is root's alone;
-// the directory and the socket are given to uid and gid, the child's, which binds the directory
-// into its own root.
-func newLibvirtRelay(parent string, target *podsocket.Socket, uid, gid int) (*libvirtRelay, error) {
+// must stay open until Cut. Its socket is in a new directory under parent, which is root's alone:
+// the directory and the socket are open to every user (the agent may not give them to another
+// without CAP_CHOWN), and only the child that binds the directory into its own root reaches them.
+func newLibvirtRelay(parent string, target *podsocket.Socket) (*libvirtRelay, error) {
 	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return nil, fmt.Errorf("making the directory of libvirt relays: %w", err)
+	}
+	if err := os.Chmod(parent, 0o700); err != nil {
+		return nil, fmt.Errorf("closing the directory of libvirt relays to other users: %w", err)
 	}
 	dir, err := os.MkdirTemp(parent, "relay-") // 0700
 	if err != nil {
@@ -54,11 +57,11 @@ func newLibvirtRelay(parent string, target *podsocket.Socket, uid, gid int) (*li
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("listening for libvirt's client: %w", err)
 	}
-	for _, p := range []string{dir, filepath.Join(dir, relaySocket)} {
-		if err := os.Lchown(p, uid, gid); err != nil {
+	for p, mode := range map[string]os.FileMode{dir: 0o711, filepath.Join(dir, relaySocket): 0o666} {
+		if err := os.Chmod(p, mode); err != nil {
 			_ = ln.Close()
 			_ = os.RemoveAll(dir)
-			return nil, fmt.Errorf("giving the libvirt relay's socket to the client's user: %w", err)
+			return nil, fmt.Errorf("opening the libvirt relay's socket to the client's user: %w", err)
 		}
 	}
 	r := &libvirtRelay{dir: dir, ln: ln, target: target}
@@ -80,16 +83,39 @@ func (r *libvirtRelay) serve() {
 			_ = c.Close()
 			continue
 		}
+		if r.open() >= maxRelayedPairs {
+			_ = c.Close()
+			continue
+		}
 		up, err := net.Dial("unix", r.target.Path())
 		if err != nil {
 			_ = c.Close()
 			continue
 		}
-		if !r.track(c, up) {
+		p := &relayedPair{c, up}
+		if !r.track(p) {
 			return
 		}
-		go relay(c, up)
+		go func() {
+			relay(c, up)
+			r.untrack(p)
+		}()
 	}
+}
+
+// maxRelayedPairs bounds a relay's open connections: libvirt's client holds one, and one more
+// while it migrates; a child that opened more would spend the agent's file descriptors.
+const maxRelayedPairs = 4
+
+// relayedPair is a connection from the child and its connection to the launcher's socket.
+type relayedPair struct{ down, up net.Conn }
+
+func (p *relayedPair) close() { _, _ = p.down.Close(), p.up.Close() }
+
+func (r *libvirtRelay) open() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.pairs)
 }
 
 // admit has the relay take the connections of process pid (the child's, as the agent sees it) and
@@ -106,18 +132,26 @@ func (r *libvirtRelay) admittedPID() int {
 	return r.admitted
 }
 
-// track records a relayed pair so that Cut ends it; false (and both closed) once cut.
-func (r *libvirtRelay) track(conns ...net.Conn) bool {
+// track records a relayed pair so that Cut ends it; false (and the pair closed) once cut.
+func (r *libvirtRelay) track(p *relayedPair) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cut {
-		for _, c := range conns {
-			_ = c.Close()
-		}
+		p.close()
 		return false
 	}
-	r.conns = append(r.conns, conns...)
+	if r.pairs == nil {
+		r.pairs = map[*relayedPair]struct{}{}
+	}
+	r.pairs[p] = struct{}{}
 	return true
+}
+
+// untrack forgets a pair that ended.
+func (r *libvirtRelay) untrack(p *relayedPair) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.pairs, p)
 }
 
 // Cut ends every relayed connection and takes no more: the client's calls on them fail at once.
@@ -128,12 +162,12 @@ func (r *libvirtRelay) Cut() {
 		return
 	}
 	r.cut = true
-	conns := r.conns
-	r.conns = nil
+	pairs := r.pairs
+	r.pairs = nil
 	r.mu.Unlock()
 	_ = r.ln.Close()
-	for _, c := range conns {
-		_ = c.Close()
+	for p := range pairs {
+		p.close()
 	}
 	_ = os.RemoveAll(r.dir)
 }

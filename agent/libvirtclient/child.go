@@ -70,6 +70,11 @@ func runChild(dir, socket string) error {
 // privileges), is not dumpable, and dies with the agent. The agent made its mount, network, PID
 // and IPC namespaces (Start); the container's seccomp profile is inherited.
 func confine(dir string) error {
+	// A child that a hostile daemon took over and that grows is the first the kernel kills when
+	// the agent's container runs out of memory, not the agent.
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("1000"), 0); err != nil {
+		return fmt.Errorf("raising the OOM score: %w", err)
+	}
 	// Nothing mounted below may reach the agent's mount namespace.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making mounts private: %w", err)
