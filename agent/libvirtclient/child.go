@@ -100,15 +100,18 @@ func confine(dir string) error {
 	if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("remounting the relay's directory nosuid, nodev, noexec: %w", err)
 	}
+	// The new root is moved over the old one, which it hides, and becomes the process's root, as
+	// switch_root does: pivot_root(2) is not in the container runtime's default seccomp profile,
+	// chroot(2) is (with CAP_SYS_CHROOT). With no capability left and no descriptor of the old
+	// root, the child cannot leave it.
 	if err := unix.Chdir(root); err != nil {
 		return err
 	}
-	// pivot_root(".", ".") stacks the old root on the new one; detaching it leaves the new alone.
-	if err := unix.PivotRoot(".", "."); err != nil {
-		return fmt.Errorf("pivoting into the new root: %w", err)
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("moving the new root over the old: %w", err)
 	}
-	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detaching the old root: %w", err)
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("entering the new root: %w", err)
 	}
 	if err := unix.Chdir("/"); err != nil {
 		return err

@@ -113,7 +113,7 @@ func Start(opts Options) (*Client, error) {
 		Stderr: errW,
 		SysProcAttr: &syscall.SysProcAttr{
 			// No network at all (a unix socket's path still reaches the relay), its own mounts to
-			// pivot away from the agent's, no view of the node's processes or IPC.
+			// leave the agent's behind, no view of the node's processes or IPC.
 			Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWNET | unix.CLONE_NEWPID | unix.CLONE_NEWIPC,
 			Pdeathsig:  syscall.SIGKILL,
 		},
