@@ -40,7 +40,7 @@ const keepaliveProgram = 0x6b656570
 
 // stallingDaemon stands in for a launcher's libvirtd on the launcher's socket: it relays libvirt's
 // RPC frames to a real daemon until stalled, and from then on passes only keepalives, as a daemon a
-// tenant replaced may. Each call it withholds is told on withheld.
+// tenant replaced may. Each call or reply it withholds is told on withheld.
 type stallingDaemon struct {
 	ln       net.Listener
 	daemon   string
@@ -98,11 +98,15 @@ func (s *stallingDaemon) forward(src, dst net.Conn, fromClient bool) {
 			return
 		}
 		if s.stalled.Load() && binary.BigEndian.Uint32(head[4:]) != keepaliveProgram {
+			// A reply withheld stalls a call made just before the stall (a sync the connection
+			// started), which holds a worker as well as one made after it.
+			what := "reply"
 			if fromClient {
-				select {
-				case s.withheld <- "call":
-				default:
-				}
+				what = "call"
+			}
+			select {
+			case s.withheld <- what:
+			default:
 			}
 			continue
 		}

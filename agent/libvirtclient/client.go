@@ -107,7 +107,7 @@ func Start(opts Options) (*Client, error) {
 		Args: []string{"lifeboat-agent", childCommand, opts.Dir, opts.Socket},
 		// No variable of the agent's: libvirt's client finds no configuration of a user and no
 		// URI to fall back to, and needs no lookup of its user.
-		Env:    []string{"HOME=/", "XDG_CONFIG_HOME=/", "XDG_CACHE_HOME=/", "XDG_RUNTIME_DIR=/", "LC_ALL=C", "GOMAXPROCS=1"},
+		Env:    []string{"HOME=/", "XDG_CONFIG_HOME=/", "XDG_CACHE_HOME=/", "XDG_RUNTIME_DIR=/", "LC_ALL=C"},
 		Stdin:  inR,
 		Stdout: outW,
 		Stderr: errW,
