@@ -129,7 +129,7 @@ func confine(dir string) error {
 	if err := syscall.Setuid(ChildUID); err != nil {
 		return fmt.Errorf("setuid: %w", err)
 	}
-	// Leaving root cleared the permitted, effective and ambient sets; the inheritable one too.
+	// Leaving root cleared the permitted, effective and ambient sets; this clears the inheritable one.
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var none [2]unix.CapUserData
 	if err := unix.Capset(&hdr, &none[0]); err != nil {
