@@ -4,32 +4,37 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
+	"github.com/lifeboat-vm/lifeboat/agent/libvirtclient"
 	"github.com/lifeboat-vm/lifeboat/agent/podsocket"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
-// libvirtConn is a DomainConn over a launcher's libvirt socket, through a relay the agent can cut.
+// libvirtConn is a DomainConn over a launcher's libvirt socket. libvirt's client runs in a
+// confined child (libvirtclient), never in the agent, and reaches the launcher through a relay
+// the agent can cut.
 type libvirtConn struct {
-	conn    *domain.Conn
+	client  *libvirtclient.Client
 	socket  *podsocket.Socket
 	relay   *libvirtRelay
 	changes chan struct{}
 	// switchOvers holds a value once one of the connection's domains paused for a
 	// migration's switch-over (SwitchOverBegan).
 	switchOvers chan struct{}
-	cancel      context.CancelFunc
 }
 
 // LibvirtDialer connects to launchers' libvirt and follows their lifecycle events. A launcher's
 // socket is a file in its pod; it is opened as it is, never through a symlink (podsocket), and
 // held open while the connection lasts, as libvirt connects to it again for migrations. libvirt's
-// client reaches it through a relay whose socket is in a directory under relayDir (libvirtRelay):
-// a connection that does not open by ctx's end, or that the agent gives up on (guardedConn), is
-// cut there, and its calls fail at once instead of waiting for a launcher that does not answer.
-func LibvirtDialer(relayDir string) Dialer {
-	return func(ctx context.Context, socketPath, _ string) (DomainConn, error) {
+// client, in a child of its own per connection whose standard error goes to log, reaches it
+// through a relay whose socket is in a directory under relayDir (libvirtRelay): a connection
+// that does not open by ctx's end, or that the agent gives up on (guardedConn), is cut there and
+// its child killed, and its calls fail at once instead of waiting for a launcher that does not
+// answer.
+func LibvirtDialer(relayDir string, log *slog.Logger) Dialer {
+	return func(ctx context.Context, socketPath, vmiUID string) (DomainConn, error) {
 		socket, err := podsocket.Open(socketPath)
 		if err != nil {
 			return nil, err
@@ -44,70 +49,42 @@ func LibvirtDialer(relayDir string) Dialer {
 			socket.Close()
 			return nil, err
 		}
-		type result struct {
-			c   *libvirtConn
-			err error
-		}
-		done := make(chan result, 1)
-		go func() {
-			c, err := openLibvirt(relay, session)
-			done <- result{c, err}
-		}()
-		select {
-		case r := <-done:
-			if r.err != nil {
-				relay.Cut()
-				socket.Close()
-				return nil, r.err
-			}
-			r.c.socket = socket
-			return r.c, nil
-		case <-ctx.Done():
-			// The launcher's daemon took the connection and has not answered: the cut fails the
-			// open, and what it opened meanwhile is closed.
+		c := &libvirtConn{socket: socket, relay: relay, changes: make(chan struct{}, 1), switchOvers: make(chan struct{}, 1)}
+		client, err := libvirtclient.Start(libvirtclient.Options{Dir: relay.dir, Socket: relaySocket,
+			Log: log.With("vmiUID", vmiUID, "socket", socketPath), OnEvent: c.event})
+		if err != nil {
 			relay.Cut()
-			go func() {
-				if r := <-done; r.err == nil {
-					_ = r.c.conn.Close()
-					r.c.cancel()
-				}
-				socket.Close()
-			}()
-			return nil, fmt.Errorf("connecting to the launcher's libvirt at %s: %w", socketPath, ctx.Err())
+			socket.Close()
+			return nil, err
 		}
+		relay.admit(client.Pid())
+		c.client = client
+		if err := client.Connect(ctx, session); err != nil {
+			// A daemon that took the connection and has not answered by ctx's end: the cut fails
+			// the open, and the child goes with it.
+			c.Close()
+			return nil, fmt.Errorf("connecting to the launcher's libvirt at %s: %w", socketPath, err)
+		}
+		go func() {
+			<-client.Done()
+			close(c.changes)
+		}()
+		return c, nil
 	}
 }
 
-// openLibvirt opens a connection through relay and follows its domains' lifecycle events.
-func openLibvirt(relay *libvirtRelay, session bool) (*libvirtConn, error) {
-	conn, err := domain.ConnectSocket(relay.Path(), session)
-	if err != nil {
-		return nil, err
-	}
-	evCtx, cancel := context.WithCancel(context.Background())
-	events, err := conn.Events(evCtx)
-	if err != nil {
-		cancel()
-		conn.Close()
-		return nil, err
-	}
-	c := &libvirtConn{conn: conn, relay: relay, changes: make(chan struct{}, 1), switchOvers: make(chan struct{}, 1), cancel: cancel}
-	go func() {
-		defer close(c.changes)
-		for ev := range events {
-			if SwitchOverBegan(ev) {
-				select {
-				case c.switchOvers <- struct{}{}:
-				default:
-				}
-			}
-			select {
-			case c.changes <- struct{}{}:
-			default: // a change is already pending; one look covers both
-			}
+// event takes a lifecycle event from the child: it must not block.
+func (c *libvirtConn) event(ev domain.Event) {
+	if SwitchOverBegan(ev) {
+		select {
+		case c.switchOvers <- struct{}{}:
+		default:
 		}
-	}()
-	return c, nil
+	}
+	select {
+	case c.changes <- struct{}{}:
+	default: // a change is already pending; one look covers both
+	}
 }
 
 func (c *libvirtConn) Changes() <-chan struct{} { return c.changes }
@@ -117,7 +94,7 @@ func (c *libvirtConn) Changes() <-chan struct{} { return c.changes }
 func (c *libvirtConn) SwitchOvers() <-chan struct{} { return c.switchOvers }
 
 func (c *libvirtConn) Observe(_ context.Context, name string) (*Domain, error) {
-	info, err := c.conn.Lookup(name)
+	info, err := c.client.Lookup(name)
 	if errors.Is(err, domain.ErrNotFound) {
 		return nil, nil
 	}
@@ -125,7 +102,7 @@ func (c *libvirtConn) Observe(_ context.Context, name string) (*Domain, error) {
 		return nil, err
 	}
 	d := &Domain{State: stateOf(info.State, info.Reason)}
-	md, err := c.conn.Metadata(name)
+	md, err := c.client.Metadata(name)
 	if err != nil {
 		return nil, fmt.Errorf("reading lifeboat's metadata of %s: %w", name, err)
 	}
@@ -155,40 +132,41 @@ func stateOf(s domain.State, r domain.Reason) DomainState {
 	}
 }
 
-func (c *libvirtConn) Shutdown(_ context.Context, name string) error { return c.conn.Shutdown(name) }
-func (c *libvirtConn) Destroy(_ context.Context, name string) error  { return c.conn.Destroy(name) }
-func (c *libvirtConn) DomainNames(context.Context) ([]string, error) { return c.conn.DomainNames() }
+func (c *libvirtConn) Shutdown(_ context.Context, name string) error { return c.client.Shutdown(name) }
+func (c *libvirtConn) Destroy(_ context.Context, name string) error  { return c.client.Destroy(name) }
+func (c *libvirtConn) DomainNames(context.Context) ([]string, error) { return c.client.DomainNames() }
 
-// Cut ends the connection's stream to the launcher: every call waiting on it fails at once, and
-// so does every later one. Close still releases the connection.
-func (c *libvirtConn) Cut() { c.relay.Cut() }
+// Cut ends the connection's stream to the launcher and kills its child: every call waiting on it
+// fails at once, and so does every later one. Close still releases the connection.
+func (c *libvirtConn) Cut() {
+	c.relay.Cut()
+	c.client.Cut()
+}
 
-// Close cuts the connection first: libvirt's client says goodbye to the daemon on close, and a
-// daemon that does not answer would hold that too.
+// Close cuts the connection and waits for its child to exit.
 func (c *libvirtConn) Close() error {
 	c.relay.Cut()
-	c.cancel()
-	err := c.conn.Close()
+	err := c.client.Close()
 	c.socket.Close()
 	return err
 }
 
 func (c *libvirtConn) Migrate(ctx context.Context, name string, opts domain.MigrateOptions) error {
-	return c.conn.Migrate(ctx, name, opts)
+	return c.client.Migrate(ctx, name, opts)
 }
-func (c *libvirtConn) JobStats(name string) (domain.JobStats, error) { return c.conn.JobStats(name) }
-func (c *libvirtConn) StartPostCopy(name string) error               { return c.conn.StartPostCopy(name) }
-func (c *libvirtConn) Suspend(name string) error                     { return c.conn.Suspend(name) }
-func (c *libvirtConn) Resume(name string) error                      { return c.conn.Resume(name) }
-func (c *libvirtConn) LoadQEMUCapabilities() error                   { return c.conn.LoadQEMUCapabilities() }
-func (c *libvirtConn) Session() bool                                 { return c.conn.Session() }
+func (c *libvirtConn) JobStats(name string) (domain.JobStats, error) { return c.client.JobStats(name) }
+func (c *libvirtConn) StartPostCopy(name string) error               { return c.client.StartPostCopy(name) }
+func (c *libvirtConn) Suspend(name string) error                     { return c.client.Suspend(name) }
+func (c *libvirtConn) Resume(name string) error                      { return c.client.Resume(name) }
+func (c *libvirtConn) LoadQEMUCapabilities() error                   { return c.client.LoadQEMUCapabilities() }
+func (c *libvirtConn) Session() bool                                 { return c.client.Session() }
 func (c *libvirtConn) State(name string) (domain.State, domain.Reason, error) {
-	return c.conn.State(name)
+	return c.client.State(name)
 }
 func (c *libvirtConn) StartDirtyRateCalc(name string, period time.Duration, mode domain.DirtyRateMode) error {
-	return c.conn.StartDirtyRateCalc(name, period, mode)
+	return c.client.StartDirtyRateCalc(name, period, mode)
 }
-func (c *libvirtConn) DirtyRate(name string) (uint64, bool, error) { return c.conn.DirtyRate(name) }
+func (c *libvirtConn) DirtyRate(name string) (uint64, bool, error) { return c.client.DirtyRate(name) }
 
 // The agent finds a launcher's Migrator by asserting its DomainConn: a method missing here would
 // leave every migration without a source, which only this line makes a compile error.

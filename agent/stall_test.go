@@ -40,7 +40,7 @@ const keepaliveProgram = 0x6b656570
 
 // stallingDaemon stands in for a launcher's libvirtd on the launcher's socket: it relays libvirt's
 // RPC frames to a real daemon until stalled, and from then on passes only keepalives, as a daemon a
-// tenant replaced may. Each call it withholds is told on withheld.
+// tenant replaced may. Each call or reply it withholds is told on withheld.
 type stallingDaemon struct {
 	ln       net.Listener
 	daemon   string
@@ -98,11 +98,15 @@ func (s *stallingDaemon) forward(src, dst net.Conn, fromClient bool) {
 			return
 		}
 		if s.stalled.Load() && binary.BigEndian.Uint32(head[4:]) != keepaliveProgram {
+			// A reply withheld stalls a call made just before the stall (a sync the connection
+			// started), which holds a worker as well as one made after it.
+			what := "reply"
 			if fromClient {
-				select {
-				case s.withheld <- "call":
-				default:
-				}
+				what = "call"
+			}
+			select {
+			case s.withheld <- what:
+			default:
 			}
 			continue
 		}
@@ -177,7 +181,7 @@ func TestAStalledLauncherHoldsOneWorkerAndTheOthersAreEvacuatedOnTime(t *testing
 		t.Cleanup(func() { l.Close() })
 	}
 
-	realDial := LibvirtDialer(filepath.Join(root, "relays"))
+	realDial := LibvirtDialer(filepath.Join(root, "relays"), slog.Default())
 	dial := func(ctx context.Context, path, uid string) (DomainConn, error) {
 		if slices.Contains(healthyUIDs, uid) {
 			return &healthyLauncher{changes: make(chan struct{})}, nil
@@ -393,7 +397,7 @@ func TestADaemonThatNeverAnswersDoesNotHoldTheDial(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	start := time.Now()
-	conn, err := LibvirtDialer(relays)(ctx, socket, "mute")
+	conn, err := LibvirtDialer(relays, slog.Default())(ctx, socket, "mute")
 	took := time.Since(start)
 	if err == nil {
 		conn.Close()

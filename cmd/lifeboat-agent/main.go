@@ -29,6 +29,7 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/agent"
 	"github.com/lifeboat-vm/lifeboat/agent/deviceplugin"
+	"github.com/lifeboat-vm/lifeboat/agent/libvirtclient"
 	"github.com/lifeboat-vm/lifeboat/agent/nodecert"
 	"github.com/lifeboat-vm/lifeboat/agent/notifyserver"
 	"github.com/lifeboat-vm/lifeboat/agent/pressure"
@@ -56,6 +57,8 @@ type options struct {
 }
 
 func main() {
+	// The agent's libvirt clients are this binary, re-executed (libvirtclient).
+	libvirtclient.MaybeRunChild()
 	var o options
 	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
 	flag.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
@@ -163,8 +166,8 @@ func run(o options, log *slog.Logger) error {
 	a, err = agent.New(agent.Config{
 		NodeName:   o.nodeName,
 		DomainsDir: filepath.Join(o.runDir, "domains"),
-		// libvirt's client reaches each launcher through a relay whose socket is root's alone.
-		Dial:              agent.LibvirtDialer(filepath.Join(o.runDir, "libvirt-relays")),
+		// libvirt's client runs in a confined child per launcher, never in the agent (libvirtclient).
+		Dial:              agent.LibvirtDialer(filepath.Join(o.runDir, "libvirt-relays"), log),
 		Configs:           configInformers.Lifeboat().V1alpha1().LifeboatConfigs().Lister(),
 		MaxPodGracePeriod: maxGrace,
 		NodeAddress:       o.nodeAddress,

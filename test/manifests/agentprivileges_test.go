@@ -25,7 +25,7 @@ var agentPrivileges = []string{
 	"pod serviceAccount=lifeboat-agent",
 	"pod initContainers=[] containers=[agent]",
 	"container agent privileged=false runAsUser=0 runAsGroup=unset runAsNonRoot=unset allowPrivilegeEscalation=false readOnlyRootFilesystem=true procMount=unset seccomp=RuntimeDefault",
-	"container agent capabilities drop=[ALL] add=[NET_ADMIN SYS_ADMIN]",
+	"container agent capabilities drop=[ALL] add=[NET_ADMIN SETGID SETUID SYS_ADMIN SYS_CHROOT]",
 	"container agent hostPorts=[]",
 	"container agent mount /dev/net/tun from tun read-write",
 	"container agent mount /host/sys/fs/cgroup from cgroup read-only",
