@@ -51,7 +51,7 @@ func TestTheAgentReconnectsToARestartedLauncherDaemon(t *testing.T) {
 
 	client := lifeboatfake.NewSimpleClientset()
 	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
-	a, err := New(Config{NodeName: "node", DomainsDir: domains, Dial: LibvirtDialer(filepath.Join(root, "relays")), Metrics: NewMetrics(prometheus.NewRegistry()),
+	a, err := New(Config{NodeName: "node", DomainsDir: domains, Dial: LibvirtDialer(filepath.Join(root, "relays"), slog.New(slog.NewTextHandler(io.Discard, nil))), Metrics: NewMetrics(prometheus.NewRegistry()),
 		Recorder: record.NewFakeRecorder(100), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister()},
 		client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
 		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
