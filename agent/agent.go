@@ -426,6 +426,8 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 		_ = conn.Close()
 		return
 	}
+	// The socket connected to: a daemon the launcher restarts listens on a new one.
+	connected, _ := os.Lstat(socket)
 	a.cfg.Metrics.Launchers.Inc()
 	a.cfg.Log.Info("connected to launcher", "vmiUID", uid)
 	a.queue.Add(uid)
@@ -439,6 +441,13 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 	a.queue.Add(uid)
 	if guard.hasStalled() {
 		go a.reconnectLater(ctx, uid)
+		return
+	}
+	// A restarted daemon's socket that appeared while this connection was still held was
+	// reported to a connect that found the launcher connected: connect to it now.
+	if now, err := os.Lstat(socket); err == nil && connected != nil && !os.SameFile(connected, now) {
+		a.cfg.Log.Info("the launcher's libvirt listens on a new socket; connecting again", "vmiUID", uid)
+		go a.connect(ctx, uid)
 	}
 }
 

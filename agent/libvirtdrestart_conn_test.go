@@ -98,4 +98,18 @@ func TestTheAgentReconnectsToARestartedLauncherDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("the agent connected to the restarted daemon", answers)
+
+	// Restarted at once, the daemon's new socket may appear before the agent has seen its
+	// connection to the old one end: it connects to the new one all the same.
+	if pid, err = daemon.DaemonPid(); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-daemon.Done()
+	if err := daemon.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the agent connected to the daemon restarted at once", answers)
 }
