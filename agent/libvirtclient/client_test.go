@@ -216,3 +216,46 @@ func TestTheChildsStandardErrorIsLoggedLineByLineWithinBounds(t *testing.T) {
 		t.Errorf("the last log line: %v; want it to say the rest is dropped", lines[maxStderrLines])
 	}
 }
+
+// Whatever a child sends, the agent's end neither panics nor waits for ever: a call gets an
+// answer or an error once the child's output ends.
+func FuzzTheChildsReplies(f *testing.F) {
+	for _, seed := range []string{
+		`{"id":1,"result":["ns_vm"]}` + "\n" + `{"id":2,"result":{"dataRemaining":5}}` + "\n",
+		`{"event":{"domain":"ns_vm","type":"Stopped"}}` + "\n" + `{"id":1,"result":[]}` + "\n",
+		`{"id":1,"error":{"message":"gone","notFound":true}}` + "\n",
+		`{"id":2,"result":null}` + "\n",
+		"{\"id\":1,\"result\":[\"" + strings.Repeat("a", 100) + "\"]}\n",
+		"\n\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, out []byte) {
+		inR, inW := io.Pipe()
+		outR, outW := io.Pipe()
+		c := newClient(outR, inW, func() {
+			_ = inR.Close()
+			_ = outW.Close()
+		})
+		defer c.Cut()
+		go func() {
+			// The child reads the first request, then writes out and ends.
+			_, _ = bufio.NewReader(inR).ReadBytes('\n')
+			_, _ = outW.Write(out)
+			_ = outW.Close()
+		}()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if _, err := c.DomainNames(); err != nil {
+				return
+			}
+			_, _ = c.JobStats("ns_vm")
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("a call still waits 10 s after the child's output %q ended", out)
+		}
+	})
+}
