@@ -131,9 +131,10 @@ type Agent struct {
 	// arrived holds, by VMI UID, the time of the last Migrated report counted: a launcher
 	// repeats its reports on each new connection, and each arrival counts once.
 	arrived sync.Map
-	// libvirtdRestarts holds, by VMI UID, the time of the last LibvirtdRestarted report counted,
-	// so that a report repeated on a new connection counts once.
+	// libvirtdRestarts holds, by VMI UID, the LibvirtdRestarted reports counted (restartReports).
 	libvirtdRestarts sync.Map
+	// dials holds, by VMI UID, what the launcher's recent connections did (dialgate.go); under mu.
+	dials map[string]*dialGate
 	// notifyConns says whether a launcher's reports have all been read.
 	notifyConns *notifyConns
 	// relieving is the node's LabelMemoryPressureRelief as this agent last set it; nil until it has.
@@ -180,7 +181,7 @@ func New(cfg Config, lb lifeboatclient.Interface, vmis lifeboatinformers.Virtual
 	a := &Agent{
 		cfg: cfg, lifeboat: lb, informer: vmis.Informer(),
 		queue:     workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "agent"}),
-		launchers: map[string]*launcher{}, stalls: map[string]int{}, notifyConns: newNotifyConns(), links: map[string]RecordedPod{}, unlinked: map[string]RecordedPod{},
+		launchers: map[string]*launcher{}, stalls: map[string]int{}, dials: map[string]*dialGate{}, notifyConns: newNotifyConns(), links: map[string]RecordedPod{}, unlinked: map[string]RecordedPod{},
 	}
 	if err := a.informer.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
 		return []string{string(obj.(metav1.Object).GetUID())}, nil
@@ -279,13 +280,7 @@ func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 		go a.migrations.recordDowntime(m.VMI, m.Time, time.Duration(m.DowntimeMilliseconds)*time.Millisecond)
 	}
 	if m.Kind == notify.KindLibvirtdRestarted {
-		if last, ok := a.libvirtdRestarts.Load(m.VMI.UID); !ok || m.Time.After(last.(time.Time)) {
-			a.libvirtdRestarts.Store(m.VMI.UID, m.Time)
-			a.cfg.Metrics.LauncherLibvirtdRestarts.Inc()
-			if vmi := a.cachedVMI(m.VMI.UID); vmi != nil {
-				a.cfg.Recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonLibvirtdRestarted, "On node %s: %s", a.cfg.NodeName, m.Reason)
-			}
-		}
+		a.libvirtdRestarted(m)
 	}
 	if m.Kind == notify.KindHello {
 		a.notifyConns.opened(m.VMI.UID)
@@ -301,6 +296,61 @@ func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 
 // ReasonLibvirtdRestarted is the Warning Event on a VMI whose launcher restarted its libvirtd.
 const ReasonLibvirtdRestarted = "LibvirtdRestarted"
+
+// A launcher restarts its libvirtd at most maxLibvirtdRestarts times in libvirtdRestartWindow
+// (launcher/daemon.go) and then fails: reports beyond that, by the agent's clock, are a
+// launcher's own invention, and are dropped rather than counted or recorded.
+const (
+	maxLibvirtdRestarts   = 5
+	libvirtdRestartWindow = 10 * time.Minute
+)
+
+// restartReports are the LibvirtdRestarted reports of one launcher that were counted: the last
+// report's own time, so that a report repeated on a new connection counts once, and when the
+// agent counted each within the window.
+type restartReports struct {
+	mu      sync.Mutex
+	last    time.Time
+	counted []time.Time
+}
+
+// libvirtdRestarted counts a launcher's report that it restarted its libvirtd and records it on
+// the VMI, in the agent's own words: the report's text is the launcher's, which a tenant may write.
+func (a *Agent) libvirtdRestarted(m *notify.Message) {
+	v, _ := a.libvirtdRestarts.LoadOrStore(m.VMI.UID, &restartReports{})
+	r := v.(*restartReports)
+	now := a.cfg.Clock.Now()
+	r.mu.Lock()
+	if !m.Time.After(r.last) {
+		r.mu.Unlock()
+		return
+	}
+	r.last = m.Time
+	recent := r.counted[:0]
+	for _, at := range r.counted {
+		if now.Sub(at) < libvirtdRestartWindow {
+			recent = append(recent, at)
+		}
+	}
+	r.counted = recent
+	over := len(r.counted) >= maxLibvirtdRestarts
+	if !over {
+		r.counted = append(r.counted, now)
+	}
+	n := len(r.counted)
+	r.mu.Unlock()
+	if over {
+		a.cfg.Metrics.LibvirtdRestartReportsDropped.Inc()
+		a.cfg.Log.Warn("a launcher reported more libvirtd restarts than a launcher makes; the report is dropped",
+			"vmi", m.VMI.String(), "max", maxLibvirtdRestarts, "window", libvirtdRestartWindow)
+		return
+	}
+	a.cfg.Metrics.LauncherLibvirtdRestarts.Inc()
+	if vmi := a.cachedVMI(m.VMI.UID); vmi != nil {
+		a.cfg.Recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonLibvirtdRestarted,
+			"On node %s: the launcher's libvirtd exited and the launcher started it again (%d time(s) in the last %s); the guest ran on", a.cfg.NodeName, n, libvirtdRestartWindow)
+	}
+}
 
 // migratedAwaySince reports whether the VMI's launcher said its guest left by migration at or
 // after start.
@@ -354,6 +404,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 			a.cfg.Metrics.guestDrops.forget(uid)
 			a.mu.Lock()
 			delete(a.stalls, uid)
+			delete(a.dials, uid)
 			a.mu.Unlock()
 			a.signalled.Delete(uid)
 			a.arrived.Delete(uid)
@@ -383,6 +434,13 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 		a.mu.Unlock()
 		return
 	}
+	if g := a.dials[uid]; g != nil {
+		if wait := g.notBefore.Sub(a.cfg.Clock.Now()); wait > 0 {
+			a.connectAfter(ctx, uid, g, wait)
+			a.mu.Unlock()
+			return
+		}
+	}
 	mine := &launcher{}
 	a.launchers[uid] = mine
 	a.mu.Unlock()
@@ -394,20 +452,23 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 		a.forget(uid)
 		return
 	}
-	var conn DomainConn
-	var dialErr error
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, connectTimeout, true, func(ctx context.Context) (bool, error) {
-		conn, dialErr = a.cfg.Dial(ctx, socket, uid)
-		return dialErr == nil, nil
-	})
+	// One attempt: each starts a libvirt client child. A socket that is there before its daemon
+	// answers is tried again after DialDelay, less and less often (connectFailed).
+	dialCtx, cancel := context.WithTimeout(ctx, connectTimeout)
+	conn, err := a.cfg.Dial(dialCtx, socket, uid)
+	cancel()
 	if err != nil {
-		a.cfg.Log.Error("cannot connect to a launcher's libvirt", "vmiUID", uid, "socket", socket, "err", err, "lastDialErr", dialErr)
 		a.forget(uid)
-		if errors.Is(dialErr, context.DeadlineExceeded) {
-			// The launcher's daemon took the connection and never answered.
+		if errors.Is(err, context.DeadlineExceeded) {
+			a.cfg.Log.Error("a launcher's libvirt took the connection and did not answer", "vmiUID", uid, "socket", socket, "err", err)
 			a.launcherStalled(uid, "connect", connectTimeout)
 			go a.reconnectLater(ctx, uid)
+			return
 		}
+		if ctx.Err() != nil {
+			return
+		}
+		a.connectFailed(ctx, uid, err.Error())
 		return
 	}
 	// Every call from here on has its deadline and its turn (deadlines.go).
@@ -428,6 +489,7 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 	}
 	// The socket connected to: a daemon the launcher restarts listens on a new one.
 	connected, _ := os.Lstat(socket)
+	opened := a.cfg.Clock.Now()
 	a.cfg.Metrics.Launchers.Inc()
 	a.cfg.Log.Info("connected to launcher", "vmiUID", uid)
 	a.queue.Add(uid)
@@ -443,6 +505,13 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 		go a.reconnectLater(ctx, uid)
 		return
 	}
+	if lasted := a.cfg.Clock.Since(opened); lasted < shortConnection {
+		a.connectFailed(ctx, uid, "ended after "+lasted.Round(time.Millisecond).String())
+	} else {
+		a.mu.Lock()
+		delete(a.dials, uid)
+		a.mu.Unlock()
+	}
 	// A restarted daemon's socket that appeared while this connection was still held was
 	// reported to a connect that found the launcher connected: connect to it now.
 	if now, err := os.Lstat(socket); err == nil && connected != nil && !os.SameFile(connected, now) {
@@ -450,6 +519,62 @@ func (a *Agent) connect(ctx context.Context, uid string) {
 		go a.connect(ctx, uid)
 	}
 }
+
+// connectFailed records that a connection to uid's launcher failed or ended early (how), and
+// connects again after DialDelay of the run of such failures; a run of dialFailuresEvent gets
+// an Event. A launcher whose directory goes is forgotten, and not connected to again.
+func (a *Agent) connectFailed(ctx context.Context, uid, how string) {
+	a.mu.Lock()
+	g := a.dials[uid]
+	if g == nil {
+		g = &dialGate{}
+		a.dials[uid] = g
+	}
+	g.failures++
+	delay := DialDelay(g.failures)
+	g.notBefore = a.cfg.Clock.Now().Add(delay)
+	failures := g.failures
+	a.connectAfter(ctx, uid, g, delay)
+	a.mu.Unlock()
+	a.cfg.Metrics.LauncherConnectFailures.Inc()
+	a.cfg.Log.Warn("a connection to a launcher's libvirt failed or ended early; the next waits", "vmiUID", uid, "how", how, "failuresInARow", failures, "wait", delay)
+	if failures == dialFailuresEvent {
+		if vmi := a.cachedVMI(uid); vmi != nil {
+			a.cfg.Recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonLauncherConnectionsFailing,
+				"The launcher's libvirt on node %s failed or ended %d connections in a row; the agent connects again less and less often, up to every %s", a.cfg.NodeName, failures, maxReconnectAfterStall)
+		}
+	}
+}
+
+// connectAfter connects to uid's launcher after wait, unless a connect is set already; a.mu is held.
+func (a *Agent) connectAfter(ctx context.Context, uid string, g *dialGate, wait time.Duration) {
+	if g.scheduled {
+		return
+	}
+	g.scheduled = true
+	go func() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.cfg.Clock.After(wait):
+		}
+		a.mu.Lock()
+		g.scheduled = false
+		current := a.dials[uid] == g
+		a.mu.Unlock()
+		if !current {
+			return // forgotten with its directory
+		}
+		if _, err := os.Lstat(filepath.Join(a.cfg.DomainsDir, uid, contract.LibvirtSocket)); err != nil {
+			return // the socket's creation will say when to try again
+		}
+		a.connect(ctx, uid)
+	}()
+}
+
+// ReasonLauncherConnectionsFailing is the Warning Event on a VMI whose launcher's libvirt fails
+// connections, or ends them just after they open, several times in a row.
+const ReasonLauncherConnectionsFailing = "LauncherConnectionsFailing"
 
 // connectTimeout bounds connecting to a launcher's libvirt, every attempt included.
 const connectTimeout = 30 * time.Second

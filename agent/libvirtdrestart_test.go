@@ -55,10 +55,54 @@ func TestEachLibvirtdRestartIsCountedAndRecordedOnce(t *testing.T) {
 		events = append(events, <-recorder.Events)
 	}
 	want := []string{
-		"Warning LibvirtdRestarted On node node-a: the launcher's libvirtd exited and was restarted (1 restart(s) so far)",
-		"Warning LibvirtdRestarted On node node-a: the launcher's libvirtd exited and was restarted (2 restart(s) so far)",
+		"Warning LibvirtdRestarted On node node-a: the launcher's libvirtd exited and the launcher started it again (1 time(s) in the last 10m0s); the guest ran on",
+		"Warning LibvirtdRestarted On node node-a: the launcher's libvirtd exited and the launcher started it again (2 time(s) in the last 10m0s); the guest ran on",
 	}
 	if strings.Join(events, "\n") != strings.Join(want, "\n") {
 		t.Errorf("Events:\n%s\nwant:\n%s", strings.Join(events, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// A launcher that reports more libvirtd restarts than a launcher makes (five in ten minutes, then
+// it gives up), with text of its own, moves the counter by five and records five Events, none
+// with its text; the rest are counted as dropped.
+func TestALauncherCannotInflateItsLibvirtdRestarts(t *testing.T) {
+	client := lifeboatfake.NewSimpleClientset()
+	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
+	vmis := informers.Lifeboat().V1alpha1().VirtualMachineInstances()
+	metrics := NewMetrics(prometheus.NewRegistry())
+	recorder := record.NewFakeRecorder(200)
+	a, err := New(Config{NodeName: "node-a", Metrics: metrics, Recorder: recorder, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		client, vmis, informers.Lifeboat().V1alpha1().LifeboatConfigs(),
+		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vmis.Informer().GetIndexer().Add(&v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: types.UID("uid-vm")}}); err != nil {
+		t.Fatal(err)
+	}
+	vmi := notify.VMIRef{Namespace: "ns", Name: "vm", UID: "uid-vm"}
+	start := time.Now()
+	for i := range 100 {
+		a.HandleNotify(&notify.Message{Kind: notify.KindLibvirtdRestarted, VMI: vmi, Time: start.Add(time.Duration(i) * time.Hour),
+			Reason: "click here: " + strings.Repeat("x", 1000)}, 1)
+	}
+	if got := testutil.ToFloat64(metrics.LauncherLibvirtdRestarts); got != maxLibvirtdRestarts {
+		t.Errorf("lifeboat_agent_launcher_libvirtd_restarts_total = %v, want %d", got, maxLibvirtdRestarts)
+	}
+	if got := testutil.ToFloat64(metrics.LibvirtdRestartReportsDropped); got != 100-maxLibvirtdRestarts {
+		t.Errorf("lifeboat_agent_launcher_libvirtd_restart_reports_dropped_total = %v, want %d", got, 100-maxLibvirtdRestarts)
+	}
+	var events []string
+	for len(recorder.Events) > 0 {
+		events = append(events, <-recorder.Events)
+	}
+	if len(events) != maxLibvirtdRestarts {
+		t.Errorf("%d Events, want %d", len(events), maxLibvirtdRestarts)
+	}
+	for _, e := range events {
+		if strings.Contains(e, "click here") {
+			t.Errorf("an Event carries the launcher's text: %.80s", e)
+		}
 	}
 }

@@ -31,8 +31,12 @@ type Metrics struct {
 	// LibvirtCallsAbandoned counts calls to launchers' libvirt abandoned at their deadline, by
 	// call (deadlines.go); each cut its launcher's connection.
 	LibvirtCallsAbandoned *prometheus.CounterVec
-	// LauncherLibvirtdRestarts counts the restarts of launchers' libvirtd that launchers reported.
-	LauncherLibvirtdRestarts prometheus.Counter
+	// LauncherLibvirtdRestarts counts the restarts of launchers' libvirtd that launchers reported;
+	// LibvirtdRestartReportsDropped those reported beyond what a launcher makes.
+	LauncherLibvirtdRestarts      prometheus.Counter
+	LibvirtdRestartReportsDropped prometheus.Counter
+	// LauncherConnectFailures counts connections to launchers' libvirt that failed or ended early.
+	LauncherConnectFailures prometheus.Counter
 	// MigrationConnectionsRefused counts connections to target proxies whose TLS handshake failed.
 	MigrationConnectionsRefused prometheus.Counter
 	// ReliefDecisions counts node-pressure relief decisions by result; ReliefAvailable is the
@@ -125,6 +129,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_launcher_libvirtd_restarts_total",
 			Help: "Times a launcher on this node found its libvirtd dead (killed or crashed) and started it again, as the launchers reported them; their guests ran on.",
 		}),
+		LibvirtdRestartReportsDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_agent_launcher_libvirtd_restart_reports_dropped_total",
+			Help: "Reports of a libvirtd restart beyond the five in ten minutes a launcher makes before it gives up, dropped uncounted and unrecorded: a launcher that sends them is not lifeboat's.",
+		}),
+		LauncherConnectFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_agent_launcher_connect_failures_total",
+			Help: "Connections to a launcher's libvirt that failed or ended within 10 s of opening; the agent spaces out the next ones to that launcher (0.5 s doubling to 5 min), as each starts a libvirt client child.",
+		}),
 		MigrationConnectionsRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "lifeboat_agent_migration_connections_refused_total",
 			Help: "Connections to this node's migration target proxies refused at the TLS handshake: no certificate, another node's or CA's, or another migration's.",
@@ -186,7 +198,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		guestDrops: newGuestFilterDrops(),
 	}
-	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.SourceForwards, m.LibvirtCallsAbandoned, m.LauncherLibvirtdRestarts, m.MigrationConnectionsRefused,
+	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.SourceForwards, m.LibvirtCallsAbandoned, m.LauncherLibvirtdRestarts, m.LibvirtdRestartReportsDropped, m.LauncherConnectFailures, m.MigrationConnectionsRefused,
 		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated, m.MigrationDowntime,
 		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn, m.StrayGuestsDestroyed, m.APIServerCutOff, m.APIServerOutages, m.guestDrops)
 	// Each decision is served from the start, at 0: no SIGTERM yet reads as 0, not as a series
