@@ -24,6 +24,9 @@ const (
 	Uncordon Kind = "uncordon"
 	// APIEviction: one VM pod evicted through the Eviction API, as the descheduler does.
 	APIEviction Kind = "api-eviction"
+	// EvictionRequest: one VM pod's eviction asked through the EvictionRequest API
+	// (lifecycle.k8s.io), whose responder lifeboat is; the requester waits for lifeboat's answer.
+	EvictionRequest Kind = "eviction-request"
 	// ManualMigration: a VirtualMachineInstanceMigration created by the user.
 	ManualMigration Kind = "manual-migration"
 	// Restart: the user deletes the VM's instance; its run strategy starts a new one.
@@ -49,13 +52,23 @@ const (
 	QEMUKill Kind = "qemu-kill"
 	// NodeFreeze: every process of the node stopped (kubelet, agent, launchers, QEMUs), resumed after For.
 	NodeFreeze Kind = "node-freeze"
+	// NodeLost: the node frozen, and once it is NotReady tainted node.kubernetes.io/out-of-service
+	// (the admin's word that it is off: Kubernetes' non-graceful node shutdown), so that its VMs'
+	// run strategies start them elsewhere; resumed once they run there, and the taint removed. For
+	// is the longest it may take.
+	NodeLost Kind = "node-lost"
 )
 
 // Faults are the kinds that are faults.
-var Faults = map[Kind]bool{AgentKill: true, ControllerKill: true, LibvirtdKill: true, QEMUKill: true, NodeFreeze: true}
+var Faults = map[Kind]bool{AgentKill: true, ControllerKill: true, LibvirtdKill: true, QEMUKill: true, NodeFreeze: true, NodeLost: true}
 
-// Fatal are the faults that may end a guest whatever lifeboat does.
+// Fatal are the faults that may end a guest whatever lifeboat does. NodeLost is not, though the
+// out-of-service taint it sets is: a VM restarted before the taint is a loss nothing excuses.
 var Fatal = map[Kind]bool{QEMUKill: true}
+
+// NodeLostFor is how long a NodeLost fault may take: the node found NotReady (the node lifecycle
+// controller's grace), the VMs booted elsewhere, the old QEMUs ended once it resumes.
+const NodeLostFor = 4 * time.Minute
 
 // Step is one thing to do At after the soak's start, to VM and Node (indexes; each kind uses
 // what it needs), lasting For where the kind has an end (a drain's uncordon, a stop's start, a
@@ -105,7 +118,11 @@ func Plan(seed uint64, d time.Duration, vms, nodes int, pace Pace) []Step {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	end := d * 3 / 4
 	var out []Step
-	// Operations and faults are drawn from one generator in turn, so one seed gives one plan.
+	// Operations and faults are drawn from one generator in turn, so one seed gives one plan. A
+	// second one turns some API evictions into EvictionRequests and some freezes into lost nodes,
+	// so that the kinds the soak learnt later leave the older kinds' draws, and the seeds' recorded
+	// plans, as they were.
+	variant := rand.New(rand.NewPCG(seed^0x5851f42d4c957f2d, seed))
 	nextOp := jitter(r, pace.OperationEvery)
 	nextFault := jitter(r, pace.FaultEvery)
 	var drainedUntil time.Duration
@@ -125,6 +142,10 @@ func Plan(seed uint64, d time.Duration, vms, nodes int, pace Pace) []Step {
 				out = append(out, Step{At: s.At + s.For, Kind: Uncordon, Node: s.Node})
 			case StopStart:
 				s.For = min(time.Duration(5+r.IntN(15))*time.Second, d-s.At)
+			case APIEviction:
+				if variant.IntN(2) == 0 {
+					s.Kind = EvictionRequest
+				}
 			case Bandwidth:
 				s.Value = []int{0, 8, 32, 128}[r.IntN(4)]
 			case PostCopy:
@@ -138,6 +159,9 @@ func Plan(seed uint64, d time.Duration, vms, nodes int, pace Pace) []Step {
 		switch s.Kind {
 		case AgentKill, ControllerKill, NodeFreeze:
 			s.For = time.Duration(1+r.Int64N(int64(pace.FaultFor/time.Second))) * time.Second
+		}
+		if s.Kind == NodeFreeze && s.At+NodeLostFor <= end && variant.IntN(2) == 0 {
+			s.Kind, s.For = NodeLost, NodeLostFor
 		}
 		out = append(out, s)
 		nextFault += s.For + jitter(r, pace.FaultEvery)

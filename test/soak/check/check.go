@@ -89,6 +89,9 @@ const (
 	HoldTargetPod HoldKind = "target-pod"
 	// HoldCordon is a node cordoned by something else than the user (the soak).
 	HoldCordon HoldKind = "cordon"
+	// HoldEviction is an Eviction (an EvictionRequest's) whose active responder is lifeboat and
+	// that lifeboat has not answered (no completionTime) while its pod still runs.
+	HoldEviction HoldKind = "eviction"
 )
 
 // Hold is one thing of a HoldKind, named so that the same one is recognised from snapshot to snapshot.
@@ -137,7 +140,7 @@ func DefaultLimits() Limits {
 	return Limits{
 		Hold: map[HoldKind]time.Duration{
 			HoldMark: 5 * time.Minute, HoldMigration: 5 * time.Minute, HoldBudget: 5 * time.Minute,
-			HoldTargetPod: 5 * time.Minute, HoldCordon: 2 * time.Minute,
+			HoldTargetPod: 5 * time.Minute, HoldCordon: 2 * time.Minute, HoldEviction: 5 * time.Minute,
 		},
 		Overlap: 3 * time.Second,
 		Gap:     5 * time.Second,
