@@ -6,8 +6,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -15,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -23,8 +26,11 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/responder"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+	"github.com/lifeboat-vm/lifeboat/test/evictionrequest"
 	"github.com/lifeboat-vm/lifeboat/test/kubewait"
+	"github.com/lifeboat-vm/lifeboat/test/netfault"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 	"github.com/lifeboat-vm/lifeboat/test/soak"
 	"github.com/lifeboat-vm/lifeboat/test/soak/check"
@@ -53,8 +59,9 @@ const (
 )
 
 // TestSoak carries out a seed's plan (package soak: node-pressure evictions, drains, API
-// evictions, manual migrations, restarts, stops and starts, configuration changes; agents, the
-// controller, launchers' libvirt daemons and QEMUs killed, nodes frozen) on LiveMigrate VMs that
+// evictions, EvictionRequests, manual migrations, restarts, stops and starts, configuration
+// changes; agents, the controller, launchers' libvirt daemons and QEMUs killed, nodes frozen,
+// nodes lost and tainted out of service, the migration network between two nodes cut or slowed) on LiveMigrate VMs that
 // count on their consoles and keep journals on shared disks, on three emulated nodes, while it
 // records what a user sees (the consoles, the journals, the API); then it lets the cluster
 // settle, prints the report, and fails on every violation the independent checker (package
@@ -70,7 +77,8 @@ func TestSoak(t *testing.T) {
 	ctrl := startControllerWithWebhook(t)
 	nodes := startNodes(t, soakNodes, func(c *node.Config) { c.EvictionMaxPodGracePeriod = soakGrace })
 	ns := testNamespace(t)
-	r := &soakRun{t: t, ns: ns, nodes: nodes, ctrl: ctrl, vmOf: map[string]string{}, cordoned: map[string]bool{},
+	network := soakNetworkFaults(t, nodes)
+	r := &soakRun{t: t, ns: ns, nodes: nodes, ctrl: ctrl, network: network, vmOf: map[string]string{}, cordoned: map[string]bool{},
 		seenErrors: map[string]bool{}, journal: map[string]int{}, skipped: map[soak.Kind]int{},
 		counting: map[string]time.Time{}, lastCounter: map[string]int{}}
 	for i := range *soakVMs {
@@ -172,6 +180,9 @@ type soakRun struct {
 	nodes []*testNode
 	ctrl  *webhookController
 	vms   []string
+	// network cuts or slows the migration network between two nodes' agents; nil where the
+	// machine cannot (the soak skips those faults).
+	network *netfault.Faults
 
 	mu          sync.Mutex
 	consoles    []check.Console
@@ -266,7 +277,11 @@ func (r *soakRun) list(ctx context.Context) (check.Objects, error) {
 	if err != nil {
 		return o, err
 	}
-	o.VMs, o.VMIs, o.Migrations, o.Pods, o.Budgets = vms.Items, vmis.Items, migrations.Items, pods.Items, budgets.Items
+	evictions, err := cluster.Kube.LifecycleV1alpha1().Evictions(r.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return o, err
+	}
+	o.VMs, o.VMIs, o.Migrations, o.Pods, o.Budgets, o.Evictions = vms.Items, vmis.Items, migrations.Items, pods.Items, budgets.Items, evictions.Items
 	for _, n := range nodes.Items {
 		for _, tn := range r.nodes {
 			if n.Name == tn.Name() {
@@ -424,6 +439,20 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 		if err := cluster.Kube.CoreV1().Pods(r.ns).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace}}); err != nil {
 			r.t.Logf("soak: the API eviction of %s: %v", pod.Name, err)
 		}
+	case soak.EvictionRequest:
+		pod, tn := r.runningPod(name)
+		if pod == nil {
+			r.skip(s, "the VM has no running launcher pod")
+			return
+		}
+		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: tn.Name()})
+		erc, err := evictionrequest.Request(ctx, cluster.Kube, pod, soakRequester)
+		if err != nil {
+			r.t.Errorf("soak: asking the eviction of %s: %v", pod.Name, err)
+			return
+		}
+		ends.Add(1)
+		go func() { defer ends.Done(); r.followEvictionRequest(erc, pod) }()
 	case soak.ManualMigration:
 		r.record(check.Action{Kind: string(s.Kind), VM: vmName})
 		_, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(r.ns).Create(ctx, &v1alpha1.VirtualMachineInstanceMigration{
@@ -489,8 +518,176 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 			r.record(check.Action{Kind: "node-thaw", Node: n.Name(), Ends: string(s.Kind)})
 			thawNode(n, stopped)
 		})
+	case soak.NetworkCut, soak.NetworkSlow:
+		if r.network == nil {
+			r.skip(s, "network faults need root, cgroup v2 and nftables")
+			return
+		}
+		a, b := r.migratingPair()
+		if a == nil {
+			a, b = n, r.nodes[(s.Node+1)%len(r.nodes)]
+		}
+		r.record(check.Action{Kind: string(s.Kind), Node: a.Name() + "," + b.Name()})
+		for _, way := range [][2]*testNode{{a, b}, {b, a}} {
+			to := netip.MustParseAddr(way[1].Address())
+			var err error
+			if s.Kind == soak.NetworkCut {
+				err = r.network.Cut(way[0].Name(), to)
+			} else {
+				err = r.network.Slow(way[0].Name(), uint64(s.Value)<<10, to)
+			}
+			if err != nil {
+				r.t.Errorf("soak: %s from %s to %s: %v", s.Kind, way[0].Name(), way[1].Name(), err)
+			}
+		}
+		later(func() {
+			r.record(check.Action{Kind: "network-healed", Node: a.Name() + "," + b.Name(), Ends: string(s.Kind)})
+			if err := r.network.Heal(); err != nil {
+				r.t.Errorf("soak: healing the network: %v", err)
+			}
+		})
+	case soak.NodeLost:
+		// The node of the step's VM, when it runs: a lost node with a guest on it.
+		if _, tn := r.runningPod(name); tn != nil {
+			n = tn
+		}
+		r.record(check.Action{Kind: string(s.Kind), Node: n.Name()})
+		stopped := freezeNode(r.t, n)
+		ends.Add(1)
+		go func() { defer ends.Done(); r.loseNode(n, stopped, s.For) }()
 	default:
 		r.t.Fatalf("the soak cannot do %s", s.Kind)
+	}
+}
+
+// soakRequester is the requester of the soak's EvictionRequests.
+const soakRequester = "soak.lifeboat.example/requester"
+
+// soakEvictionWait is how long the soak, as the evictionrequest controller, follows an
+// EvictionRequest: past the checker's limit on an unanswered one.
+const soakEvictionWait = 6 * time.Minute
+
+// followEvictionRequest plays the evictionrequest controller's part for the soak's request: once
+// lifeboat reports completion it moves on to the next responder; once the pod is gone it records
+// the target evicted. The checker judges from the API whether lifeboat answered in time.
+func (r *soakRun) followEvictionRequest(erc *evictionrequest.Controller, pod *corev1.Pod) {
+	ctx := context.Background()
+	var outcome string
+	err := wait.PollUntilContextTimeout(ctx, soakAPIPoll, soakEvictionWait, true, func(ctx context.Context) (bool, error) {
+		ev, err := erc.Get(ctx)
+		if err != nil {
+			return false, nil
+		}
+		if e := responder.Entry(ev); e != nil && e.CompletionTime != nil {
+			next, err := erc.Advance(ctx)
+			outcome = fmt.Sprintf("lifeboat completed (%q); next responder %q, %v", ptr.Deref(e.Message, ""), next, err)
+			return true, nil
+		}
+		if _, err := cluster.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			outcome = fmt.Sprintf("the pod was deleted before lifeboat completed; target evicted: %v", erc.TargetDeleted(ctx))
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		outcome = fmt.Sprintf("no completion from lifeboat within %s", soakEvictionWait)
+	}
+	r.t.Logf("soak: the EvictionRequest of pod %s: %s", pod.Name, outcome)
+}
+
+// loseNode carries a NodeLost fault through, within: the frozen node found NotReady, tainted out
+// of service, its VMs' new instances running elsewhere, the node resumed (its old QEMUs must end,
+// and the checker's consoles show whether they counted beside the new copies), the taint removed.
+func (r *soakRun) loseNode(n *testNode, stopped []int, within time.Duration) {
+	ctx := context.Background()
+	deadline := time.Now().Add(within)
+	var qemus []int
+	for _, pid := range stopped {
+		if qemuOf([]int{pid}) != 0 {
+			qemus = append(qemus, pid)
+		}
+	}
+	thaw := func() {
+		r.record(check.Action{Kind: "node-thaw", Node: n.Name(), Ends: string(soak.NodeLost)})
+		thawNode(n, stopped)
+	}
+	notReady := wait.PollUntilContextTimeout(ctx, time.Second, time.Until(deadline.Add(-time.Minute)), true, func(ctx context.Context) (bool, error) {
+		node, err := cluster.Kube.CoreV1().Nodes().Get(ctx, n.Name(), metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status != corev1.ConditionTrue, nil
+			}
+		}
+		return false, nil
+	})
+	if notReady != nil {
+		r.t.Errorf("soak: node %s still Ready %s after it froze", n.Name(), within-time.Minute)
+		thaw()
+		return
+	}
+	// The instances on the node when the admin declares it off: each must come back elsewhere.
+	old := map[string]types.UID{}
+	if vmis, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(r.ns).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, v := range vmis.Items {
+			if v.Status.NodeName == n.Name() && !v.Status.Phase.Terminal() {
+				old[v.Name] = v.UID
+			}
+		}
+	}
+	r.record(check.Action{Kind: "node-out-of-service", Node: n.Name(), Fatal: true, Ends: string(soak.NodeLost)})
+	r.setOutOfService(n.Name(), true)
+	back := wait.PollUntilContextTimeout(ctx, soakAPIPoll, time.Until(deadline.Add(-30*time.Second)), true, func(ctx context.Context) (bool, error) {
+		for name, uid := range old {
+			v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(r.ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil || v.UID == uid || !running(v) || v.Status.NodeName == n.Name() {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if back != nil {
+		r.t.Errorf("soak: the VMs of out-of-service node %s (%v) did not all run elsewhere within %s of its freeze", n.Name(), old, within)
+	}
+	thaw()
+	thawed := time.Now()
+	ended := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		for _, pid := range qemus {
+			if processAlive(pid) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if ended != nil {
+		r.t.Errorf("soak: an old QEMU of out-of-service node %s (of %v) still runs a minute after the node resumed", n.Name(), qemus)
+	} else {
+		r.t.Logf("soak: the %d old QEMUs of node %s ended %s after it resumed", len(qemus), n.Name(), time.Since(thawed).Round(time.Millisecond))
+	}
+	r.record(check.Action{Kind: "node-out-of-service-removed", Node: n.Name(), Ends: string(soak.NodeLost)})
+	r.setOutOfService(n.Name(), false)
+}
+
+// setOutOfService taints the node node.kubernetes.io/out-of-service, as the admin does once
+// it is known to be off, or removes the taint once it is back.
+func (r *soakRun) setOutOfService(name string, on bool) {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := cluster.Kube.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		taints := slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeOutOfService })
+		if on {
+			taints = append(taints, corev1.Taint{Key: corev1.TaintNodeOutOfService, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
+		}
+		n.Spec.Taints = taints
+		_, err = cluster.Kube.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		r.t.Errorf("soak: tainting node %s out of service (%v): %v", name, on, err)
 	}
 }
 
@@ -521,6 +718,53 @@ func (r *soakRun) runningPod(name string) (*corev1.Pod, *testNode) {
 	return nil, nil
 }
 
+// migratingPair is the source and the target node of a migration under way; nils if none.
+func (r *soakRun) migratingPair() (source, target *testNode) {
+	list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(r.ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return nil, nil
+	}
+	for _, m := range list.Items {
+		if m.Status.Phase.Terminal() {
+			continue
+		}
+		for _, a := range r.nodes {
+			for _, b := range r.nodes {
+				if a != b && a.Name() == m.Status.SourceNode && b.Name() == m.Status.TargetNode {
+					return a, b
+				}
+			}
+		}
+	}
+	return nil, nil
+}
+
+// soakNetworkFaults puts each node's agent in a group of its own, whose traffic to another node's
+// address the network faults cut or slow (the agents carry the migrations' streams between
+// nodes); the table and groups go when the test ends, failed or not. Nil where the machine
+// cannot.
+func soakNetworkFaults(t *testing.T, nodes []*testNode) *netfault.Faults {
+	if err := netfault.Sweep(); err != nil {
+		t.Logf("soak: removing what earlier runs' network faults left: %v", err)
+	}
+	f, err := netfault.New()
+	if err != nil {
+		t.Logf("soak: no network faults on this machine: %v", err)
+		return nil
+	}
+	t.Cleanup(func() {
+		if err := f.Close(); err != nil {
+			t.Errorf("soak: removing the network faults' table and groups: %v", err)
+		}
+	})
+	for _, n := range nodes {
+		if err := f.Join(n.Name(), n.agent.Pid()); err != nil {
+			t.Fatalf("soak: putting node %s's agent in its network group: %v", n.Name(), err)
+		}
+	}
+	return f
+}
+
 // migratingNode is the source or the target node of a migration under way; nil if none.
 func (r *soakRun) migratingNode() *testNode {
 	list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(r.ns).List(context.Background(), metav1.ListOptions{})
@@ -546,10 +790,25 @@ func (r *soakRun) restart(p *proc, fault soak.Kind) {
 	for range 5 {
 		if p.Process, err = controlplane.StartProcess(p.dir, p.name, filepath.Join(bins, p.name), p.args...); err == nil {
 			r.record(check.Action{Kind: p.name + "-started", Ends: string(fault)})
+			r.rejoinNetwork(p)
 			return
 		}
 	}
 	r.t.Errorf("soak: starting %s again: %v", p.name, err)
+}
+
+// rejoinNetwork puts a restarted agent back in its node's network group.
+func (r *soakRun) rejoinNetwork(p *proc) {
+	if r.network == nil {
+		return
+	}
+	for _, n := range r.nodes {
+		if n.agent == p {
+			if err := r.network.Join(n.Name(), p.Pid()); err != nil {
+				r.t.Errorf("soak: putting node %s's restarted agent in its network group: %v", n.Name(), err)
+			}
+		}
+	}
 }
 
 func (r *soakRun) setCordon(name string, on bool) {

@@ -57,10 +57,16 @@ const (
 	// run strategies start them elsewhere; resumed once they run there, and the taint removed. For
 	// is the longest it may take.
 	NodeLost Kind = "node-lost"
+	// NetworkCut: the migration network between two nodes cut for For: what each node's agent
+	// sends to the other's address dropped (the two ends of a migration under way, when there is one).
+	NetworkCut Kind = "network-cut"
+	// NetworkSlow: the same slowed to Value KiB/s each way for For.
+	NetworkSlow Kind = "network-slowed"
 )
 
 // Faults are the kinds that are faults.
-var Faults = map[Kind]bool{AgentKill: true, ControllerKill: true, LibvirtdKill: true, QEMUKill: true, NodeFreeze: true, NodeLost: true}
+var Faults = map[Kind]bool{AgentKill: true, ControllerKill: true, LibvirtdKill: true, QEMUKill: true, NodeFreeze: true, NodeLost: true,
+	NetworkCut: true, NetworkSlow: true}
 
 // Fatal are the faults that may end a guest whatever lifeboat does. NodeLost is not, though the
 // out-of-service taint it sets is: a VM restarted before the taint is a loss nothing excuses.
@@ -119,8 +125,9 @@ func Plan(seed uint64, d time.Duration, vms, nodes int, pace Pace) []Step {
 	end := d * 3 / 4
 	var out []Step
 	// Operations and faults are drawn from one generator in turn, so one seed gives one plan. A
-	// second one turns some API evictions into EvictionRequests and some freezes into lost nodes,
-	// so that the kinds the soak learnt later leave the older kinds' draws, and the seeds' recorded
+	// second one turns some API evictions into EvictionRequests, some freezes into lost nodes and
+	// some agent kills into the migration network cut or slowed (each breaks the path between two
+	// nodes' agents), so that the kinds the soak learnt later leave the older kinds' draws, and the seeds' recorded
 	// plans, as they were.
 	variant := rand.New(rand.NewPCG(seed^0x5851f42d4c957f2d, seed))
 	nextOp := jitter(r, pace.OperationEvery)
@@ -160,8 +167,15 @@ func Plan(seed uint64, d time.Duration, vms, nodes int, pace Pace) []Step {
 		case AgentKill, ControllerKill, NodeFreeze:
 			s.For = time.Duration(1+r.Int64N(int64(pace.FaultFor/time.Second))) * time.Second
 		}
-		if s.Kind == NodeFreeze && s.At+NodeLostFor <= end && variant.IntN(2) == 0 {
+		switch {
+		case s.Kind == NodeFreeze && s.At+NodeLostFor <= end && variant.IntN(2) == 0:
 			s.Kind, s.For = NodeLost, NodeLostFor
+		case s.Kind == AgentKill && variant.IntN(2) == 0:
+			// Long enough for a migration to meet it.
+			s.Kind, s.For = NetworkCut, 2*s.For
+			if variant.IntN(2) == 0 {
+				s.Kind, s.Value = NetworkSlow, []int{256, 1024}[variant.IntN(2)]
+			}
 		}
 		out = append(out, s)
 		nextFault += s.For + jitter(r, pace.FaultEvery)
