@@ -94,6 +94,13 @@ func TestACleanHistoryPasses(t *testing.T) {
 	if v := Check(clean(), DefaultLimits()); len(v) != 0 {
 		t.Fatalf("a clean history has violations: %v", v)
 	}
+	// Served, answering until the cluster settled; a restart's new boot after the old one's last answer.
+	h := clean()
+	h.Served = true
+	h.Answers = append(h.Answers, Answer{At: at(90), VM: "ns/a", Boot: "b2", Counter: 20})
+	if v := Check(h, DefaultLimits()); len(v) != 0 {
+		t.Fatalf("a clean served history has violations: %v", v)
+	}
 }
 
 // Each staged failure is the clean history with one thing gone wrong, as its recorded
@@ -144,6 +151,17 @@ func TestTheCheckerCatchesEachStagedFailure(t *testing.T) {
 			h.Answers = append(h.Answers, Answer{At: at(45), VM: "ns/a", Instance: "i1", Boot: "b9", Counter: 3})
 		},
 		want: Reboot, says: "answered with boot b1, then with boot b9",
+	}, {
+		name: "the VM's Service answers from two boots at once: two copies, each an endpoint",
+		stage: func(h *History) {
+			h.Answers = append(h.Answers, Answer{At: at(86), VM: "ns/a", Boot: "b2", Counter: 16},
+				Answer{At: at(90), VM: "ns/a", Boot: "b1", Counter: 88})
+		},
+		want: TwoCopies, says: "answering through its Service from boot b1 and from boot b2 at once for 6s",
+	}, {
+		name:  "a served VM does not answer through its Service once the cluster settled",
+		stage: func(h *History) { h.Served = true },
+		want:  NoAnswer, says: "no answer through its Service in the 10s before the cluster settled (last at 05:01:20.000)",
 	}, {
 		name: "the journal reads back a wrong entry",
 		stage: func(h *History) {
@@ -312,6 +330,8 @@ func TestTheReportSaysWhatHappened(t *testing.T) {
 	h.Actions = append(h.Actions, Action{At: at(60), Kind: "qemu-kill", VM: "ns/a", Fatal: true},
 		Action{At: at(62), Kind: "agent-kill", Node: "n1"}, Action{At: at(64), Kind: "agent-started", Ends: "agent-kill"},
 		Action{At: at(63), Kind: "eviction-request", VM: "ns/a"})
+	h.Served = true
+	h.Answers = append(h.Answers, Answer{At: at(90), VM: "ns/a", Boot: "b2", Counter: 20})
 	faults := map[string]bool{"agent-kill": true, "qemu-kill": true}
 	r := Summarise(h, DefaultLimits(), faults)
 	var b bytes.Buffer
@@ -323,6 +343,7 @@ func TestTheReportSaysWhatHappened(t *testing.T) {
 		"longest stop a guest saw: 500ms (VM ns/a, instance i1",
 		"VMs lost: 0",
 		"two-copy events: 0",
+		"answers through Services: 4",
 		"settle after the last fault (05:01:04): 1s",
 		"violations: 0",
 	} {
