@@ -56,14 +56,17 @@ const (
 	// soakConsolePoll and soakAPIPoll are how often the soak reads the consoles and the API.
 	soakConsolePoll = 500 * time.Millisecond
 	soakAPIPoll     = 2 * time.Second
+	// soakAnswerPoll is how often the soak asks each VM's Service.
+	soakAnswerPoll = time.Second
 )
 
 // TestSoak carries out a seed's plan (package soak: node-pressure evictions, drains, API
 // evictions, EvictionRequests, manual migrations, restarts, stops and starts, configuration
 // changes; agents, the controller, launchers' libvirt daemons and QEMUs killed, nodes frozen,
 // nodes lost and tainted out of service, the migration network between two nodes cut or slowed) on LiveMigrate VMs that
-// count on their consoles and keep journals on shared disks, on three emulated nodes, while it
-// records what a user sees (the consoles, the journals, the API); then it lets the cluster
+// count on their consoles, keep journals on shared disks and answer on the pod network through
+// Services, on three emulated nodes, while it records what a user sees (the consoles, the
+// journals, the answers through the Services, the API); then it lets the cluster
 // settle, prints the report, and fails on every violation the independent checker (package
 // check) finds. make test runs a short one; make soak any: SOAK_DURATION, SOAK_SEED, SOAK_VMS.
 func TestSoak(t *testing.T) {
@@ -75,25 +78,33 @@ func TestSoak(t *testing.T) {
 
 	setConfig(t, true)
 	ctrl := startControllerWithWebhook(t)
-	nodes := startNodes(t, soakNodes, func(c *node.Config) { c.EvictionMaxPodGracePeriod = soakGrace })
+	// The VMs answer on the pod network, each through a Service of its own, as kube-proxy routes it.
+	pods := node.NewTestNetwork(t)
+	nodes := startNodes(t, soakNodes, node.OnNetwork(pods), func(c *node.Config) { c.EvictionMaxPodGracePeriod = soakGrace })
+	proxy, err := controlplane.EnsureKubeProxy(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.StartTestServiceProxy(t, pods, proxy, cluster.Kubeconfig, nodes[0].Name())
 	ns := testNamespace(t)
-	network := soakNetworkFaults(t, nodes)
-	r := &soakRun{t: t, ns: ns, nodes: nodes, ctrl: ctrl, network: network, vmOf: map[string]string{}, cordoned: map[string]bool{},
+	r := &soakRun{t: t, ns: ns, nodes: nodes, ctrl: ctrl, network: soakNetworkFaults(t, nodes), pods: pods, services: map[string]string{}, answering: map[string]time.Time{}, vmOf: map[string]string{}, cordoned: map[string]bool{},
 		seenErrors: map[string]bool{}, journal: map[string]int{}, skipped: map[soak.Kind]int{},
 		counting: map[string]time.Time{}, lastCounter: map[string]int{}}
 	for i := range *soakVMs {
 		name := fmt.Sprintf("soak-%d", i)
 		createClaim(t, ns, name, corev1.ReadWriteMany)
-		template := newVMI(name, withClaimDisk(name), strategy(v1alpha1.EvictionStrategyLiveMigrate),
+		template := newVMI(name, withClaimDisk(name), strategy(v1alpha1.EvictionStrategyLiveMigrate), withPodNetwork,
 			func(v *v1alpha1.VirtualMachineInstance) {
 				v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](soakGrace)
 			})
 		vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.VirtualMachineSpec{
 			RunStrategy: v1alpha1.RunStrategyAlways,
-			Template:    v1alpha1.VirtualMachineInstanceTemplateSpec{Spec: template.Spec}}}
+			Template: v1alpha1.VirtualMachineInstanceTemplateSpec{ObjectMeta: v1alpha1.TemplateMeta{Labels: map[string]string{"app": name}},
+				Spec: template.Spec}}}
 		if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(ns).Create(context.Background(), vm, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		r.services[name] = createService(t, ns, name)
 		r.vms = append(r.vms, name)
 	}
 	for _, name := range r.vms {
@@ -105,10 +116,14 @@ func TestSoak(t *testing.T) {
 	observers.Add(2)
 	go func() { defer observers.Done(); r.observeAPI(ctx) }()
 	go func() { defer observers.Done(); r.observeConsoles(ctx) }()
+	for _, name := range r.vms {
+		observers.Go(func() { r.observeService(ctx, name) })
+	}
 	defer func() { cancel(); observers.Wait() }()
-	// Every guest counts before the first step, so that its boot is not taken for a stop.
+	// Every guest counts, and answers through its Service, before the first step, so that its
+	// boot is not taken for a stop.
 	if err := wait.PollUntilContextTimeout(context.Background(), time.Second, bootTimeout, true, func(context.Context) (bool, error) {
-		return r.allCounting(), nil
+		return r.allCounting() && r.allAnswering(), nil
 	}); err != nil {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -119,7 +134,8 @@ func TestSoak(t *testing.T) {
 				t.Logf("console %s:\n%s", p, tail(string(b), 5))
 			}
 		}
-		t.Fatalf("not every guest counts on its console within %s: instances %v, last counters %v", bootTimeout, r.vmOf, r.lastCounter)
+		t.Fatalf("not every guest counts on its console and answers through its Service within %s: instances %v, last counters %v, last answers %v",
+			bootTimeout, r.vmOf, r.lastCounter, r.answering)
 	}
 
 	start := time.Now()
@@ -150,6 +166,9 @@ func TestSoak(t *testing.T) {
 		if !r.allCounting() {
 			return errors.New("a guest stopped counting")
 		}
+		if !r.allAnswering() {
+			return errors.New("a guest stopped answering through its Service")
+		}
 		return nil
 	})
 	cancel()
@@ -158,6 +177,7 @@ func TestSoak(t *testing.T) {
 	h := r.history()
 	last := h.Snapshots[len(h.Snapshots)-1]
 	h.Settled = &last
+	h.Served = true
 	faults := map[string]bool{}
 	for k := range soak.Faults {
 		faults[string(k)] = true
@@ -180,6 +200,9 @@ type soakRun struct {
 	nodes []*testNode
 	ctrl  *webhookController
 	vms   []string
+	// pods is the pod network; services the address of each VM's Service on it.
+	pods     *node.Network
+	services map[string]string
 	// network cuts or slows the migration network between two nodes' agents; nil where the
 	// machine cannot (the soak skips those faults).
 	network *netfault.Faults
@@ -195,13 +218,15 @@ type soakRun struct {
 	journal     map[string]int  // each stream's last journal length recorded
 	skipped     map[soak.Kind]int
 	counting    map[string]time.Time // VM → when its counter last rose
+	answers     []check.Answer
+	answering   map[string]time.Time // VM → when it last answered through its Service
 	lastCounter map[string]int       // each stream's last counter
 }
 
 func (r *soakRun) history() check.History {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return check.History{Consoles: r.consoles, Journals: r.journals, Snapshots: r.snapshots, Actions: r.actions}
+	return check.History{Consoles: r.consoles, Journals: r.journals, Snapshots: r.snapshots, Actions: r.actions, Answers: r.answers}
 }
 
 // record notes an action the soak took.
@@ -337,6 +362,36 @@ func (r *soakRun) readConsole(nodeName, instance, path string) {
 	r.lastCounter[stream] = counter
 }
 
+// observeService asks the VM's Service every soakAnswerPoll, as a client would, and records each
+// answer: the boot that answered and its counter (which of the VM's pods answered, a client cannot tell).
+func (r *soakRun) observeService(ctx context.Context, name string) {
+	vm := r.ns + "/" + name
+	_ = wait.PollUntilContextCancel(ctx, soakAnswerPoll, true, func(ctx context.Context) (bool, error) {
+		boot, counter, err := askGuest(ctx, r.pods, r.services[name])
+		if err != nil {
+			return false, nil
+		}
+		now := time.Now()
+		r.mu.Lock()
+		r.answers = append(r.answers, check.Answer{At: now, VM: vm, Boot: boot, Counter: counter})
+		r.answering[vm] = now
+		r.mu.Unlock()
+		return false, nil
+	})
+}
+
+// allAnswering says every VM answered through its Service within the last few seconds.
+func (r *soakRun) allAnswering() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, vm := range r.vms {
+		if time.Since(r.answering[r.ns+"/"+vm]) > 5*time.Second {
+			return false
+		}
+	}
+	return true
+}
+
 // allCounting says every VM's counter rose within the last few seconds, on whichever console.
 func (r *soakRun) allCounting() bool {
 	r.mu.Lock()
@@ -367,7 +422,7 @@ func (r *soakRun) settled(since time.Time) bool {
 			return false
 		}
 	}
-	return r.allCounting()
+	return r.allCounting() && r.allAnswering()
 }
 
 // do carries out one step; a step with an end (For) ends in a goroutine ends waits for.
