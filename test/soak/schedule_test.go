@@ -99,7 +99,7 @@ func TestAnHoursPlanDoesEveryKind(t *testing.T) {
 	for _, s := range Plan(1, time.Hour, 6, 3, DefaultPace) {
 		seen[s.Kind]++
 	}
-	kinds := []Kind{EvictionRequest, NodeLost, NetworkCut, NetworkSlow}
+	kinds := []Kind{EvictionRequest, NodeLost, NetworkCut, NetworkSlow, APIServerRestart, EtcdRestart}
 	for _, w := range append(append([]weighted(nil), operations...), faults...) {
 		kinds = append(kinds, w.kind)
 	}
