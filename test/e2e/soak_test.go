@@ -89,7 +89,7 @@ func TestSoak(t *testing.T) {
 	ns := testNamespace(t)
 	r := &soakRun{t: t, ns: ns, nodes: nodes, ctrl: ctrl, network: soakNetworkFaults(t, nodes), pods: pods, services: map[string]string{}, answering: map[string]time.Time{}, vmOf: map[string]string{}, cordoned: map[string]bool{},
 		seenErrors: map[string]bool{}, journal: map[string]int{}, skipped: map[soak.Kind]int{},
-		counting: map[string]time.Time{}, lastCounter: map[string]int{}}
+		counting: map[string]time.Time{}, countingInstance: map[string]string{}, lastCounter: map[string]int{}}
 	for i := range *soakVMs {
 		name := fmt.Sprintf("soak-%d", i)
 		createClaim(t, ns, name, corev1.ReadWriteMany)
@@ -161,6 +161,8 @@ func TestSoak(t *testing.T) {
 	} else {
 		t.Logf("soak: settled %s after the plan's end", time.Since(settled).Round(time.Second))
 	}
+	// The report, also when the check below fails.
+	defer r.report()
 	// Settled must stay settled: a copy that resumes late, or a guest that stops, shows here.
 	kubewait.Consistently(t, 20*time.Second, "every LiveMigrate VM running once settled", func(context.Context) error {
 		if !r.allCounting() {
@@ -173,7 +175,11 @@ func TestSoak(t *testing.T) {
 	})
 	cancel()
 	observers.Wait()
+}
 
+// report prints the checker's report on what the soak recorded, its last snapshot taken as the
+// settled one, and fails the test on each violation.
+func (r *soakRun) report() {
 	h := r.history()
 	last := h.Snapshots[len(h.Snapshots)-1]
 	h.Settled = &last
@@ -186,10 +192,10 @@ func TestSoak(t *testing.T) {
 	var out bytes.Buffer
 	fmt.Fprintf(&out, "soak: seed %d, duration %s, %d VMs, %d nodes; steps skipped (nothing to act on): %v\n", *soakSeed, *soakDuration, *soakVMs, soakNodes, r.skipped)
 	report.Print(&out)
-	t.Log("\n" + out.String())
+	r.t.Log("\n" + out.String())
 	fmt.Print(out.String())
 	for _, v := range report.Violations {
-		t.Errorf("violation: %s", v)
+		r.t.Errorf("violation: %s", v)
 	}
 }
 
@@ -207,20 +213,22 @@ type soakRun struct {
 	// machine cannot (the soak skips those faults).
 	network *netfault.Faults
 
-	mu          sync.Mutex
-	consoles    []check.Console
-	journals    []check.Journal
-	snapshots   []check.Snapshot
-	actions     []check.Action
-	vmOf        map[string]string // VMI UID → VM (namespace/name)
-	cordoned    map[string]bool
-	seenErrors  map[string]bool // console streams' error lines already recorded
-	journal     map[string]int  // each stream's last journal length recorded
-	skipped     map[soak.Kind]int
-	counting    map[string]time.Time // VM → when its counter last rose
-	answers     []check.Answer
-	answering   map[string]time.Time // VM → when it last answered through its Service
-	lastCounter map[string]int       // each stream's last counter
+	mu         sync.Mutex
+	consoles   []check.Console
+	journals   []check.Journal
+	snapshots  []check.Snapshot
+	actions    []check.Action
+	vmOf       map[string]string // VMI UID → VM (namespace/name)
+	cordoned   map[string]bool
+	seenErrors map[string]bool // console streams' error lines already recorded
+	journal    map[string]int  // each stream's last journal length recorded
+	skipped    map[soak.Kind]int
+	counting   map[string]time.Time // VM → when its counter last rose
+	// countingInstance is, for each VM, the instance whose counter rose last.
+	countingInstance map[string]string
+	answers          []check.Answer
+	answering        map[string]time.Time // VM → when it last answered through its Service
+	lastCounter      map[string]int       // each stream's last counter
 }
 
 func (r *soakRun) history() check.History {
@@ -358,6 +366,7 @@ func (r *soakRun) readConsole(nodeName, instance, path string) {
 	}
 	if counter > r.lastCounter[stream] {
 		r.counting[vm] = now
+		r.countingInstance[vm] = instance
 	}
 	r.lastCounter[stream] = counter
 }
@@ -417,11 +426,16 @@ func (r *soakRun) settled(since time.Time) bool {
 	if !s.At.After(since) || len(s.Holds) > 0 {
 		return false
 	}
+	r.mu.Lock()
 	for _, vm := range s.VMs {
-		if vm.WantRunning && vm.Phase != string(v1alpha1.VMIRunning) {
+		// The instance that counts must be the one the API shows: an instance restarted just
+		// before the plan's end still counts for a moment.
+		if vm.WantRunning && (vm.Phase != string(v1alpha1.VMIRunning) || r.countingInstance[vm.Name] != vm.Instance) {
+			r.mu.Unlock()
 			return false
 		}
 	}
+	r.mu.Unlock()
 	return r.allCounting() && r.allAnswering()
 }
 
