@@ -36,9 +36,9 @@ import (
 )
 
 var (
-	// make test runs the short soak: seed 47, three minutes (two restarts, a manual, a
-	// node-pressure and an API-eviction migration, configuration changes, the controller killed, a
-	// node frozen); make soak a longer one.
+	// make test runs the short soak: seed 47, three minutes (two restarts, a manual migration, a
+	// node-pressure eviction and an EvictionRequest, configuration changes, the controller killed,
+	// a node frozen); make soak a longer one.
 	soakDuration = flag.Duration("soak-duration", 3*time.Minute, "how long TestSoak breaks things (its last quarter is left to settle)")
 	soakSeed     = flag.Uint64("soak-seed", 47, "the seed of TestSoak's plan: the same seed replays the same operations and faults")
 	soakVMs      = flag.Int("soak-vms", 3, "VMs TestSoak runs")
@@ -63,12 +63,12 @@ const (
 // evictions, EvictionRequests, manual migrations, restarts, stops and starts, configuration
 // changes; agents, the controller, launchers' libvirt daemons and QEMUs killed, nodes frozen,
 // nodes lost and tainted out of service, the migration network between two nodes cut or slowed,
-// kube-apiserver and etcd restarted) on LiveMigrate VMs that
-// count on their consoles, keep journals on shared disks and answer on the pod network through
-// Services, on three emulated nodes, while it records what a user sees (the consoles, the
-// journals, the answers through the Services, the API); then it lets the cluster
-// settle, prints the report, and fails on every violation the independent checker (package
-// check) finds. make test runs a short one; make soak any: SOAK_DURATION, SOAK_SEED, SOAK_VMS.
+// kube-apiserver and etcd restarted) on LiveMigrate VMs that count on their consoles, keep
+// journals on shared disks and answer on the pod network through Services, on three emulated
+// nodes, while it records what a user sees (the consoles, the journals, the answers through the
+// Services, the API); then it lets the cluster settle, prints the report, and fails on every
+// violation the independent checker (package check) finds. make test runs a short one; make
+// soak any: SOAK_DURATION, SOAK_SEED, SOAK_VMS.
 func TestSoak(t *testing.T) {
 	plan := soak.Plan(*soakSeed, *soakDuration, *soakVMs, soakNodes, soak.DefaultPace)
 	t.Logf("soak: seed %d, %s, %d VMs on %d nodes, %d steps", *soakSeed, *soakDuration, *soakVMs, soakNodes, len(plan))
@@ -87,7 +87,8 @@ func TestSoak(t *testing.T) {
 	}
 	node.StartTestServiceProxy(t, pods, proxy, cluster.Kubeconfig, nodes[0].Name())
 	ns := testNamespace(t)
-	r := &soakRun{t: t, ns: ns, nodes: nodes, ctrl: ctrl, network: soakNetworkFaults(t, nodes), pods: pods, services: map[string]string{}, answering: map[string]time.Time{}, vmOf: map[string]string{}, cordoned: map[string]bool{},
+	r := &soakRun{t: t, ns: ns, nodes: nodes, ctrl: ctrl, network: soakNetworkFaults(t, nodes), pods: pods,
+		services: map[string]string{}, answering: map[string]time.Time{}, vmOf: map[string]string{}, cordoned: map[string]bool{},
 		seenErrors: map[string]bool{}, journal: map[string]int{}, skipped: map[soak.Kind]int{},
 		counting: map[string]time.Time{}, countingInstance: map[string]string{}, lastCounter: map[string]int{}}
 	for i := range *soakVMs {
