@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -169,8 +170,8 @@ func TestSoak(t *testing.T) {
 		if !r.allCounting() {
 			return errors.New("a guest stopped counting")
 		}
-		if !r.allAnswering() {
-			return errors.New("a guest stopped answering through its Service")
+		if silent := r.silent(); silent != "" {
+			return fmt.Errorf("a guest stopped answering through its Service: %s", silent)
 		}
 		return nil
 	})
@@ -391,15 +392,20 @@ func (r *soakRun) observeService(ctx context.Context, name string) {
 }
 
 // allAnswering says every VM answered through its Service within the last few seconds.
-func (r *soakRun) allAnswering() bool {
+func (r *soakRun) allAnswering() bool { return r.silent() == "" }
+
+// silent names the VMs that have not answered through their Services within the last few
+// seconds, with their last answers; empty if none.
+func (r *soakRun) silent() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	var out []string
 	for _, vm := range r.vms {
-		if time.Since(r.answering[r.ns+"/"+vm]) > 5*time.Second {
-			return false
+		if last := r.answering[r.ns+"/"+vm]; time.Since(last) > 5*time.Second {
+			out = append(out, fmt.Sprintf("%s (last answer %s)", vm, last.UTC().Format("15:04:05.000")))
 		}
 	}
-	return true
+	return strings.Join(out, ", ")
 }
 
 // allCounting says every VM's counter rose within the last few seconds, on whichever console.
