@@ -685,7 +685,7 @@ func (r *soakRun) followEvictionRequest(erc *evictionrequest.Controller, pod *co
 }
 
 // loseNode carries a NodeLost fault through, within: the frozen node found NotReady, tainted out
-// of service, its VMs' new instances running elsewhere, the node resumed (its old QEMUs must end,
+// of service, its VMs' new instances running and counting elsewhere, the node resumed (its old QEMUs must end,
 // and the checker's consoles show whether they counted beside the new copies), the taint removed.
 func (r *soakRun) loseNode(n *testNode, stopped []int, within time.Duration) {
 	ctx := context.Background()
@@ -729,17 +729,25 @@ func (r *soakRun) loseNode(n *testNode, stopped []int, within time.Duration) {
 	r.t.Logf("soak: node %s NotReady; its instances: %v", n.Name(), old)
 	r.record(check.Action{Kind: "node-out-of-service", Node: n.Name(), Fatal: true, Ends: string(soak.NodeLost)})
 	r.setOutOfService(n.Name(), true)
+	// Back: a new instance runs elsewhere and its guest counts, so that the old one, resumed,
+	// would count beside it.
 	back := wait.PollUntilContextTimeout(ctx, soakAPIPoll, time.Until(deadline.Add(-30*time.Second)), true, func(ctx context.Context) (bool, error) {
 		for name, uid := range old {
 			v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(r.ns).Get(ctx, name, metav1.GetOptions{})
 			if err != nil || v.UID == uid || !running(v) || v.Status.NodeName == n.Name() {
 				return false, nil
 			}
+			r.mu.Lock()
+			counts := r.countingInstance[r.ns+"/"+name] == string(v.UID) && time.Since(r.counting[r.ns+"/"+name]) < 5*time.Second
+			r.mu.Unlock()
+			if !counts {
+				return false, nil
+			}
 		}
 		return true, nil
 	})
 	if back != nil {
-		r.t.Errorf("soak: the VMs of out-of-service node %s (%v) did not all run elsewhere within %s of its freeze", n.Name(), old, within)
+		r.t.Errorf("soak: the VMs of out-of-service node %s (%v) did not all run and count elsewhere within %s of its freeze", n.Name(), old, within)
 	}
 	thaw()
 	thawed := time.Now()
