@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -80,7 +81,9 @@ type ControlPlane struct {
 	// client certificate.
 	WebhookAddressWithoutClientCert string
 
-	pki   pki
+	pki pki
+	// mu guards procs: a test may kill and start a component again while others read them.
+	mu    sync.Mutex
 	procs []*Process
 	// serviceAccounts: the controller manager runs and gives each namespace its default one.
 	serviceAccounts bool
@@ -205,6 +208,8 @@ func (cp *ControlPlane) bindKubeletClient(ctx context.Context) error {
 
 // Stop ends every component and removes the control plane's directory.
 func (cp *ControlPlane) Stop() {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
 	for i := len(cp.procs) - 1; i >= 0; i-- {
 		cp.procs[i].Stop(10 * time.Second)
 	}
@@ -226,6 +231,8 @@ func (cp *ControlPlane) Kubectl(ctx context.Context, args ...string) (string, er
 
 // LogTail returns the end of a component's log ("etcd", "kube-apiserver", ...), for failure messages.
 func (cp *ControlPlane) LogTail(component string) string {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
 	for _, p := range cp.procs {
 		if p.name == component {
 			return p.LogTail()
@@ -237,9 +244,67 @@ func (cp *ControlPlane) LogTail(component string) string {
 func (cp *ControlPlane) start(name, path string, args ...string) (*Process, error) {
 	p, err := StartProcess(cp.Dir, name, path, args...)
 	if p != nil {
+		cp.mu.Lock()
 		cp.procs = append(cp.procs, p)
+		cp.mu.Unlock()
 	}
 	return p, err
+}
+
+// Kill ends a component ("etcd", "kube-apiserver", ...) at once, as a crash would; StartAgain
+// starts it again. Every client of the control plane meets the outage: only a test that has it
+// to itself (the tests of a package run one at a time) may.
+func (cp *ControlPlane) Kill(component string) error {
+	p := cp.component(component)
+	if p == nil {
+		return fmt.Errorf("the control plane has no component %s", component)
+	}
+	p.Kill()
+	return nil
+}
+
+// StartAgain starts a killed component again with its command line (its ports, its data) and
+// waits until the API server is ready. A port another process took meanwhile makes it exit at
+// once: it is tried a few times.
+func (cp *ControlPlane) StartAgain(ctx context.Context, component string) error {
+	old := cp.component(component)
+	if old == nil {
+		return fmt.Errorf("the control plane has no component %s", component)
+	}
+	if !old.Exited() {
+		return fmt.Errorf("%s still runs", component)
+	}
+	var err error
+	for range 3 {
+		var p *Process
+		if p, err = StartProcessWithEnv(cp.Dir, component, old.cmd.Env, old.cmd.Path, old.cmd.Args[1:]...); err != nil {
+			return err
+		}
+		cp.mu.Lock()
+		for i := range cp.procs {
+			if cp.procs[i] == old {
+				cp.procs[i] = p
+			}
+		}
+		cp.mu.Unlock()
+		old = p
+		if err = cp.waitReady(ctx); err == nil || !p.Exited() {
+			return err
+		}
+	}
+	return err
+}
+
+// component is the running or last run process of the named component; nil if none.
+func (cp *ControlPlane) component(name string) *Process {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	for _, p := range cp.procs {
+		if p.name == name {
+			return p
+		}
+	}
+	return nil
 }
 
 func (cp *ControlPlane) startEtcd() (string, error) {
@@ -470,6 +535,8 @@ func (cp *ControlPlane) anyExited() bool { return cp.exitedError() != nil }
 
 // exitedError describes the first component that has exited, with the end of its log.
 func (cp *ControlPlane) exitedError() error {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
 	for _, p := range cp.procs {
 		if p.Exited() {
 			return p.ExitError()

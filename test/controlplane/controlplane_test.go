@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
@@ -167,6 +168,42 @@ func TestStopRemovesEverything(t *testing.T) {
 	}
 	cp.Stop()
 	assertGone(t, r)
+}
+
+// A killed etcd or kube-apiserver started again serves what was written before, on the same
+// address: clients need nothing new.
+func TestAKilledComponentStartsAgain(t *testing.T) {
+	ctx := context.Background()
+	cp, err := Start(ctx, Options{WithoutControllerManager: true, WithoutScheduler: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Stop)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "before", Namespace: "default"}, Data: map[string]string{"k": "v"}}
+	if _, err := cp.Kube.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, component := range []string{"kube-apiserver", "etcd"} {
+		if err := cp.Kill(component); err != nil {
+			t.Fatal(err)
+		}
+		down, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if _, err := cp.Kube.CoreV1().ConfigMaps("default").Get(down, "before", metav1.GetOptions{}); err == nil {
+			t.Errorf("with %s killed, the API still answers", component)
+		}
+		cancel()
+		if err := cp.StartAgain(ctx, component); err != nil {
+			t.Fatalf("starting %s again: %v", component, err)
+		}
+		// etcd back: the API server reconnects within its retries.
+		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			got, err := cp.Kube.CoreV1().ConfigMaps("default").Get(ctx, "before", metav1.GetOptions{})
+			return err == nil && got.Data["k"] == "v", nil
+		})
+		if err != nil {
+			t.Fatalf("after %s started again, what was written before is not served: %v", component, err)
+		}
+	}
 }
 
 func TestTeardownAfterAFailingTest(t *testing.T) {

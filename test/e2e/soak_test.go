@@ -6,8 +6,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -15,25 +18,28 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/responder"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
+	"github.com/lifeboat-vm/lifeboat/test/evictionrequest"
 	"github.com/lifeboat-vm/lifeboat/test/kubewait"
+	"github.com/lifeboat-vm/lifeboat/test/netfault"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 	"github.com/lifeboat-vm/lifeboat/test/soak"
 	"github.com/lifeboat-vm/lifeboat/test/soak/check"
 )
 
 var (
-	// make test runs the short soak: seed 47, three minutes (two restarts, a manual, a
-	// node-pressure and an API-eviction migration, configuration changes, the controller killed, a
-	// node frozen); make soak a longer one.
+	// make test runs the short soak: seed 47, three minutes (two restarts, a manual migration, a
+	// node-pressure eviction and an EvictionRequest, configuration changes, the controller killed,
+	// a node frozen); make soak a longer one.
 	soakDuration = flag.Duration("soak-duration", 3*time.Minute, "how long TestSoak breaks things (its last quarter is left to settle)")
 	soakSeed     = flag.Uint64("soak-seed", 47, "the seed of TestSoak's plan: the same seed replays the same operations and faults")
 	soakVMs      = flag.Int("soak-vms", 3, "VMs TestSoak runs")
@@ -50,15 +56,23 @@ const (
 	// soakConsolePoll and soakAPIPoll are how often the soak reads the consoles and the API.
 	soakConsolePoll = 500 * time.Millisecond
 	soakAPIPoll     = 2 * time.Second
+	// soakAnswerPoll is how often the soak asks each VM's Service.
+	soakAnswerPoll = time.Second
+	// soakCalm is how long the cluster must look settled before it counts as settled: longer
+	// than the 5 s a guest that stopped still counts as counting and answering.
+	soakCalm = 10 * time.Second
 )
 
 // TestSoak carries out a seed's plan (package soak: node-pressure evictions, drains, API
-// evictions, manual migrations, restarts, stops and starts, configuration changes; agents, the
-// controller, launchers' libvirt daemons and QEMUs killed, nodes frozen) on LiveMigrate VMs that
-// count on their consoles and keep journals on shared disks, on three emulated nodes, while it
-// records what a user sees (the consoles, the journals, the API); then it lets the cluster
-// settle, prints the report, and fails on every violation the independent checker (package
-// check) finds. make test runs a short one; make soak any: SOAK_DURATION, SOAK_SEED, SOAK_VMS.
+// evictions, EvictionRequests, manual migrations, restarts, stops and starts, configuration
+// changes; agents, the controller, launchers' libvirt daemons and QEMUs killed, nodes frozen,
+// nodes lost and tainted out of service, the migration network between two nodes cut or slowed,
+// kube-apiserver and etcd restarted) on LiveMigrate VMs that count on their consoles, keep
+// journals on shared disks and answer on the pod network through Services, on three emulated
+// nodes, while it records what a user sees (the consoles, the journals, the answers through the
+// Services, the API); then it lets the cluster settle, prints the report, and fails on every
+// violation the independent checker (package check) finds. make test runs a short one; make
+// soak any: SOAK_DURATION, SOAK_SEED, SOAK_VMS.
 func TestSoak(t *testing.T) {
 	plan := soak.Plan(*soakSeed, *soakDuration, *soakVMs, soakNodes, soak.DefaultPace)
 	t.Logf("soak: seed %d, %s, %d VMs on %d nodes, %d steps", *soakSeed, *soakDuration, *soakVMs, soakNodes, len(plan))
@@ -68,24 +82,34 @@ func TestSoak(t *testing.T) {
 
 	setConfig(t, true)
 	ctrl := startControllerWithWebhook(t)
-	nodes := startNodes(t, soakNodes, func(c *node.Config) { c.EvictionMaxPodGracePeriod = soakGrace })
+	// The VMs answer on the pod network, each through a Service of its own, as kube-proxy routes it.
+	pods := node.NewTestNetwork(t)
+	nodes := startNodes(t, soakNodes, node.OnNetwork(pods), func(c *node.Config) { c.EvictionMaxPodGracePeriod = soakGrace })
+	proxy, err := controlplane.EnsureKubeProxy(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.StartTestServiceProxy(t, pods, proxy, cluster.Kubeconfig, nodes[0].Name())
 	ns := testNamespace(t)
-	r := &soakRun{t: t, ns: ns, nodes: nodes, ctrl: ctrl, vmOf: map[string]string{}, cordoned: map[string]bool{},
+	r := &soakRun{t: t, ns: ns, nodes: nodes, ctrl: ctrl, network: soakNetworkFaults(t, nodes), pods: pods,
+		services: map[string]string{}, answering: map[string]time.Time{}, vmOf: map[string]string{}, cordoned: map[string]bool{},
 		seenErrors: map[string]bool{}, journal: map[string]int{}, skipped: map[soak.Kind]int{},
-		counting: map[string]time.Time{}, lastCounter: map[string]int{}}
+		counting: map[string]time.Time{}, countingInstance: map[string]string{}, lastCounter: map[string]int{}}
 	for i := range *soakVMs {
 		name := fmt.Sprintf("soak-%d", i)
 		createClaim(t, ns, name, corev1.ReadWriteMany)
-		template := newVMI(name, withClaimDisk(name), strategy(v1alpha1.EvictionStrategyLiveMigrate),
+		template := newVMI(name, withClaimDisk(name), strategy(v1alpha1.EvictionStrategyLiveMigrate), withPodNetwork,
 			func(v *v1alpha1.VirtualMachineInstance) {
 				v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](soakGrace)
 			})
 		vm := &v1alpha1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.VirtualMachineSpec{
 			RunStrategy: v1alpha1.RunStrategyAlways,
-			Template:    v1alpha1.VirtualMachineInstanceTemplateSpec{Spec: template.Spec}}}
+			Template: v1alpha1.VirtualMachineInstanceTemplateSpec{ObjectMeta: v1alpha1.TemplateMeta{Labels: map[string]string{"app": name}},
+				Spec: template.Spec}}}
 		if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(ns).Create(context.Background(), vm, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		r.services[name] = createService(t, ns, name)
 		r.vms = append(r.vms, name)
 	}
 	for _, name := range r.vms {
@@ -97,10 +121,14 @@ func TestSoak(t *testing.T) {
 	observers.Add(2)
 	go func() { defer observers.Done(); r.observeAPI(ctx) }()
 	go func() { defer observers.Done(); r.observeConsoles(ctx) }()
+	for _, name := range r.vms {
+		observers.Go(func() { r.observeService(ctx, name) })
+	}
 	defer func() { cancel(); observers.Wait() }()
-	// Every guest counts before the first step, so that its boot is not taken for a stop.
+	// Every guest counts, and answers through its Service, before the first step, so that its
+	// boot is not taken for a stop.
 	if err := wait.PollUntilContextTimeout(context.Background(), time.Second, bootTimeout, true, func(context.Context) (bool, error) {
-		return r.allCounting(), nil
+		return r.allCounting() && r.allAnswering(), nil
 	}); err != nil {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -111,7 +139,8 @@ func TestSoak(t *testing.T) {
 				t.Logf("console %s:\n%s", p, tail(string(b), 5))
 			}
 		}
-		t.Fatalf("not every guest counts on its console within %s: instances %v, last counters %v", bootTimeout, r.vmOf, r.lastCounter)
+		t.Fatalf("not every guest counts on its console and answers through its Service within %s: instances %v, last counters %v, last answers %v",
+			bootTimeout, r.vmOf, r.lastCounter, r.answering)
 	}
 
 	start := time.Now()
@@ -130,26 +159,46 @@ func TestSoak(t *testing.T) {
 	}
 	t.Logf("soak: the plan is over after %s; settling", time.Since(start).Round(time.Second))
 	settled := time.Now()
+	// Settled once calm for soakCalm: a VMI being deleted, or a guest that has just stopped,
+	// looks settled for a moment.
+	var calm time.Time
 	if err := wait.PollUntilContextTimeout(context.Background(), soakAPIPoll, soakSettle, true, func(context.Context) (bool, error) {
-		return r.settled(settled), nil
+		if !r.settled(settled) {
+			calm = time.Time{}
+			return false, nil
+		}
+		if calm.IsZero() {
+			calm = time.Now()
+		}
+		return time.Since(calm) >= soakCalm, nil
 	}); err != nil {
 		t.Errorf("the cluster did not settle within %s of the plan's end (every LiveMigrate VM Running, nothing held)", soakSettle)
 	} else {
-		t.Logf("soak: settled %s after the plan's end", time.Since(settled).Round(time.Second))
+		t.Logf("soak: settled %s after the plan's end", calm.Sub(settled).Round(time.Second))
 	}
+	// The report, also when the check below fails.
+	defer r.report()
 	// Settled must stay settled: a copy that resumes late, or a guest that stops, shows here.
 	kubewait.Consistently(t, 20*time.Second, "every LiveMigrate VM running once settled", func(context.Context) error {
 		if !r.allCounting() {
 			return errors.New("a guest stopped counting")
 		}
+		if silent := r.silent(); silent != "" {
+			return fmt.Errorf("a guest stopped answering through its Service: %s", silent)
+		}
 		return nil
 	})
 	cancel()
 	observers.Wait()
+}
 
+// report prints the checker's report on what the soak recorded, its last snapshot taken as the
+// settled one, and fails the test on each violation.
+func (r *soakRun) report() {
 	h := r.history()
 	last := h.Snapshots[len(h.Snapshots)-1]
 	h.Settled = &last
+	h.Served = true
 	faults := map[string]bool{}
 	for k := range soak.Faults {
 		faults[string(k)] = true
@@ -158,10 +207,10 @@ func TestSoak(t *testing.T) {
 	var out bytes.Buffer
 	fmt.Fprintf(&out, "soak: seed %d, duration %s, %d VMs, %d nodes; steps skipped (nothing to act on): %v\n", *soakSeed, *soakDuration, *soakVMs, soakNodes, r.skipped)
 	report.Print(&out)
-	t.Log("\n" + out.String())
+	r.t.Log("\n" + out.String())
 	fmt.Print(out.String())
 	for _, v := range report.Violations {
-		t.Errorf("violation: %s", v)
+		r.t.Errorf("violation: %s", v)
 	}
 }
 
@@ -172,25 +221,35 @@ type soakRun struct {
 	nodes []*testNode
 	ctrl  *webhookController
 	vms   []string
+	// pods is the pod network; services the address of each VM's Service on it.
+	pods     *node.Network
+	services map[string]string
+	// network cuts or slows the migration network between two nodes' agents; nil where the
+	// machine cannot (the soak skips those faults).
+	network *netfault.Faults
 
-	mu          sync.Mutex
-	consoles    []check.Console
-	journals    []check.Journal
-	snapshots   []check.Snapshot
-	actions     []check.Action
-	vmOf        map[string]string // VMI UID → VM (namespace/name)
-	cordoned    map[string]bool
-	seenErrors  map[string]bool // console streams' error lines already recorded
-	journal     map[string]int  // each stream's last journal length recorded
-	skipped     map[soak.Kind]int
-	counting    map[string]time.Time // VM → when its counter last rose
-	lastCounter map[string]int       // each stream's last counter
+	mu         sync.Mutex
+	consoles   []check.Console
+	journals   []check.Journal
+	snapshots  []check.Snapshot
+	actions    []check.Action
+	vmOf       map[string]string // VMI UID → VM (namespace/name)
+	cordoned   map[string]bool
+	seenErrors map[string]bool // console streams' error lines already recorded
+	journal    map[string]int  // each stream's last journal length recorded
+	skipped    map[soak.Kind]int
+	counting   map[string]time.Time // VM → when its counter last rose
+	// countingInstance is, for each VM, the instance whose counter rose last.
+	countingInstance map[string]string
+	answers          []check.Answer
+	answering        map[string]time.Time // VM → when it last answered through its Service
+	lastCounter      map[string]int       // each stream's last counter
 }
 
 func (r *soakRun) history() check.History {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return check.History{Consoles: r.consoles, Journals: r.journals, Snapshots: r.snapshots, Actions: r.actions}
+	return check.History{Consoles: r.consoles, Journals: r.journals, Snapshots: r.snapshots, Actions: r.actions, Answers: r.answers}
 }
 
 // record notes an action the soak took.
@@ -266,7 +325,11 @@ func (r *soakRun) list(ctx context.Context) (check.Objects, error) {
 	if err != nil {
 		return o, err
 	}
-	o.VMs, o.VMIs, o.Migrations, o.Pods, o.Budgets = vms.Items, vmis.Items, migrations.Items, pods.Items, budgets.Items
+	evictions, err := cluster.Kube.LifecycleV1alpha1().Evictions(r.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return o, err
+	}
+	o.VMs, o.VMIs, o.Migrations, o.Pods, o.Budgets, o.Evictions = vms.Items, vmis.Items, migrations.Items, pods.Items, budgets.Items, evictions.Items
 	for _, n := range nodes.Items {
 		for _, tn := range r.nodes {
 			if n.Name == tn.Name() {
@@ -318,8 +381,44 @@ func (r *soakRun) readConsole(nodeName, instance, path string) {
 	}
 	if counter > r.lastCounter[stream] {
 		r.counting[vm] = now
+		r.countingInstance[vm] = instance
 	}
 	r.lastCounter[stream] = counter
+}
+
+// observeService asks the VM's Service every soakAnswerPoll, as a client would, and records each
+// answer: the boot that answered and its counter (which of the VM's pods answered, a client cannot tell).
+func (r *soakRun) observeService(ctx context.Context, name string) {
+	vm := r.ns + "/" + name
+	_ = wait.PollUntilContextCancel(ctx, soakAnswerPoll, true, func(ctx context.Context) (bool, error) {
+		boot, counter, err := askGuest(ctx, r.pods, r.services[name])
+		if err != nil {
+			return false, nil
+		}
+		now := time.Now()
+		r.mu.Lock()
+		r.answers = append(r.answers, check.Answer{At: now, VM: vm, Boot: boot, Counter: counter})
+		r.answering[vm] = now
+		r.mu.Unlock()
+		return false, nil
+	})
+}
+
+// allAnswering says every VM answered through its Service within the last few seconds.
+func (r *soakRun) allAnswering() bool { return r.silent() == "" }
+
+// silent names the VMs that have not answered through their Services within the last few
+// seconds, with their last answers; empty if none.
+func (r *soakRun) silent() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, vm := range r.vms {
+		if last := r.answering[r.ns+"/"+vm]; time.Since(last) > 5*time.Second {
+			out = append(out, fmt.Sprintf("%s (last answer %s)", vm, last.UTC().Format("15:04:05.000")))
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // allCounting says every VM's counter rose within the last few seconds, on whichever console.
@@ -347,12 +446,17 @@ func (r *soakRun) settled(since time.Time) bool {
 	if !s.At.After(since) || len(s.Holds) > 0 {
 		return false
 	}
+	r.mu.Lock()
 	for _, vm := range s.VMs {
-		if vm.WantRunning && vm.Phase != string(v1alpha1.VMIRunning) {
+		// The instance that counts must be the one the API shows: an instance restarted just
+		// before the plan's end still counts for a moment.
+		if vm.WantRunning && (vm.Phase != string(v1alpha1.VMIRunning) || r.countingInstance[vm.Name] != vm.Instance) {
+			r.mu.Unlock()
 			return false
 		}
 	}
-	return r.allCounting()
+	r.mu.Unlock()
+	return r.allCounting() && r.allAnswering()
 }
 
 // do carries out one step; a step with an end (For) ends in a goroutine ends waits for.
@@ -424,6 +528,20 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 		if err := cluster.Kube.CoreV1().Pods(r.ns).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace}}); err != nil {
 			r.t.Logf("soak: the API eviction of %s: %v", pod.Name, err)
 		}
+	case soak.EvictionRequest:
+		pod, tn := r.runningPod(name)
+		if pod == nil {
+			r.skip(s, "the VM has no running launcher pod")
+			return
+		}
+		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: tn.Name()})
+		erc, err := evictionrequest.Request(ctx, cluster.Kube, pod, soakRequester)
+		if err != nil {
+			r.t.Logf("soak: asking the eviction of %s: %v", pod.Name, err)
+			return
+		}
+		ends.Add(1)
+		go func() { defer ends.Done(); r.followEvictionRequest(erc, pod) }()
 	case soak.ManualMigration:
 		r.record(check.Action{Kind: string(s.Kind), VM: vmName})
 		_, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(r.ns).Create(ctx, &v1alpha1.VirtualMachineInstanceMigration{
@@ -489,8 +607,198 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 			r.record(check.Action{Kind: "node-thaw", Node: n.Name(), Ends: string(s.Kind)})
 			thawNode(n, stopped)
 		})
+	case soak.NetworkCut, soak.NetworkSlow:
+		if r.network == nil {
+			r.skip(s, "network faults need root, cgroup v2 and nftables")
+			return
+		}
+		a, b := r.migratingPair()
+		if a == nil {
+			a, b = n, r.nodes[(s.Node+1)%len(r.nodes)]
+		}
+		r.record(check.Action{Kind: string(s.Kind), Node: a.Name() + "," + b.Name()})
+		for _, way := range [][2]*testNode{{a, b}, {b, a}} {
+			to := netip.MustParseAddr(way[1].Address())
+			var err error
+			if s.Kind == soak.NetworkCut {
+				err = r.network.Cut(way[0].Name(), to)
+			} else {
+				err = r.network.Slow(way[0].Name(), uint64(s.Value)<<10, to)
+			}
+			if err != nil {
+				r.t.Errorf("soak: %s from %s to %s: %v", s.Kind, way[0].Name(), way[1].Name(), err)
+			}
+		}
+		later(func() {
+			r.record(check.Action{Kind: "network-healed", Node: a.Name() + "," + b.Name(), Ends: string(s.Kind)})
+			if err := r.network.Heal(); err != nil {
+				r.t.Errorf("soak: healing the network: %v", err)
+			}
+		})
+	case soak.APIServerRestart, soak.EtcdRestart:
+		component := map[soak.Kind]string{soak.APIServerRestart: "kube-apiserver", soak.EtcdRestart: "etcd"}[s.Kind]
+		r.record(check.Action{Kind: string(s.Kind)})
+		if err := cluster.Kill(component); err != nil {
+			r.t.Errorf("soak: killing %s: %v", component, err)
+			return
+		}
+		later(func() {
+			r.record(check.Action{Kind: component + "-started", Ends: string(s.Kind)})
+			if err := cluster.StartAgain(ctx, component); err != nil {
+				r.t.Errorf("soak: starting %s again: %v", component, err)
+			}
+		})
+	case soak.NodeLost:
+		// The node of the step's VM, when it runs: a lost node with a guest on it.
+		if _, tn := r.runningPod(name); tn != nil {
+			n = tn
+		}
+		r.record(check.Action{Kind: string(s.Kind), Node: n.Name()})
+		stopped := freezeNode(r.t, n)
+		ends.Add(1)
+		go func() { defer ends.Done(); r.loseNode(n, stopped, s.For) }()
 	default:
 		r.t.Fatalf("the soak cannot do %s", s.Kind)
+	}
+}
+
+// soakRequester is the requester of the soak's EvictionRequests.
+const soakRequester = "soak.lifeboat.example/requester"
+
+// soakEvictionWait is how long the soak, as the evictionrequest controller, follows an
+// EvictionRequest: past the checker's limit on an unanswered one.
+const soakEvictionWait = 6 * time.Minute
+
+// followEvictionRequest plays the evictionrequest controller's part for the soak's request: once
+// lifeboat reports completion it moves on to the next responder; once the pod is gone it records
+// the target evicted. The checker judges from the API whether lifeboat answered in time.
+func (r *soakRun) followEvictionRequest(erc *evictionrequest.Controller, pod *corev1.Pod) {
+	ctx := context.Background()
+	var outcome string
+	err := wait.PollUntilContextTimeout(ctx, soakAPIPoll, soakEvictionWait, true, func(ctx context.Context) (bool, error) {
+		ev, err := erc.Get(ctx)
+		if err != nil {
+			return false, nil
+		}
+		if e := responder.Entry(ev); e != nil && e.CompletionTime != nil {
+			next, err := erc.Advance(ctx)
+			outcome = fmt.Sprintf("lifeboat completed (%q); next responder %q, %v", ptr.Deref(e.Message, ""), next, err)
+			return true, nil
+		}
+		if _, err := cluster.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			outcome = fmt.Sprintf("the pod was deleted before lifeboat completed; target evicted: %v", erc.TargetDeleted(ctx))
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		outcome = fmt.Sprintf("no completion from lifeboat within %s", soakEvictionWait)
+	}
+	r.t.Logf("soak: the EvictionRequest of pod %s: %s", pod.Name, outcome)
+}
+
+// loseNode carries a NodeLost fault through, within: the frozen node found NotReady, tainted out
+// of service, its VMs' new instances running and counting elsewhere, the node resumed (its old QEMUs must end,
+// and the checker's consoles show whether they counted beside the new copies), the taint removed.
+func (r *soakRun) loseNode(n *testNode, stopped []int, within time.Duration) {
+	ctx := context.Background()
+	deadline := time.Now().Add(within)
+	var qemus []int
+	for _, pid := range stopped {
+		if qemuOf([]int{pid}) != 0 {
+			qemus = append(qemus, pid)
+		}
+	}
+	thaw := func() {
+		r.record(check.Action{Kind: "node-thaw", Node: n.Name(), Ends: string(soak.NodeLost)})
+		thawNode(n, stopped)
+	}
+	notReady := wait.PollUntilContextTimeout(ctx, time.Second, time.Until(deadline.Add(-time.Minute)), true, func(ctx context.Context) (bool, error) {
+		node, err := cluster.Kube.CoreV1().Nodes().Get(ctx, n.Name(), metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status != corev1.ConditionTrue, nil
+			}
+		}
+		return false, nil
+	})
+	if notReady != nil {
+		r.t.Errorf("soak: node %s still Ready %s after it froze", n.Name(), within-time.Minute)
+		thaw()
+		return
+	}
+	// The instances on the node when the admin declares it off: each must come back elsewhere.
+	old := map[string]types.UID{}
+	if vmis, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(r.ns).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, v := range vmis.Items {
+			if v.Status.NodeName == n.Name() && !v.Status.Phase.Terminal() {
+				old[v.Name] = v.UID
+			}
+		}
+	}
+	r.t.Logf("soak: node %s NotReady; its instances: %v", n.Name(), old)
+	r.record(check.Action{Kind: "node-out-of-service", Node: n.Name(), Fatal: true, Ends: string(soak.NodeLost)})
+	r.setOutOfService(n.Name(), true)
+	// Back: a new instance runs elsewhere and its guest counts, so that the old one, resumed,
+	// would count beside it.
+	back := wait.PollUntilContextTimeout(ctx, soakAPIPoll, time.Until(deadline.Add(-30*time.Second)), true, func(ctx context.Context) (bool, error) {
+		for name, uid := range old {
+			v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(r.ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil || v.UID == uid || !running(v) || v.Status.NodeName == n.Name() {
+				return false, nil
+			}
+			r.mu.Lock()
+			counts := r.countingInstance[r.ns+"/"+name] == string(v.UID) && time.Since(r.counting[r.ns+"/"+name]) < 5*time.Second
+			r.mu.Unlock()
+			if !counts {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if back != nil {
+		r.t.Errorf("soak: the VMs of out-of-service node %s (%v) did not all run and count elsewhere within %s of its freeze", n.Name(), old, within)
+	}
+	thaw()
+	thawed := time.Now()
+	ended := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		for _, pid := range qemus {
+			if processAlive(pid) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if ended != nil {
+		r.t.Errorf("soak: an old QEMU of out-of-service node %s (of %v) still runs a minute after the node resumed", n.Name(), qemus)
+	} else {
+		r.t.Logf("soak: the %d old QEMUs of node %s ended %s after it resumed", len(qemus), n.Name(), time.Since(thawed).Round(time.Millisecond))
+	}
+	r.record(check.Action{Kind: "node-out-of-service-removed", Node: n.Name(), Ends: string(soak.NodeLost)})
+	r.setOutOfService(n.Name(), false)
+}
+
+// setOutOfService taints the node node.kubernetes.io/out-of-service, as the admin does once
+// it is known to be off, or removes the taint once it is back.
+func (r *soakRun) setOutOfService(name string, on bool) {
+	err := throughOutages(func() error {
+		n, err := cluster.Kube.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		taints := slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeOutOfService })
+		if on {
+			taints = append(taints, corev1.Taint{Key: corev1.TaintNodeOutOfService, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
+		}
+		n.Spec.Taints = taints
+		_, err = cluster.Kube.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		r.t.Errorf("soak: tainting node %s out of service (%v): %v", name, on, err)
 	}
 }
 
@@ -521,6 +829,53 @@ func (r *soakRun) runningPod(name string) (*corev1.Pod, *testNode) {
 	return nil, nil
 }
 
+// migratingPair is the source and the target node of a migration under way; nils if none.
+func (r *soakRun) migratingPair() (source, target *testNode) {
+	list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(r.ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return nil, nil
+	}
+	for _, m := range list.Items {
+		if m.Status.Phase.Terminal() {
+			continue
+		}
+		for _, a := range r.nodes {
+			for _, b := range r.nodes {
+				if a != b && a.Name() == m.Status.SourceNode && b.Name() == m.Status.TargetNode {
+					return a, b
+				}
+			}
+		}
+	}
+	return nil, nil
+}
+
+// soakNetworkFaults puts each node's agent in a group of its own, whose traffic to another node's
+// address the network faults cut or slow (the agents carry the migrations' streams between
+// nodes); the table and groups go when the test ends, failed or not. Nil where the machine
+// cannot.
+func soakNetworkFaults(t *testing.T, nodes []*testNode) *netfault.Faults {
+	if err := netfault.Sweep(); err != nil {
+		t.Logf("soak: removing what earlier runs' network faults left: %v", err)
+	}
+	f, err := netfault.New()
+	if err != nil {
+		t.Logf("soak: no network faults on this machine: %v", err)
+		return nil
+	}
+	t.Cleanup(func() {
+		if err := f.Close(); err != nil {
+			t.Errorf("soak: removing the network faults' table and groups: %v", err)
+		}
+	})
+	for _, n := range nodes {
+		if err := f.Join(n.Name(), n.agent.Pid()); err != nil {
+			t.Fatalf("soak: putting node %s's agent in its network group: %v", n.Name(), err)
+		}
+	}
+	return f
+}
+
 // migratingNode is the source or the target node of a migration under way; nil if none.
 func (r *soakRun) migratingNode() *testNode {
 	list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(r.ns).List(context.Background(), metav1.ListOptions{})
@@ -546,10 +901,25 @@ func (r *soakRun) restart(p *proc, fault soak.Kind) {
 	for range 5 {
 		if p.Process, err = controlplane.StartProcess(p.dir, p.name, filepath.Join(bins, p.name), p.args...); err == nil {
 			r.record(check.Action{Kind: p.name + "-started", Ends: string(fault)})
+			r.rejoinNetwork(p)
 			return
 		}
 	}
 	r.t.Errorf("soak: starting %s again: %v", p.name, err)
+}
+
+// rejoinNetwork puts a restarted agent back in its node's network group.
+func (r *soakRun) rejoinNetwork(p *proc) {
+	if r.network == nil {
+		return
+	}
+	for _, n := range r.nodes {
+		if n.agent == p {
+			if err := r.network.Join(n.Name(), p.Pid()); err != nil {
+				r.t.Errorf("soak: putting node %s's restarted agent in its network group: %v", n.Name(), err)
+			}
+		}
+	}
 }
 
 func (r *soakRun) setCordon(name string, on bool) {
@@ -557,21 +927,45 @@ func (r *soakRun) setCordon(name string, on bool) {
 	r.cordoned[name] = on
 	r.mu.Unlock()
 	patch := fmt.Sprintf(`{"spec":{"unschedulable":%v}}`, on)
-	if _, err := cluster.Kube.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	if err := throughOutages(func() error {
+		_, err := cluster.Kube.CoreV1().Nodes().Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		return err
+	}); err != nil {
 		r.t.Errorf("soak: cordoning %s (%v): %v", name, on, err)
 	}
 }
 
+// soakOutage is the longest the soak's own changes wait out the API server: a restart of it or
+// of etcd (its longest For) and its start.
+const soakOutage = 90 * time.Second
+
+// throughOutages does change, and again while it fails, for up to soakOutage: a user's change
+// made while kube-apiserver or etcd restarts is made once they are back.
+func throughOutages(change func() error) error {
+	var last error
+	err := wait.PollUntilContextTimeout(context.Background(), time.Second, soakOutage, true, func(context.Context) (bool, error) {
+		last = change()
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w; last: %w", err, last)
+	}
+	return nil
+}
+
 func (r *soakRun) setRunStrategy(name string, s v1alpha1.RunStrategy) {
 	patch := fmt.Sprintf(`{"spec":{"runStrategy":%q}}`, s)
-	if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(r.ns).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	if err := throughOutages(func() error {
+		_, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachines(r.ns).Patch(context.Background(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		return err
+	}); err != nil {
 		r.t.Errorf("soak: setting %s's run strategy to %s: %v", name, s, err)
 	}
 }
 
 func (r *soakRun) updateConfig(change func(*v1alpha1.LifeboatConfig)) {
 	configs := cluster.Lifeboat.LifeboatV1alpha1().LifeboatConfigs()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := throughOutages(func() error {
 		c, err := configs.Get(context.Background(), v1alpha1.ConfigName, metav1.GetOptions{})
 		if err != nil {
 			return err

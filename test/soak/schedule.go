@@ -24,6 +24,9 @@ const (
 	Uncordon Kind = "uncordon"
 	// APIEviction: one VM pod evicted through the Eviction API, as the descheduler does.
 	APIEviction Kind = "api-eviction"
+	// EvictionRequest: one VM pod's eviction asked through the EvictionRequest API
+	// (lifecycle.k8s.io), whose responder lifeboat is; the requester waits for lifeboat's answer.
+	EvictionRequest Kind = "eviction-request"
 	// ManualMigration: a VirtualMachineInstanceMigration created by the user.
 	ManualMigration Kind = "manual-migration"
 	// Restart: the user deletes the VM's instance; its run strategy starts a new one.
@@ -49,13 +52,33 @@ const (
 	QEMUKill Kind = "qemu-kill"
 	// NodeFreeze: every process of the node stopped (kubelet, agent, launchers, QEMUs), resumed after For.
 	NodeFreeze Kind = "node-freeze"
+	// NodeLost: the node frozen, and once it is NotReady tainted node.kubernetes.io/out-of-service
+	// (the admin's word that it is off: Kubernetes' non-graceful node shutdown), so that its VMs'
+	// run strategies start them elsewhere; resumed once they run there, and the taint removed. For
+	// is the longest it may take.
+	NodeLost Kind = "node-lost"
+	// NetworkCut: the migration network between two nodes cut for For: what each node's agent
+	// sends to the other's address dropped (the two ends of a migration under way, when there is one).
+	NetworkCut Kind = "network-cut"
+	// NetworkSlow: the same slowed to Value KiB/s each way for For.
+	NetworkSlow Kind = "network-slowed"
+	// APIServerRestart: kube-apiserver killed, started again after For.
+	APIServerRestart Kind = "apiserver-restart"
+	// EtcdRestart: etcd killed, started again after For.
+	EtcdRestart Kind = "etcd-restart"
 )
 
 // Faults are the kinds that are faults.
-var Faults = map[Kind]bool{AgentKill: true, ControllerKill: true, LibvirtdKill: true, QEMUKill: true, NodeFreeze: true}
+var Faults = map[Kind]bool{AgentKill: true, ControllerKill: true, LibvirtdKill: true, QEMUKill: true, NodeFreeze: true, NodeLost: true,
+	NetworkCut: true, NetworkSlow: true, APIServerRestart: true, EtcdRestart: true}
 
-// Fatal are the faults that may end a guest whatever lifeboat does.
+// Fatal are the faults that may end a guest whatever lifeboat does. NodeLost is not, though the
+// out-of-service taint it sets is: a VM restarted before the taint is a loss nothing excuses.
 var Fatal = map[Kind]bool{QEMUKill: true}
+
+// NodeLostFor is how long a NodeLost fault may take: the node found NotReady (the node lifecycle
+// controller's grace), the VMs booted elsewhere, the old QEMUs ended once it resumes.
+const NodeLostFor = 4 * time.Minute
 
 // Step is one thing to do At after the soak's start, to VM and Node (indexes; each kind uses
 // what it needs), lasting For where the kind has an end (a drain's uncordon, a stop's start, a
@@ -105,7 +128,15 @@ func Plan(seed uint64, d time.Duration, vms, nodes int, pace Pace) []Step {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	end := d * 3 / 4
 	var out []Step
-	// Operations and faults are drawn from one generator in turn, so one seed gives one plan.
+	// Operations and faults are drawn from one generator in turn, so one seed gives one plan. A
+	// second one turns some API evictions into EvictionRequests, some freezes into lost nodes and
+	// some agent kills into the migration network cut or slowed (each breaks the path between two
+	// nodes' agents), so that the kinds the soak learnt later leave the older kinds' draws, and the seeds' recorded
+	// plans, as they were.
+	variant := rand.New(rand.NewPCG(seed^0x5851f42d4c957f2d, seed))
+	// A third turns some controller kills into kube-apiserver or etcd restarts (each takes the
+	// cluster's control away for a while); it leaves the second's draws as they were.
+	controlPlane := rand.New(rand.NewPCG(seed^0x2545f4914f6cdd1d, seed))
 	nextOp := jitter(r, pace.OperationEvery)
 	nextFault := jitter(r, pace.FaultEvery)
 	var drainedUntil time.Duration
@@ -125,6 +156,10 @@ func Plan(seed uint64, d time.Duration, vms, nodes int, pace Pace) []Step {
 				out = append(out, Step{At: s.At + s.For, Kind: Uncordon, Node: s.Node})
 			case StopStart:
 				s.For = min(time.Duration(5+r.IntN(15))*time.Second, d-s.At)
+			case APIEviction:
+				if variant.IntN(2) == 0 {
+					s.Kind = EvictionRequest
+				}
 			case Bandwidth:
 				s.Value = []int{0, 8, 32, 128}[r.IntN(4)]
 			case PostCopy:
@@ -138,6 +173,18 @@ func Plan(seed uint64, d time.Duration, vms, nodes int, pace Pace) []Step {
 		switch s.Kind {
 		case AgentKill, ControllerKill, NodeFreeze:
 			s.For = time.Duration(1+r.Int64N(int64(pace.FaultFor/time.Second))) * time.Second
+		}
+		switch {
+		case s.Kind == NodeFreeze && s.At+NodeLostFor <= end && variant.IntN(2) == 0:
+			s.Kind, s.For = NodeLost, NodeLostFor
+		case s.Kind == ControllerKill && controlPlane.IntN(2) == 0:
+			s.Kind = []Kind{APIServerRestart, EtcdRestart}[controlPlane.IntN(2)]
+		case s.Kind == AgentKill && variant.IntN(2) == 0:
+			// Long enough for a migration to meet it.
+			s.Kind, s.For = NetworkCut, 2*s.For
+			if variant.IntN(2) == 0 {
+				s.Kind, s.Value = NetworkSlow, []int{256, 1024}[variant.IntN(2)]
+			}
 		}
 		out = append(out, s)
 		nextFault += s.For + jitter(r, pace.FaultEvery)

@@ -28,6 +28,8 @@ type Console struct {
 }
 
 // Answer is what a guest answered through its Service: its boot's random identity and counter.
+// Instance is empty when the asker cannot tell which instance answered (a Service picks one of
+// its endpoints).
 type Answer struct {
 	At       time.Time
 	VM       string
@@ -89,6 +91,9 @@ const (
 	HoldTargetPod HoldKind = "target-pod"
 	// HoldCordon is a node cordoned by something else than the user (the soak).
 	HoldCordon HoldKind = "cordon"
+	// HoldEviction is an Eviction (an EvictionRequest's) whose active responder is lifeboat and
+	// that lifeboat has not answered (no completionTime) while its pod still runs.
+	HoldEviction HoldKind = "eviction"
 )
 
 // Hold is one thing of a HoldKind, named so that the same one is recognised from snapshot to snapshot.
@@ -130,6 +135,9 @@ type Limits struct {
 	Blame time.Duration
 	// Tick is how often the guests count.
 	Tick time.Duration
+	// Answer is how long before the settled snapshot a VM served through a Service must have
+	// answered through it last.
+	Answer time.Duration
 }
 
 // DefaultLimits are the soak's.
@@ -137,12 +145,13 @@ func DefaultLimits() Limits {
 	return Limits{
 		Hold: map[HoldKind]time.Duration{
 			HoldMark: 5 * time.Minute, HoldMigration: 5 * time.Minute, HoldBudget: 5 * time.Minute,
-			HoldTargetPod: 5 * time.Minute, HoldCordon: 2 * time.Minute,
+			HoldTargetPod: 5 * time.Minute, HoldCordon: 2 * time.Minute, HoldEviction: 5 * time.Minute,
 		},
 		Overlap: 3 * time.Second,
 		Gap:     5 * time.Second,
 		Blame:   5 * time.Minute,
 		Tick:    time.Second,
+		Answer:  10 * time.Second,
 	}
 }
 
@@ -156,6 +165,9 @@ type History struct {
 	// Settled is the snapshot taken after the last fault, once the cluster had time to settle:
 	// every LiveMigrate VM its owner wants running must run in it. Nil if the soak took none.
 	Settled *Snapshot
+	// Served says every VM is served through a Service the soak asked: each LiveMigrate VM its
+	// owner wants running must have answered through it lately once the cluster settled.
+	Served bool
 }
 
 // Kind is a kind of violation.
@@ -168,6 +180,7 @@ const (
 	NotRunning  Kind = "NotRunning"
 	Stuck       Kind = "Stuck"
 	Lost        Kind = "Lost"
+	NoAnswer    Kind = "NoAnswer"
 )
 
 // Violation is one thing that went wrong, said so that it can be found in the soak's logs.
@@ -186,6 +199,10 @@ func (v Violation) String() string {
 func Check(h History, l Limits) []Violation {
 	var out []Violation
 	out = append(out, twoCopies(h.Consoles, l)...)
+	out = append(out, twoBootsAnswering(h.Answers, l)...)
+	if h.Served {
+		out = append(out, notAnswering(h.Answers, h.Settled, l)...)
+	}
 	out = append(out, reboots(h.Consoles, h.Answers)...)
 	out = append(out, journalLosses(h.Journals)...)
 	out = append(out, notRunning(h.Settled)...)
@@ -271,6 +288,75 @@ func twoCopies(consoles []Console, l Limits) []Violation {
 	return out
 }
 
+// twoBootsAnswering finds a VM whose Service answered from two boots of its guest in the same
+// stretch of time (longer than the readings' granularity): two copies, each an endpoint of the
+// Service. A restart's new boot answers only after the old one's last answer.
+func twoBootsAnswering(answers []Answer, l Limits) []Violation {
+	type key struct{ vm, boot string }
+	spans := map[key]*span{}
+	var keys []key
+	for _, a := range answers {
+		k := key{a.VM, a.Boot}
+		sp := spans[k]
+		if sp == nil {
+			spans[k] = &span{a.At, a.At}
+			keys = append(keys, k)
+			continue
+		}
+		sp.from, sp.to = earlier(sp.from, a.At), later(sp.to, a.At)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].vm != keys[j].vm {
+			return keys[i].vm < keys[j].vm
+		}
+		return keys[i].boot < keys[j].boot
+	})
+	var out []Violation
+	for i, a := range keys {
+		for _, b := range keys[i+1:] {
+			if a.vm != b.vm {
+				continue
+			}
+			sa, sb := spans[a], spans[b]
+			from, to := later(sa.from, sb.from), earlier(sa.to, sb.to)
+			if to.Sub(from) > l.Overlap {
+				out = append(out, Violation{Kind: TwoCopies, VM: a.vm, At: from, What: fmt.Sprintf(
+					"answering through its Service from boot %s and from boot %s at once for %s", a.boot, b.boot, to.Sub(from).Round(time.Millisecond))})
+			}
+		}
+	}
+	return out
+}
+
+// notAnswering finds the LiveMigrate VMs their owners want running that had not answered
+// through their Services within l.Answer before the cluster settled.
+func notAnswering(answers []Answer, settled *Snapshot, l Limits) []Violation {
+	if settled == nil {
+		return nil
+	}
+	last := map[string]time.Time{}
+	for _, a := range answers {
+		if !a.At.After(settled.At) {
+			last[a.VM] = later(last[a.VM], a.At)
+		}
+	}
+	var out []Violation
+	for _, vm := range settled.VMs {
+		if !vm.LiveMigrate || !vm.WantRunning {
+			continue
+		}
+		if at, ok := last[vm.Name]; !ok || settled.At.Sub(at) > l.Answer {
+			since := "never"
+			if ok {
+				since = "last at " + at.UTC().Format("15:04:05.000")
+			}
+			out = append(out, Violation{Kind: NoAnswer, VM: vm.Name, At: settled.At, What: fmt.Sprintf(
+				"no answer through its Service in the %s before the cluster settled (%s)", l.Answer, since)})
+		}
+	}
+	return out
+}
+
 func later(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a
@@ -326,6 +412,11 @@ func reboots(consoles []Console, answers []Answer) []Violation {
 	sort.SliceStable(answers, func(i, j int) bool { return answers[i].At.Before(answers[j].At) })
 	boot := map[string]string{}
 	for _, a := range answers {
+		// An answer of no known instance: a boot change may be a restart (twoBootsAnswering
+		// judges these).
+		if a.Instance == "" {
+			continue
+		}
 		if b, ok := boot[a.Instance]; ok && b != a.Boot {
 			out = append(out, Violation{Kind: Reboot, VM: a.VM, At: a.At, What: fmt.Sprintf(
 				"instance %s answered with boot %s, then with boot %s", a.Instance, b, a.Boot)})

@@ -94,6 +94,13 @@ func TestACleanHistoryPasses(t *testing.T) {
 	if v := Check(clean(), DefaultLimits()); len(v) != 0 {
 		t.Fatalf("a clean history has violations: %v", v)
 	}
+	// Served, answering until the cluster settled; a restart's new boot after the old one's last answer.
+	h := clean()
+	h.Served = true
+	h.Answers = append(h.Answers, Answer{At: at(90), VM: "ns/a", Boot: "b2", Counter: 20})
+	if v := Check(h, DefaultLimits()); len(v) != 0 {
+		t.Fatalf("a clean served history has violations: %v", v)
+	}
 }
 
 // Each staged failure is the clean history with one thing gone wrong, as its recorded
@@ -145,6 +152,17 @@ func TestTheCheckerCatchesEachStagedFailure(t *testing.T) {
 		},
 		want: Reboot, says: "answered with boot b1, then with boot b9",
 	}, {
+		name: "the VM's Service answers from two boots at once: two copies, each an endpoint",
+		stage: func(h *History) {
+			h.Answers = append(h.Answers, Answer{At: at(86), VM: "ns/a", Boot: "b2", Counter: 16},
+				Answer{At: at(90), VM: "ns/a", Boot: "b1", Counter: 88})
+		},
+		want: TwoCopies, says: "answering through its Service from boot b1 and from boot b2 at once for 6s",
+	}, {
+		name:  "a served VM does not answer through its Service once the cluster settled",
+		stage: func(h *History) { h.Served = true },
+		want:  NoAnswer, says: "no answer through its Service in the 10s before the cluster settled (last at 05:01:20.000)",
+	}, {
 		name: "the journal reads back a wrong entry",
 		stage: func(h *History) {
 			h.Journals = append(h.Journals, Journal{At: at(26), VM: "ns/a", Instance: "i1", Err: "journal entry 23 holds 0, want 23"})
@@ -189,6 +207,17 @@ func TestTheCheckerCatchesEachStagedFailure(t *testing.T) {
 		stage: func(h *History) { holdFor(h, Hold{HoldCordon, "n2"}, 3*time.Minute) },
 		want:  Stuck, says: "cordon n2 held",
 	}, {
+		name:  "an EvictionRequest's pod runs on with lifeboat's answer past its limit",
+		stage: func(h *History) { holdFor(h, Hold{HoldEviction, "ns/eviction-a"}, 6*time.Minute) },
+		want:  Stuck, says: "eviction ns/eviction-a held",
+	}, {
+		name: "a lost node's VM is restarted elsewhere before the node is tainted out of service",
+		stage: func(h *History) {
+			h.Actions = []Action{{At: at(60), Kind: "node-lost", Node: "n1"},
+				{At: at(80), Kind: "node-out-of-service", Node: "n1", Fatal: true, Ends: "node-lost"}}
+		},
+		want: Lost, says: "instance i1 ended and i2 replaced it",
+	}, {
 		name: "a VM's instance is replaced with no restart asked and no fatal fault",
 		stage: func(h *History) {
 			h.Actions = h.Actions[:1]
@@ -228,6 +257,22 @@ func TestHoldsWithinTheirLimitsPass(t *testing.T) {
 	}
 	if v := Check(h, DefaultLimits()); len(v) != 0 {
 		t.Fatalf("holds within their limits: %v", v)
+	}
+}
+
+// A lost node's VM restarted elsewhere once the node is tainted out of service is a loss the
+// taint explains: the admin said the node is off.
+func TestALostNodesVMRestartedAfterTheTaintIsNoViolation(t *testing.T) {
+	h := clean()
+	h.Actions = []Action{{At: at(60), Kind: "node-lost", Node: "n1"},
+		{At: at(70), Kind: "node-out-of-service", Node: "n1", Fatal: true, Ends: "node-lost"},
+		{At: at(95), Kind: "node-thaw", Node: "n1", Ends: "node-lost"}}
+	if v := Check(h, DefaultLimits()); len(v) != 0 {
+		t.Fatalf("a restart after the out-of-service taint is a violation: %v", v)
+	}
+	r := Summarise(h, DefaultLimits(), map[string]bool{"node-lost": true})
+	if r.Faults["node-lost"] != 1 || len(r.Losses) != 1 || r.Losses[0].Fault == nil || r.Losses[0].Fault.Kind != "node-out-of-service" {
+		t.Fatalf("faults %v, losses %+v: want one node-lost, its VM's loss blamed on the taint", r.Faults, r.Losses)
 	}
 }
 
@@ -283,18 +328,22 @@ func TestLongestStops(t *testing.T) {
 func TestTheReportSaysWhatHappened(t *testing.T) {
 	h := clean()
 	h.Actions = append(h.Actions, Action{At: at(60), Kind: "qemu-kill", VM: "ns/a", Fatal: true},
-		Action{At: at(62), Kind: "agent-kill", Node: "n1"}, Action{At: at(64), Kind: "agent-started", Ends: "agent-kill"})
+		Action{At: at(62), Kind: "agent-kill", Node: "n1"}, Action{At: at(64), Kind: "agent-started", Ends: "agent-kill"},
+		Action{At: at(63), Kind: "eviction-request", VM: "ns/a"})
+	h.Served = true
+	h.Answers = append(h.Answers, Answer{At: at(90), VM: "ns/a", Boot: "b2", Counter: 20})
 	faults := map[string]bool{"agent-kill": true, "qemu-kill": true}
 	r := Summarise(h, DefaultLimits(), faults)
 	var b bytes.Buffer
 	r.Print(&b)
 	for _, want := range []string{
-		"operations: restart 1",
+		"operations: eviction-request 1, restart 1",
 		"faults:     agent-kill 2, qemu-kill 1",
 		"migrations by outcome: Succeeded 1",
 		"longest stop a guest saw: 500ms (VM ns/a, instance i1",
 		"VMs lost: 0",
 		"two-copy events: 0",
+		"answers through Services: 4",
 		"settle after the last fault (05:01:04): 1s",
 		"violations: 0",
 	} {

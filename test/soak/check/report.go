@@ -126,6 +126,8 @@ type Report struct {
 	Stops      []Stop
 	Losses     []Loss
 	TwoCopies  int
+	// Answers counts the answers through Services, -1 when the VMs were not served.
+	Answers int
 	// LastFault is when the last fault ended; Settle how long after it the cluster settled for
 	// good (every LiveMigrate VM its owner wants running running, nothing held, in every snapshot
 	// from then on), negative if it never did.
@@ -136,7 +138,10 @@ type Report struct {
 
 // Summarise computes the figures of h; faults are the action kinds that are faults.
 func Summarise(h History, l Limits, faults map[string]bool) Report {
-	r := Report{Operations: map[string]int{}, Faults: map[string]int{}, Migrations: map[string]int{}, Settle: -1}
+	r := Report{Operations: map[string]int{}, Faults: map[string]int{}, Migrations: map[string]int{}, Settle: -1, Answers: -1}
+	if h.Served {
+		r.Answers = len(h.Answers)
+	}
 	for _, a := range h.Actions {
 		if a.Ends != "" {
 			// A fault lasts until its end: the cluster settles after that.
@@ -225,6 +230,9 @@ func (r Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "    %s at %s: instance %s ended (replaced by %q), %s\n", l.VM, l.At.UTC().Format("15:04:05"), l.Old, l.New, why)
 	}
 	fmt.Fprintf(w, "  two-copy events: %d\n", r.TwoCopies)
+	if r.Answers >= 0 {
+		fmt.Fprintf(w, "  answers through Services: %d\n", r.Answers)
+	}
 	switch {
 	case r.LastFault.IsZero():
 		fmt.Fprintln(w, "  settle after the last fault: no fault injected")

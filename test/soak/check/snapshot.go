@@ -4,6 +4,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	lifecyclev1alpha1 "k8s.io/api/lifecycle/v1alpha1"
 	policyv1 "k8s.io/api/policy/v1"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -18,6 +19,7 @@ type Objects struct {
 	Pods       []corev1.Pod
 	Nodes      []corev1.Node
 	Budgets    []policyv1.PodDisruptionBudget
+	Evictions  []lifecyclev1alpha1.Eviction
 	// Cordoned are the nodes the user (the soak) cordoned: any other unschedulable node is a cordon
 	// someone else made.
 	Cordoned map[string]bool
@@ -64,10 +66,40 @@ func SnapshotOf(at time.Time, o Objects) Snapshot {
 			s.Holds = append(s.Holds, Hold{Kind: HoldBudget, Name: b.Namespace + "/" + b.Name})
 		}
 	}
+	live := map[string]bool{}
+	for _, p := range o.Pods {
+		if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			live[string(p.UID)] = true
+		}
+	}
+	for _, ev := range o.Evictions {
+		if pod := ev.Spec.Target.Pod; pod != nil && live[string(pod.UID)] && awaitsLifeboat(ev) {
+			s.Holds = append(s.Holds, Hold{Kind: HoldEviction, Name: ev.Namespace + "/" + ev.Name})
+		}
+	}
 	for _, n := range o.Nodes {
 		if n.Spec.Unschedulable && !o.Cordoned[n.Name] {
 			s.Holds = append(s.Holds, Hold{Kind: HoldCordon, Name: n.Name})
 		}
 	}
 	return s
+}
+
+// awaitsLifeboat says lifeboat is the Eviction's active responder and has not said it completed.
+func awaitsLifeboat(ev lifecyclev1alpha1.Eviction) bool {
+	active := false
+	for _, r := range ev.Status.TargetResponders {
+		if r.Name == v1alpha1.EvictionResponderName && r.State == lifecyclev1alpha1.ResponderStateActive {
+			active = true
+		}
+	}
+	if !active {
+		return false
+	}
+	for _, r := range ev.Status.Responders {
+		if r.Name == v1alpha1.EvictionResponderName && r.CompletionTime != nil {
+			return false
+		}
+	}
+	return true
 }

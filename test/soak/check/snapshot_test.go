@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	lifecyclev1alpha1 "k8s.io/api/lifecycle/v1alpha1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -39,6 +40,16 @@ func TestSnapshotOf(t *testing.T) {
 	budget := func(name string, min int) policyv1.PodDisruptionBudget {
 		return policyv1.PodDisruptionBudget{ObjectMeta: meta(name), Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(int32(min)))}}
 	}
+	eviction := func(name, pod string, state lifecyclev1alpha1.ResponderStateType, completed bool) lifecyclev1alpha1.Eviction {
+		ev := lifecyclev1alpha1.Eviction{ObjectMeta: meta(name), Spec: lifecyclev1alpha1.EvictionSpec{
+			Target: lifecyclev1alpha1.EvictionTarget{Pod: &lifecyclev1alpha1.EvictionPodReference{Name: pod, UID: types.UID("uid-" + pod)}}}}
+		ev.Status.TargetResponders = []lifecyclev1alpha1.TargetResponder{{Name: v1alpha1.EvictionResponderName, State: state}}
+		ev.Status.Responders = []lifecyclev1alpha1.ResponderStatus{{Name: v1alpha1.EvictionResponderName}}
+		if completed {
+			ev.Status.Responders[0].CompletionTime = &metav1.Time{Time: t0}
+		}
+		return ev
+	}
 	node := func(name string, cordoned bool) corev1.Node {
 		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{Unschedulable: cordoned}}
 	}
@@ -68,6 +79,16 @@ func TestSnapshotOf(t *testing.T) {
 		},
 		wantVMs:   "[]",
 		wantHolds: "[{mark ns/a@n1} {migration ns/m1} {target-pod ns/a-target} {budget ns/a} {cordon n2}]",
+	}, {
+		name: "Evictions: lifeboat's answer awaited while the pod runs; answered, not lifeboat's turn, or the pod ended",
+		o: Objects{
+			Pods: []corev1.Pod{pod("p1", corev1.PodRunning), pod("p2", corev1.PodRunning), pod("p3", corev1.PodRunning), pod("p4", corev1.PodFailed)},
+			Evictions: []lifecyclev1alpha1.Eviction{eviction("e1", "p1", lifecyclev1alpha1.ResponderStateActive, false),
+				eviction("e2", "p2", lifecyclev1alpha1.ResponderStateActive, true), eviction("e3", "p3", lifecyclev1alpha1.ResponderStateCompleted, false),
+				eviction("e4", "p4", lifecyclev1alpha1.ResponderStateActive, false), eviction("e5", "gone", lifecyclev1alpha1.ResponderStateActive, false)},
+		},
+		wantVMs:   "[]",
+		wantHolds: "[{eviction ns/e1}]",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := SnapshotOf(t0, tc.o)

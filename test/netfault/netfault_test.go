@@ -1,0 +1,137 @@
+package netfault
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// peer is the address the tests listen on: in 127.0.0.0/8, away from the emulated nodes' (from 127.0.0.11 up).
+var peer = netip.MustParseAddr("127.0.0.251")
+
+// send has a new process in group g send n bytes to addr (shell's /dev/tcp), giving up after
+// 5 s; it returns whether all were sent and how long that took.
+func send(t *testing.T, f *Faults, g string, addr string, n int) (bool, time.Duration) {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(addr)
+	// bash forks nothing before its line comes: what it starts then is in the group with it.
+	cmd := exec.Command("bash", "-c", "read; exec timeout 5 bash -c 'head -c "+strconv.Itoa(n)+" /dev/zero > /dev/tcp/"+host+"/"+port+"'")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// It waits for its line until it is in the group: its sockets are the group's.
+	if err := f.Join(g, cmd.Process.Pid); err != nil {
+		_ = cmd.Process.Kill()
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, _ = stdin.Write([]byte("go\n"))
+	err = cmd.Wait()
+	return err == nil, time.Since(start)
+}
+
+// received is what one connection brought: its bytes, from its acceptance to its end.
+type received struct {
+	n    int64
+	took time.Duration
+}
+
+// listen accepts connections on peer and says what each brought.
+func listen(t *testing.T) (string, <-chan received) {
+	t.Helper()
+	got := make(chan received, 16)
+	l, err := net.Listen("tcp", net.JoinHostPort(peer.String(), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				start := time.Now()
+				n, _ := io.Copy(io.Discard, c)
+				got <- received{n, time.Since(start)}
+			}()
+		}
+	}()
+	return l.Addr().String(), got
+}
+
+// A cut drops what the group's processes send to the address, and only that; healing ends it;
+// a slowed one gets through at about its rate.
+func TestCutSlowAndHeal(t *testing.T) {
+	f, err := New()
+	if err != nil {
+		t.Skipf("no network faults here (root, cgroup v2 and nftables are needed): %v", err)
+	}
+	t.Cleanup(func() {
+		if err := f.Close(); err != nil {
+			t.Errorf("closing: %v", err)
+		}
+	})
+	addr, got := listen(t)
+	if ok, took := send(t, f, "a", addr, 1<<20); !ok || took > 2*time.Second {
+		t.Fatalf("before any fault: sent %v in %s", ok, took)
+	}
+	if err := f.Cut("a", peer); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := send(t, f, "a", addr, 1); ok {
+		t.Error("group a's process connected through the cut")
+	}
+	if ok, _ := send(t, f, "b", addr, 1); !ok {
+		t.Error("group b's process was cut too")
+	}
+	// Nor this process, which is in no group.
+	c, err := (&net.Dialer{}).DialContext(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Errorf("the test process was cut: %v", err)
+	} else {
+		c.Close()
+	}
+	if err := f.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := send(t, f, "a", addr, 1); !ok {
+		t.Error("group a still cut after healing")
+	}
+	const rate = 512 << 10
+	if err := f.Slow("a", rate, peer); err != nil {
+		t.Fatal(err)
+	}
+	for len(got) > 0 {
+		<-got
+	}
+	// A MiB at 512 KiB/s takes about two seconds at the receiver (the sender is done once its
+	// socket's buffer holds it all), less its burst and what TCP's retransmissions round: well
+	// over the milliseconds loopback takes unslowed.
+	if ok, _ := send(t, f, "a", addr, 1<<20); !ok {
+		t.Fatal("the slowed send failed")
+	}
+	select {
+	case r := <-got:
+		if r.n != 1<<20 || r.took < 700*time.Millisecond {
+			t.Errorf("slowed to %d B/s, a MiB: %d bytes in %s", rate, r.n, r.took)
+		}
+		t.Logf("slowed to %d B/s: %d bytes in %s", rate, r.n, r.took.Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Error("the slowed MiB did not arrive within 10 s")
+	}
+	if err := f.Heal(); err != nil {
+		t.Fatal(err)
+	}
+}
