@@ -6,11 +6,13 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/ptr"
+	"strings"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	vmipods "github.com/lifeboat-vm/lifeboat/evacuation/vmi"
@@ -68,9 +70,11 @@ func dryRunCreate(ctx context.Context, pods typedcorev1.PodInterface, p *corev1.
 // would, against the real API server and the shipped policies: a pod like the launcher the
 // controller builds but for one escape (a host namespace, root, a capability, privilege
 // escalation, a node path, another Secret, another kind of volume, a seccomp or AppArmor profile
-// but the runtime's default, the root group, a host port, a node of its choosing, a toleration)
-// is refused, each with the policy's message; the launcher and the migration target pods the controller really builds, with
-// an allowed node directory, a claim and the VM's cloud-init Secret, are admitted.
+// but the runtime's default, the root group, a host port, a node of its choosing, a toleration, an
+// SELinux type but a container's or an SELinux user, role or level, a runtime class) is refused,
+// each with the policy's message; the launcher and the migration target pods the controller
+// really builds, with an allowed node directory, a claim and the VM's cloud-init Secret, are
+// admitted.
 func TestTheControllersTokenCreatesOnlyWhatALauncherNeeds(t *testing.T) {
 	f := newLauncherFixture(t)
 	ctx := t.Context()
@@ -112,7 +116,34 @@ func TestTheControllersTokenCreatesOnlyWhatALauncherNeeds(t *testing.T) {
 		hostPort      = "a launcher pod's containers take no host port"
 		nodeName      = "a launcher pod is placed by the scheduler (spec.nodeName unset)"
 		toleration    = "a launcher pod tolerates no taint but node.kubernetes.io/not-ready and node.kubernetes.io/unreachable (NoExecute, for a bounded time), as the API server adds them"
+		seLinuxType   = "a launcher pod runs under an SELinux type for containers: neither it nor a container sets a seLinuxOptions type but container_t, container_init_t or container_kvm_t ("
+		seLinuxLabel  = "a launcher pod takes the SELinux user, role and level the container runtime gives it: neither it nor a container sets a seLinuxOptions user, role or level"
+		runtimeClass  = "a launcher pod runs under the node's default container runtime handler (spec.runtimeClassName unset): lifeboat's controller is configured with no runtime class"
 	)
+	// A class the cluster admin made for other pods, as a thief would find it.
+	unconfinedClass := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "lifeboat-test-unconfined"}, Handler: "unconfined"}
+	if _, err := cluster.Kube.NodeV1().RuntimeClasses().Create(ctx, unconfinedClass, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cluster.Kube.NodeV1().RuntimeClasses().Delete(context.Background(), unconfinedClass.Name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("deleting RuntimeClass %s: %v", unconfinedClass.Name, err)
+		}
+	})
+	podSELinux := func(p *corev1.Pod) *corev1.SELinuxOptions {
+		p.Spec.SecurityContext.SELinuxOptions = &corev1.SELinuxOptions{}
+		return p.Spec.SecurityContext.SELinuxOptions
+	}
+	computeSELinux := func(p *corev1.Pod) *corev1.SELinuxOptions {
+		compute(p).SecurityContext.SELinuxOptions = &corev1.SELinuxOptions{}
+		return compute(p).SecurityContext.SELinuxOptions
+	}
+	initSELinux := func(p *corev1.Pod) *corev1.SELinuxOptions {
+		c := compute(p).DeepCopy()
+		c.Name, c.SecurityContext.SELinuxOptions = "init", &corev1.SELinuxOptions{}
+		p.Spec.InitContainers = []corev1.Container{*c}
+		return c.SecurityContext.SELinuxOptions
+	}
 	unconfined := &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}
 	noAppArmor := &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeUnconfined}
 	refusals := []struct {
@@ -215,9 +246,32 @@ func TestTheControllersTokenCreatesOnlyWhatALauncherNeeds(t *testing.T) {
 		{"a node that is not ready tolerated for ever", toleration, func(p *corev1.Pod) {
 			p.Spec.Tolerations = []corev1.Toleration{{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}}
 		}},
+		// spc_t: SELinux does not confine the pod.
+		{"SELinux type spc_t for the pod", seLinuxType + "spc_t is not one)", func(p *corev1.Pod) { podSELinux(p).Type = "spc_t" }},
+		{"SELinux type spc_t for the container", seLinuxType + "spc_t is not one)", func(p *corev1.Pod) { computeSELinux(p).Type = "spc_t" }},
+		{"SELinux type unconfined_t for an init container", seLinuxType + "unconfined_t is not one)", func(p *corev1.Pod) {
+			initSELinux(p).Type = "unconfined_t"
+		}},
+		{"an SELinux user for the pod", seLinuxLabel, func(p *corev1.Pod) { podSELinux(p).User = "system_u" }},
+		{"an SELinux user for the container", seLinuxLabel, func(p *corev1.Pod) { computeSELinux(p).User = "system_u" }},
+		{"an SELinux role for the pod", seLinuxLabel, func(p *corev1.Pod) { podSELinux(p).Role = "system_r" }},
+		{"an SELinux role for the container", seLinuxLabel, func(p *corev1.Pod) { computeSELinux(p).Role = "system_r" }},
+		// Another pod's categories: its files become the launcher's to read and write.
+		{"an SELinux level for the pod", seLinuxLabel, func(p *corev1.Pod) { podSELinux(p).Level = "s0:c123,c456" }},
+		{"an SELinux level for the container", seLinuxLabel, func(p *corev1.Pod) { computeSELinux(p).Level = "s0:c123,c456" }},
+		{"an SELinux level for an init container", seLinuxLabel, func(p *corev1.Pod) { initSELinux(p).Level = "s0" }},
+		{"a runtime class", runtimeClass, func(p *corev1.Pod) { p.Spec.RuntimeClassName = &unconfinedClass.Name }},
 	}
 	for _, r := range refusals {
 		wantForbidden(t, "the controller's token creating a launcher pod with "+r.name, dryRunCreate(ctx, pods, f.launcher(t, r.change)), r.says)
+	}
+	// The types Pod Security "baseline" allows pass (named apart from the launcher created above).
+	for _, typ := range []string{"container_t", "container_init_t", "container_kvm_t"} {
+		if err := dryRunCreate(ctx, pods, f.launcher(t, func(p *corev1.Pod) {
+			p.Name, computeSELinux(p).Type = "launcher-"+strings.ReplaceAll(typ, "_", "-"), typ
+		})); err != nil {
+			t.Errorf("the controller's token creating a launcher pod with SELinux type %s: %v", typ, err)
+		}
 	}
 
 	// Nor anything else in Kubernetes' own namespace.
