@@ -12,10 +12,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/ptr"
+	"time"
 	"strings"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	vmipods "github.com/lifeboat-vm/lifeboat/evacuation/vmi"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 )
 
 // launcherFixture is a VMI as a tenant makes it, booting from an allowed node directory, with a
@@ -117,7 +119,7 @@ func TestTheControllersTokenCreatesOnlyWhatALauncherNeeds(t *testing.T) {
 		nodeName      = "a launcher pod is placed by the scheduler (spec.nodeName unset)"
 		toleration    = "a launcher pod tolerates no taint but node.kubernetes.io/not-ready and node.kubernetes.io/unreachable (NoExecute, for a bounded time), as the API server adds them"
 		seLinuxType   = "a launcher pod runs under an SELinux type for containers: neither it nor a container sets a seLinuxOptions type but container_t, container_init_t or container_kvm_t ("
-		seLinuxLabel  = "a launcher pod takes the SELinux user, role and level the container runtime gives it: neither it nor a container sets a seLinuxOptions user, role or level"
+		seLinuxLabel  = "a launcher pod takes the SELinux user, role and level the container runtime gives it: neither it nor a container sets a seLinuxOptions user, role or level (but its namespace's own level, openshift.io/sa.scc.mcs)"
 		runtimeClass  = "a launcher pod runs under the node's default container runtime handler (spec.runtimeClassName unset): lifeboat's controller is configured with no runtime class"
 	)
 	// A class the cluster admin made for other pods, as a thief would find it.
@@ -273,6 +275,25 @@ func TestTheControllersTokenCreatesOnlyWhatALauncherNeeds(t *testing.T) {
 			t.Errorf("the controller's token creating a launcher pod with SELinux type %s: %v", typ, err)
 		}
 	}
+
+	// Where OpenShift's constraints give every pod its namespace's level, that level passes, and
+	// no other.
+	nsObj, err := cluster.Kube.CoreV1().Namespaces().Get(ctx, f.ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	metav1.SetMetaDataAnnotation(&nsObj.ObjectMeta, "openshift.io/sa.scc.mcs", "s0:c26,c5")
+	if _, err := cluster.Kube.CoreV1().Namespaces().Update(ctx, nsObj, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	withLevel := func(level string) *corev1.Pod {
+		return f.launcher(t, func(p *corev1.Pod) { p.Name, podSELinux(p).Level = "launcher-mcs", level })
+	}
+	// The policy reads the namespace from the API server's cache, a moment behind the update.
+	kubewait.For(t, 30*time.Second, "the controller's token admitted to create a launcher pod with its namespace's SELinux level",
+		func(ctx context.Context) (struct{}, error) { return struct{}{}, dryRunCreate(ctx, pods, withLevel("s0:c26,c5")) },
+		func(struct{}) bool { return true }, nil)
+	wantForbidden(t, "the controller's token creating a launcher pod with another level than its namespace's", dryRunCreate(ctx, pods, withLevel("s0:c123,c456")), seLinuxLabel)
 
 	// Nor anything else in Kubernetes' own namespace.
 	wantForbidden(t, "the controller's token creating a pod in kube-system", dryRunCreate(ctx, f.controller.CoreV1().Pods("kube-system"),
