@@ -3,7 +3,9 @@ package manifests
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
@@ -12,8 +14,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/ptr"
-	"time"
-	"strings"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	vmipods "github.com/lifeboat-vm/lifeboat/evacuation/vmi"
@@ -291,7 +291,9 @@ func TestTheControllersTokenCreatesOnlyWhatALauncherNeeds(t *testing.T) {
 	}
 	// The policy reads the namespace from the API server's cache, a moment behind the update.
 	kubewait.For(t, 30*time.Second, "the controller's token admitted to create a launcher pod with its namespace's SELinux level",
-		func(ctx context.Context) (struct{}, error) { return struct{}{}, dryRunCreate(ctx, pods, withLevel("s0:c26,c5")) },
+		func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, dryRunCreate(ctx, pods, withLevel("s0:c26,c5"))
+		},
 		func(struct{}) bool { return true }, nil)
 	wantForbidden(t, "the controller's token creating a launcher pod with another level than its namespace's", dryRunCreate(ctx, pods, withLevel("s0:c123,c456")), seLinuxLabel)
 
