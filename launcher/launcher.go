@@ -189,6 +189,8 @@ func watchDomain(ctx context.Context, s *daemonSession, name string, podGrace in
 	}
 	// Set once an event finds the domain gone: its stop event, still queued, says how it went.
 	var stopDue <-chan time.Time
+	// terminating is when the first SIGTERM came: the pod's grace period runs from there.
+	var terminating time.Time
 	for {
 		select {
 		case <-stopDue:
@@ -197,6 +199,9 @@ func watchDomain(ctx context.Context, s *daemonSession, name string, podGrace in
 			return contract.ExitGuestPoweredOff, nil
 		case <-sigterm:
 			now := time.Now()
+			if terminating.IsZero() {
+				terminating = now
+			}
 			// The agent hears first: recording the signal in the domain waits for libvirt's job
 			// lock, which an outgoing migration holds (up to 30 s, then it fails).
 			s.notifier.Report(notify.KindGracefulShutdown, now, podGrace, "")
@@ -241,7 +246,7 @@ func watchDomain(ctx context.Context, s *daemonSession, name string, podGrace in
 				s.notifier.Report(notify.KindDomainGone, time.Now(), 0, string(ev.Reason))
 				log.Info("domain gone", "event", ev.Type, "reason", ev.Reason, "exitCode", code)
 				if ev.Reason == domain.ReasonMigrated && podNet {
-					awaitHandover(ctx, s.notifier, log)
+					awaitHandover(ctx, s.notifier, handoverBound(terminating, podGrace, time.Now()), sigterm, podGrace, log)
 				}
 				return code, nil
 			}
@@ -262,20 +267,47 @@ const MsgHandoverDone = "the pod is no longer needed for the guest's connections
 // awaitHandover keeps the pod after its guest left by migration, until the agent says it is no
 // longer needed: the agent makes the pod forward the guest's connections to the target pod
 // until Service proxies send them there, and the forward lives in the pod's network
-// namespace, which goes when the launcher exits. A SIGTERM does not end the wait (a drain
-// evicts the pod as soon as the guest has left); the pod's grace period, a lost agent and
-// notify.HandoverAtMost do.
-func awaitHandover(ctx context.Context, notifier *Notifier, log *slog.Logger) {
+// namespace, which goes when the launcher exits. A lost agent ends the wait, and so does bound:
+// HandoverAtMost, or half the pod's grace period once it is being terminated (a kubelet that
+// evicts the pod, or a drain, must see it end well before its SIGKILL; a SIGTERM during the
+// wait sets that bound from then).
+func awaitHandover(ctx context.Context, notifier *Notifier, bound time.Duration, sigterm <-chan os.Signal, podGrace int64, log *slog.Logger) {
 	start := time.Now()
-	select {
-	case <-notifier.HandoverDone():
-		log.Info(MsgHandoverDone, "waited", time.Since(start).Round(time.Millisecond))
-	case <-notifier.Connection():
-		log.Info("the agent's connection ended while the pod forwarded the guest's connections; exiting")
-	case <-time.After(notify.HandoverAtMost):
-		log.Warn("the agent did not say the pod is no longer needed; exiting", "waited", notify.HandoverAtMost)
-	case <-ctx.Done():
+	until := start.Add(bound)
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	for {
+		select {
+		case <-notifier.HandoverDone():
+			log.Info(MsgHandoverDone, "waited", time.Since(start).Round(time.Millisecond))
+			return
+		case <-notifier.Connection():
+			log.Info("the agent's connection ended while the pod forwarded the guest's connections; exiting")
+			return
+		case <-timer.C:
+			log.Warn("the agent did not say the pod is no longer needed; exiting", "waited", time.Since(start).Round(time.Millisecond))
+			return
+		case <-sigterm:
+			now := time.Now()
+			if end := now.Add(handoverBound(now, podGrace, now)); end.Before(until) {
+				until = end
+				timer.Reset(until.Sub(now))
+			}
+		case <-ctx.Done():
+			return
+		}
 	}
+}
+
+// handoverBound is how long a launcher whose guest left at now still waits for its agent's word:
+// notify.HandoverAtMost, or, once its pod is terminating (since terminating, zero if not), what
+// is left of the first half of its grace period.
+func handoverBound(terminating time.Time, podGrace int64, now time.Time) time.Duration {
+	if terminating.IsZero() {
+		return notify.HandoverAtMost
+	}
+	left := terminating.Add(time.Duration(podGrace) * time.Second / 2).Sub(now)
+	return max(0, min(left, notify.HandoverAtMost))
 }
 
 // reportMigrationCost logs what the migration that brought the guest cost it, from the

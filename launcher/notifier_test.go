@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/lifeboat-vm/lifeboat/api/notify"
+	"os"
+	"syscall"
 )
 
 // agentStandIn accepts one connection and returns the kinds it reads until n arrive.
@@ -101,7 +103,7 @@ func awaitsHandover(t *testing.T, ctx context.Context, n *Notifier, why string) 
 	t.Helper()
 	done := make(chan struct{})
 	go func() {
-		awaitHandover(ctx, n, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		awaitHandover(ctx, n, notify.HandoverAtMost, nil, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		close(done)
 	}()
 	select {
@@ -149,5 +151,48 @@ func TestALauncherStopsWaitingWhenItsAgentGoes(t *testing.T) {
 	case <-n.HandoverDone():
 		t.Error("the launcher counts a lost agent as one that said the pod is no longer needed")
 	default:
+	}
+}
+
+// A pod being terminated (a kubelet's eviction, a drain) must end well before its SIGKILL: the
+// wait for the agent's word lasts at most what is left of the first half of the grace period.
+func TestHandoverBound(t *testing.T) {
+	now := time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name        string
+		terminating time.Time
+		grace       int64
+		want        time.Duration
+	}{
+		{"not terminating", time.Time{}, 60, notify.HandoverAtMost},
+		{"terminating since 10 s, grace 60 s", now.Add(-10 * time.Second), 60, 20 * time.Second},
+		{"half the grace gone already", now.Add(-40 * time.Second), 60, 0},
+		{"a long grace", now, 3600, notify.HandoverAtMost},
+	} {
+		if got := handoverBound(tc.terminating, tc.grace, now); got != tc.want {
+			t.Errorf("%s: handoverBound = %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A SIGTERM while the launcher waits (a drain evicting the pod its guest left) bounds the wait
+// to half the pod's grace period from then.
+func TestASIGTERMBoundsTheWaitForTheHandover(t *testing.T) {
+	ctx, n := agentThatTells(t, func(net.Conn, net.Listener) {})
+	sigterm := make(chan os.Signal, 1)
+	sigterm <- syscall.SIGTERM
+	start := time.Now()
+	done := make(chan struct{})
+	go func() {
+		awaitHandover(ctx, n, notify.HandoverAtMost, sigterm, 2, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the launcher still waited 10 s after a SIGTERM with a grace period of 2 s")
+	}
+	if took := time.Since(start); took < 900*time.Millisecond {
+		t.Errorf("the launcher stopped waiting after %s, before half its grace period (1 s)", took)
 	}
 }
