@@ -489,7 +489,7 @@ func taskStatus(field string) ([]string, error) {
 func filtersAfter(before string) string {
 	var n int
 	if _, err := fmt.Sscan(before, &n); err != nil {
-		fail(fmt.Errorf("Seccomp_filters %q: %w", before, err))
+		fail(fmt.Errorf("reading the thread's Seccomp_filters %q: %w", before, err))
 	}
 	return fmt.Sprint(n + 1)
 }
