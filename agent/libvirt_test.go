@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+	"strconv"
 
 	"github.com/lifeboat-vm/lifeboat/agent/libvirtclient"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
@@ -61,16 +62,7 @@ func TestTheLibvirtClientRunsConfined(t *testing.T) {
 	pid := conn.(*libvirtConn).client.Pid()
 	proc := fmt.Sprintf("/proc/%d", pid)
 
-	status, err := os.ReadFile(proc + "/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fields := map[string]string{}
-	for _, line := range strings.Split(string(status), "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok {
-			fields[k] = strings.Join(strings.Fields(v), " ")
-		}
-	}
+	fields := statusFields(t, proc+"/status")
 	nobody := fmt.Sprintf("%d %d %d %d", libvirtclient.ChildUID, libvirtclient.ChildUID, libvirtclient.ChildUID, libvirtclient.ChildUID)
 	nogroup := fmt.Sprintf("%d %d %d %d", libvirtclient.ChildGID, libvirtclient.ChildGID, libvirtclient.ChildGID, libvirtclient.ChildGID)
 	for k, want := range map[string]string{
@@ -82,12 +74,33 @@ func TestTheLibvirtClientRunsConfined(t *testing.T) {
 			t.Errorf("the child's %s: %q, want %q", k, got, want)
 		}
 	}
+	// Its own seccomp filter on top of the agent's (none here; the container's under a runtime),
+	// on each of its threads.
+	agentFilters, err := strconv.Atoi(statusFields(t, "/proc/self/status")["Seccomp_filters"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks, err := os.ReadDir(proc + "/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tasks) < 2 {
+		t.Errorf("the child has %d threads; a Go program has several, which the filter must all reach", len(tasks))
+	}
+	for _, task := range tasks {
+		thread := statusFields(t, proc+"/task/"+task.Name()+"/status")
+		for k, want := range map[string]string{"Seccomp": "2", "Seccomp_filters": strconv.Itoa(agentFilters + 1), "NoNewPrivs": "1"} {
+			if got := thread[k]; got != want {
+				t.Errorf("the child's thread %s: %s %q, want %q (the agent has %d filters)", task.Name(), k, got, want, agentFilters)
+			}
+		}
+	}
 	for _, id := range []int{0, contract.UID} {
 		if libvirtclient.ChildUID == id || libvirtclient.ChildGID == id {
 			t.Errorf("the child runs as %d:%d, which is root's or the launchers' (%d)", libvirtclient.ChildUID, libvirtclient.ChildGID, id)
 		}
 	}
-	t.Logf("the child %d: Uid %s, Gid %s, CapEff %s, CapBnd %s, NoNewPrivs %s, VmRSS %s (RssAnon %s)", pid, fields["Uid"], fields["Gid"], fields["CapEff"], fields["CapBnd"], fields["NoNewPrivs"], fields["VmRSS"], fields["RssAnon"])
+	t.Logf("the child %d: Uid %s, Gid %s, CapEff %s, CapBnd %s, NoNewPrivs %s, Seccomp_filters %s, %d threads, VmRSS %s (RssAnon %s)", pid, fields["Uid"], fields["Gid"], fields["CapEff"], fields["CapBnd"], fields["NoNewPrivs"], fields["Seccomp_filters"], len(tasks), fields["VmRSS"], fields["RssAnon"])
 	// Not dumpable: its /proc files are root's, although it runs as nobody.
 	var st syscall.Stat_t
 	if err := syscall.Stat(proc+"/status", &st); err != nil || st.Uid != 0 {
@@ -137,4 +150,20 @@ func TestTheLibvirtClientRunsConfined(t *testing.T) {
 	if _, err := conn.DomainNames(ctx); !errors.Is(err, libvirtclient.ErrCut) {
 		t.Errorf("a call after the cut: %v; want %v", err, libvirtclient.ErrCut)
 	}
+}
+
+// statusFields reads a /proc status file into its fields, each value's words joined by a space.
+func statusFields(t *testing.T, path string) map[string]string {
+	t.Helper()
+	status, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := map[string]string{}
+	for _, line := range strings.Split(string(status), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			fields[k] = strings.Join(strings.Fields(v), " ")
+		}
+	}
+	return fields
 }

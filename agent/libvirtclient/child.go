@@ -68,7 +68,8 @@ func runChild(dir, socket string) error {
 // its root is an empty read-only tmpfs holding the relay's directory alone, it runs as
 // ChildUID:ChildGID with no supplementary group and no capability, may gain none (no new
 // privileges), is not dumpable, and dies with the agent. The agent made its mount, network, PID
-// and IPC namespaces (Start); the container's seccomp profile is inherited.
+// and IPC namespaces (Start); the container's seccomp profile is inherited, and narrowed by the
+// child's own filter (childFilter).
 func confine(dir string) error {
 	// A child that a hostile daemon took over and that grows is the first the kernel kills when
 	// the agent's container runs out of memory, not the agent.
@@ -141,6 +142,11 @@ func confine(dir string) error {
 	}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("setting no new privileges: %w", err)
+	}
+	// The container's seccomp profile is the agent's, which allows namespaces and mounts; the
+	// child narrows it with its own (seccomp.go).
+	if err := installFilter(); err != nil {
+		return err
 	}
 	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(unix.SIGKILL), 0, 0, 0); err != nil {
 		return fmt.Errorf("setting the parent-death signal: %w", err)
