@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -133,6 +135,8 @@ type Agent struct {
 	arrived sync.Map
 	// libvirtdRestarts holds, by VMI UID, the LibvirtdRestarted reports counted (restartReports).
 	libvirtdRestarts sync.Map
+	// reportLogs holds, by VMI UID, the budget of log lines of the launcher's reports (mayLogReport).
+	reportLogs sync.Map
 	// dials holds, by VMI UID, what the launcher's recent connections did (dialgate.go); under mu.
 	dials map[string]*dialGate
 	// notifyConns says whether a launcher's reports have all been read.
@@ -266,7 +270,9 @@ func (a *Agent) enqueueVMI(obj any) {
 
 // HandleNotify is the notify server's handler: a launcher's report makes the agent look again at once.
 func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
-	a.cfg.Log.Info("launcher report", "kind", m.Kind, "vmi", m.VMI.String(), "peerPID", peerPID, "reason", m.Reason)
+	if a.mayLogReport(m.VMI.UID) {
+		a.cfg.Log.Info("launcher report", "kind", m.Kind, "vmi", m.VMI.String(), "peerPID", peerPID, "reason", boundedText(m.Reason))
+	}
 	if m.Kind == notify.KindDomainGone && m.Reason == notify.ReasonMigrated {
 		a.migratedAway.Store(m.VMI.UID, m.Time)
 		if _, held := a.handovers.Load(m.VMI.UID); !held {
@@ -292,6 +298,34 @@ func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
 		a.signalled.Store(m.VMI.UID, &signal{at: m.Time, deadline: m.Time.Add(time.Duration(m.PodGracePeriodSeconds) * time.Second)})
 	}
 	a.queue.Add(m.VMI.UID)
+}
+
+// A launcher's reports are its tenant's to write (kubectl exec): each is logged, with at most
+// maxLoggedText bytes of its text, within a budget per launcher of reportLogRate a second
+// (bursts of reportLogBurst), so that no launcher rotates the others' lines out of the agent's
+// log. Reports beyond it are handled all the same, and counted.
+const (
+	maxLoggedText  = 256
+	reportLogRate  = 2
+	reportLogBurst = 20
+)
+
+// mayLogReport takes one from the log budget of the launcher of the VMI with uid.
+func (a *Agent) mayLogReport(uid string) bool {
+	l, _ := a.reportLogs.LoadOrStore(uid, rate.NewLimiter(reportLogRate, reportLogBurst))
+	if l.(*rate.Limiter).Allow() {
+		return true
+	}
+	a.cfg.Metrics.LauncherReportsUnlogged.Inc()
+	return false
+}
+
+// boundedText is s cut to maxLoggedText bytes, saying so.
+func boundedText(s string) string {
+	if len(s) <= maxLoggedText {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxLoggedText], "") + fmt.Sprintf("… (%d bytes more)", len(s)-maxLoggedText)
 }
 
 // ReasonLibvirtdRestarted is the Warning Event on a VMI whose launcher restarted its libvirtd.
@@ -341,6 +375,9 @@ func (a *Agent) libvirtdRestarted(m *notify.Message) {
 	r.mu.Unlock()
 	if over {
 		a.cfg.Metrics.LibvirtdRestartReportsDropped.Inc()
+		if !a.mayLogReport(m.VMI.UID) {
+			return
+		}
 		a.cfg.Log.Warn("a launcher reported more libvirtd restarts than a launcher makes; the report is dropped",
 			"vmi", m.VMI.String(), "max", maxLibvirtdRestarts, "window", libvirtdRestartWindow)
 		return
@@ -409,6 +446,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 			a.signalled.Delete(uid)
 			a.arrived.Delete(uid)
 			a.libvirtdRestarts.Delete(uid)
+			a.reportLogs.Delete(uid)
 			// A migration that just ended may still read what the launcher last reported
 			// (leftByMigration waits launcherReportWait for it): forget it after that.
 			at, _ := a.migratedAway.Load(uid)

@@ -106,3 +106,33 @@ func TestALauncherCannotInflateItsLibvirtdRestarts(t *testing.T) {
 		}
 	}
 }
+
+// A launcher that floods the agent with reports of its own text gets a few short lines in the
+// agent's log, not its text at length nor a line for each; the reports are still handled.
+func TestALauncherCannotFloodTheAgentsLog(t *testing.T) {
+	var log strings.Builder
+	client := lifeboatfake.NewSimpleClientset()
+	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
+	metrics := NewMetrics(prometheus.NewRegistry())
+	a, err := New(Config{NodeName: "node-a", Metrics: metrics, Recorder: record.NewFakeRecorder(10), Log: slog.New(slog.NewJSONHandler(&log, nil))},
+		client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
+		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmi := notify.VMIRef{Namespace: "ns", Name: "vm", UID: "uid-vm"}
+	text := strings.Repeat("x", 16<<10)
+	for range 1000 {
+		a.HandleNotify(&notify.Message{Kind: notify.KindDomainStarted, VMI: vmi, Time: time.Now(), Reason: text}, 1)
+	}
+	lines := strings.Count(log.String(), "\n")
+	if lines > 2*reportLogBurst {
+		t.Errorf("1,000 reports made %d log lines, want at most %d", lines, 2*reportLogBurst)
+	}
+	if log.Len() > lines*(maxLoggedText+512) {
+		t.Errorf("%d log lines hold %d bytes: a report's text is logged at length", lines, log.Len())
+	}
+	if got := testutil.ToFloat64(metrics.LauncherReportsUnlogged); got < 1000-2*reportLogBurst {
+		t.Errorf("lifeboat_agent_launcher_reports_unlogged_total = %v, want the reports over the budget counted", got)
+	}
+}

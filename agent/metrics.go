@@ -37,6 +37,8 @@ type Metrics struct {
 	LibvirtdRestartReportsDropped prometheus.Counter
 	// LauncherConnectFailures counts connections to launchers' libvirt that failed or ended early.
 	LauncherConnectFailures prometheus.Counter
+	// LauncherReportsUnlogged counts launchers' reports handled but not logged, over their budget.
+	LauncherReportsUnlogged prometheus.Counter
 	// MigrationConnectionsRefused counts connections to target proxies whose TLS handshake failed.
 	MigrationConnectionsRefused prometheus.Counter
 	// ReliefDecisions counts node-pressure relief decisions by result; ReliefAvailable is the
@@ -137,6 +139,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_launcher_connect_failures_total",
 			Help: "Connections to a launcher's libvirt that failed or ended within 10 s of opening; the agent spaces out the next ones to that launcher (0.5 s doubling to 5 min), as each starts a libvirt client child.",
 		}),
+		LauncherReportsUnlogged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_agent_launcher_reports_unlogged_total",
+			Help: "Launchers' notify reports handled but not logged: each launcher's reports are logged at most 2 a second (bursts of 20), so that none floods the agent's log.",
+		}),
 		MigrationConnectionsRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "lifeboat_agent_migration_connections_refused_total",
 			Help: "Connections to this node's migration target proxies refused at the TLS handshake: no certificate, another node's or CA's, or another migration's.",
@@ -198,7 +204,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		guestDrops: newGuestFilterDrops(),
 	}
-	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.SourceForwards, m.LibvirtCallsAbandoned, m.LauncherLibvirtdRestarts, m.LibvirtdRestartReportsDropped, m.LauncherConnectFailures, m.MigrationConnectionsRefused,
+	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.SourceForwards, m.LibvirtCallsAbandoned, m.LauncherLibvirtdRestarts, m.LibvirtdRestartReportsDropped, m.LauncherConnectFailures, m.LauncherReportsUnlogged, m.MigrationConnectionsRefused,
 		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated, m.MigrationDowntime,
 		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn, m.StrayGuestsDestroyed, m.APIServerCutOff, m.APIServerOutages, m.guestDrops)
 	// Each decision is served from the start, at 0: no SIGTERM yet reads as 0, not as a series
