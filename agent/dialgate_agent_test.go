@@ -12,14 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/tools/record"
 
-	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
-	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
-	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
@@ -70,23 +65,15 @@ func TestAHostileLauncherCannotMakeTheAgentStartChildrenInALoop(t *testing.T) {
 
 	dialer := &countingDialer{dials: map[string]int{}}
 	realDial := LibvirtDialer(filepath.Join(root, "relays"), slog.New(slog.NewTextHandler(io.Discard, nil)))
-	client := lifeboatfake.NewSimpleClientset()
-	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
-	metrics := NewMetrics(prometheus.NewRegistry())
-	a, err := New(Config{NodeName: "node", DomainsDir: domains, Metrics: metrics,
+	a := newFakeAgent(t, Config{NodeName: "node", DomainsDir: domains,
 		Dial: func(ctx context.Context, socket, uid string) (DomainConn, error) {
 			dialer.mu.Lock()
 			dialer.dials[uid]++
 			dialer.mu.Unlock()
 			return realDial(ctx, socket, uid)
-		},
-		Recorder: record.NewFakeRecorder(100), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister()},
-		client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
-		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	informers.Start(ctx.Done())
+		}})
+	metrics := a.metrics
+	a.informers.Start(ctx.Done())
 	go func() { _ = a.Run(ctx, 1) }()
 
 	// "refuses" accepts each connection and closes it at once, on a socket it makes anew each

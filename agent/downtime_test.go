@@ -26,15 +26,8 @@ import (
 // downtime in the histogram once, though the launcher repeats it after a reconnection; the
 // next migration of the same VM to this node counts again.
 func TestEachArrivalsDowntimeIsCountedOnce(t *testing.T) {
-	client := lifeboatfake.NewSimpleClientset()
-	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
-	metrics := NewMetrics(prometheus.NewRegistry())
-	a, err := New(Config{NodeName: "node-a", Metrics: metrics, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
-		client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
-		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newFakeAgent(t, Config{})
+	metrics := a.metrics
 	vmi := notify.VMIRef{Namespace: "ns", Name: "vm", UID: "uid-vm"}
 	first := time.Date(2026, 11, 28, 2, 0, 0, 0, time.UTC)
 	migrated := func(at time.Time, downtime int64) {

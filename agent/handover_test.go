@@ -1,13 +1,10 @@
 package agent
 
 import (
-	"io"
-	"log/slog"
 	"net/netip"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,9 +12,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
-	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
-	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
-	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/domain"
@@ -145,21 +139,13 @@ func TestALauncherWaitsLongerThanItsPodForwards(t *testing.T) {
 // since, and the launcher's reports came again on a new connection).
 func TestTheSourceLauncherIsToldWhenItsPodIsNoLongerNeeded(t *testing.T) {
 	told := make(chan *notify.Message, 4)
-	client := lifeboatfake.NewSimpleClientset()
-	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
-	a, err := New(Config{NodeName: "node-a", Metrics: NewMetrics(prometheus.NewRegistry()), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		TellLauncher: func(uid string, m *notify.Message) bool {
-			if uid != m.VMI.UID {
-				t.Errorf("told the launcher of %s a message for %s", uid, m.VMI)
-			}
-			told <- m
-			return true
-		}},
-		client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
-		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newFakeAgent(t, Config{TellLauncher: func(uid string, m *notify.Message) bool {
+		if uid != m.VMI.UID {
+			t.Errorf("told the launcher of %s a message for %s", uid, m.VMI)
+		}
+		told <- m
+		return true
+	}})
 	ref := notify.VMIRef{Namespace: "ns", Name: "vm", UID: "uid-vm"}
 	gone := &notify.Message{Kind: notify.KindDomainGone, Reason: notify.ReasonMigrated, VMI: ref, Time: time.Now()}
 	next := func(what string) *notify.Message {

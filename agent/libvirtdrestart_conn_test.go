@@ -10,13 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/tools/record"
 
-	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
-	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
-	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
@@ -49,16 +44,8 @@ func TestTheAgentReconnectsToARestartedLauncherDaemon(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = daemon.Stop() })
 
-	client := lifeboatfake.NewSimpleClientset()
-	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
-	a, err := New(Config{NodeName: "node", DomainsDir: domains, Dial: LibvirtDialer(filepath.Join(root, "relays"), slog.New(slog.NewTextHandler(io.Discard, nil))), Metrics: NewMetrics(prometheus.NewRegistry()),
-		Recorder: record.NewFakeRecorder(100), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister()},
-		client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
-		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	informers.Start(ctx.Done())
+	a := newFakeAgent(t, Config{NodeName: "node", DomainsDir: domains, Dial: LibvirtDialer(filepath.Join(root, "relays"), slog.New(slog.NewTextHandler(io.Discard, nil)))})
+	a.informers.Start(ctx.Done())
 	errc := make(chan error, 1)
 	go func() { errc <- a.Run(ctx, 1) }()
 	waitFor := func(what string, cond func() bool) {

@@ -1,21 +1,15 @@
 package agent
 
 import (
-	"io"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/record"
 
-	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
-	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
-	lifeboatv1alpha1informers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 )
@@ -24,18 +18,9 @@ import (
 // libvirtd is counted and recorded as a Warning Event on the VMI once, though the launcher
 // repeats it on each new connection; a later restart counts again.
 func TestEachLibvirtdRestartIsCountedAndRecordedOnce(t *testing.T) {
-	client := lifeboatfake.NewSimpleClientset()
-	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
-	vmis := informers.Lifeboat().V1alpha1().VirtualMachineInstances()
-	metrics := NewMetrics(prometheus.NewRegistry())
-	recorder := record.NewFakeRecorder(10)
-	a, err := New(Config{NodeName: "node-a", Metrics: metrics, Recorder: recorder, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
-		client, vmis, informers.Lifeboat().V1alpha1().LifeboatConfigs(),
-		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := vmis.Informer().GetIndexer().Add(&v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: types.UID("uid-vm")}}); err != nil {
+	a := newFakeAgent(t, Config{})
+	metrics, recorder := a.metrics, a.recorder
+	if err := a.informers.Lifeboat().V1alpha1().VirtualMachineInstances().Informer().GetIndexer().Add(&v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: types.UID("uid-vm")}}); err != nil {
 		t.Fatal(err)
 	}
 	vmi := notify.VMIRef{Namespace: "ns", Name: "vm", UID: "uid-vm"}
@@ -67,18 +52,9 @@ func TestEachLibvirtdRestartIsCountedAndRecordedOnce(t *testing.T) {
 // it gives up), with text of its own, moves the counter by five and records five Events, none
 // with its text; the rest are counted as dropped.
 func TestALauncherCannotInflateItsLibvirtdRestarts(t *testing.T) {
-	client := lifeboatfake.NewSimpleClientset()
-	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
-	vmis := informers.Lifeboat().V1alpha1().VirtualMachineInstances()
-	metrics := NewMetrics(prometheus.NewRegistry())
-	recorder := record.NewFakeRecorder(200)
-	a, err := New(Config{NodeName: "node-a", Metrics: metrics, Recorder: recorder, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
-		client, vmis, informers.Lifeboat().V1alpha1().LifeboatConfigs(),
-		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := vmis.Informer().GetIndexer().Add(&v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: types.UID("uid-vm")}}); err != nil {
+	a := newFakeAgent(t, Config{})
+	metrics, recorder := a.metrics, a.recorder
+	if err := a.informers.Lifeboat().V1alpha1().VirtualMachineInstances().Informer().GetIndexer().Add(&v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: types.UID("uid-vm")}}); err != nil {
 		t.Fatal(err)
 	}
 	vmi := notify.VMIRef{Namespace: "ns", Name: "vm", UID: "uid-vm"}
@@ -111,15 +87,8 @@ func TestALauncherCannotInflateItsLibvirtdRestarts(t *testing.T) {
 // agent's log, not its text at length nor a line for each; the reports are still handled.
 func TestALauncherCannotFloodTheAgentsLog(t *testing.T) {
 	var log strings.Builder
-	client := lifeboatfake.NewSimpleClientset()
-	informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
-	metrics := NewMetrics(prometheus.NewRegistry())
-	a, err := New(Config{NodeName: "node-a", Metrics: metrics, Recorder: record.NewFakeRecorder(10), Log: slog.New(slog.NewJSONHandler(&log, nil))},
-		client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
-		[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newFakeAgent(t, Config{Log: slog.New(slog.NewJSONHandler(&log, nil))})
+	metrics := a.metrics
 	vmi := notify.VMIRef{Namespace: "ns", Name: "vm", UID: "uid-vm"}
 	text := strings.Repeat("x", 16<<10)
 	for range 1000 {
