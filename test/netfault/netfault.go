@@ -31,8 +31,11 @@ type Faults struct {
 	chain *nftables.Chain
 
 	mu sync.Mutex
-	// home is where each process Join moved came from, to put it back on Close.
-	home map[int]string
+	// home is where each process Join moved came from, to put it back on Close; groupHome is
+	// where the first of each group came from, for the processes they started since (which
+	// start in their parent's group).
+	home      map[int]string
+	groupHome map[string]string
 }
 
 // Prefix starts the name of every table and cgroup of this package: Sweep finds them by it.
@@ -44,7 +47,7 @@ func New() (*Faults, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &Faults{name: Prefix + strconv.Itoa(os.Getpid()), mount: mount, home: map[int]string{}}
+	f := &Faults{name: Prefix + strconv.Itoa(os.Getpid()), mount: mount, home: map[int]string{}, groupHome: map[string]string{}}
 	if err := os.Mkdir(filepath.Join(mount, f.name), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("making cgroup %s: %w", f.name, err)
 	}
@@ -91,6 +94,9 @@ func (f *Faults) Join(group string, pid int) error {
 	f.mu.Lock()
 	if _, ok := f.home[pid]; !ok {
 		f.home[pid] = home
+	}
+	if _, ok := f.groupHome[group]; !ok {
+		f.groupHome[group] = home
 	}
 	f.mu.Unlock()
 	return nil
@@ -195,6 +201,19 @@ func (f *Faults) Close() error {
 		// A process that ended has left its cgroup already.
 		if err := os.WriteFile(filepath.Join(f.mount, home, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil && !errors.Is(err, unix.ESRCH) {
 			errs = append(errs, fmt.Errorf("moving process %d back to %s: %w", pid, home, err))
+		}
+	}
+	// What the joined processes started meanwhile (an agent's libvirt client children) goes
+	// back with them.
+	for group, home := range f.groupHome {
+		b, err := os.ReadFile(filepath.Join(f.mount, f.name, group, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, pid := range strings.Fields(string(b)) {
+			if err := os.WriteFile(filepath.Join(f.mount, home, "cgroup.procs"), []byte(pid), 0o644); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("moving process %s, started in group %s, to %s: %w", pid, group, home, err))
+			}
 		}
 	}
 	f.mu.Unlock()

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+	"strings"
+	"syscall"
 )
 
 // peer is the address the tests listen on: in 127.0.0.0/8, away from the emulated nodes' (from 127.0.0.11 up).
@@ -133,5 +135,45 @@ func TestCutSlowAndHeal(t *testing.T) {
 	}
 	if err := f.Heal(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A process joined to a group may start others there (an agent its libvirt client children):
+// Close takes them out with it, and the groups go.
+func TestCloseTakesOutWhatTheGroupsProcessesStarted(t *testing.T) {
+	f, err := New()
+	if err != nil {
+		t.Skipf("no network faults on this machine: %v", err)
+	}
+	// bash starts its child only once its line comes, in the group by then; the child outlives it.
+	cmd := exec.Command("bash", "-c", "read; sleep 30 >/dev/null & echo $!")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Join("g", cmd.Process.Pid); err != nil {
+		_ = cmd.Process.Kill()
+		t.Fatal(err)
+	}
+	_, _ = stdin.Write([]byte("go\n"))
+	line, _ := io.ReadAll(out)
+	_ = cmd.Wait()
+	child, err := strconv.Atoi(strings.TrimSpace(string(line)))
+	if err != nil {
+		t.Fatalf("the child's pid: %q", line)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	if err := f.Close(); err != nil {
+		t.Fatalf("Close with a child of a joined process still in its group: %v", err)
+	}
+	if group, err := cgroupOf(child); err != nil || strings.Contains(group, f.name) {
+		t.Errorf("the child is in %q after Close (%v), want it out of %s", group, err, f.name)
 	}
 }
