@@ -7,10 +7,10 @@ import (
 	"net/netip"
 	"os/exec"
 	"strconv"
-	"testing"
-	"time"
 	"strings"
 	"syscall"
+	"testing"
+	"time"
 )
 
 // peer is the address the tests listen on: in 127.0.0.0/8, away from the emulated nodes' (from 127.0.0.11 up).
