@@ -73,13 +73,22 @@ func listen(t *testing.T) (string, <-chan received) {
 	return l.Addr().String(), got
 }
 
+// newFaults makes the test's Faults, or fails saying what the machine lacks: make test and .ci/run
+// run as root on a machine with cgroup v2 and nftables (README, Prerequisites), where these
+// tests must run, not be skipped.
+func newFaults(t *testing.T) *Faults {
+	t.Helper()
+	f, err := New()
+	if err != nil {
+		t.Fatalf("network faults need root, a cgroup v2 hierarchy and nftables, as make test and .ci/run have them: %v", err)
+	}
+	return f
+}
+
 // A cut drops what the group's processes send to the address, and only that; healing ends it;
 // a slowed one gets through at about its rate.
 func TestCutSlowAndHeal(t *testing.T) {
-	f, err := New()
-	if err != nil {
-		t.Skipf("no network faults here (root, cgroup v2 and nftables are needed): %v", err)
-	}
+	f := newFaults(t)
 	t.Cleanup(func() {
 		if err := f.Close(); err != nil {
 			t.Errorf("closing: %v", err)
@@ -141,10 +150,7 @@ func TestCutSlowAndHeal(t *testing.T) {
 // A process joined to a group may start others there (an agent its libvirt client children):
 // Close takes them out with it, and the groups go.
 func TestCloseTakesOutWhatTheGroupsProcessesStarted(t *testing.T) {
-	f, err := New()
-	if err != nil {
-		t.Skipf("no network faults on this machine: %v", err)
-	}
+	f := newFaults(t)
 	// bash starts its child only once its line comes, in the group by then; the child outlives it.
 	cmd := exec.Command("bash", "-c", "read; sleep 30 >/dev/null & echo $!")
 	stdin, err := cmd.StdinPipe()
