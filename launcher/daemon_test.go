@@ -156,15 +156,7 @@ func TestALauncherRestartsItsKilledLibvirtd(t *testing.T) {
 	}
 	defer s.Close()
 	name := p.RunGuest(t, ctx, testVMI(t, "survivor"), domain.TCG)
-	type result struct {
-		code int
-		err  error
-	}
-	ended := make(chan result, 1)
-	go func() {
-		code, err := watchDomain(ctx, s, name, 30, false, make(chan os.Signal), quietLog())
-		ended <- result{code, err}
-	}()
+	ended := watchInBackground(ctx, s, name)
 	before, _ := protocol.LastCounter(waitCounter(t, ctx, p.Src.Console(), 3, "before the kill"))
 
 	killDaemon(t, ctx, p.Src.Daemon)
@@ -318,15 +310,7 @@ func TestAGuestThatDiedWhileItsDaemonWasDownEndsTheLauncher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		code int
-		err  error
-	}
-	ended := make(chan result, 1)
-	go func() {
-		code, err := watchDomain(ctx, s, name, 30, false, make(chan os.Signal), quietLog())
-		ended <- result{code, err}
-	}()
+	ended := watchInBackground(ctx, s, name)
 	killDaemon(t, ctx, p.Src.Daemon)
 	if err := syscall.Kill(qemu, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -342,4 +326,21 @@ func TestAGuestThatDiedWhileItsDaemonWasDownEndsTheLauncher(t *testing.T) {
 	if s.Restarts() != 1 {
 		t.Errorf("%d restarts of libvirtd, want 1", s.Restarts())
 	}
+}
+
+// watched is how watchDomain ended: its exit code and error.
+type watched struct {
+	code int
+	err  error
+}
+
+// watchInBackground runs watchDomain for the domain name of s (30 s grace, no pod network, no
+// SIGTERM) and sends how it ended.
+func watchInBackground(ctx context.Context, s *daemonSession, name string) <-chan watched {
+	ended := make(chan watched, 1)
+	go func() {
+		code, err := watchDomain(ctx, s, name, 30, false, make(chan os.Signal), quietLog())
+		ended <- watched{code, err}
+	}()
+	return ended
 }
