@@ -347,43 +347,42 @@ func (r *soakRun) observeConsoles(ctx context.Context) {
 		for _, n := range r.nodes {
 			paths, _ := filepath.Glob(filepath.Join(n.HostPath("/var/run/lifeboat"), "domains", "*", "console.log"))
 			for _, path := range paths {
-				r.readConsole(n.Name(), filepath.Base(filepath.Dir(path)), path)
+				r.readConsole(n.Name(), filepath.Dir(path))
 			}
 		}
 		return false, nil
 	})
 }
 
-func (r *soakRun) readConsole(nodeName, instance, path string) {
-	b, err := os.ReadFile(path)
+func (r *soakRun) readConsole(nodeName, dir string) {
+	read, err := soak.ReadConsole(nodeName, dir)
 	if err != nil {
 		return
 	}
 	now := time.Now()
-	counter, through, errs := soak.ParseConsole(string(b))
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	instance, stream := read.Instance, read.Stream
 	vm, ok := r.vmOf[instance]
 	if !ok {
 		return
 	}
-	stream := nodeName + "/" + instance
-	r.consoles = append(r.consoles, check.Console{At: now, VM: vm, Instance: instance, Node: nodeName, Stream: stream, Counter: counter})
-	if through > r.journal[stream] {
-		r.journal[stream] = through
-		r.journals = append(r.journals, check.Journal{At: now, VM: vm, Instance: instance, Through: through})
+	r.consoles = append(r.consoles, check.Console{At: now, VM: vm, Instance: instance, Node: nodeName, Stream: stream, Counter: read.Counter})
+	if read.Through > r.journal[stream] {
+		r.journal[stream] = read.Through
+		r.journals = append(r.journals, check.Journal{At: now, VM: vm, Instance: instance, Through: read.Through})
 	}
-	for _, e := range errs {
+	for _, e := range read.Errs {
 		if !r.seenErrors[stream+e] {
 			r.seenErrors[stream+e] = true
 			r.journals = append(r.journals, check.Journal{At: now, VM: vm, Instance: instance, Err: e})
 		}
 	}
-	if counter > r.lastCounter[stream] {
+	if read.Counter > r.lastCounter[stream] {
 		r.counting[vm] = now
 		r.countingInstance[vm] = instance
 	}
-	r.lastCounter[stream] = counter
+	r.lastCounter[stream] = read.Counter
 }
 
 // observeService asks the VM's Service every soakAnswerPoll, as a client would, and records each

@@ -1,11 +1,57 @@
 package soak
 
 import (
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 )
+
+// Reading is one reading of a guest's console log on a node.
+type Reading struct {
+	// Instance is the VMI's UID.
+	Instance string
+	// Stream names the console log read: the node, the instance and the launcher pod whose log it is.
+	Stream string
+	// Counter, Through and Errs are what ParseConsole found in it.
+	Counter, Through int
+	Errs             []string
+}
+
+// ReadConsole reads the console log in dir, a node's DomainsDir/<vmi-uid>: the agent's link to
+// the run volume of the launcher pod it chose for the VMI. The link moves: once the VM is
+// stopped and its pod deleted, the agent links an older pod of the instance still on the node
+// (a migration's target that the guest left since), whose log stopped where the guest left it.
+// So the link is resolved once, the log read from its target, and the reading named by that
+// pod: read again, an old pod's log shows what it showed before, not a counter going back.
+func ReadConsole(node, dir string) (Reading, error) {
+	volume, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return Reading{}, err
+	}
+	b, err := os.ReadFile(filepath.Join(volume, contract.ConsoleLog))
+	if err != nil {
+		return Reading{}, err
+	}
+	instance := filepath.Base(dir)
+	r := Reading{Instance: instance, Stream: node + "/" + instance + "/" + podOfRunVolume(volume)}
+	r.Counter, r.Through, r.Errs = ParseConsole(string(b))
+	return r, nil
+}
+
+// podOfRunVolume is the UID of the pod whose run volume is at path (the kubelet's
+// pods/<uid>/volumes/kubernetes.io~empty-dir/run), or path itself if it is not one.
+func podOfRunVolume(path string) string {
+	emptyDirs := filepath.Dir(path)
+	volumes := filepath.Dir(emptyDirs)
+	if filepath.Base(path) != contract.RunVolume || filepath.Base(emptyDirs) != "kubernetes.io~empty-dir" || filepath.Base(volumes) != "volumes" {
+		return path
+	}
+	return filepath.Base(filepath.Dir(volumes))
+}
 
 // ParseConsole reads a console log: its last counter line (a reboot shows as the counter going
 // back), the longest journal it said was intact, and its disk error lines up to the guest's power

@@ -16,8 +16,8 @@ import (
 )
 
 // Console is one reading of a guest's serial console: the last counter line it held at At.
-// Stream names the console (a node's copy of one instance's console log); a migration's target
-// has a stream of its own.
+// Stream names the console log read, one launcher pod's: a migration's target has a stream of its
+// own, also on a node the instance ran on before, and a counter goes back only within one stream.
 type Console struct {
 	At       time.Time
 	VM       string
