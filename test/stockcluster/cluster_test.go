@@ -142,10 +142,7 @@ func startStock(t testing.TB, p profile) *stock {
 		}
 		t.Cleanup(func() {
 			if t.Failed() {
-				for name, log := range n.ContainerLogs(30) {
-					t.Logf("%s container log %s:\n%s", n.Name(), name, log)
-				}
-				t.Logf("%s kubelet log:\n%s", n.Name(), n.LogTail("kubelet"))
+				keepLogs(t, n)
 			}
 			n.Stop()
 		})
@@ -294,8 +291,41 @@ func (s *stock) shellContext(ctx context.Context, t testing.TB, dir, line string
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", line, err, out)
 	}
-	t.Logf("$ %s\n%s", line, out)
+	t.Logf("$ %s\n%s", line, lastLines(string(out), shownLines))
 	return string(out)
+}
+
+// shownLines bounds what a test's log shows of a command's output or of a node's logs: a failed
+// run's messages must stay near the end of what CI keeps of it, below the logs.
+const shownLines = 20
+
+// keepLogs writes a failed test's node logs (every container's, the kubelet's and containerd's
+// tails) to files that outlive the run, and shows only where they are and the kubelet's last lines.
+func keepLogs(t testing.TB, n *realnode.Node) {
+	dir, err := os.MkdirTemp("", "lifeboat-stockcluster-"+n.Name()+"-")
+	if err != nil {
+		t.Logf("keeping %s's logs: %v", n.Name(), err)
+		return
+	}
+	files := map[string]string{"kubelet.log": n.LogTail("kubelet"), "containerd.log": n.LogTail("containerd")}
+	for pod, log := range n.ContainerLogs(1000) {
+		files[strings.ReplaceAll(pod, "/", "_")+".log"] = log
+	}
+	for name, log := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(log), 0o644); err != nil {
+			t.Logf("keeping %s's logs: %v", n.Name(), err)
+		}
+	}
+	t.Logf("%s: its container, kubelet and containerd logs are in %s; the kubelet's last lines:\n%s", n.Name(), dir, lastLines(n.LogTail("kubelet"), shownLines))
+}
+
+// lastLines is the end of s, at most n lines, saying how many it left out.
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) <= n {
+		return strings.Join(l, "\n")
+	}
+	return fmt.Sprintf("[%d lines before]\n%s", len(l)-n, strings.Join(l[len(l)-n:], "\n"))
 }
 
 // waitReady waits for count Ready pods of lifeboat's with the selector.
