@@ -510,7 +510,7 @@ func sourceLeftPromptly(t *testing.T, real *realnode.Node, switches *switchWatch
 	var agentLog string
 	for name, l := range real.ContainerLogs(5000) {
 		if strings.Contains(name, "lifeboat-agent") && strings.HasSuffix(name, "/agent") {
-			agentLog = l
+			agentLog = criLogContent(l)
 		}
 	}
 	started := logTimesIn(strings.NewReader(agentLog), podnetwork.MsgForwarding, vmiName)
@@ -523,6 +523,18 @@ func sourceLeftPromptly(t *testing.T, real *realnode.Node, switches *switchWatch
 	if forward >= agent.ForwardAtMost {
 		t.Errorf("the source pod forwarded for %s, its bound: the EndpointSlices kept listing it", forward)
 	}
+}
+
+// criLogContent is what the container wrote, from a container log as the kubelet keeps it: each
+// line "<time> <stream> <P|F> <content>" (the CRI log format).
+func criLogContent(log string) string {
+	var b strings.Builder
+	for line := range strings.Lines(log) {
+		if f := strings.SplitN(line, " ", 4); len(f) == 4 {
+			b.WriteString(f[3])
+		}
+	}
+	return b.String()
 }
 
 // TestRealNodePressureShutsTheVMDownWithTheGateOff: the same eviction with the feature gate off
