@@ -141,7 +141,7 @@ func (c *Controller) deleteStillReadyWithoutGuest(ctx context.Context, vmi *v1al
 			return again, fmt.Errorf("deleting pod %s, which its kubelet keeps Ready after the guest left: %w", pod.Name, err)
 		}
 		c.recorder.Eventf(vmi, corev1.EventTypeNormal, ReasonSourcePodDeleted,
-			"deleted launcher pod %s, which the guest left for node %s: its kubelet, ending it, kept it Ready for %s after its readiness gate went False, so Services still sent to it",
+			"deleted launcher pod %s, which the guest left for node %s: its kubelet kept it Ready for %s after its readiness gate went False (a kubelet ending a pod re-reads the gate only once its containers have stopped), so Services still sent to it",
 			pod.Name, vmi.Status.NodeName, KubeletFollowsGateWithin)
 		c.log.Info("deleted a launcher pod its kubelet keeps Ready after the guest left", "vmi", vmi.Namespace+"/"+vmi.Name, "pod", pod.Name, "node", pod.Spec.NodeName)
 	}
