@@ -78,21 +78,35 @@ const (
 )
 
 // SourceListed says whether any of slices lists the pod sourcePod (by UID) as an endpoint a
-// Service proxy may still send to: ready, or serving while terminating.
+// Service proxy may still send to: ready, or serving while terminating when its Service has no
+// ready endpoint (proxies fall back to such endpoints only then; a source pod lifeboat deleted
+// because its kubelet kept it Ready is one while the target is ready).
 func SourceListed(slices []discoveryv1.EndpointSlice, sourcePod string) bool {
+	hasReady := map[string]bool{}
+	for _, s := range slices {
+		for _, ep := range s.Endpoints {
+			if endpointReady(ep) {
+				hasReady[s.Labels[discoveryv1.LabelServiceName]] = true
+			}
+		}
+	}
 	for _, s := range slices {
 		for _, ep := range s.Endpoints {
 			if ep.TargetRef == nil || string(ep.TargetRef.UID) != sourcePod {
 				continue
 			}
-			ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
 			serving := ep.Conditions.Serving != nil && *ep.Conditions.Serving
-			if ready || serving {
+			if endpointReady(ep) || serving && !hasReady[s.Labels[discoveryv1.LabelServiceName]] {
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// endpointReady is an endpoint's ready condition; unknown reads as ready, as the API says.
+func endpointReady(ep discoveryv1.Endpoint) bool {
+	return ep.Conditions.Ready == nil || *ep.Conditions.Ready
 }
 
 // ForwardEndInput is what the forward's end depends on, read every forwardCheckInterval.

@@ -53,10 +53,14 @@ func TestDecideForward(t *testing.T) {
 func TestSourceListed(t *testing.T) {
 	ep := func(uid string, ready, serving *bool) discoveryv1.Endpoint {
 		return discoveryv1.Endpoint{TargetRef: &corev1.ObjectReference{Kind: "Pod", UID: types.UID(uid)},
-			Conditions: discoveryv1.EndpointConditions{Ready: ready, Serving: serving}}
+			Conditions: discoveryv1.EndpointConditions{Ready: ready, Serving: serving, Terminating: ptr.To(ready != nil && !*ready && serving != nil && *serving)}}
 	}
 	slice := func(eps ...discoveryv1.Endpoint) discoveryv1.EndpointSlice {
-		return discoveryv1.EndpointSlice{Endpoints: eps}
+		return discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{discoveryv1.LabelServiceName: "vm"}}, Endpoints: eps}
+	}
+	of := func(service string, s discoveryv1.EndpointSlice) discoveryv1.EndpointSlice {
+		s.Labels = map[string]string{discoveryv1.LabelServiceName: service}
+		return s
 	}
 	for _, tc := range []struct {
 		name   string
@@ -65,7 +69,11 @@ func TestSourceListed(t *testing.T) {
 	}{
 		{"ready", []discoveryv1.EndpointSlice{slice(ep("target", ptr.To(true), nil)), slice(ep("source", ptr.To(true), nil))}, true},
 		{"ready unknown reads as ready", []discoveryv1.EndpointSlice{slice(ep("source", nil, nil))}, true},
-		{"terminating but serving", []discoveryv1.EndpointSlice{slice(ep("source", ptr.To(false), ptr.To(true)))}, true},
+		{"terminating but serving, the only endpoint: proxies fall back to it", []discoveryv1.EndpointSlice{slice(ep("source", ptr.To(false), ptr.To(true)))}, true},
+		{"terminating but serving, the target not ready yet", []discoveryv1.EndpointSlice{slice(ep("source", ptr.To(false), ptr.To(true)), ep("target", ptr.To(false), ptr.To(false)))}, true},
+		{"terminating but serving, the target ready: proxies send there", []discoveryv1.EndpointSlice{slice(ep("source", ptr.To(false), ptr.To(true)), ep("target", ptr.To(true), ptr.To(true)))}, false},
+		{"terminating but serving, the target ready in another slice of the Service", []discoveryv1.EndpointSlice{slice(ep("source", ptr.To(false), ptr.To(true))), slice(ep("target", ptr.To(true), ptr.To(true)))}, false},
+		{"terminating but serving, a ready endpoint only in another Service", []discoveryv1.EndpointSlice{slice(ep("source", ptr.To(false), ptr.To(true))), of("other", slice(ep("target", ptr.To(true), ptr.To(true))))}, true},
 		{"not ready", []discoveryv1.EndpointSlice{slice(ep("source", ptr.To(false), ptr.To(false)), ep("target", ptr.To(true), nil))}, false},
 		{"gone from the slices", []discoveryv1.EndpointSlice{slice(ep("target", ptr.To(true), nil))}, false},
 		{"no slices", nil, false},

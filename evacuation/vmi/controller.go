@@ -184,42 +184,41 @@ func AllowedNodeDirectories(configs lifeboatlisters.LifeboatConfigLister) []stri
 
 // Run processes the queue with the given number of workers until ctx ends.
 func (c *Controller) Run(ctx context.Context, workers int) error {
-	return worker.Run(ctx, "vmi", c.queue, c.synced, workers, func(ctx context.Context, key string) (time.Duration, error) {
-		return 0, c.sync(ctx, key)
-	}, c.log)
+	return worker.Run(ctx, "vmi", c.queue, c.synced, workers, c.sync, c.log)
 }
 
-func (c *Controller) sync(ctx context.Context, key string) error {
+// sync reconciles the VMI key; the duration says when to look again although nothing changed.
+func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error) {
 	namespace, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
-		return nil // a malformed key never becomes valid
+		return 0, nil // a malformed key never becomes valid
 	}
 	cached, err := c.vmis.VirtualMachineInstances(namespace).Get(name)
 	if apierrors.IsNotFound(err) {
-		return nil // its pods go with it through their owner reference
+		return 0, nil // its pods go with it through their owner reference
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	vmi := cached.DeepCopy()
 	owned, err := c.ownedPods(vmi)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	pod := ActivePod(vmi, owned)
 
 	if vmi.DeletionTimestamp != nil {
-		return c.syncDeleted(ctx, vmi, pod)
+		return 0, c.syncDeleted(ctx, vmi, pod)
 	}
 	if !hasFinalizer(vmi) {
 		vmi.Finalizers = append(vmi.Finalizers, v1alpha1.FinalizerShutdown)
 		if vmi, err = c.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(namespace).Update(ctx, vmi, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("adding the shutdown finalizer: %w", err)
+			return 0, fmt.Errorf("adding the shutdown finalizer: %w", err)
 		}
 	}
 	if pod == nil && (vmi.Status.Phase == "" || vmi.Status.Phase == v1alpha1.VMIPending) {
 		if pod, err = c.createLauncherPod(ctx, vmi); err != nil {
-			return err
+			return 0, err
 		}
 	} else if pod != nil && vmi.Status.VolumeStatus == nil {
 		// The status write after the pod's creation was lost: record the claims now.
@@ -228,9 +227,12 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		}
 	}
 	if err := c.updateStatus(ctx, vmi, pod); err != nil {
-		return err
+		return 0, err
 	}
-	return c.syncGuestGates(ctx, vmi, owned)
+	if err := c.syncGuestGates(ctx, vmi, owned); err != nil {
+		return 0, err
+	}
+	return c.deleteStillReadyWithoutGuest(ctx, vmi, owned)
 }
 
 // ownedPods are the launcher pods the VMI controls: its own and its migrations' targets.

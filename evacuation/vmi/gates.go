@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -76,4 +78,72 @@ func (c *Controller) syncGuestGates(ctx context.Context, vmi *v1alpha1.VirtualMa
 		c.log.Info("set the guest's readiness gate", "vmi", vmi.Namespace+"/"+vmi.Name, "pod", pod.Name, "status", want)
 	}
 	return nil
+}
+
+// ReasonSourcePodDeleted is the Event on a VMI whose former pod lifeboat deleted because its
+// kubelet kept it Ready after the guest had left.
+const ReasonSourcePodDeleted = "SourcePodDeleted"
+
+// KubeletFollowsGateWithin is how long a kubelet may take to make a pod's Ready condition follow
+// its readiness gate. A kubelet that is terminating the pod (an eviction, a node shutdown)
+// re-reads the gate only once the pod's containers have ended: the pod it evicts for a migration
+// stays a ready endpoint of the VM's Services, and its launcher waits for the agent, which waits
+// for the pod to leave the Services (a circular wait that only the launcher's bound ends).
+const KubeletFollowsGateWithin = 3 * time.Second
+
+// StillReadyWithoutGuest says whether pod, a launcher pod of vmi on the pod network, is one the
+// guest has left for another node and whose kubelet has kept it Ready for KubeletFollowsGateWithin
+// after its gate went False. Deleting it marks it terminating in the EndpointSlices, where a
+// Service proxy with a ready endpoint (the target pod) no longer sends to it; nothing else about
+// it changes, as its kubelet is ending it already. wait is how long until it would be, when it is
+// not yet: the gate went False less than KubeletFollowsGateWithin ago.
+func StillReadyWithoutGuest(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, now time.Time) (remove bool, wait time.Duration) {
+	if !slices.ContainsFunc(pod.Spec.ReadinessGates, func(g corev1.PodReadinessGate) bool { return g.ConditionType == v1alpha1.PodConditionGuestRunning }) ||
+		pod.DeletionTimestamp != nil || PodEnded(pod) ||
+		vmi.Status.Phase != v1alpha1.VMIRunning || pod.Spec.NodeName == "" || pod.Spec.NodeName == vmi.Status.NodeName {
+		return false, 0
+	}
+	var gate, ready *corev1.PodCondition
+	for i := range pod.Status.Conditions {
+		switch pod.Status.Conditions[i].Type {
+		case v1alpha1.PodConditionGuestRunning:
+			gate = &pod.Status.Conditions[i]
+		case corev1.PodReady:
+			ready = &pod.Status.Conditions[i]
+		}
+	}
+	if gate == nil || gate.Status != corev1.ConditionFalse || ready == nil || ready.Status != corev1.ConditionTrue {
+		return false, 0
+	}
+	if left := gate.LastTransitionTime.Add(KubeletFollowsGateWithin).Sub(now); left > 0 {
+		return false, left
+	}
+	return true, 0
+}
+
+// deleteStillReadyWithoutGuest deletes the pods StillReadyWithoutGuest names, and says when to
+// look again for those that are not yet (0: none).
+func (c *Controller) deleteStillReadyWithoutGuest(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod) (time.Duration, error) {
+	var again time.Duration
+	for _, pod := range pods {
+		remove, wait := StillReadyWithoutGuest(vmi, pod, c.now().Time)
+		if wait > 0 && (again == 0 || wait < again) {
+			again = wait
+		}
+		if !remove {
+			continue
+		}
+		err := c.kube.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			continue
+		}
+		if err != nil {
+			return again, fmt.Errorf("deleting pod %s, which its kubelet keeps Ready after the guest left: %w", pod.Name, err)
+		}
+		c.recorder.Eventf(vmi, corev1.EventTypeNormal, ReasonSourcePodDeleted,
+			"deleted launcher pod %s, which the guest left for node %s: its kubelet kept it Ready for %s after its readiness gate went False (a kubelet ending a pod re-reads the gate only once its containers have stopped), so Services still sent to it",
+			pod.Name, vmi.Status.NodeName, KubeletFollowsGateWithin)
+		c.log.Info("deleted a launcher pod its kubelet keeps Ready after the guest left", "vmi", vmi.Namespace+"/"+vmi.Name, "pod", pod.Name, "node", pod.Spec.NodeName)
+	}
+	return again, nil
 }

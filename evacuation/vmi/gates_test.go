@@ -3,6 +3,7 @@ package vmi
 import (
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,6 +40,57 @@ func TestGateOrder(t *testing.T) {
 			}
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("GateOrder = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestStillReadyWithoutGuest(t *testing.T) {
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	onB := &v1alpha1.VirtualMachineInstance{Status: v1alpha1.VirtualMachineInstanceStatus{Phase: v1alpha1.VMIRunning, NodeName: "b"}}
+	// pod is a launcher pod on node, its gate at gate since gateFor ago, its Ready condition ready.
+	pod := func(node string, gate corev1.ConditionStatus, gateFor time.Duration, ready corev1.ConditionStatus) *corev1.Pod {
+		return &corev1.Pod{
+			Spec: corev1.PodSpec{NodeName: node, ReadinessGates: []corev1.PodReadinessGate{{ConditionType: v1alpha1.PodConditionGuestRunning}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{
+				{Type: v1alpha1.PodConditionGuestRunning, Status: gate, LastTransitionTime: metav1.NewTime(now.Add(-gateFor))},
+				{Type: corev1.PodReady, Status: ready},
+			}},
+		}
+	}
+	with := func(p *corev1.Pod, change func(*corev1.Pod)) *corev1.Pod { change(p); return p }
+	for _, tc := range []struct {
+		name   string
+		vmi    *v1alpha1.VirtualMachineInstance
+		pod    *corev1.Pod
+		remove bool
+		wait   time.Duration
+	}{
+		{"the kubelet keeps the source Ready past the bound (it is evicting it)", onB,
+			pod("a", corev1.ConditionFalse, KubeletFollowsGateWithin, corev1.ConditionTrue), true, 0},
+		{"the gate just went False: the kubelet may still follow", onB,
+			pod("a", corev1.ConditionFalse, time.Second, corev1.ConditionTrue), false, KubeletFollowsGateWithin - time.Second},
+		{"the kubelet followed the gate", onB,
+			pod("a", corev1.ConditionFalse, time.Minute, corev1.ConditionFalse), false, 0},
+		{"the gate not written False yet", onB,
+			pod("a", corev1.ConditionTrue, time.Minute, corev1.ConditionTrue), false, 0},
+		{"the pod the guest runs in", onB,
+			pod("b", corev1.ConditionFalse, time.Minute, corev1.ConditionTrue), false, 0},
+		{"already being deleted", onB,
+			with(pod("a", corev1.ConditionFalse, time.Minute, corev1.ConditionTrue), func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: now} }), false, 0},
+		{"ended", onB,
+			with(pod("a", corev1.ConditionFalse, time.Minute, corev1.ConditionTrue), func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }), false, 0},
+		{"no readiness gate: not on the pod network", onB,
+			with(pod("a", corev1.ConditionFalse, time.Minute, corev1.ConditionTrue), func(p *corev1.Pod) { p.Spec.ReadinessGates = nil }), false, 0},
+		{"not scheduled", onB,
+			pod("", corev1.ConditionFalse, time.Minute, corev1.ConditionTrue), false, 0},
+		{"the VMI not running: no guest anywhere to leave for", &v1alpha1.VirtualMachineInstance{Status: v1alpha1.VirtualMachineInstanceStatus{Phase: v1alpha1.VMIFailed, NodeName: "b"}},
+			pod("a", corev1.ConditionFalse, time.Minute, corev1.ConditionTrue), false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			remove, wait := StillReadyWithoutGuest(tc.vmi, tc.pod, now)
+			if remove != tc.remove || wait != tc.wait {
+				t.Errorf("StillReadyWithoutGuest = %t %s, want %t %s", remove, wait, tc.remove, tc.wait)
 			}
 		})
 	}

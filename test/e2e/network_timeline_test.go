@@ -24,21 +24,23 @@ import (
 )
 
 // switchWatch records, as the test sees them, when the objects that route a Service to a VM
-// change during its migration: the pods' readiness gates and Ready conditions, and the
-// EndpointSlices' ready endpoints. Times are when the watch delivered the change.
+// change during its migration: the pods' readiness gates, Ready conditions, phases and deletions,
+// and the EndpointSlices' ready endpoints. Times are when the watch delivered the change.
 type switchWatch struct {
 	mu sync.Mutex
 	// first is, per event name, when it was seen first.
 	first map[string]time.Time
-	stop  context.CancelFunc
-	done  sync.WaitGroup
+	// last is each pod as last seen, deleted or not.
+	last map[string]*corev1.Pod
+	stop context.CancelFunc
+	done sync.WaitGroup
 }
 
 // watchSwitch starts watching ns's pods and EndpointSlices.
 func watchSwitch(tb testing.TB, ns string) *switchWatch {
 	tb.Helper()
 	ctx, stop := context.WithCancel(context.Background())
-	w := &switchWatch{first: map[string]time.Time{}, stop: stop}
+	w := &switchWatch{first: map[string]time.Time{}, last: map[string]*corev1.Pod{}, stop: stop}
 	pods, err := cluster.Kube.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		tb.Fatal(err)
@@ -66,6 +68,13 @@ func (w *switchWatch) follow(ctx context.Context, events watch.Interface) {
 			var seen []string
 			switch o := e.Object.(type) {
 			case *corev1.Pod:
+				seen = append(seen, podPhase(o.Name, o.Status.Phase))
+				if e.Type == watch.Deleted {
+					seen = append(seen, podDeleted(o.Name))
+				}
+				w.mu.Lock()
+				w.last[o.Name] = o
+				w.mu.Unlock()
 				for _, c := range o.Status.Conditions {
 					if c.Type == v1alpha1.PodConditionGuestRunning || c.Type == corev1.PodReady {
 						seen = append(seen, fmt.Sprintf("pod %s %s=%s", o.Name, c.Type, c.Status))
@@ -98,6 +107,34 @@ func (w *switchWatch) at(event string) time.Time {
 	defer w.mu.Unlock()
 	return w.first[event]
 }
+
+// firstOf is when the first of the events match accepts was seen, zero if none was.
+func (w *switchWatch) firstOf(match func(event string) bool) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var first time.Time
+	for e, at := range w.first {
+		if match(e) && (first.IsZero() || at.Before(first)) {
+			first = at
+		}
+	}
+	return first
+}
+
+// lastPod is the pod named name as last seen; nil if never seen.
+func (w *switchWatch) lastPod(name string) *corev1.Pod {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.last[name]
+}
+
+// podPhase is the event of pod's being seen in phase.
+func podPhase(pod string, phase corev1.PodPhase) string {
+	return "pod " + pod + " phase=" + string(phase)
+}
+
+// podDeleted is the event of pod's deletion from the API.
+func podDeleted(pod string) string { return "pod " + pod + " deleted" }
 
 func (w *switchWatch) close() {
 	w.stop()

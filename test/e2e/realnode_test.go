@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -21,8 +22,11 @@ import (
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"k8s.io/utils/ptr"
 
+	"github.com/lifeboat-vm/lifeboat/agent"
+	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
@@ -350,12 +354,11 @@ func kubeletEviction(t *testing.T, pod *corev1.Pod, timeout time.Duration) time.
 }
 
 // sourceExitedCleanly checks that the launcher container exited 0 before the grace period
-// ended (so it was never SIGKILLed), and that the kubelet recorded why it ended the pod.
-func sourceExitedCleanly(t *testing.T, pod *corev1.Pod, evicted time.Time) {
+// ended (so it was never SIGKILLed), and that the kubelet recorded why it ended the pod. get
+// reads the pod as last seen.
+func sourceExitedCleanly(t *testing.T, pod *corev1.Pod, evicted time.Time, get func(context.Context) (*corev1.Pod, error)) {
 	t.Helper()
-	last := kubewait.For(t, (realMaxGrace+30)*time.Second, "the source pod "+pod.Name+" ended", func(ctx context.Context) (*corev1.Pod, error) {
-		return cluster.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-	}, func(p *corev1.Pod) bool {
+	last := kubewait.For(t, (realMaxGrace+30)*time.Second, "the source pod "+pod.Name+" ended", get, func(p *corev1.Pod) bool {
 		return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
 	},
 		func(p *corev1.Pod) string { return fmt.Sprintf("%+v", p.Status) })
@@ -438,6 +441,10 @@ func TestRealNodePressureLiveMigratesTheVM(t *testing.T) {
 	}
 	node.StartTestServiceProxy(t, real.Network(), proxy, cluster.Kubeconfig, real.Name())
 	service := createService(t, vmi.Namespace, vmi.Labels["app"])
+	// The source pod may be deleted once it has ended (StillReadyWithoutGuest): the watch keeps
+	// what it last was.
+	switches := watchSwitch(t, vmi.Namespace)
+	t.Cleanup(switches.close)
 	boot, _ := waitGuestAnswer(t, real.Network(), service, bootTimeout)
 	crossSoftThreshold(t, real)
 	evicted := kubeletEviction(t, sourcePod, 2*time.Minute)
@@ -460,10 +467,74 @@ func TestRealNodePressureLiveMigratesTheVM(t *testing.T) {
 	if c := meta.FindStatusCondition(moved.Status.Conditions, v1alpha1.VMIConditionEvictionRequested); moved.Status.EvacuationNodeName != "" || c == nil || c.Status != metav1.ConditionFalse {
 		t.Errorf("a migrated VM is no longer marked: %s", describe(moved))
 	}
-	sourceExitedCleanly(t, sourcePod, evicted)
+	sourceExitedCleanly(t, sourcePod, evicted, func(context.Context) (*corev1.Pod, error) {
+		if p := switches.lastPod(sourcePod.Name); p != nil {
+			return p, nil
+		}
+		return nil, fmt.Errorf("the watch has not seen pod %s", sourcePod.Name)
+	})
+	sourceLeftPromptly(t, real, switches, sourcePod.Name, moved.Status.LauncherPod.Name, vmi.Name)
 	if v := waitVMI(t, vmi.Namespace, vmi.Name, 10*time.Second, "Running on the target", running); v.Status.NodeName != target.Name() {
 		t.Errorf("the VMI must run on %s: %s", target.Name(), describe(v))
 	}
+}
+
+// sourceLeavesWithin bounds how long an evicted source pod stays once the target pod is a ready
+// endpoint of the VM's Service. Its kubelet keeps it Ready while it ends it, so lifeboat deletes
+// it after vmi.KubeletFollowsGateWithin (plus the gate's one-second time resolution); its agent
+// then forwards for agent.ForwardAfterEndpoints more, and the launcher and the kubelet take the
+// rest. Before lifeboat deleted it, the launcher's own bound ended it: half its grace period
+// after the eviction, 28 s after the target was ready in the run that found it.
+const sourceLeavesWithin = vmi.KubeletFollowsGateWithin + time.Second + agent.ForwardAfterEndpoints + 5*time.Second
+
+// sourceLeftPromptly checks that the source pod ended within sourceLeavesWithin of the target
+// pod's becoming a ready endpoint, and that the source agent's forward ended on the
+// EndpointSlices' word, not at its bound.
+func sourceLeftPromptly(t *testing.T, real *realnode.Node, switches *switchWatch, sourcePod, targetPod, vmiName string) {
+	t.Helper()
+	targetReady := switches.firstOf(func(e string) bool {
+		ready, ok := strings.CutPrefix(e, "slice ready ")
+		return ok && slices.Contains(strings.Split(ready, ","), targetPod)
+	})
+	ended := switches.firstOf(func(e string) bool {
+		return e == podPhase(sourcePod, corev1.PodSucceeded) || e == podPhase(sourcePod, corev1.PodFailed) || e == podDeleted(sourcePod)
+	})
+	if targetReady.IsZero() || ended.IsZero() {
+		t.Fatalf("the watch saw the target %s a ready endpoint at %s and the source %s end at %s", targetPod, targetReady, sourcePod, ended)
+	}
+	took := ended.Sub(targetReady)
+	t.Logf("the source pod ended %s after the target pod was a ready endpoint (at most %s)", took.Round(time.Millisecond), sourceLeavesWithin)
+	if took > sourceLeavesWithin {
+		t.Errorf("the source pod %s ended %s after the target pod %s was a ready endpoint, want at most %s", sourcePod, took, targetPod, sourceLeavesWithin)
+	}
+	var agentLog string
+	for name, l := range real.ContainerLogs(5000) {
+		if strings.Contains(name, "lifeboat-agent") && strings.HasSuffix(name, "/agent") {
+			agentLog = criLogContent(l)
+		}
+	}
+	started := logTimesIn(strings.NewReader(agentLog), podnetwork.MsgForwarding, vmiName)
+	stopped := logTimesIn(strings.NewReader(agentLog), podnetwork.MsgForwardEnded, vmiName)
+	if len(started) != 1 || len(stopped) != 1 {
+		t.Fatalf("the source agent logged %d starts and %d ends of the forward, want one of each", len(started), len(stopped))
+	}
+	forward := stopped[0].Sub(started[0])
+	t.Logf("the source pod forwarded for %s", forward.Round(time.Millisecond))
+	if forward >= agent.ForwardAtMost {
+		t.Errorf("the source pod forwarded for %s, its bound: the EndpointSlices kept listing it", forward)
+	}
+}
+
+// criLogContent is what the container wrote, from a container log as the kubelet keeps it: each
+// line "<time> <stream> <P|F> <content>" (the CRI log format).
+func criLogContent(log string) string {
+	var b strings.Builder
+	for line := range strings.Lines(log) {
+		if f := strings.SplitN(line, " ", 4); len(f) == 4 {
+			b.WriteString(f[3])
+		}
+	}
+	return b.String()
 }
 
 // TestRealNodePressureShutsTheVMDownWithTheGateOff: the same eviction with the feature gate off
@@ -490,5 +561,7 @@ func TestRealNodePressureShutsTheVMDownWithTheGateOff(t *testing.T) {
 	if err != nil || len(migrations.Items) != 0 {
 		t.Errorf("with the gate off no migration is made: %v, %d", err, len(migrations.Items))
 	}
-	sourceExitedCleanly(t, sourcePod, evicted)
+	sourceExitedCleanly(t, sourcePod, evicted, func(ctx context.Context) (*corev1.Pod, error) {
+		return cluster.Kube.CoreV1().Pods(sourcePod.Namespace).Get(ctx, sourcePod.Name, metav1.GetOptions{})
+	})
 }
