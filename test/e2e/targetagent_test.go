@@ -19,7 +19,8 @@ import (
 // goes to the one node whose agent is up, though the scheduler, left alone, prefers the node
 // where the first attempt failed (it has more memory free).
 func TestAnEvictedVMOutlivesItsTargetAgentsKill(t *testing.T) {
-	const grace = 45 // seconds: the soak's 60, less the time its source agent's kill took
+	// The soak's grace was 60 s, of which its source agent's kill took 14 s before any memory moved.
+	const grace = 45
 	setConfig(t, true, func(c *v1alpha1.LifeboatConfig) {
 		c.Spec.Migrations.BandwidthPerMigration = ptr.To(resource.MustParse("4Mi"))
 		c.Spec.Migrations.AllowAutoConverge, c.Spec.Migrations.AllowPause = ptr.To(false), ptr.To(false)
@@ -37,7 +38,10 @@ func TestAnEvictedVMOutlivesItsTargetAgentsKill(t *testing.T) {
 	small := nodes[2]
 	// 128 MiB, the soak's: at the cap a full copy takes 32 s, which the grace fits (the agents
 	// see no VM at risk).
-	vmi := createVMI(t, testNamespace(t), newVMI("target-agent-killed", strategy(v1alpha1.EvictionStrategyLiveMigrate)))
+	vmi := createVMI(t, testNamespace(t), newVMI("target-agent-killed", strategy(v1alpha1.EvictionStrategyLiveMigrate), func(v *v1alpha1.VirtualMachineInstance) {
+		// The pod's grace, this and a margin, is above the node's: the node's sets the deadline.
+		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](grace)
+	}))
 	vmi = waitVMI(t, vmi.Namespace, vmi.Name, bootTimeout, "phase Running", running)
 	source := nodeOf(t, nodes, vmi)
 	waitCounterPast(t, source.consolePath(vmi), 0, bootTimeout)
