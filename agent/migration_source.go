@@ -252,6 +252,7 @@ func (m *migrations) afterFailedCall(mig *v1alpha1.VirtualMachineInstanceMigrati
 		c.SourceSilent = m.a.conn(uid) == nil || m.a.notifyConns.allRead(uid)
 		state, reason, err := mg.State(name)
 		c.SourceAlive = err == nil && stateOf(state, reason).Alive()
+		c.SourceRunning = err == nil && state == domain.Running
 		if outcome := DecideFailedCall(c); outcome != OutcomeWait {
 			return outcome, c
 		}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
+	"strings"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
@@ -223,6 +224,9 @@ func (c *Controller) create(ctx context.Context, cand Candidate, ahead bool) err
 	if cand.Deadline != nil {
 		m.Annotations[v1alpha1.AnnotationDeadline] = cand.Deadline.UTC().Format(time.RFC3339)
 	}
+	if len(cand.FailedOn) > 0 {
+		m.Annotations[v1alpha1.AnnotationPreferOtherNodes] = strings.Join(cand.FailedOn, ",")
+	}
 	created, err := c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(vmi.Namespace).Create(ctx, m, metav1.CreateOptions{})
 	if err != nil {
 		c.recorder.Eventf(vmi, corev1.EventTypeWarning, ReasonFailedToMigrate, "creating its evacuation migration: %v", err)
@@ -245,12 +249,15 @@ func (c *Controller) create(ctx context.Context, cand Candidate, ahead bool) err
 	c.unseen[created.Namespace+"/"+created.Name] = written{at: c.now()}
 	c.mu.Unlock()
 	msg += ") to move the VM off node " + vmi.Status.NodeName
+	if len(cand.FailedOn) > 0 {
+		msg += "; its target prefers a node other than " + strings.Join(cand.FailedOn, ", ") + ", where earlier attempts failed"
+	}
 	if ahead {
 		msg += "; it prepares its target now and moves memory once one of the parallel-migration slots frees"
 	}
 	c.recorder.Event(vmi, corev1.EventTypeNormal, ReasonMigrationCreated, msg)
 	c.log.Info("created evacuation migration", "vmi", vmi.Namespace+"/"+vmi.Name, "migration", created.Name, "cause", cand.Cause, "deadline", cand.Deadline,
-		"waitingForSlot", ahead)
+		"waitingForSlot", ahead, "preferOtherThan", cand.FailedOn)
 	return nil
 }
 

@@ -30,6 +30,9 @@ type Candidate struct {
 	markedAt time.Time
 	// madeAhead: the VMI's migration exists, made ahead of a free slot.
 	madeAhead bool
+	// FailedOn are the target nodes of this evacuation's failed attempts, sorted: its next
+	// target prefers another node (a target agent killed mid-migration may not be back yet).
+	FailedOn []string
 }
 
 // Decision is what one look at the cluster concludes.
@@ -59,10 +62,14 @@ type Awaiting struct {
 	Failed *v1alpha1.VirtualMachineInstanceMigration
 }
 
-// Backoff after a failed migration while the mark stays: base doubling up to max.
+// Backoff after a failed migration while the mark stays: base doubling up to max. Before a
+// deadline the wait is at most beforeDeadline: the deadline bounds the attempts, and a VM still
+// on its node at the deadline is lost, so a retry that waits only loses time; the second keeps
+// a migration that fails at once from being made again in a loop.
 const (
-	backoffBase = 5 * time.Second
-	backoffMax  = 2 * time.Minute
+	backoffBase    = 5 * time.Second
+	backoffMax     = 2 * time.Minute
+	beforeDeadline = time.Second
 )
 
 // Plan decides which marked VMIs get a migration now. migrations are all existing migrations;
@@ -169,12 +176,13 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 			d.AwaitingCapacity = append(d.AwaitingCapacity, Awaiting{VMI: vmi, Failed: last})
 			continue
 		}
-		if wait := backoff(len(failed), last, now); wait > 0 {
+		if wait := backoff(len(failed), last, c.Deadline, now); wait > 0 {
 			if d.RetryAfter == 0 || wait < d.RetryAfter {
 				d.RetryAfter = wait
 			}
 			continue
 		}
+		c.FailedOn = targetNodes(failed)
 		entries = append(entries, entry{Candidate: c})
 	}
 	order := orderedBy(earliestDeadline, causePriority, madeAheadFirst, markedFirst, byName)
@@ -287,13 +295,29 @@ func lastOf(failed []*v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.Virtua
 	return last
 }
 
-// backoff is how long a VMI must still wait after n failed migrations, the last of which is last.
-func backoff(n int, last *v1alpha1.VirtualMachineInstanceMigration, now time.Time) time.Duration {
+// backoff is how long a VMI must still wait after n failed migrations, the last of which is
+// last; deadline is its evacuation's (nil: none).
+func backoff(n int, last *v1alpha1.VirtualMachineInstanceMigration, deadline *metav1.Time, now time.Time) time.Duration {
 	if last == nil {
 		return 0
 	}
-	wait := backoffBase << min(n-1, 10)
-	return max(min(wait, backoffMax)-now.Sub(last.Status.EndTimestamp.Time), 0)
+	wait := min(backoffBase<<min(n-1, 10), backoffMax)
+	if deadline != nil && now.Before(deadline.Time) {
+		wait = min(wait, beforeDeadline)
+	}
+	return max(wait-now.Sub(last.Status.EndTimestamp.Time), 0)
+}
+
+// targetNodes are the nodes failed placed their targets on, sorted, each once.
+func targetNodes(failed []*v1alpha1.VirtualMachineInstanceMigration) []string {
+	var nodes []string
+	for _, m := range failed {
+		if n := m.Status.TargetNode; n != "" && !slices.Contains(nodes, n) {
+			nodes = append(nodes, n)
+		}
+	}
+	slices.Sort(nodes)
+	return nodes
 }
 
 // less compares two candidates: negative when a goes first.

@@ -59,6 +59,12 @@ func migration(vmi, source string, phase v1alpha1.VirtualMachineInstanceMigratio
 	return m
 }
 
+// targetOn is m with its target on node.
+func targetOn(node string, m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMachineInstanceMigration {
+	m.Status.TargetNode = node
+	return m
+}
+
 // manual is a person's migration in namespace ns: the same labels, but no record of the
 // controller's (a tenant may set any label).
 func manual(ns, name string, m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMachineInstanceMigration {
@@ -165,9 +171,36 @@ func TestPlan(t *testing.T) {
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "", "", 0)},
 			config:     config(5, 1), want: []string{"c:Drain"}},
 		{name: "a failed migration is retried after a backoff that grows",
-			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 60)},
+			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "Drain", 0)},
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationFailed, 2*time.Second), migration("a", "n1", v1alpha1.MigrationFailed, 30*time.Second)},
 			retryAfter: 8 * time.Second},
+		// Seed 10's soak-0: the first attempt failed 25 s before the deadline when its target
+		// node's agent was killed; a 5 s backoff and the same node again left the second 6 s.
+		{name: "before a deadline, a failed attempt is retried at once, preferring another node",
+			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n2", "NodePressure", 25)},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{targetOn("n1", migration("a", "n2", v1alpha1.MigrationFailed, time.Second))},
+			want:       []string{"a:NodePressure:prefers-not[n1]"}},
+		{name: "before a deadline, failures that grew the backoff still wait a second at most",
+			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n2", "NodePressure", 40)},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				targetOn("n3", migration("a", "n2", v1alpha1.MigrationFailed, 300*time.Millisecond)), targetOn("n1", migration("a", "n2", v1alpha1.MigrationFailed, 10*time.Second)),
+			},
+			retryAfter: 700 * time.Millisecond},
+		{name: "each node an attempt failed on is named once",
+			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n2", "NodePressure", 40)},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				targetOn("n3", migration("a", "n2", v1alpha1.MigrationFailed, 2*time.Second)), targetOn("n1", migration("a", "n2", v1alpha1.MigrationFailed, 10*time.Second)),
+				targetOn("n3", migration("a", "n2", v1alpha1.MigrationFailed, 20*time.Second)),
+			},
+			want: []string{"a:NodePressure:prefers-not[n1 n3]"}},
+		{name: "failures of an earlier evacuation are not avoided",
+			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n2", "NodePressure", 40)},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{targetOn("n1", migration("a", "n2", v1alpha1.MigrationFailed, 2*time.Minute))},
+			want:       []string{"a:NodePressure"}},
+		{name: "past the deadline, the backoff holds again",
+			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n2", "NodePressure", -1)},
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n2", v1alpha1.MigrationFailed, 2*time.Second)},
+			retryAfter: 3 * time.Second},
 		{name: "after the backoff, the retry",
 			vmis:       []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 60)},
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{migration("a", "n1", v1alpha1.MigrationFailed, 6*time.Second)},
@@ -272,6 +305,9 @@ func TestPlan(t *testing.T) {
 			var got, external, awaiting, prepare, release, withdraw []string
 			for _, c := range d.Create {
 				got = append(got, fmt.Sprintf("%s:%s", c.VMI.Name, c.Cause))
+				if len(c.FailedOn) > 0 {
+					got[len(got)-1] += fmt.Sprintf(":prefers-not%v", c.FailedOn)
+				}
 			}
 			for _, c := range d.Prepare {
 				prepare = append(prepare, fmt.Sprintf("%s:%s", c.VMI.Name, c.Cause))

@@ -294,7 +294,27 @@ func NewTargetPod(vmi *v1alpha1.VirtualMachineInstance, m *v1alpha1.VirtualMachi
 	}
 	c.Env = append(c.Env, corev1.EnvVar{Name: launcher.EnvMigrationTarget, Value: string(m.UID)})
 	pod.Spec.Affinity = targetAffinity(vmi)
+	preferOtherNodes(pod.Spec.Affinity, m.Annotations[v1alpha1.AnnotationPreferOtherNodes])
 	return pod, nil
+}
+
+// preferOtherNodes makes the scheduler prefer nodes other than those named (comma-separated):
+// where the same evacuation's earlier attempts failed, such as one whose agent was killed
+// mid-migration and may not be back yet. A preference, so that a VM with no other node to go to
+// still gets a target.
+func preferOtherNodes(a *corev1.Affinity, names string) {
+	na := a.NodeAffinity
+	for n := range strings.SplitSeq(names, ",") {
+		if n = strings.TrimSpace(n); n == "" {
+			continue
+		}
+		// A field selector takes one value (the API server's validation): a term per node, so
+		// a node none names scores the most.
+		na.PreferredDuringSchedulingIgnoredDuringExecution = append(na.PreferredDuringSchedulingIgnoredDuringExecution,
+			corev1.PreferredSchedulingTerm{Weight: 100, Preference: corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{
+				{Key: metav1.ObjectNameField, Operator: corev1.NodeSelectorOpNotIn, Values: []string{n}},
+			}}})
+	}
 }
 
 // targetAffinity keeps a target pod off the VMI's node and off nodes short of memory.

@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/pod-security-admission/api"
 	"k8s.io/pod-security-admission/policy"
 	"k8s.io/utils/ptr"
@@ -574,4 +575,56 @@ func TestTheRunVolumeIsBounded(t *testing.T) {
 		return
 	}
 	t.Errorf("the launcher pod has no run volume: %+v", pod.Spec.Volumes)
+}
+
+// A retry's target prefers nodes other than where the evacuation's earlier attempts failed (its
+// migration's AnnotationPreferOtherNodes), as the scheduler scores them, and still admits them.
+func TestATargetPrefersNodesWhereItsEvacuationHadNotFailed(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "ns", UID: "u1"}}
+	vmi.Status.NodeName = "node-2"
+	node := func(name string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelHostname: name}}}
+	}
+	for _, tc := range []struct {
+		name       string
+		annotation string
+		want       map[string]int64 // the scheduler's preference score by node
+	}{
+		{"a first attempt prefers none", "", map[string]int64{"node-1": 0, "node-3": 0}},
+		{"seed 10's soak-0: the first target's agent was killed on node-1", "node-1", map[string]int64{"node-1": 0, "node-3": 100}},
+		{"two failed nodes score below one", "node-1,node-3", map[string]int64{"node-1": 100, "node-3": 100, "node-4": 200}},
+		{"blanks name no node", " , ", map[string]int64{"node-1": 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "m", UID: "m1"}}
+			if tc.annotation != "" {
+				m.Annotations = map[string]string{v1alpha1.AnnotationPreferOtherNodes: tc.annotation}
+			}
+			pod, err := NewTargetPod(vmi, m, PodOptions{Image: "img", Acceleration: "tcg"}, nil, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			na := pod.Spec.Affinity.NodeAffinity
+			preferred, err := nodeaffinity.NewPreferredSchedulingTerms(na.PreferredDuringSchedulingIgnoredDuringExecution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			required := nodeaffinity.NewLazyErrorNodeSelector(na.RequiredDuringSchedulingIgnoredDuringExecution)
+			for name, want := range tc.want {
+				if got := preferred.Score(node(name)); got != want {
+					t.Errorf("node %s scores %d, want %d", name, got, want)
+				}
+				if ok, err := required.Match(node(name)); !ok || err != nil {
+					t.Errorf("node %s no longer admitted (%v): a failed node stays a fallback", name, err)
+				}
+			}
+			for _, term := range na.PreferredDuringSchedulingIgnoredDuringExecution {
+				for _, f := range term.Preference.MatchFields {
+					if len(f.Values) != 1 {
+						t.Errorf("a field selector with %d values, which the API server refuses: %+v", len(f.Values), f)
+					}
+				}
+			}
+		})
+	}
 }

@@ -25,6 +25,10 @@ const (
 	// by when; the migration controller records them in its status. Without them the cause is Manual.
 	AnnotationCause    = "lifeboat.dev/cause"
 	AnnotationDeadline = "lifeboat.dev/deadline"
+	// AnnotationPreferOtherNodes on a new migration names, comma-separated, the nodes its
+	// target pod should avoid if another can take it: those where earlier attempts of the same
+	// evacuation failed. A preference only: with no other node, the target goes there again.
+	AnnotationPreferOtherNodes = "lifeboat.dev/prefer-other-nodes"
 	// EvictionResponderName is lifeboat's name as a responder to lifecycle.k8s.io Evictions: launcher
 	// pods declare it in spec.evictionResponders, and Evictions of such pods carry it as a label key.
 	EvictionResponderName = "lifeboat.dev/evacuation"
