@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+	"strings"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
@@ -51,6 +52,7 @@ type Controller struct {
 	opts       vmi.PodOptions
 	log        *slog.Logger
 	refused    *prometheus.CounterVec
+	late       prometheus.Counter
 }
 
 // New wires the controller to its informers; the pod informer should hold launcher pods, the
@@ -70,8 +72,12 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations life
 			Name: "lifeboat_migrations_refused_total",
 			Help: "Migrations failed before their target pod was made, by refusal: Concurrent (their VMI already had one under way), ManualLimit (as many Manual migrations as spec.migrations.parallelManualMigrationsPerCluster allows were under way).",
 		}, []string{"refusal"}),
+		late: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_migration_targets_not_ready_in_time_total",
+			Help: "Migration targets given up on because they were not ready by their share of the evacuation deadline (half the time it leaves besides moving the guest); the VM's next target avoids their node for a while.",
+		}),
 	}
-	reg.MustRegister(c.refused, noTargetCollector{vmis: vmis.Lister()})
+	reg.MustRegister(c.refused, c.late, noTargetCollector{vmis: vmis.Lister()})
 	registerMetrics(reg, migrations.Informer())
 	_, _ = migrations.Informer().AddEventHandler(worker.Handler(c.enqueue))
 	// A VMI's or a pod's change concerns the migrations of that VMI.
@@ -188,9 +194,9 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 
 	limits, now := c.limits(), metav1.Now()
 	status, action, events := Next(m, c.placed(v, now), target, limits, now)
+	var all []*v1alpha1.VirtualMachineInstanceMigration
 	if action == CreateTargetPod {
-		all, err := c.migrations.List(labels.Everything())
-		if err != nil {
+		if all, err = c.migrations.List(labels.Everything()); err != nil {
 			return 0, err
 		}
 		refusal, wait := Admit(m, all, ManualLimit(c.config()), now.Time)
@@ -225,6 +231,12 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 		if err != nil {
 			return 0, err
 		}
+		if avoid := AvoidNodes(all, ns, m.Spec.VMIName, now.Time); len(avoid) > 0 {
+			vmi.KeepOff(pod, avoid)
+			c.log.Info("target pod avoids nodes where an earlier target of its VM never became ready", "migration", key, "nodes", avoid)
+			c.recorder.Eventf(m, corev1.EventTypeNormal, ReasonTargetAvoidsNodes, "target pod %s keeps off %s, where a target of this VM failed to become ready within the last %s",
+				pod.Name, strings.Join(avoid, ", "), AvoidFor)
+		}
 		if _, err := c.kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			c.recorder.Eventf(m, corev1.EventTypeWarning, "FailedCreate", "creating target pod %s: %v", pod.Name, err)
 			return 0, fmt.Errorf("creating target pod %s: %w", pod.Name, err)
@@ -243,9 +255,29 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 	}
 	for _, e := range events {
 		c.recorder.Event(m, e.Type, e.Reason, e.Message)
+		if e.Reason == ReasonTargetNotReadyInTime {
+			c.late.Inc()
+			c.log.Warn("gave up a migration target that was not ready in time", "migration", key, "targetNode", status.TargetNode, "reason", e.Message)
+			if v != nil {
+				c.recorder.Eventf(v, corev1.EventTypeWarning, ReasonTargetNotReadyInTime, "migration %s gave up its target%s: %s", m.Name, avoided(status.TargetNode), e.Message)
+			}
+		}
 	}
 	_, recheck := Stalled(m, target, limits, now.Time)
+	if v != nil {
+		if _, late := TargetLate(m, target, v.Spec.Memory, limits.Bandwidth, now.Time); late > 0 && (recheck == 0 || late < recheck) {
+			recheck = late
+		}
+	}
 	return recheck, nil
+}
+
+// avoided says where a target given up on was, which the VM's next targets avoid.
+func avoided(node string) string {
+	if node == "" {
+		return ""
+	}
+	return fmt.Sprintf(" on node %s (the VM's next targets avoid it for %s)", node, AvoidFor)
 }
 
 // placed is v (nil: none) with the LiveMigratable condition the nodes call for now

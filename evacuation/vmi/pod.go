@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"slices"
 
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -307,6 +308,21 @@ func targetAffinity(vmi *v1alpha1.VirtualMachineInstance) *corev1.Affinity {
 			},
 		}}},
 	}}
+}
+
+// KeepOff keeps a target pod (NewTargetPod) off nodes besides the VMI's own: nodes where an
+// earlier target of the VM never became ready, which the scheduler, seeing them Ready, would
+// otherwise pick again. By name, which every node has, whatever its labels.
+func KeepOff(pod *corev1.Pod, nodes []string) {
+	if len(nodes) == 0 || pod.Spec.Affinity == nil || pod.Spec.Affinity.NodeAffinity == nil ||
+		pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return
+	}
+	terms := pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	for i := range terms {
+		terms[i].MatchFields = append(terms[i].MatchFields, corev1.NodeSelectorRequirement{
+			Key: metav1.ObjectNameField, Operator: corev1.NodeSelectorOpNotIn, Values: slices.Clone(nodes)})
+	}
 }
 
 // TargetPlacement is what of a VMI's target pod (NewTargetPod) the scheduler places it by, without
