@@ -5,9 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,7 +25,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
-	"strings"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions/lifeboat/v1alpha1"
@@ -53,6 +56,7 @@ type Controller struct {
 	log        *slog.Logger
 	refused    *prometheus.CounterVec
 	late       prometheus.Counter
+	leases     *leaseSnapshot
 }
 
 // New wires the controller to its informers; the pod informer should hold launcher pods, the
@@ -67,7 +71,7 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations life
 		synced: []cache.InformerSynced{migrations.Informer().HasSynced, vmis.Informer().HasSynced, configs.Informer().HasSynced,
 			pods.Informer().HasSynced, budgets.HasSynced, nodes.HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "migration"}),
-		recorder: recorder, opts: opts, log: log.With("controller", "migration"),
+		recorder: recorder, opts: opts, log: log.With("controller", "migration"), leases: &leaseSnapshot{kube: kube},
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lifeboat_migrations_refused_total",
 			Help: "Migrations failed before their target pod was made, by refusal: Concurrent (their VMI already had one under way), ManualLimit (as many Manual migrations as spec.migrations.parallelManualMigrationsPerCluster allows were under way).",
@@ -231,12 +235,7 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 		if err != nil {
 			return 0, err
 		}
-		if avoid := AvoidNodes(all, ns, m.Spec.VMIName, now.Time); len(avoid) > 0 {
-			vmi.KeepOff(pod, avoid)
-			c.log.Info("target pod avoids nodes where an earlier target of its VM never became ready", "migration", key, "nodes", avoid)
-			c.recorder.Eventf(m, corev1.EventTypeNormal, ReasonTargetAvoidsNodes, "target pod %s keeps off %s, where a target of this VM failed to become ready within the last %s",
-				pod.Name, strings.Join(avoid, ", "), AvoidFor)
-		}
+		c.keepOff(ctx, pod, m, v, all, nodes, now.Time)
 		if _, err := c.kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			c.recorder.Eventf(m, corev1.EventTypeWarning, "FailedCreate", "creating target pod %s: %v", pod.Name, err)
 			return 0, fmt.Errorf("creating target pod %s: %w", pod.Name, err)
@@ -278,6 +277,68 @@ func avoided(node string) string {
 		return ""
 	}
 	return fmt.Sprintf(" on node %s (the VM's next targets avoid it for %s)", node, AvoidFor)
+}
+
+// keepOff keeps the new target pod off the nodes where the VM's recent targets never became
+// ready, and off nodes whose kubelets stopped renewing their Leases while another node could
+// take the pod (KeepOff), and says so.
+func (c *Controller) keepOff(ctx context.Context, pod *corev1.Pod, m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachineInstance,
+	all []*v1alpha1.VirtualMachineInstanceMigration, nodes []*corev1.Node, now time.Time) {
+	avoid := AvoidNodes(all, m.Namespace, m.Spec.VMIName, now)
+	leases, err := c.leases.get(ctx, now)
+	if err != nil {
+		// Only a preference is lost: the target goes where the scheduler puts it.
+		c.log.Warn("reading the nodes' Leases; stale nodes are not avoided", "migration", m.Namespace+"/"+m.Name, "err", err)
+	}
+	probe := pod.DeepCopy()
+	vmi.KeepOff(probe, avoid)
+	fit, _ := placement.TargetNodes(probe, v.Status.NodeName, nodes)
+	keep := KeepOff(avoid, StaleNodes(leases), fit)
+	if len(keep) == 0 {
+		return
+	}
+	vmi.KeepOff(pod, keep)
+	var why []string
+	if len(avoid) > 0 {
+		why = append(why, fmt.Sprintf("%s, where a target of this VM did not become ready within the last %s", strings.Join(avoid, ", "), AvoidFor))
+	}
+	if stale := slices.DeleteFunc(slices.Clone(keep), func(n string) bool { return slices.Contains(avoid, n) }); len(stale) > 0 {
+		why = append(why, fmt.Sprintf("%s, whose kubelet stopped renewing its Lease while the other nodes' renew theirs", strings.Join(stale, ", ")))
+	}
+	c.log.Info("target pod keeps off nodes", "migration", m.Namespace+"/"+m.Name, "nodes", keep, "why", why)
+	c.recorder.Eventf(m, corev1.EventTypeNormal, ReasonTargetAvoidsNodes, "target pod %s keeps off %s", pod.Name, strings.Join(why, "; and "))
+}
+
+// leaseSnapshot holds the nodes' Leases (kube-node-lease), listed again once older than
+// leaseSnapshotAge: a drain makes many target pods at once, and StaleNodes compares renewals
+// with each other, which a look a few seconds old still tells.
+type leaseSnapshot struct {
+	kube   kubernetes.Interface
+	mu     sync.Mutex
+	at     time.Time
+	leases []*coordinationv1.Lease
+}
+
+const leaseSnapshotAge = 5 * time.Second
+
+func (s *leaseSnapshot) get(ctx context.Context, now time.Time) ([]*coordinationv1.Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now.Sub(s.at) < leaseSnapshotAge && s.leases != nil {
+		return s.leases, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	list, err := s.kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	s.leases = make([]*coordinationv1.Lease, len(list.Items))
+	for i := range list.Items {
+		s.leases[i] = &list.Items[i]
+	}
+	s.at = now
+	return s.leases, nil
 }
 
 // placed is v (nil: none) with the LiveMigratable condition the nodes call for now

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
@@ -118,4 +119,52 @@ func becameReady(m *v1alpha1.VirtualMachineInstanceMigration) bool {
 		}
 	}
 	return false
+}
+
+// StaleNodes are the nodes whose kubelets have stopped renewing their Leases (in
+// kube-node-lease) while the others go on: renewed more than half a lease's duration (twice
+// the kubelet's renew interval, a quarter of the duration) before the latest renewal of any.
+// Such a node is still Ready in the API until the node lifecycle controller's grace period
+// ends, and a target pod bound to it would not start. The Node's Ready heartbeat cannot tell:
+// a kubelet posts its status only every few minutes while nothing changes. Measured against
+// the latest renewal rather than the clock, a control plane that stalled for everyone (an API
+// server restart) makes no node stale, nor does a skewed clock. The result is sorted.
+func StaleNodes(leases []*coordinationv1.Lease) []string {
+	var latest time.Time
+	for _, l := range leases {
+		if r := l.Spec.RenewTime; r != nil && r.After(latest) {
+			latest = r.Time
+		}
+	}
+	var stale []string
+	for _, l := range leases {
+		r, d := l.Spec.RenewTime, l.Spec.LeaseDurationSeconds
+		if r == nil || d == nil || *d <= 0 {
+			continue
+		}
+		if latest.Sub(r.Time) > time.Duration(*d)*time.Second/2 {
+			stale = append(stale, l.Name)
+		}
+	}
+	slices.Sort(stale)
+	return stale
+}
+
+// KeepOff is what a new target pod keeps off: the nodes AvoidNodes names, and the stale nodes
+// (StaleNodes) too as long as a node the pod fits (fit, the placement's answer without them) is
+// left. Stale nodes are only a preference: a late renewal is no reason to leave a VM with no
+// target at all.
+func KeepOff(avoid, stale, fit []string) []string {
+	keepOff := slices.Clone(avoid)
+	var staleFit []string
+	for _, n := range fit {
+		if slices.Contains(stale, n) {
+			staleFit = append(staleFit, n)
+		}
+	}
+	if len(staleFit) < len(fit) {
+		keepOff = append(keepOff, staleFit...)
+	}
+	slices.Sort(keepOff)
+	return slices.Compact(keepOff)
 }

@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 )
@@ -104,6 +106,57 @@ func TestAvoidNodes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := AvoidNodes(tc.migrations, "ns", "vm", now); !slices.Equal(got, tc.want) {
 				t.Errorf("avoid %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestStaleNodes(t *testing.T) {
+	now := time.Date(2026, 11, 28, 9, 22, 50, 0, time.UTC)
+	lease := func(node string, renewedAgo time.Duration) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: node},
+			Spec: coordinationv1.LeaseSpec{LeaseDurationSeconds: ptr.To[int32](40), RenewTime: &metav1.MicroTime{Time: now.Add(-renewedAgo)}}}
+	}
+	noRenewal := lease("node-4", 0)
+	noRenewal.Spec.RenewTime = nil
+	for _, tc := range []struct {
+		name   string
+		leases []*coordinationv1.Lease
+		want   []string
+	}{
+		{"all renewed within their interval", []*coordinationv1.Lease{lease("node-1", time.Second), lease("node-2", 9*time.Second), lease("node-3", 5*time.Second)}, nil},
+		{"one frozen 25 s ago, past twice the renew interval", []*coordinationv1.Lease{lease("node-1", time.Second), lease("node-2", 25*time.Second), lease("node-3", 5*time.Second)}, []string{"node-2"}},
+		{"a node frozen 2 s before is not told from a late renewal yet", []*coordinationv1.Lease{lease("node-1", time.Second), lease("node-2", 12*time.Second)}, nil},
+		// An API server restart: nobody renewed for 30 s; none is singled out.
+		{"everybody late together", []*coordinationv1.Lease{lease("node-1", 30*time.Second), lease("node-2", 35*time.Second), lease("node-3", 31*time.Second)}, nil},
+		{"no renewal recorded tells nothing", []*coordinationv1.Lease{lease("node-1", time.Second), noRenewal}, nil},
+		{"no leases", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := StaleNodes(tc.leases); !slices.Equal(got, tc.want) {
+				t.Errorf("stale %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestKeepOff(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		avoid, stale, fit []string
+		want              []string
+	}{
+		{"nothing to keep off", nil, nil, []string{"node-2", "node-3"}, nil},
+		{"a failed target's node", []string{"node-2"}, nil, []string{"node-3"}, []string{"node-2"}},
+		{"a stale node, another fits", nil, []string{"node-2"}, []string{"node-2", "node-3"}, []string{"node-2"}},
+		{"every fitting node stale: the scheduler chooses among them", nil, []string{"node-2", "node-3"}, []string{"node-2", "node-3"}, nil},
+		{"both kinds, each once", []string{"node-2"}, []string{"node-2", "node-3"}, []string{"node-3", "node-4"}, []string{"node-2", "node-3"}},
+		{"a failed target's node stays kept off even when nothing else fits", []string{"node-2"}, []string{"node-3"}, []string{"node-3"}, []string{"node-2"}},
+		{"a stale node the pod does not fit anyway", nil, []string{"node-5"}, []string{"node-3"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := KeepOff(tc.avoid, tc.stale, tc.fit); !slices.Equal(got, tc.want) {
+				t.Errorf("keep off %v, want %v", got, tc.want)
 			}
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 
@@ -13,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	"slices"
 
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -311,8 +311,9 @@ func targetAffinity(vmi *v1alpha1.VirtualMachineInstance) *corev1.Affinity {
 }
 
 // KeepOff keeps a target pod (NewTargetPod) off nodes besides the VMI's own: nodes where an
-// earlier target of the VM never became ready, which the scheduler, seeing them Ready, would
-// otherwise pick again. By name, which every node has, whatever its labels.
+// earlier target of the VM never became ready, or whose kubelets stopped renewing their
+// Leases, which the scheduler, seeing them Ready, would otherwise pick. By name, which every
+// node has, whatever its labels.
 func KeepOff(pod *corev1.Pod, nodes []string) {
 	if len(nodes) == 0 || pod.Spec.Affinity == nil || pod.Spec.Affinity.NodeAffinity == nil ||
 		pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
