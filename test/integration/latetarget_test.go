@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -122,4 +124,68 @@ func TestATargetThatNeverStartsIsReplacedBeforeTheDeadline(t *testing.T) {
 		t.Errorf("the second target was ready after the deadline %s: %+v", deadline, ready.Status.PhaseTransitionTimestamps)
 	}
 	kubewait.Event(t, cluster.Kube, ns, fields.Set{"involvedObject.name": second.Name, "reason": migration.ReasonTargetAvoidsNodes}, 10*time.Second)
+}
+
+// TestATargetKeepsOffANodeWhoseLeaseStopped: of two nodes that could take a drained VM's
+// target, the one the scheduler prefers (all its memory free) has stopped renewing its Lease,
+// as a frozen node's kubelet does long before the node lifecycle controller counts it out. The
+// target pod keeps off it, says so, and goes to the other.
+func TestATargetKeepsOffANodeWhoseLeaseStopped(t *testing.T) {
+	ctx := context.Background()
+	ns := cluster.Namespace(t, "lease-")
+	startVMControllers(t)
+	startFakeNode(t, "lease-source")
+	v := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm"},
+		Spec: v1alpha1.VirtualMachineInstanceSpec{CPUs: 1, Memory: resource.MustParse("128Mi"), EvictionStrategy: ptr.To(v1alpha1.EvictionStrategyLiveMigrate),
+			Boot: v1alpha1.BootSource{Container: &v1alpha1.KernelBootContainer{Image: "example.org/guest-kernel:1", KernelPath: "/boot/vmlinuz"}, Cmdline: "console=ttyS0"}}}
+	if _, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Create(ctx, v, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	runningVMI(t, ns, v.Name)
+	frozen, live := startFakeNode(t, "lease-frozen"), startFakeNode(t, "lease-live")
+	// The live node has less memory: the scheduler, left alone, prefers the frozen one.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := cluster.Kube.CoreV1().Nodes().Get(ctx, live.name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Status.Capacity[corev1.ResourceMemory], n.Status.Allocatable[corev1.ResourceMemory] = resource.MustParse("2Gi"), resource.MustParse("2Gi")
+		_, err = cluster.Kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Frozen 30 s ago: its last renewal then, the others' every 5 s since.
+	frozen.stopLease()
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l, err := cluster.Kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, frozen.name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		l.Spec.RenewTime = &metav1.MicroTime{Time: time.Now().Add(-30 * time.Second)}
+		_, err = cluster.Kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).Update(ctx, l, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startEvacuationControllers(t)
+
+	updateVMIStatus(t, ns, v.Name, func(v *v1alpha1.VirtualMachineInstance) {
+		meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionLiveMigratable, Status: metav1.ConditionTrue, Reason: "Migratable"})
+		v.Status.EvacuationNodeName = v.Status.NodeName
+		meta.SetStatusCondition(&v.Status.Conditions, metav1.Condition{Type: v1alpha1.VMIConditionEvictionRequested, Status: metav1.ConditionTrue,
+			Reason: string(v1alpha1.MigrationCauseDrain), Message: "drained"})
+	})
+	m := waitMigrationOf(t, ns, v.Name, "with its target pod bound to a node", func(m *v1alpha1.VirtualMachineInstanceMigration) bool {
+		return m.Status.Phase == v1alpha1.MigrationScheduled
+	})
+	if m.Status.TargetNode != live.name {
+		t.Errorf("the target is on %q; want %s, not %s, whose Lease stopped", m.Status.TargetNode, live.name, frozen.name)
+	}
+	e := kubewait.Event(t, cluster.Kube, ns, fields.Set{"involvedObject.name": m.Name, "reason": migration.ReasonTargetAvoidsNodes}, 10*time.Second)
+	if !strings.Contains(e.Message, frozen.name+", whose kubelet stopped renewing its Lease") {
+		t.Errorf("the %s Event says %q; want it to name %s and its Lease", migration.ReasonTargetAvoidsNodes, e.Message, frozen.name)
+	}
 }
