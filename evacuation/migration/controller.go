@@ -5,9 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -51,6 +55,8 @@ type Controller struct {
 	opts       vmi.PodOptions
 	log        *slog.Logger
 	refused    *prometheus.CounterVec
+	late       prometheus.Counter
+	leases     *leaseSnapshot
 }
 
 // New wires the controller to its informers; the pod informer should hold launcher pods, the
@@ -65,13 +71,17 @@ func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations life
 		synced: []cache.InformerSynced{migrations.Informer().HasSynced, vmis.Informer().HasSynced, configs.Informer().HasSynced,
 			pods.Informer().HasSynced, budgets.HasSynced, nodes.HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "migration"}),
-		recorder: recorder, opts: opts, log: log.With("controller", "migration"),
+		recorder: recorder, opts: opts, log: log.With("controller", "migration"), leases: &leaseSnapshot{kube: kube},
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lifeboat_migrations_refused_total",
 			Help: "Migrations failed before their target pod was made, by refusal: Concurrent (their VMI already had one under way), ManualLimit (as many Manual migrations as spec.migrations.parallelManualMigrationsPerCluster allows were under way).",
 		}, []string{"refusal"}),
+		late: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_migration_targets_not_ready_in_time_total",
+			Help: "Migration targets given up on because they were not ready by their share of the evacuation deadline (half the time it leaves besides moving the guest); the VM's next target avoids their node for a while.",
+		}),
 	}
-	reg.MustRegister(c.refused, noTargetCollector{vmis: vmis.Lister()})
+	reg.MustRegister(c.refused, c.late, noTargetCollector{vmis: vmis.Lister()})
 	registerMetrics(reg, migrations.Informer())
 	_, _ = migrations.Informer().AddEventHandler(worker.Handler(c.enqueue))
 	// A VMI's or a pod's change concerns the migrations of that VMI.
@@ -188,9 +198,9 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 
 	limits, now := c.limits(), metav1.Now()
 	status, action, events := Next(m, c.placed(v, now), target, limits, now)
+	var all []*v1alpha1.VirtualMachineInstanceMigration
 	if action == CreateTargetPod {
-		all, err := c.migrations.List(labels.Everything())
-		if err != nil {
+		if all, err = c.migrations.List(labels.Everything()); err != nil {
 			return 0, err
 		}
 		refusal, wait := Admit(m, all, ManualLimit(c.config()), now.Time)
@@ -225,6 +235,7 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 		if err != nil {
 			return 0, err
 		}
+		c.keepOff(ctx, pod, m, v, all, nodes, now.Time)
 		if _, err := c.kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			c.recorder.Eventf(m, corev1.EventTypeWarning, "FailedCreate", "creating target pod %s: %v", pod.Name, err)
 			return 0, fmt.Errorf("creating target pod %s: %w", pod.Name, err)
@@ -243,9 +254,91 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 	}
 	for _, e := range events {
 		c.recorder.Event(m, e.Type, e.Reason, e.Message)
+		if e.Reason == ReasonTargetNotReadyInTime {
+			c.late.Inc()
+			c.log.Warn("gave up a migration target that was not ready in time", "migration", key, "targetNode", status.TargetNode, "reason", e.Message)
+			if v != nil {
+				c.recorder.Eventf(v, corev1.EventTypeWarning, ReasonTargetNotReadyInTime, "migration %s gave up its target%s: %s", m.Name, avoided(status.TargetNode), e.Message)
+			}
+		}
 	}
 	_, recheck := Stalled(m, target, limits, now.Time)
+	if v != nil {
+		if _, late := TargetLate(m, target, v.Spec.Memory, limits.Bandwidth, now.Time); late > 0 && (recheck == 0 || late < recheck) {
+			recheck = late
+		}
+	}
 	return recheck, nil
+}
+
+// avoided says where a target given up on was, which the VM's next targets avoid.
+func avoided(node string) string {
+	if node == "" {
+		return ""
+	}
+	return fmt.Sprintf(" on node %s (the VM's next targets avoid it for %s)", node, AvoidFor)
+}
+
+// keepOff keeps the new target pod off the nodes where the VM's recent targets never became
+// ready, and off nodes whose kubelets stopped renewing their Leases while another node could
+// take the pod (KeepOff), and says so.
+func (c *Controller) keepOff(ctx context.Context, pod *corev1.Pod, m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachineInstance,
+	all []*v1alpha1.VirtualMachineInstanceMigration, nodes []*corev1.Node, now time.Time) {
+	avoid := AvoidNodes(all, m.Namespace, m.Spec.VMIName, now)
+	leases, err := c.leases.get(ctx, now)
+	if err != nil {
+		// Only a preference is lost: the target goes where the scheduler puts it.
+		c.log.Warn("reading the nodes' Leases; stale nodes are not avoided", "migration", m.Namespace+"/"+m.Name, "err", err)
+	}
+	probe := pod.DeepCopy()
+	vmi.KeepOff(probe, avoid)
+	fit, _ := placement.TargetNodes(probe, v.Status.NodeName, nodes)
+	keep := KeepOff(avoid, StaleNodes(leases), fit)
+	if len(keep) == 0 {
+		return
+	}
+	vmi.KeepOff(pod, keep)
+	var why []string
+	if len(avoid) > 0 {
+		why = append(why, fmt.Sprintf("%s, where a target of this VM did not become ready within the last %s", strings.Join(avoid, ", "), AvoidFor))
+	}
+	if stale := slices.DeleteFunc(slices.Clone(keep), func(n string) bool { return slices.Contains(avoid, n) }); len(stale) > 0 {
+		why = append(why, fmt.Sprintf("%s, whose kubelet stopped renewing its Lease while the other nodes' renew theirs", strings.Join(stale, ", ")))
+	}
+	c.log.Info("target pod keeps off nodes", "migration", m.Namespace+"/"+m.Name, "nodes", keep, "why", why)
+	c.recorder.Eventf(m, corev1.EventTypeNormal, ReasonTargetAvoidsNodes, "target pod %s keeps off %s", pod.Name, strings.Join(why, "; and "))
+}
+
+// leaseSnapshot holds the nodes' Leases (kube-node-lease), listed again once older than
+// leaseSnapshotAge: a drain makes many target pods at once, and StaleNodes compares renewals
+// with each other, which a look a few seconds old still tells.
+type leaseSnapshot struct {
+	kube   kubernetes.Interface
+	mu     sync.Mutex
+	at     time.Time
+	leases []*coordinationv1.Lease
+}
+
+const leaseSnapshotAge = 5 * time.Second
+
+func (s *leaseSnapshot) get(ctx context.Context, now time.Time) ([]*coordinationv1.Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now.Sub(s.at) < leaseSnapshotAge && s.leases != nil {
+		return s.leases, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	list, err := s.kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	s.leases = make([]*coordinationv1.Lease, len(list.Items))
+	for i := range list.Items {
+		s.leases[i] = &list.Items[i]
+	}
+	s.at = now
+	return s.leases, nil
 }
 
 // placed is v (nil: none) with the LiveMigratable condition the nodes call for now

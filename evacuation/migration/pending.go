@@ -15,12 +15,16 @@ const (
 	DefaultCatchAllPendingTimeout      = 900 * time.Second
 )
 
-// Limits are how long a migration may wait for its target pod before it is given up on.
+// Limits are how long a migration may wait for its target pod before it is given up on, and
+// what TargetReadyBy needs of the configuration.
 type Limits struct {
 	// Unschedulable: while the scheduler finds no node for the target pod.
 	Unschedulable time.Duration
 	// CatchAll: until the target pod runs, whatever holds it back.
 	CatchAll time.Duration
+	// Bandwidth is the configured cap of a migration's transfer in bytes per second, 0 for
+	// none: what TargetReadyBy counts a memory copy at.
+	Bandwidth int64
 }
 
 // LimitsFrom reads the limits from the cluster's configuration; config may be nil.
@@ -34,6 +38,9 @@ func LimitsFrom(config *v1alpha1.LifeboatConfig) Limits {
 	}
 	if s := config.Spec.Migrations.CatchAllPendingTimeoutSeconds; s != nil {
 		l.CatchAll = time.Duration(*s) * time.Second
+	}
+	if b := config.Spec.Migrations.BandwidthPerMigration; b != nil {
+		l.Bandwidth = b.Value()
 	}
 	return l
 }

@@ -32,8 +32,8 @@ const (
 type Event struct{ Type, Reason, Message string }
 
 // Next is the migration's next status from what the cluster shows: its VMI (nil if gone) and
-// its target pod (nil if none); a target that does not run within limits (or by the deadline)
-// fails it. Phases the agents own (PreparingTarget onwards) are left to them.
+// its target pod (nil if none); a target that does not run within limits (or by the deadline),
+// or is not ready by its TargetReadyBy, fails it. Phases the agents own (PreparingTarget onwards) are left to them.
 func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachineInstance, target *corev1.Pod, limits Limits, now metav1.Time) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
 	status := *m.Status.DeepCopy()
 	fail := func(reason string) (v1alpha1.VirtualMachineInstanceMigrationStatus, Action, []Event) {
@@ -62,6 +62,10 @@ func Next(m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachin
 	if reason, _ := Stalled(m, target, limits, now.Time); reason != "" {
 		status.TargetUnschedulable = target != nil && unschedulable(target)
 		return fail(reason)
+	}
+	if reason, _ := TargetLate(m, target, v.Spec.Memory, limits.Bandwidth, now.Time); reason != "" {
+		status.TargetUnschedulable = target != nil && unschedulable(target)
+		return failed(status, target, ReasonTargetNotReadyInTime, reason, now)
 	}
 
 	switch status.Phase {

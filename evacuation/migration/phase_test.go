@@ -52,6 +52,14 @@ func TestNext(t *testing.T) {
 	vanished := running.DeepCopy()
 	vanished.Status.Phase = v1alpha1.VMIFailed
 	failed := []string{"MigrationFailed"}
+	// A migration with a 60 s deadline, begun 30 s ago: past its target's share of the time
+	// (TargetReadyBy: half of 60 s less the switch-over's 5 s for a VM of no memory, 27.5 s).
+	late := func(m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMachineInstanceMigration {
+		m.CreationTimestamp = metav1.NewTime(now.Add(-30 * time.Second))
+		m.Status.Deadline = &metav1.Time{Time: now.Add(30 * time.Second)}
+		return m
+	}
+	notInTime := []string{ReasonTargetNotReadyInTime}
 	cases := []struct {
 		name       string
 		m          *v1alpha1.VirtualMachineInstanceMigration
@@ -83,6 +91,11 @@ func TestNext(t *testing.T) {
 		{"a target waiting for a node while no other node can take the VM: Failed at once, not after the pending timeout", mig(v1alpha1.MigrationScheduling), pinned, unschedulablePod(), v1alpha1.MigrationFailed, DeleteTargetPod,
 			"target pod target cannot be scheduled: no other node labelled lifeboat.dev/kvm=true matches its nodeSelector kubernetes.io/hostname=a", failed},
 		{"a target already placed is not failed for NoTargetNode", mig(v1alpha1.MigrationScheduling), pinned, pod("b", corev1.PodPending), v1alpha1.MigrationScheduled, NoAction, "", []string{"TargetScheduled"}},
+		{"a target on a node that never starts it, past its share of the deadline: Failed, the pod goes", late(mig(v1alpha1.MigrationScheduled)), running, pod("b", corev1.PodPending),
+			v1alpha1.MigrationFailed, DeleteTargetPod, "target pod target is Pending on node b", notInTime},
+		{"a target whose agent never makes it ready: the same", late(mig(v1alpha1.MigrationPreparingTarget)), running, pod("b", corev1.PodRunning),
+			v1alpha1.MigrationFailed, DeleteTargetPod, "its agent has not made it ready", notInTime},
+		{"a ready target is not late", late(mig(v1alpha1.MigrationTargetReady)), running, pod("b", corev1.PodRunning), v1alpha1.MigrationTargetReady, NoAction, "", nil},
 		{"succeeded: nothing", mig(v1alpha1.MigrationSucceeded), running, pod("b", corev1.PodRunning), v1alpha1.MigrationSucceeded, NoAction, "", nil},
 	}
 	for _, tc := range cases {
@@ -105,7 +118,7 @@ func TestNext(t *testing.T) {
 			var reasons []string
 			for _, e := range events {
 				reasons = append(reasons, e.Reason)
-				if e.Reason == "MigrationFailed" && (e.Type != corev1.EventTypeWarning || e.Message != status.FailureReason) {
+				if (e.Reason == "MigrationFailed" || e.Reason == ReasonTargetNotReadyInTime) && (e.Type != corev1.EventTypeWarning || e.Message != status.FailureReason) {
 					t.Errorf("Event %+v: want a Warning whose message is the failure reason %q", e, status.FailureReason)
 				}
 			}

@@ -132,3 +132,22 @@ func TestTargetNodesHeedsTheTargetPodsAffinity(t *testing.T) {
 		t.Errorf("got %v %q, want node-3", fit, why)
 	}
 }
+
+// A target pod kept off the nodes where the VM's last target never became ready (vmipkg.KeepOff)
+// fits only the others, by node name whatever the nodes' labels.
+func TestATargetKeptOffNodesFitsOnlyTheOthers(t *testing.T) {
+	v := vm("ns", "soak-2", "node-1", "128Mi")
+	nodes := []corev1.Node{node("node-1", true), node("node-2", true), node("node-3", true)}
+	pod := vmipkg.TargetPlacement(&v)
+	if fit, _ := TargetNodes(pod, "node-1", pointers(nodes)); !slices.Equal(fit, []string{"node-2", "node-3"}) {
+		t.Fatalf("before: fit %v, want node-2 and node-3", fit)
+	}
+	vmipkg.KeepOff(pod, []string{"node-2"})
+	if fit, why := TargetNodes(pod, "node-1", pointers(nodes)); !slices.Equal(fit, []string{"node-3"}) {
+		t.Errorf("kept off node-2: fit %v (%s), want node-3 only", fit, why)
+	}
+	vmipkg.KeepOff(pod, []string{"node-3"})
+	if fit, why := TargetNodes(pod, "node-1", pointers(nodes)); len(fit) != 0 || why != "no other node can take it: node-2, node-3 are excluded by its target pod's node affinity" {
+		t.Errorf("kept off both: fit %v, why %q", fit, why)
+	}
+}

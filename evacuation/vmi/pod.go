@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 
@@ -327,6 +328,22 @@ func targetAffinity(vmi *v1alpha1.VirtualMachineInstance) *corev1.Affinity {
 			},
 		}}},
 	}}
+}
+
+// KeepOff keeps a target pod (NewTargetPod) off nodes besides the VMI's own: nodes where an
+// earlier target of the VM never became ready, or whose kubelets stopped renewing their
+// Leases, which the scheduler, seeing them Ready, would otherwise pick. By name, which every
+// node has, whatever its labels.
+func KeepOff(pod *corev1.Pod, nodes []string) {
+	if len(nodes) == 0 || pod.Spec.Affinity == nil || pod.Spec.Affinity.NodeAffinity == nil ||
+		pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return
+	}
+	terms := pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	for i := range terms {
+		terms[i].MatchFields = append(terms[i].MatchFields, corev1.NodeSelectorRequirement{
+			Key: metav1.ObjectNameField, Operator: corev1.NodeSelectorOpNotIn, Values: slices.Clone(nodes)})
+	}
 }
 
 // TargetPlacement is what of a VMI's target pod (NewTargetPod) the scheduler places it by, without

@@ -306,7 +306,8 @@ func updateMigrationStatus(t *testing.T, m *v1alpha1.VirtualMachineInstanceMigra
 	return out
 }
 
-// waitMigrationOf waits for the VMI's migration to satisfy ok and returns it.
+// waitMigrationOf waits for a migration of the VMI to satisfy ok and returns it (a VMI whose
+// first migration failed has a second).
 func waitMigrationOf(t *testing.T, ns, vmiName, what string, ok func(*v1alpha1.VirtualMachineInstanceMigration) bool) *v1alpha1.VirtualMachineInstanceMigration {
 	t.Helper()
 	var found *v1alpha1.VirtualMachineInstanceMigration
@@ -317,8 +318,9 @@ func waitMigrationOf(t *testing.T, ns, vmiName, what string, ok func(*v1alpha1.V
 		}
 		for i := range list.Items {
 			if m := &list.Items[i]; m.Spec.VMIName == vmiName {
-				found = m
-				return ok(m), nil
+				if found = m; ok(m) {
+					return true, nil
+				}
 			}
 		}
 		return false, nil

@@ -52,7 +52,11 @@ func startVMControllers(t *testing.T) {
 
 // fakeNode is a Node without a kubelet: the test says whether it is Ready, and renews its Lease
 // so that the node lifecycle controller takes what it says.
-type fakeNode struct{ name string }
+type fakeNode struct {
+	name string
+	// stopLease stops the Lease's renewals and waits for the last to end.
+	stopLease func()
+}
 
 func startFakeNode(t *testing.T, name string) *fakeNode {
 	t.Helper()
@@ -98,12 +102,15 @@ func startFakeNode(t *testing.T, name string) *fakeNode {
 			_, _ = leases.Update(ctx, l, metav1.UpdateOptions{})
 		}, 5*time.Second)
 	}()
-	t.Cleanup(func() {
+	stopLease := func() {
 		stop()
 		<-leaseDone
+	}
+	t.Cleanup(func() {
+		stopLease()
 		_ = cluster.Kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
-	return &fakeNode{name: name}
+	return &fakeNode{name: name, stopLease: stopLease}
 }
 
 // stopAnswering posts the node NotReady, as the node lifecycle controller does for a kubelet

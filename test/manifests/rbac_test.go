@@ -79,6 +79,10 @@ var rbacCases = []struct {
 	{"controller creates its Lease", controllerSA, access{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "lifeboat-system"}, true},
 	{"controller renews its Lease", controllerSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "lifeboat-system", name: "lifeboat-controller"}, true},
 	{"controller may not take another Lease", controllerSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "lifeboat-system", name: "other"}, false},
+	// Issue 47, the soak's defect 5: a target pod keeps off a node whose kubelet stopped renewing its Lease.
+	{"controller lists the nodes' Leases", controllerSA, access{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"}, true},
+	{"controller may not renew a node's Lease", controllerSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease", name: "n"}, false},
+	{"controller may not list Leases elsewhere", controllerSA, access{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"}, false},
 	{"controller may not take kube-system's Leases", controllerSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system", name: "lifeboat-controller"}, false},
 	// Issue 6: the eviction webhook and its CA bundle, disruption budgets, descheduler annotations, cancelling.
 	{"controller applies its webhook configuration with its CA bundle", controllerSA, access{verb: "patch", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "lifeboat-eviction"}, true},
