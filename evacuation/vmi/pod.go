@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
-	"slices"
 	"sort"
 	"strings"
 
@@ -333,7 +332,8 @@ func targetAffinity(vmi *v1alpha1.VirtualMachineInstance) *corev1.Affinity {
 // KeepOff keeps a target pod (NewTargetPod) off nodes besides the VMI's own: nodes where an
 // earlier target of the VM never became ready, or whose kubelets stopped renewing their
 // Leases, which the scheduler, seeing them Ready, would otherwise pick. By name, which every
-// node has, whatever its labels.
+// node has, whatever its labels: one requirement per node, as the API server takes a node field
+// selector with one value only.
 func KeepOff(pod *corev1.Pod, nodes []string) {
 	if len(nodes) == 0 || pod.Spec.Affinity == nil || pod.Spec.Affinity.NodeAffinity == nil ||
 		pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
@@ -341,8 +341,10 @@ func KeepOff(pod *corev1.Pod, nodes []string) {
 	}
 	terms := pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
 	for i := range terms {
-		terms[i].MatchFields = append(terms[i].MatchFields, corev1.NodeSelectorRequirement{
-			Key: metav1.ObjectNameField, Operator: corev1.NodeSelectorOpNotIn, Values: slices.Clone(nodes)})
+		for _, node := range nodes {
+			terms[i].MatchFields = append(terms[i].MatchFields, corev1.NodeSelectorRequirement{
+				Key: metav1.ObjectNameField, Operator: corev1.NodeSelectorOpNotIn, Values: []string{node}})
+		}
 	}
 }
 

@@ -628,3 +628,31 @@ func TestATargetPrefersNodesWhereItsEvacuationHadNotFailed(t *testing.T) {
 		})
 	}
 }
+
+// A target kept off two nodes (KeepOff) is refused by both and admitted elsewhere, each node in a
+// field selector of its own, as the API server takes them.
+func TestKeepOffTwoNodes(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "ns", UID: "u1"}}
+	vmi.Status.NodeName = "node-2"
+	m := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Name: "m", UID: "m1"}}
+	pod, err := NewTargetPod(vmi, m, PodOptions{Image: "img", Acceleration: "tcg"}, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	KeepOff(pod, []string{"node-1", "node-3"})
+	required := pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution
+	for _, term := range required.NodeSelectorTerms {
+		for _, f := range term.MatchFields {
+			if len(f.Values) != 1 {
+				t.Errorf("a field selector with %d values, which the API server refuses: %+v", len(f.Values), f)
+			}
+		}
+	}
+	selector := nodeaffinity.NewLazyErrorNodeSelector(required)
+	for name, want := range map[string]bool{"node-1": false, "node-3": false, "node-4": true} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.LabelKVMNode: "true"}}}
+		if ok, err := selector.Match(n); ok != want || err != nil {
+			t.Errorf("node %s admitted: %t (%v), want %t", name, ok, err, want)
+		}
+	}
+}
