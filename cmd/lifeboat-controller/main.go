@@ -161,7 +161,8 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	disruptionController := disruption.New(kubeClient, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), pods, budgets, recorder, log)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), kube.RequestsMetric)
-	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, budgets, nodes, recorder, podOpts, reg, log)
+	leases := migration.NewLeaseInformer(kubeClient)
+	migrationController := migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods, budgets, nodes, leases, recorder, podOpts, reg, log)
 	cancelController := cancellation.New(lb, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), recorder, cancellation.NewMetrics(reg), log)
 	vmController := vm.New(lb, lbv1.VirtualMachines(), lbv1.VirtualMachineInstances(), pods, recorder, reg, log)
 	// The controllers run in the leader only; every replica serves the webhook and metrics.
@@ -223,6 +224,7 @@ func run(kubeconfig string, o options, log *slog.Logger) error {
 	lbInformers.Start(ctx.Done())
 	go budgets.RunWithContext(ctx)
 	go nodes.RunWithContext(ctx)
+	go leases.RunWithContext(ctx)
 	go boundPods.RunWithContext(ctx)
 
 	always = append(always, func(ctx context.Context) error {

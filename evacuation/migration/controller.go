@@ -7,19 +7,19 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	coordinationinformers "k8s.io/client-go/informers/coordination/v1"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
+	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	policylisters "k8s.io/client-go/listers/policy/v1"
 	"k8s.io/client-go/tools/cache"
@@ -56,22 +56,24 @@ type Controller struct {
 	log        *slog.Logger
 	refused    *prometheus.CounterVec
 	late       prometheus.Counter
-	leases     *leaseSnapshot
+	leases     coordinationlisters.LeaseNamespaceLister
 }
 
 // New wires the controller to its informers; the pod informer should hold launcher pods, the
-// node informer the cluster's nodes (read for the devices they offer target pods).
+// node informer the cluster's nodes (read for the devices they offer target pods), the lease
+// informer be NewLeaseInformer's; whoever calls New runs the budget, node and lease informers.
 func New(kube kubernetes.Interface, lb lifeboatclient.Interface, migrations lifeboatinformers.VirtualMachineInstanceMigrationInformer,
 	vmis lifeboatinformers.VirtualMachineInstanceInformer, configs lifeboatinformers.LifeboatConfigInformer, pods coreinformers.PodInformer,
-	budgets, nodes cache.SharedIndexInformer, recorder record.EventRecorder, opts vmi.PodOptions, reg prometheus.Registerer, log *slog.Logger) *Controller {
+	budgets, nodes, leases cache.SharedIndexInformer, recorder record.EventRecorder, opts vmi.PodOptions, reg prometheus.Registerer, log *slog.Logger) *Controller {
 	c := &Controller{
 		kube: kube, lifeboat: lb, migrations: migrations.Lister(), vmis: vmis.Lister(), configs: configs.Lister(), pods: pods.Lister(),
 		budgets: policylisters.NewPodDisruptionBudgetLister(budgets.GetIndexer()),
 		nodes:   corelisters.NewNodeLister(nodes.GetIndexer()),
 		synced: []cache.InformerSynced{migrations.Informer().HasSynced, vmis.Informer().HasSynced, configs.Informer().HasSynced,
-			pods.Informer().HasSynced, budgets.HasSynced, nodes.HasSynced},
+			pods.Informer().HasSynced, budgets.HasSynced, nodes.HasSynced, leases.HasSynced},
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "migration"}),
-		recorder: recorder, opts: opts, log: log.With("controller", "migration"), leases: &leaseSnapshot{kube: kube},
+		recorder: recorder, opts: opts, log: log.With("controller", "migration"),
+		leases: coordinationlisters.NewLeaseLister(leases.GetIndexer()).Leases(corev1.NamespaceNodeLease),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lifeboat_migrations_refused_total",
 			Help: "Migrations failed before their target pod was made, by refusal: Concurrent (their VMI already had one under way), ManualLimit (as many Manual migrations as spec.migrations.parallelManualMigrationsPerCluster allows were under way).",
@@ -235,7 +237,7 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 		if err != nil {
 			return 0, err
 		}
-		c.keepOff(ctx, pod, m, v, all, nodes, now.Time)
+		c.keepOff(pod, m, v, all, nodes, now.Time)
 		if _, err := c.kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			c.recorder.Eventf(m, corev1.EventTypeWarning, "FailedCreate", "creating target pod %s: %v", pod.Name, err)
 			return 0, fmt.Errorf("creating target pod %s: %w", pod.Name, err)
@@ -282,10 +284,10 @@ func avoided(node string) string {
 // keepOff keeps the new target pod off the nodes where the VM's recent targets never became
 // ready, and off nodes whose kubelets stopped renewing their Leases while another node could
 // take the pod (KeepOff), and says so.
-func (c *Controller) keepOff(ctx context.Context, pod *corev1.Pod, m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachineInstance,
+func (c *Controller) keepOff(pod *corev1.Pod, m *v1alpha1.VirtualMachineInstanceMigration, v *v1alpha1.VirtualMachineInstance,
 	all []*v1alpha1.VirtualMachineInstanceMigration, nodes []*corev1.Node, now time.Time) {
 	avoid := AvoidNodes(all, m.Namespace, m.Spec.VMIName, now)
-	leases, err := c.leases.get(ctx, now)
+	leases, err := c.leases.List(labels.Everything())
 	if err != nil {
 		// Only a preference is lost: the target goes where the scheduler puts it.
 		c.log.Warn("reading the nodes' Leases; stale nodes are not avoided", "migration", m.Namespace+"/"+m.Name, "err", err)
@@ -309,36 +311,11 @@ func (c *Controller) keepOff(ctx context.Context, pod *corev1.Pod, m *v1alpha1.V
 	c.recorder.Eventf(m, corev1.EventTypeNormal, ReasonTargetAvoidsNodes, "target pod %s keeps off %s", pod.Name, strings.Join(why, "; and "))
 }
 
-// leaseSnapshot holds the nodes' Leases (kube-node-lease), listed again once older than
-// leaseSnapshotAge: a drain makes many target pods at once, and StaleNodes compares renewals
-// with each other, which a look a few seconds old still tells.
-type leaseSnapshot struct {
-	kube   kubernetes.Interface
-	mu     sync.Mutex
-	at     time.Time
-	leases []*coordinationv1.Lease
-}
-
-const leaseSnapshotAge = 5 * time.Second
-
-func (s *leaseSnapshot) get(ctx context.Context, now time.Time) ([]*coordinationv1.Lease, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if now.Sub(s.at) < leaseSnapshotAge && s.leases != nil {
-		return s.leases, nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	list, err := s.kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, err
-	}
-	s.leases = make([]*coordinationv1.Lease, len(list.Items))
-	for i := range list.Items {
-		s.leases[i] = &list.Items[i]
-	}
-	s.at = now
-	return s.leases, nil
+// NewLeaseInformer watches the nodes' Leases (kube-node-lease), which the controller compares to
+// keep targets off nodes whose kubelets stopped renewing theirs (StaleNodes); whoever calls New
+// runs it.
+func NewLeaseInformer(kube kubernetes.Interface) cache.SharedIndexInformer {
+	return coordinationinformers.NewLeaseInformer(kube, corev1.NamespaceNodeLease, 0, cache.Indexers{})
 }
 
 // placed is v (nil: none) with the LiveMigratable condition the nodes call for now

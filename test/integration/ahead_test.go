@@ -41,14 +41,15 @@ func startEvacuationControllers(t *testing.T) {
 	lbv1 := p.lb.Lifeboat().V1alpha1()
 	nodes, boundPods := evacuate.NewCapacityInformers(cluster.Kube)
 	budgets := disruption.NewBudgetInformer(cluster.Kube)
+	leases := migration.NewLeaseInformer(cluster.Kube)
 	evacuations := evacuate.New(cluster.Lifeboat, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(), nodes, boundPods, p.recorder, p.log)
 	migrations := migration.New(cluster.Kube, cluster.Lifeboat, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(),
-		p.launchers.Core().V1().Pods(), budgets, nodes, p.recorder, vmi.PodOptions{Image: "lifeboat-launcher:test", Acceleration: "tcg"}, prometheus.NewRegistry(), p.log)
+		p.launchers.Core().V1().Pods(), budgets, nodes, leases, p.recorder, vmi.PodOptions{Image: "lifeboat-launcher:test", Acceleration: "tcg"}, prometheus.NewRegistry(), p.log)
 	budgetsController := disruption.New(cluster.Kube, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), lbv1.LifeboatConfigs(),
 		p.launchers.Core().V1().Pods(), budgets, p.recorder, p.log)
 	cancels := cancellation.New(cluster.Lifeboat, lbv1.VirtualMachineInstances(), lbv1.VirtualMachineInstanceMigrations(), p.recorder,
 		cancellation.NewMetrics(prometheus.NewRegistry()), p.log)
-	for _, inf := range []interface{ RunWithContext(context.Context) }{nodes, boundPods, budgets} {
+	for _, inf := range []interface{ RunWithContext(context.Context) }{nodes, boundPods, budgets, leases} {
 		go inf.RunWithContext(p.ctx)
 	}
 	p.run(t, evacuations.Run, func(ctx context.Context) error { return migrations.Run(ctx, 2) },

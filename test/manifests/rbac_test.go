@@ -81,6 +81,7 @@ var rbacCases = []struct {
 	{"controller may not take another Lease", controllerSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "lifeboat-system", name: "other"}, false},
 	// Issue 47, the soak's defect 5: a target pod keeps off a node whose kubelet stopped renewing its Lease.
 	{"controller lists the nodes' Leases", controllerSA, access{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"}, true},
+	{"controller watches the nodes' Leases", controllerSA, access{verb: "watch", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"}, true},
 	{"controller may not renew a node's Lease", controllerSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease", name: "n"}, false},
 	{"controller may not list Leases elsewhere", controllerSA, access{verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system"}, false},
 	{"controller may not take kube-system's Leases", controllerSA, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: "kube-system", name: "lifeboat-controller"}, false},

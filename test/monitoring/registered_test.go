@@ -89,7 +89,7 @@ func registered(t *testing.T) map[string]metric {
 	lbv1 := lifeboatinformers.NewSharedInformerFactory(lb, 0).Lifeboat().V1alpha1()
 	nodes, _ := evacuate.NewCapacityInformers(kubeClient)
 	migration.New(kubeClient, lb, lbv1.VirtualMachineInstanceMigrations(), lbv1.VirtualMachineInstances(), lbv1.LifeboatConfigs(), pods,
-		disruption.NewBudgetInformer(kubeClient), nodes, recorder, vmi.PodOptions{}, controller, log)
+		disruption.NewBudgetInformer(kubeClient), nodes, migration.NewLeaseInformer(kubeClient), recorder, vmi.PodOptions{}, controller, log)
 	cancellation.NewMetrics(controller)
 	vm.New(lb, lbv1.VirtualMachines(), lbv1.VirtualMachineInstances(), pods, recorder, controller, log)
 	ca, err := nodecerts.NewCA()
