@@ -42,6 +42,10 @@ type JobStats struct {
 	MemoryBandwidth uint64
 	// MemoryIteration counts the passes over memory a pre-copy migration made.
 	MemoryIteration uint64
+	// MemoryNormal is the bytes of memory sent as whole pages, MemoryZero those of the pages
+	// found all zeros, which cost a few bytes each: in the first pass over memory, what the
+	// guest has in use and what it does not, of what the pass has seen.
+	MemoryNormal, MemoryZero uint64
 	Elapsed         time.Duration
 	// Downtime is how long a completed migration stopped the guest for its final copy.
 	Downtime time.Duration
@@ -79,6 +83,12 @@ func jobStatsFromLibvirt(info *libvirt.DomainJobInfo) JobStats {
 	}
 	if info.MemIterationSet {
 		s.MemoryIteration = info.MemIteration
+	}
+	if info.MemNormalBytesSet {
+		s.MemoryNormal = info.MemNormalBytes
+	}
+	if info.MemConstantSet {
+		s.MemoryZero = info.MemConstant * page
 	}
 	if info.TimeElapsedSet {
 		s.Elapsed = time.Duration(info.TimeElapsed) * time.Millisecond
