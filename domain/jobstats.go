@@ -46,7 +46,7 @@ type JobStats struct {
 	// found all zeros, which cost a few bytes each: in the first pass over memory, what the
 	// guest has in use and what it does not, of what the pass has seen.
 	MemoryNormal, MemoryZero uint64
-	Elapsed         time.Duration
+	Elapsed                  time.Duration
 	// Downtime is how long a completed migration stopped the guest for its final copy.
 	Downtime time.Duration
 }
