@@ -31,9 +31,9 @@ type Progress struct {
 	// Estimated is true when DirtyRate is QEMU's page-sampling estimate rather than libvirt's
 	// count (during the first pass). Without it, DirtyRate says nothing in the first pass.
 	Estimated bool
-	// Normal and Zero are the bytes of the pages sent whole and of those found all zeros: in
-	// the first pass, how much of what it has seen the guest has in use.
-	Normal, Zero uint64
+	// Normal is the bytes of the pages sent whole, not found all zeros: in the first pass, what
+	// of the memory it has seen the guest has in use.
+	Normal uint64
 }
 
 // String says what the policy saw, for an escalation's Event and the deadline matrix: an admin

@@ -16,15 +16,13 @@ type PauseTiming struct {
 	// Pass is the pass over memory under way, from 1, and PassElapsed how long it has run.
 	Pass        uint64
 	PassElapsed time.Duration
-	// Remaining is what is left of the pass. ToSend is what of it is sent whole, the rest being
-	// zero pages, a few bytes each: in the first pass, an estimate from the pages it has seen;
-	// Remaining from the second pass on, where every page left was written.
-	Remaining, ToSend uint64
+	// Remaining is what is left of the pass.
+	Remaining uint64
 	// DirtyRate is how fast the guest rewrites its memory and Bandwidth how fast it is sent, in
 	// bytes per second.
 	DirtyRate, Bandwidth uint64
 	// WorkingSet is the most the guest can have rewritten by a pass's end, at most its memory:
-	// in the first pass, the memory it has in use, as far as the pass has seen.
+	// in the first pass, what it may have in use (all of what the pass has yet to see).
 	WorkingSet uint64
 	// Total is the guest's memory: what a pause in the middle of the first pass sends at worst,
 	// the rest of the pass and the guest's rewrites of what the pass sent before it.
@@ -60,7 +58,7 @@ func PlacePause(t PauseTiming) PausePlacement {
 	converging := t.Bandwidth > t.DirtyRate
 	if t.Pass <= 1 {
 		// The pass's end is seen up to a tick late: the rewrites count that tick too.
-		run := copyTime(t.ToSend, t.Bandwidth)
+		run := copyTime(t.Remaining, t.Bandwidth)
 		if run+copyTime(t.rewritten(t.PassElapsed+run+progressInterval), t.Bandwidth) <= budget {
 			return PauseWait
 		}
@@ -120,18 +118,17 @@ func (t PauseTiming) capped(n uint64) uint64 {
 }
 
 // pauseTiming is what PlacePause needs of p, with budget the migration's (timeBudget). In the
-// first pass, the pages it has seen tell how much of the guest's memory is in use: the rest of
-// the pass is taken to hold as much, and the guest to rewrite nothing beyond what it has in use
-// by the pass's end (a guest that writes to pages the pass found empty rewrites more; the
-// second pass's start shows it, and its pause then comes at once if it must).
+// first pass, the pages it found all zeros are not in use: the guest can have rewritten by the
+// pass's end at most what it sent whole and what it has yet to see, unless it writes to pages the
+// pass found empty (the second pass's start shows it, and a pause then comes at once if it
+// must). The rest of the pass is taken to be in use, though zero pages are sent as a few bytes:
+// where they lie is not known before the pass reaches them (the test guest's are at the end of
+// its memory, a guest whose rest is mostly empty would otherwise wait where a pause now fits).
 func (p Progress) pauseTiming(budget time.Duration) PauseTiming {
-	t := PauseTiming{Budget: budget + SwitchOver, Pass: p.Pass, PassElapsed: p.PassElapsed, Remaining: p.Remaining, ToSend: p.Remaining,
+	t := PauseTiming{Budget: budget + SwitchOver, Pass: p.Pass, PassElapsed: p.PassElapsed, Remaining: p.Remaining,
 		DirtyRate: p.DirtyRate, Bandwidth: p.Bandwidth, WorkingSet: p.Total, Total: p.Total, SwitchOver: SwitchOver}
-	if seen := p.Normal + p.Zero; p.FirstPass && seen > 0 {
-		t.ToSend = uint64(float64(p.Remaining) * float64(p.Normal) / float64(seen))
-		if inUse := p.Normal + t.ToSend; t.WorkingSet == 0 || inUse < t.WorkingSet {
-			t.WorkingSet = inUse
-		}
+	if inUse := p.Normal + p.Remaining; p.FirstPass && p.Normal > 0 && (t.WorkingSet == 0 || inUse < t.WorkingSet) {
+		t.WorkingSet = inUse
 	}
 	return t
 }

@@ -42,11 +42,10 @@ type JobStats struct {
 	MemoryBandwidth uint64
 	// MemoryIteration counts the passes over memory a pre-copy migration made.
 	MemoryIteration uint64
-	// MemoryNormal is the bytes of memory sent as whole pages, MemoryZero those of the pages
-	// found all zeros, which cost a few bytes each: in the first pass over memory, what the
-	// guest has in use and what it does not, of what the pass has seen.
-	MemoryNormal, MemoryZero uint64
-	Elapsed                  time.Duration
+	// MemoryNormal is the bytes of memory sent as whole pages, not found all zeros: in the
+	// first pass over memory, what the guest has in use of what the pass has seen.
+	MemoryNormal uint64
+	Elapsed      time.Duration
 	// Downtime is how long a completed migration stopped the guest for its final copy.
 	Downtime time.Duration
 }
@@ -86,9 +85,6 @@ func jobStatsFromLibvirt(info *libvirt.DomainJobInfo) JobStats {
 	}
 	if info.MemNormalBytesSet {
 		s.MemoryNormal = info.MemNormalBytes
-	}
-	if info.MemConstantSet {
-		s.MemoryZero = info.MemConstant * page
 	}
 	if info.TimeElapsedSet {
 		s.Elapsed = time.Duration(info.TimeElapsed) * time.Millisecond
