@@ -31,12 +31,19 @@ func TestPlacePause(t *testing.T) {
 	// (4.7 s) and those rewritten (5.2 s) fit 10 s.
 	mostlyEmpty := PauseTiming{Budget: 10*time.Second + SwitchOver, Pass: 1, PassElapsed: 2 * time.Second, Remaining: 300 * mib,
 		DirtyRate: 108 * mib, Bandwidth: 64 * mib, WorkingSet: 330 * mib, Total: 1024 * mib, SwitchOver: SwitchOver}
-	// The same guest a tick into its second pass: what it rewrote during the first (160 MiB) is
-	// left, and it rewrites faster than it is sent.
-	secondPass := PauseTiming{Budget: 9*time.Second + SwitchOver, Pass: 2, PassElapsed: 500 * time.Millisecond, Remaining: 160 * mib,
+	// The same guest at its second pass's first reading: what it rewrote during the first
+	// (160 MiB, 5 s) is left, and libvirt counts it rewriting faster than it is sent.
+	secondPass := PauseTiming{Budget: 9*time.Second + SwitchOver, Pass: 2, Remaining: 160 * mib,
 		DirtyRate: 48 * mib, Bandwidth: 32 * mib, WorkingSet: 256 * mib, Total: 256 * mib, SwitchOver: SwitchOver}
 	secondPassLate := secondPass
 	secondPassLate.Budget = 7*time.Second + SwitchOver
+	// 2.5 s into that pass, 80 MiB of it left: paused now it would send those and the 120 MiB
+	// rewritten since the pass began. The pass's end (2.5 s) and a pause at the next start
+	// (at most all 256 MiB, 8 s) fit 11 s, not 10.
+	midPass := secondPass
+	midPass.Remaining, midPass.PassElapsed, midPass.Budget = 80*mib, 2500*time.Millisecond, 11*time.Second+SwitchOver
+	midPassLate := midPass
+	midPassLate.Budget = 10*time.Second + SwitchOver
 	// The matrix's 1 GiB guest at half the cap, auto-converged, at its third pass's start: 255 MiB
 	// to go, 4.5 s of budget; with 8 s, the pass after it still fits a pause.
 	converging := PauseTiming{Budget: 4500*time.Millisecond + SwitchOver, Pass: 3, Remaining: 255 * mib,
@@ -59,6 +66,8 @@ func TestPlacePause(t *testing.T) {
 		{"first pass of a guest writing slowly: its end leaves little, wait", slowWriter, PauseWait},
 		{"first pass done, the guest rewriting faster than it is sent: no later pause is shorter", secondPass, PauseReady},
 		{"first pass done, rewriting faster than sent, one more step would not fit: now", secondPassLate, PauseNow},
+		{"rewriting faster than sent, in the middle of a pass, a pause at the next pass's start fits: wait for it", midPass, PauseWait},
+		{"rewriting faster than sent, in the middle of a pass, a pause at the next pass's start would not fit: now", midPassLate, PauseNow},
 		{"converging, a pause at the next pass's start would not fit: now", converging, PauseNow},
 		{"converging, a pause at the next pass's start still fits: wait", convergingEarly, PauseWait},
 	} {
@@ -100,11 +109,11 @@ func TestNextModeWaitsForTheFirstPassEnd(t *testing.T) {
 		Normal: 30 * mib}
 	inUseUnknown := p
 	inUseUnknown.Normal = 0
-	// The same guest a tick into its second pass: the 256 MiB it rewrote are left, and libvirt
-	// counts it rewriting faster than they are sent.
+	// The same guest at its second pass's first reading: the 256 MiB it rewrote are left, and
+	// libvirt counts it rewriting faster than they are sent.
 	secondPass := p
 	secondPass.FirstPass, secondPass.Pass, secondPass.Estimated = false, 2, false
-	secondPass.Remaining, secondPass.PassElapsed, secondPass.Elapsed = 256*mib, 500*time.Millisecond, 7*time.Second
+	secondPass.Remaining, secondPass.PassElapsed, secondPass.Elapsed = 256*mib, 0, 7*time.Second
 	for _, tc := range []struct {
 		name    string
 		current v1alpha1.MigrationMode
