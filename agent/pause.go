@@ -37,8 +37,9 @@ type PausePlacement string
 const (
 	// PauseWait: a later pause stops the guest for less, and still ends in time.
 	PauseWait PausePlacement = "wait"
-	// PauseReady: no later pause is shorter (the guest rewrites what is sent as fast as it is
-	// sent), but the deadline allows one more step first: auto-converge may yet avoid it.
+	// PauseReady: no later pause is shorter (a pass's start, the guest rewriting what is sent
+	// as fast as it is sent), but the deadline allows one more step first: auto-converge may yet
+	// avoid it.
 	PauseReady PausePlacement = "ready"
 	// PauseNow: any later pause would end after the deadline.
 	PauseNow PausePlacement = "now"
