@@ -234,7 +234,7 @@ bench-relief: binaries
 	$(call bench_run,relief,,$(GO) test -run '^$$' -bench BenchmarkRealNodeRelief -benchtime=1x -count=3 -timeout 0 ./test/e2e/)
 
 # Every table and chart of docs/benchmarks.md, one benchmark after another, into BENCH_OUT: about
-# 3 h 50 min on the 2-core development machine (the deadline matrix's three runs alone about
+# 4 h 20 min on the 2-core development machine (the deadline matrix's three runs alone about
 # 125 min); run nothing else meanwhile. Stops at the first benchmark that fails.
 bench-report:
 	$(MAKE) bench
