@@ -31,6 +31,9 @@ type Progress struct {
 	// Estimated is true when DirtyRate is QEMU's page-sampling estimate rather than libvirt's
 	// count (during the first pass). Without it, DirtyRate says nothing in the first pass.
 	Estimated bool
+	// Normal is the bytes of the pages sent whole, not found all zeros: in the first pass, what
+	// of the memory it has seen the guest has in use.
+	Normal uint64
 }
 
 // String says what the policy saw, for an escalation's Event and the deadline matrix: an admin
@@ -59,11 +62,11 @@ const (
 	// escalationDwell gives a step (auto-converge throttling, in particular) time to show its effect.
 	escalationDwell = 3 * time.Second
 	// safetyMargin is kept between the projected end and the deadline for what the projection
-	// does not count: the switch-over (the guest's longest stall, 0.2 s at most in the deadline
-	// matrix), the source's confirm phase (its QEMU stopped and seen gone, about 0.2 s) and a
-	// reading up to a tick (0.5 s) late. It was 5 s while the matrix's daemons had no subreaper
-	// and the confirm phase there took 1.1 to 2 s (docs/benchmarks.md), then a fixed 3 s.
-	safetyMargin = time.Second
+	// does not count: the switch-over (SwitchOver), the source's confirm phase (its QEMU stopped
+	// and seen gone, about 0.2 s) and a reading up to a tick (0.5 s) late: 1 s in all. It was 5 s
+	// while the matrix's daemons had no subreaper and the confirm phase there took 1.1 to 2 s
+	// (docs/benchmarks.md), then a fixed 3 s.
+	safetyMargin = SwitchOver + 800*time.Millisecond
 	// marginShare: a further share of the time left is kept for the projection's own error. Its
 	// rates are measured over the last seconds, and what a change in them costs grows with how
 	// far the projection looks: a fixed 3 s paused guests whose pre-copy would have ended 2 s
@@ -74,8 +77,9 @@ const (
 
 // NextMode is the deadline-aware convergence policy: it escalates pre-copy → auto-converge →
 // post-copy (or, where post-copy is not allowed, pause) when the migration, at its current
-// pace, would not end before the deadline minus a safety margin. It never steps down, and
-// jumps to the last resort when even a full-speed copy of what remains would barely fit.
+// pace, would not end before the deadline minus a safety margin. It never steps down, jumps
+// to the last resort when even a full-speed copy of what remains would barely fit, and places
+// a pause where it stops the guest least in time (PlacePause).
 func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alpha1.MigrationMode {
 	if current == "" {
 		current = v1alpha1.MigrationModePreCopy
@@ -103,8 +107,21 @@ func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alp
 	if converging && finish <= budget {
 		return current
 	}
-	if last != "" && lastResortDue(p, last, budget, converging) {
-		return last
+	placement := PauseReady
+	switch last {
+	case v1alpha1.MigrationModePostCopy:
+		// Post-copy costs the guest little whenever it comes: take it as soon as copying at full
+		// speed what a stop would leave to send no longer fits comfortably.
+		if copyTime(p.owed(), p.Bandwidth) >= budget/2 {
+			return last
+		}
+	case v1alpha1.MigrationModePaused:
+		// A pause stops the guest for the whole copy of what it leaves to send: it comes where
+		// that is least and still in time (the matrix's 1 GiB guest at half the cap, 30 s
+		// grace, was paused 13 s at the first look when pausing at budget/2).
+		if placement = PlacePause(p.pauseTiming(budget)); placement == PauseNow {
+			return last
+		}
 	}
 	if p.SinceEscalation < escalationDwell && current != v1alpha1.MigrationModePreCopy {
 		return current
@@ -112,10 +129,7 @@ func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alp
 	switch {
 	case current == v1alpha1.MigrationModePreCopy && allowed.AutoConverge:
 		return v1alpha1.MigrationModeAutoConverge
-	case last == v1alpha1.MigrationModePaused && (converging || p.FirstPass):
-		// What remains shrinks, so the later the pause the shorter: it comes when due (above).
-		// In the first pass "not converging" rests on the sampled rate alone; the pass's end
-		// brings libvirt's own count, and the pause waits for it while it can.
+	case last == v1alpha1.MigrationModePaused && placement == PauseWait:
 		return current
 	case last != "":
 		return last
@@ -128,39 +142,6 @@ func timeBudget(timeLeft time.Duration) time.Duration {
 	return timeLeft - safetyMargin - timeLeft/marginShare
 }
 
-// lastResortDue says whether the last resort must come now. Copying what a stop leaves to send
-// at full speed, with the guest no longer dirtying it, is what it costs. Post-copy costs the
-// guest little whenever it comes: take it as soon as that copy no longer fits comfortably. A
-// pause stops the guest for the whole copy: take it only when waiting could no longer fit it,
-// so that pre-copy and auto-converge first shrink what is left (the matrix's 1 GiB guest at
-// half the cap, 30 s grace, was paused 13 s at the first look when pausing at budget/2).
-func lastResortDue(p Progress, last v1alpha1.MigrationMode, budget time.Duration, converging bool) bool {
-	now := copyTime(p.owed(), p.Bandwidth)
-	switch {
-	case last == v1alpha1.MigrationModePostCopy:
-		return now >= budget/2
-	case p.FirstPass && !converging:
-		// Not converging by the sampled rate, one second's before the migration began: wait
-		// for libvirt's count of the whole pass while a pause of all the guest's memory would
-		// still fit after one more step. With QEMU's default sample the ¾-the-cap guest of the
-		// matrix read 56 to 60 MiB/s (70 to 75 with the margin then) against 65 sent, where
-		// it converges; taken at once, its pause stopped the guest 12.6 s with 53 s to spare.
-		return copyTime(max(p.Total, p.Remaining), p.Bandwidth) >= budget-escalationDwell
-	case p.FirstPass || !converging:
-		// Waiting one more step must still leave time for the pause.
-		return now >= budget-escalationDwell
-	}
-	// Pre-copy converges past its first pass: what is owed shrinks while it runs, and most at
-	// a pass's end, where what the guest rewrote during the pass is all that is left. The pause
-	// waits for the next pass while pausing at its start still fits. It comes at the first
-	// reading of that pass, up to a tick after its start, and owes what the guest rewrote in
-	// the tick too: the matrix's 256 MiB guest writing 1½ the cap (read as 64 MiB/s, all
-	// libvirt can count when a pass sends the whole working set) then stood still 2.6 to 2.8 s
-	// for a pause projected at 2 s, and returned 0.7 s before the deadline.
-	rest, next := p.toPassEnd()
-	return rest+copyTime(p.capped(next+p.rewritten(progressInterval)), p.Bandwidth) >= budget
-}
-
 // toPassEnd is how long the pass under way still takes at full speed, and what the guest will
 // have rewritten during the whole pass by then: what the next pass sends.
 func (p Progress) toPassEnd() (time.Duration, uint64) {
@@ -168,14 +149,11 @@ func (p Progress) toPassEnd() (time.Duration, uint64) {
 	return rest, p.rewritten(p.PassElapsed + rest)
 }
 
-// owed is what stopping the guest now would leave to send. From the second pass on, that is
-// what is left of the pass and what the guest rewrote since it began (libvirt sends every
-// page written since its last look at the dirty log, and looks at each pass's start). In the
-// first pass it is what is left of the pass alone: the pass began with the migration, and
-// waiting for its end, where what the guest rewrote is all that is left, costs the guest
-// less than a pause counted with the rewrites would. Counted with them (the ½-the-cap guest
-// of the matrix sampled at 33 MiB/s, 37 with the margin), its 1 GiB with 30 s would owe
-// 12 s 8.5 s into the first pass, where waiting it was paused 4 s at its third pass's start.
+// owed is what stopping the guest now would leave to send, by which post-copy is timed. From
+// the second pass on, that is what is left of the pass and what the guest rewrote since it
+// began (libvirt sends every page written since its last look at the dirty log, and looks at
+// each pass's start). In the first pass it is what is left of the pass alone: the pass's end,
+// where what the guest rewrote is all that is left, comes before its rewrites would count.
 func (p Progress) owed() uint64 {
 	if p.FirstPass {
 		return p.Remaining

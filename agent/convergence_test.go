@@ -17,7 +17,7 @@ func TestNextMode(t *testing.T) {
 	const mib = 1 << 20
 	all := Allowed{AutoConverge: true, PostCopy: true, Pause: true}
 	noPostCopy := Allowed{AutoConverge: true, Pause: true}
-	converging := Progress{Remaining: 100 * mib, DirtyRate: 10 * mib, Bandwidth: 110 * mib, Elapsed: 5 * time.Second, SinceEscalation: 5 * time.Second, TimeLeft: 60 * time.Second, HasDeadline: true}
+	converging := Progress{Remaining: 100 * mib, Pass: 2, DirtyRate: 10 * mib, Bandwidth: 110 * mib, Elapsed: 5 * time.Second, SinceEscalation: 5 * time.Second, TimeLeft: 60 * time.Second, HasDeadline: true}
 	slow := converging
 	slow.DirtyRate, slow.Bandwidth = 100*mib, 110*mib // 10s to finish beyond a 5s budget
 	slow.TimeLeft = leaving(5 * time.Second)

@@ -121,7 +121,8 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 		st.transferring = c.Clock.Now()
 	}
 	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: st.rates.add(stats.MemoryBandwidth),
-		SinceEscalation: sinceEscalation, FirstPass: stats.MemoryIteration <= 1, Pass: max(stats.MemoryIteration, 1), Total: stats.DataTotal}
+		SinceEscalation: sinceEscalation, FirstPass: stats.MemoryIteration <= 1, Pass: max(stats.MemoryIteration, 1), Total: stats.DataTotal,
+		Normal: stats.MemoryNormal}
 	if !st.transferring.IsZero() {
 		p.Elapsed = c.Clock.Since(st.transferring)
 	}

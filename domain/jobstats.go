@@ -42,7 +42,10 @@ type JobStats struct {
 	MemoryBandwidth uint64
 	// MemoryIteration counts the passes over memory a pre-copy migration made.
 	MemoryIteration uint64
-	Elapsed         time.Duration
+	// MemoryNormal is the bytes of memory sent as whole pages, not found all zeros: in the
+	// first pass over memory, what the guest has in use of what the pass has seen.
+	MemoryNormal uint64
+	Elapsed      time.Duration
 	// Downtime is how long a completed migration stopped the guest for its final copy.
 	Downtime time.Duration
 }
@@ -79,6 +82,9 @@ func jobStatsFromLibvirt(info *libvirt.DomainJobInfo) JobStats {
 	}
 	if info.MemIterationSet {
 		s.MemoryIteration = info.MemIteration
+	}
+	if info.MemNormalBytesSet {
+		s.MemoryNormal = info.MemNormalBytes
 	}
 	if info.TimeElapsedSet {
 		s.Elapsed = time.Duration(info.TimeElapsed) * time.Millisecond

@@ -25,11 +25,13 @@ func TestJobStatsFromLibvirt(t *testing.T) {
 				MemPageSizeSet: true, MemPageSize: 4096,
 				MemBpsSet: true, MemBps: 50 << 20,
 				MemIterationSet: true, MemIteration: 3,
+				MemNormalBytesSet: true, MemNormalBytes: 150 << 20,
 				TimeElapsedSet: true, TimeElapsed: 6500,
 			},
 			want: JobStats{
 				Type: JobUnbounded, DataTotal: 300 << 20, DataProcessed: 200 << 20, DataRemaining: 100 << 20,
-				MemoryDirtyRate: 8 << 20, MemoryBandwidth: 50 << 20, MemoryIteration: 3, Elapsed: 6500 * time.Millisecond,
+				MemoryDirtyRate: 8 << 20, MemoryBandwidth: 50 << 20, MemoryIteration: 3,
+				MemoryNormal: 150 << 20, Elapsed: 6500 * time.Millisecond,
 			},
 		},
 		{

@@ -76,6 +76,19 @@ const (
 	diskImageSize = protocol.DiskWriteOffset + diskSpan + 16*mib
 )
 
+// The guests whose working set is smaller than their memory: a 1 GiB guest rewriting 256 MiB,
+// at and around the cap, so that pre-copy cannot converge at 1 × and 1½ × and the pause's floor
+// (its working set ÷ the cap) is a quarter of what a pause with all its memory left would cost.
+const (
+	smallSetMemory = 1024 * mib
+	smallSet       = 256 * mib
+)
+
+var smallSetFactors = []struct {
+	name     string
+	num, den uint64
+}{{"0.5x", 1, 2}, {"1x", 1, 1}, {"1.5x", 3, 2}}
+
 var diskFactors = []struct {
 	name     string
 	num, den uint64
@@ -111,6 +124,10 @@ func BenchmarkDeadlineMatrix(b *testing.B) {
 			cell := matrixCell{memory: mem, dirtyRate: matrixCap * f.num / f.den, factor: f.name}
 			runCell(b, img, cell, fmt.Sprintf("mem=%dMi/dirty=%s", mem/mib, f.name))
 		}
+	}
+	for _, f := range smallSetFactors {
+		cell := matrixCell{memory: smallSetMemory, workingSet: smallSet, dirtyRate: matrixCap * f.num / f.den, factor: f.name}
+		runCell(b, img, cell, fmt.Sprintf("mem=%dMi/ws=%dMi/dirty=%s", smallSetMemory/mib, smallSet/mib, f.name))
 	}
 	for _, f := range diskFactors {
 		cell := matrixCell{memory: diskMemory, factor: dirtyFactors[0].name, diskRate: matrixCap * f.num / f.den, diskFactor: f.name}
@@ -159,10 +176,30 @@ var (
 type matrixCell struct {
 	memory, dirtyRate uint64
 	factor            string
+	// workingSet is what the guest rewrites (lifeboat.dirty); 0 for dirtySize(memory).
+	workingSet uint64
 	// diskRate is how fast the guest writes its containerDisk (diskSpan of it); 0 for no disk.
 	diskRate   uint64
 	diskFactor string
 	grace      time.Duration
+}
+
+// dirtySet is what the guest fills and keeps rewriting.
+func (c matrixCell) dirtySet() uint64 {
+	if c.workingSet > 0 {
+		return c.workingSet
+	}
+	return dirtySize(c.memory)
+}
+
+// floor is the shortest a pause of the cell's guest can stop it when pre-copy cannot end in
+// time: what the guest rewrites while a pass sends its working set (all of it when it writes at
+// the cap or faster), ÷ the cap, and the switch-over. For a guest writing slower than the cap,
+// pre-copy's later passes would leave less: it is the floor of a pause after one pass.
+func (c matrixCell) floor() time.Duration {
+	set := c.dirtySet()
+	rewritten := min(set, uint64(float64(c.dirtyRate)*float64(set)/matrixCap))
+	return time.Duration(float64(rewritten)/matrixCap*float64(time.Second)) + agent.SwitchOver
 }
 
 // medianRate is the median of rates, 0 for none.
@@ -178,6 +215,9 @@ func medianRate(rates []int64) uint64 {
 // guestString is the memory column of the table: the guest's memory, and the disk it writes:
 // the rate asked and the median of the rates its passes over the disk had before the migrations.
 func (c matrixCell) guestString(runs []outcome) string {
+	if c.diskRate == 0 && c.workingSet > 0 {
+		return fmt.Sprintf("%d MiB, rewriting %d MiB", c.memory/mib, c.workingSet/mib)
+	}
 	if c.diskRate == 0 {
 		return fmt.Sprintf("%d MiB", c.memory/mib)
 	}
@@ -338,7 +378,7 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 		p.WithContainerDisk(b, vmi, "data", diskImageSize)
 	}
 	name := p.RunGuest(b, ctx, vmi, domain.TCG)
-	size := int64(dirtySize(cell.memory))
+	size := int64(cell.dirtySet())
 	// The guest has printed whether it dirties its memory before it counts.
 	if console := readOrEmpty(p.Src.Console()); !guest.HasLine(console, protocol.Dirtying(size, int64(cell.dirtyRate))) {
 		b.Fatalf("the guest does not dirty its memory as asked (%d bytes at %d bytes/s):\n%s", size, cell.dirtyRate, console)
@@ -437,7 +477,7 @@ const matrixDisk = "vda"
 // matrixGuest fills dirtySize of the cell's memory and keeps rewriting it at the cell's dirty
 // rate, and writes its disk at the cell's disk rate.
 func matrixGuest(img guest.Image, cell matrixCell) *v1alpha1.VirtualMachineInstance {
-	cmdline := fmt.Sprintf("%s %s=%d %s=%d %s=%s", guest.Cmdline, protocol.DirtyParam, dirtySize(cell.memory), protocol.DirtyRateParam, cell.dirtyRate,
+	cmdline := fmt.Sprintf("%s %s=%d %s=%d %s=%s", guest.Cmdline, protocol.DirtyParam, cell.dirtySet(), protocol.DirtyRateParam, cell.dirtyRate,
 		protocol.TickParam, matrixTick)
 	if cell.diskRate > 0 {
 		cmdline += fmt.Sprintf(" %s=%d %s=%d", protocol.DiskRateParam, cell.diskRate, protocol.DiskSpanParam, diskSpan)
@@ -554,8 +594,8 @@ func (r *matrixResults) print(w io.Writer) {
 	if len(r.keys) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "| memory | dirty rate asked / estimated / seen | grace | bound | policy | in time | total | downtime seen by the guest at the switch: median / worst | libvirt's downtime | longest stall: median / worst | modes | guest after |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| memory | dirty rate asked / estimated / seen | grace | bound | policy | in time | total | downtime seen by the guest at the switch: median / worst | paused: floor, the stop ÷ floor per paused run | libvirt's downtime | longest stall: median / worst | modes | guest after |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, k := range r.keys {
 		if k.policy != policyLifeboat {
 			continue
@@ -585,9 +625,10 @@ func (r *matrixResults) print(w io.Writer) {
 			if len(o) == 0 {
 				continue
 			}
-			fmt.Fprintf(w, "| %s | %s = %d / %s / %d MiB/s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+			fmt.Fprintf(w, "| %s | %s = %d / %s / %d MiB/s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 				k.cell.guestString(all), k.cell.factor, k.cell.dirtyRate/mib, estimate, seen/mib, k.cell.grace, fits(bound, k.cell.grace), p,
-				inTime(o, k.cell.grace), medianTotal(o), guestStalls(o, outcome.switchStall), medianDowntime(o), guestStalls(o, outcome.anyStall), modeSet(o), guestSet(o))
+				inTime(o, k.cell.grace), medianTotal(o), guestStalls(o, outcome.switchStall), pausedAgainstFloor(o, k.cell.floor()), medianDowntime(o),
+				guestStalls(o, outcome.anyStall), modeSet(o), guestSet(o))
 		}
 	}
 }
@@ -612,6 +653,9 @@ func (r *matrixResults) charts(dir string) error {
 				continue
 			}
 			cell := chart.MatrixCell{Row: fmt.Sprintf("%d MiB %s, %s", k.cell.memory/mib, k.cell.factor, k.cell.grace), Policy: p, Runs: len(runs)}
+			if k.cell.workingSet > 0 {
+				cell.Row = fmt.Sprintf("%d MiB rewriting %d MiB %s, %s", k.cell.memory/mib, k.cell.workingSet/mib, k.cell.factor, k.cell.grace)
+			}
 			if k.cell.diskRate > 0 {
 				cell.Row = fmt.Sprintf("%d MiB, disk %s, %s", k.cell.memory/mib, k.cell.diskFactor, k.cell.grace)
 			}
@@ -637,6 +681,9 @@ func (r *matrixResults) charts(dir string) error {
 		runs := r.runs[k]
 		t := runs[len(runs)-1].timeline
 		name := fmt.Sprintf("mem=%dMi,dirty=%s", k.cell.memory/mib, k.cell.factor)
+		if k.cell.workingSet > 0 {
+			name = fmt.Sprintf("mem=%dMi,ws=%dMi,dirty=%s", k.cell.memory/mib, k.cell.workingSet/mib, k.cell.factor)
+		}
 		if k.cell.diskRate > 0 {
 			name += ",disk=" + k.cell.diskFactor
 		}
@@ -653,7 +700,25 @@ func (r *matrixResults) charts(dir string) error {
 }
 
 func (o outcome) switchStall() time.Duration { return o.guestDowntime }
-func (o outcome) anyStall() time.Duration    { return o.longestStall }
+
+// paused reports whether the policy paused the guest to end the migration.
+func (o outcome) paused() bool { return slices.Contains(o.modes, v1alpha1.MigrationModePaused) }
+
+// pausedAgainstFloor is the floor of a paused cell and each paused run's stop against it, in
+// the order they ran; "–" where no run that finished was paused.
+func pausedAgainstFloor(runs []outcome, floor time.Duration) string {
+	var ratios []string
+	for _, o := range runs {
+		if o.finished && o.paused() {
+			ratios = append(ratios, fmt.Sprintf("%.2f ×", o.guestDowntime.Seconds()/floor.Seconds()))
+		}
+	}
+	if len(ratios) == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%s: %s", floor.Round(10*time.Millisecond), strings.Join(ratios, ", "))
+}
+func (o outcome) anyStall() time.Duration { return o.longestStall }
 
 // guestStalls are the median and worst of a stall the guest saw, over the runs that finished.
 func guestStalls(runs []outcome, stall func(outcome) time.Duration) string {

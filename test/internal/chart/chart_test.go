@@ -128,6 +128,8 @@ func TestParseMatrix(t *testing.T) {
 | 256 MiB | 0 = 0 / 0 / 0 MiB/s | 15s | 4s (fits) | lifeboat | 3/3 | 4.2s | 60ms / 70ms | 25ms | 60ms / 70ms | PreCopy | counting |
 | 1024 MiB | 1.5x = 96 / 95 / 0 MiB/s | 15s | 16s (does not fit) | kubevirt | 0/3 | aborted at 1m0s | – | – | – | PreCopy | not moved |
 | 256 MiB, disk 128 MiB written at 0.5x = 32 MiB/s (seen 32 MiB/s before the migration, 20 during) | 0 = 0 / 1 / 0 MiB/s | 30s | 6s (fits) | lifeboat | 3/3 | 5.4s | 100ms / 100ms | 58ms | 100ms / 100ms | PreCopy | counting, disk intact |
+| memory | dirty rate asked / estimated / seen | grace | bound | policy | in time | total | downtime seen by the guest at the switch: median / worst | paused: floor, the stop ÷ floor per paused run | libvirt's downtime | longest stall: median / worst | modes | guest after |
+| 1024 MiB, rewriting 256 MiB | 1x = 64 / 63 / 64 MiB/s | 15s | 16s (does not fit) | lifeboat | 1/1 | 12.1s | 4.5s / 4.5s | 4.2s: 1.07 × | 4.4s | 4.5s / 4.5s | PreCopy→AutoConverge→Paused | counting |
 `
 	cells, err := ParseMatrix(strings.NewReader(table))
 	if err != nil {
@@ -137,6 +139,7 @@ func TestParseMatrix(t *testing.T) {
 		{Row: "256 MiB 0, 15s", Policy: "lifeboat", InTime: 3, Runs: 3, Stop: 60 * time.Millisecond, Finished: true},
 		{Row: "1024 MiB 1.5x, 15s", Policy: "kubevirt", InTime: 0, Runs: 3},
 		{Row: "256 MiB, disk 0.5x = 32 MiB/s 0, 30s", Policy: "lifeboat", InTime: 3, Runs: 3, Stop: 100 * time.Millisecond, Finished: true},
+		{Row: "1024 MiB, rewriting 256 MiB 1x, 15s", Policy: "lifeboat", InTime: 1, Runs: 1, Stop: 4500 * time.Millisecond, Finished: true},
 	}
 	if len(cells) != len(want) {
 		t.Fatalf("%d cells, want %d: %+v", len(cells), len(want), cells)
