@@ -42,7 +42,7 @@ func TestServiceAnswersAfterAMigrationTheNetworkCutSlowed(t *testing.T) {
 	)
 	faults, err := netfault.New()
 	if err != nil {
-		t.Skipf("network faults need root, cgroup v2 and nftables: %v", err)
+		t.Fatalf("network faults, which this test needs, need root, cgroup v2 and nftables: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := faults.Close(); err != nil {
