@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"k8s.io/utils/ptr"
+	"slices"
 
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -74,6 +75,12 @@ var lifeboatImages = sync.OnceValues(func() ([]string, error) {
 // (realnode.Node.Network), which emulated nodes may join.
 func startRealNode(t testing.TB, configure ...func(*kubeletv1beta1.KubeletConfiguration)) *realnode.Node {
 	t.Helper()
+	return startRealNodeOn(t, node.NewTestNetwork(t), configure...)
+}
+
+// startRealNodeOn is startRealNode with its pods on network, which emulated nodes may share.
+func startRealNodeOn(t testing.TB, network *node.Network, configure ...func(*kubeletv1beta1.KubeletConfiguration)) *realnode.Node {
+	t.Helper()
 	archives, err := lifeboatImages()
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +88,7 @@ func startRealNode(t testing.TB, configure ...func(*kubeletv1beta1.KubeletConfig
 	n, err := realnode.Start(t.Context(), realnode.Config{
 		Name: realNodeName, Address: realNodeAddress, Kubeconfig: cluster.Kubeconfig, Client: cluster.Kube,
 		Labels: map[string]string{node.KVMLabel: "true"}, Images: archives, Progress: os.Stderr,
-		Network: node.NewTestNetwork(t),
+		Network: network,
 		Kubelet: func(c *kubeletv1beta1.KubeletConfiguration) {
 			c.EvictionMaxPodGracePeriod = realMaxGrace
 			for _, f := range configure {
@@ -178,6 +185,23 @@ patches:
 // the CRDs, which the rest of the package uses. It returns the agent's /metrics URL.
 func deployLifeboat(t testing.TB, n *realnode.Node) string {
 	t.Helper()
+	return deployLifeboatParts(t, n, true)
+}
+
+// noController is the overlay's patch for a cluster whose controller runs elsewhere (the soak's,
+// a process of the test that its faults kill): the Deployment keeps no replica.
+const noController = `- patch: |-
+    apiVersion: apps/v1
+    kind: Deployment
+    metadata: {name: lifeboat-controller, namespace: lifeboat-system}
+    spec:
+      replicas: 0
+`
+
+// deployLifeboatParts is deployLifeboat, with the controller's Deployment at no replica unless
+// withController.
+func deployLifeboatParts(t testing.TB, n *realnode.Node, withController bool) string {
+	t.Helper()
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -194,6 +218,11 @@ func deployLifeboat(t testing.TB, n *realnode.Node) string {
 		t.Fatal(err)
 	}
 	kustomization := fmt.Sprintf(overlay, base, n.Name(), apiPort, n.KubeletConfig.Port, n.Address(), ports[0], n.PodsDir())
+	apps := []string{"lifeboat-agent", "lifeboat-controller", "lifeboat-signer"}
+	if !withController {
+		kustomization += noController
+		apps = slices.DeleteFunc(apps, func(a string) bool { return a == "lifeboat-controller" })
+	}
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +242,7 @@ func deployLifeboat(t testing.TB, n *realnode.Node) string {
 	if out, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "--force-conflicts", "-k", dir); err != nil {
 		t.Fatalf("applying manifests/: %v\n%s", err, out)
 	}
-	for _, app := range []string{"lifeboat-agent", "lifeboat-controller", "lifeboat-signer"} {
+	for _, app := range apps {
 		waitReadyPod(t, "lifeboat-system", "app.kubernetes.io/name="+app, 3*time.Minute)
 	}
 	return fmt.Sprintf("http://%s:%d/metrics", n.Address(), ports[0])
