@@ -24,6 +24,7 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
@@ -241,6 +242,14 @@ func deployLifeboatParts(t testing.TB, n *realnode.Node, withController bool) st
 	// The CRDs are already there (the control plane installs them): applying takes them over.
 	if out, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "--force-conflicts", "-k", dir); err != nil {
 		t.Fatalf("applying manifests/: %v\n%s", err, out)
+	}
+	if !withController {
+		// The configuration calls the Deployment's Service, which has no replica behind it; the
+		// controller that runs elsewhere registers its own, with its URL (the API server refuses
+		// the two merged, a URL and a Service).
+		if err := cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(t.Context(), webhook.ConfigurationName, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, app := range apps {
 		waitReadyPod(t, "lifeboat-system", "app.kubernetes.io/name="+app, 3*time.Minute)

@@ -504,6 +504,9 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 	// falls on an emulated one.
 	nodeName := r.nodeNames()[s.Node]
 	n := r.nodes[s.Node%len(r.nodes)]
+	if r.isReal(nodeName) && slices.Contains([]soak.Kind{soak.NodeFreeze, soak.NodeLost, soak.NetworkCut, soak.NetworkSlow}, s.Kind) {
+		r.t.Logf("soak: the real node takes no %s; it falls on an emulated node", s.Kind)
+	}
 	later := func(what func()) {
 		ends.Add(1)
 		go func() {
