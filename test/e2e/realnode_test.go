@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -14,16 +13,14 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"k8s.io/utils/ptr"
+	"slices"
 
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -532,26 +529,4 @@ func TestRealNodePressureShutsTheVMDownWithTheGateOff(t *testing.T) {
 		t.Errorf("with the gate off no migration is made: %v, %d", err, len(migrations.Items))
 	}
 	sourceExitedCleanly(t, sourcePod, evicted)
-}
-
-// serviceAccountKubeconfig writes a kubeconfig that authenticates as ServiceAccount ns/name with a
-// token of it, valid for a day: a process of the test (the soak's controller) acting as lifeboat's
-// pod would, under its RBAC and the admission policies that name it.
-func serviceAccountKubeconfig(t testing.TB, ns, name string) string {
-	t.Helper()
-	token, err := cluster.Kube.CoreV1().ServiceAccounts(ns).CreateToken(t.Context(), name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](24 * 3600)}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("a token of ServiceAccount %s/%s: %v", ns, name, err)
-	}
-	config := clientcmdapi.NewConfig()
-	config.Clusters["cluster"] = &clientcmdapi.Cluster{Server: cluster.Host, CertificateAuthority: cluster.CAFile()}
-	config.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: token.Status.Token}
-	config.Contexts[name] = &clientcmdapi.Context{Cluster: "cluster", AuthInfo: name}
-	config.CurrentContext = name
-	path := filepath.Join(t.TempDir(), name+".kubeconfig")
-	if err := clientcmd.WriteToFile(*config, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }

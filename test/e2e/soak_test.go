@@ -103,17 +103,13 @@ func TestSoak(t *testing.T) {
 	// The VMs answer on the pod network, each through a Service of its own, as kube-proxy routes it.
 	pods := node.NewTestNetwork(t)
 	var real *realnode.Node
-	var controllerArgs []string
 	if *soakRealNode {
 		// Before the LifeboatConfig and the controller: applying manifests/ sets both its own.
 		real = startRealNodeOn(t, pods)
 		deployLifeboatParts(t, real, false)
-		// The controller as its Deployment's pod would be: manifests/' admission policies let
-		// only its ServiceAccount make launcher pods.
-		controllerArgs = []string{"--kubeconfig", serviceAccountKubeconfig(t, "lifeboat-system", "lifeboat-controller")}
 	}
 	setConfig(t, true)
-	ctrl := startControllerWithWebhookAt(t, fmt.Sprintf("127.0.0.1:%d", freePort(t, "127.0.0.1")), controllerArgs...)
+	ctrl := startControllerWithWebhook(t)
 	nodes := startNodes(t, soakNodes, node.OnNetwork(pods), func(c *node.Config) { c.EvictionMaxPodGracePeriod = soakGrace })
 	proxy, err := controlplane.EnsureKubeProxy(context.Background(), nil)
 	if err != nil {
