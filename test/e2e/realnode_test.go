@@ -199,6 +199,12 @@ const noController = `- patch: |-
       replicas: 0
 `
 
+// serviceAccountsOnly are manifests/' admission policy bindings that refuse what only lifeboat's
+// controller's or agents' ServiceAccounts may do (their labels on pods, launcher pods' devices,
+// migrations' evacuation records, VMIs' launcher pod records).
+var serviceAccountsOnly = []string{"lifeboat-reserved-metadata", "lifeboat-launcher-devices",
+	"lifeboat-evacuation-record", "lifeboat-launcher-pod-record"}
+
 // deployLifeboatParts is deployLifeboat, with the controller's Deployment at no replica unless
 // withController.
 func deployLifeboatParts(t testing.TB, n *realnode.Node, withController bool) string {
@@ -249,6 +255,14 @@ func deployLifeboatParts(t testing.TB, n *realnode.Node, withController bool) st
 		// the two merged, a URL and a Service).
 		if err := cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(t.Context(), webhook.ConfigurationName, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
+		}
+		// The policies that let only lifeboat's ServiceAccounts do some things go too: the
+		// controller that runs elsewhere, and emulated nodes' agents, are processes of the test
+		// acting as the cluster's admin.
+		for _, binding := range serviceAccountsOnly {
+			if err := cluster.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(t.Context(), binding, metav1.DeleteOptions{}); err != nil {
+				t.Fatalf("removing the policy binding %s: %v", binding, err)
+			}
 		}
 	}
 	for _, app := range apps {
