@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"maps"
 	"net/netip"
 	"os"
@@ -120,7 +121,7 @@ func TestSoak(t *testing.T) {
 	r := &soakRun{t: t, ns: ns, nodes: nodes, real: real, ctrl: ctrl, network: soakNetworkFaults(t, nodes), pods: pods,
 		services: map[string]string{}, answering: map[string]time.Time{}, vmOf: map[string]string{}, cordoned: map[string]bool{},
 		seenErrors: map[string]bool{}, journal: map[string]int{}, skipped: map[soak.Kind]int{},
-		counting: map[string]time.Time{}, countingInstance: map[string]string{}, lastCounter: map[string]int{}}
+		counting: map[string]time.Time{}, countingInstance: map[string]string{}, lastCounter: map[string]int{}, migrations: map[string]migrationSeen{}}
 	for i := range *soakVMs {
 		name := fmt.Sprintf("soak-%d", i)
 		createClaim(t, ns, name, corev1.ReadWriteMany)
@@ -233,6 +234,7 @@ func (r *soakRun) report() {
 	var out bytes.Buffer
 	fmt.Fprintf(&out, "soak: seed %d, duration %s, %d VMs, nodes %v; steps skipped (nothing to act on): %v\n", *soakSeed, *soakDuration, *soakVMs, r.nodeNames(), r.skipped)
 	report.Print(&out)
+	r.printRealNode(&out)
 	r.t.Log("\n" + out.String())
 	fmt.Print(out.String())
 	for _, v := range report.Violations {
@@ -274,6 +276,38 @@ type soakRun struct {
 	answers          []check.Answer
 	answering        map[string]time.Time // VM → when it last answered through its Service
 	lastCounter      map[string]int       // each stream's last counter
+	// migrations are the migrations the API showed, as last seen.
+	migrations map[string]migrationSeen
+}
+
+// migrationSeen is a migration's nodes and phase as the API last showed them.
+type migrationSeen struct{ source, target, phase string }
+
+// printRealNode says what the real node took part in: the soak's operations and faults there by
+// kind (and the starts that ended them), and the migrations from and to it by their last phase.
+func (r *soakRun) printRealNode(out io.Writer) {
+	if r.real == nil {
+		return
+	}
+	name := r.real.Name()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kinds := map[string]int{}
+	for _, a := range r.actions {
+		if a.Node == name {
+			kinds[a.Kind]++
+		}
+	}
+	from, to := map[string]int{}, map[string]int{}
+	for _, m := range r.migrations {
+		if m.source == name {
+			from[m.phase]++
+		}
+		if m.target == name {
+			to[m.phase]++
+		}
+	}
+	fmt.Fprintf(out, "on the real node %s: %v; migrations from it %v, to it %v\n", name, kinds, from, to)
 }
 
 func (r *soakRun) history() check.History {
@@ -321,6 +355,9 @@ func (r *soakRun) observeAPI(ctx context.Context) {
 		r.mu.Lock()
 		for _, v := range o.VMIs {
 			r.vmOf[string(v.UID)] = v.Namespace + "/" + v.Name
+		}
+		for _, m := range o.Migrations {
+			r.migrations[m.Name] = migrationSeen{source: m.Status.SourceNode, target: m.Status.TargetNode, phase: string(m.Status.Phase)}
 		}
 		r.snapshots = append(r.snapshots, s)
 		r.mu.Unlock()
