@@ -284,7 +284,8 @@ type soakRun struct {
 type migrationSeen struct{ source, target, phase string }
 
 // printRealNode says what the real node took part in: the soak's operations and faults there by
-// kind (and the starts that ended them), and the migrations from and to it by their last phase.
+// kind (and the starts that ended them), the migrations from and to it by their last phase, and
+// how many readings of guests' consoles were made there.
 func (r *soakRun) printRealNode(out io.Writer) {
 	if r.real == nil {
 		return
@@ -298,6 +299,12 @@ func (r *soakRun) printRealNode(out io.Writer) {
 			kinds[a.Kind]++
 		}
 	}
+	readings := 0
+	for _, c := range r.consoles {
+		if c.Node == name {
+			readings++
+		}
+	}
 	from, to := map[string]int{}, map[string]int{}
 	for _, m := range r.migrations {
 		if m.source == name {
@@ -307,7 +314,7 @@ func (r *soakRun) printRealNode(out io.Writer) {
 			to[m.phase]++
 		}
 	}
-	fmt.Fprintf(out, "on the real node %s: %v; migrations from it %v, to it %v\n", name, kinds, from, to)
+	fmt.Fprintf(out, "on the real node %s: %v; migrations from it %v, to it %v; console readings there %d\n", name, kinds, from, to, readings)
 }
 
 func (r *soakRun) history() check.History {
