@@ -23,7 +23,7 @@
 #   make images      lifeboat's container images as OCI archives in .images/ (for ctr images import)
 #   make push REGISTRY=host[:port][/path]  lifeboat's images pushed there, tagged TAG (default: the commit)
 #   make manifests-check  apply manifests/ to a local control plane and check every object
-#   make soak        operations and faults at random while VMs move, judged by an independent checker (SOAK_DURATION, SOAK_SEED, SOAK_VMS)
+#   make soak        operations and faults at random while VMs move, judged by an independent checker (SOAK_DURATION, SOAK_SEED, SOAK_VMS, SOAK_REAL_NODE=1)
 #   make e2e         lifeboat deployed from manifests/ on a real kubelet, whose soft eviction it turns into a live migration
 
 SHELL := /bin/bash
@@ -46,6 +46,9 @@ CLUSTER   := bin/lifeboat-cluster
 SOAK_DURATION ?= 10m
 SOAK_SEED ?= 47
 SOAK_VMS ?= 3
+# 1 adds a real kubelet node (test/realnode) to the soak's three emulated ones. Off by default: the
+# plan of a seed depends on the number of nodes, so a seed's recorded soak replays only as it ran.
+SOAK_REAL_NODE ?= 0
 
 .PHONY: soak deps all generate verify-generated lint test bench bench-report bench-deadline bench-drain bench-node-full bench-scale bench-density bench-startup bench-network bench-transport bench-downtime bench-mirror bench-relief bench-stock test-security fuzz binaries lifeboat-bins demo demo-down clean images push manifests-check e2e
 
@@ -127,9 +130,11 @@ fuzz:
 	done
 
 # A soak (test/soak, docs/benchmarks.md): the seed's plan of operations and faults carried out on
-# three emulated nodes with real guests, then the checker's report; the same seed replays the same plan.
+# three emulated nodes (and a real kubelet node with SOAK_REAL_NODE=1) with real guests, then the
+# checker's report; the same seed replays the same plan.
 soak: binaries
-	$(GO) test -count=1 -v -timeout 0 -run '^TestSoak$$' ./test/e2e/ -args -soak-duration=$(SOAK_DURATION) -soak-seed=$(SOAK_SEED) -soak-vms=$(SOAK_VMS)
+	$(GO) test -count=1 -v -timeout 0 -run '^TestSoak$$' ./test/e2e/ -args -soak-duration=$(SOAK_DURATION) -soak-seed=$(SOAK_SEED) -soak-vms=$(SOAK_VMS) \
+	  -soak-real-node=$(if $(filter 1,$(SOAK_REAL_NODE)),true,false)
 
 # Benchmarks; figures and how to read them: docs/benchmarks.md. Each target writes into BENCH_OUT
 # (docs/bench, beside the report): NAME.log, the whole output (not committed: docs/bench/.gitignore);

@@ -461,6 +461,12 @@ func launcherPID(t testing.TB, pod *corev1.Pod) int {
 // podProcess finds the host pid of the process of a pod whose executable is named exe, from the
 // pod name in its environment (which the launcher's libvirtd inherits); 0 if there is none.
 func podProcess(pod *corev1.Pod, exe string) int {
+	return envProcess(exe, "POD_NAME="+pod.Name)
+}
+
+// envProcess is the pid of a process running exe with the variable kv ("NAME=value") in its
+// environment; 0 if none.
+func envProcess(exe, kv string) int {
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -472,7 +478,7 @@ func podProcess(pod *corev1.Pod, exe string) int {
 			continue
 		}
 		env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if strings.Contains(string(env), "\x00POD_NAME="+pod.Name+"\x00") || strings.HasPrefix(string(env), "POD_NAME="+pod.Name+"\x00") {
+		if strings.Contains(string(env), "\x00"+kv+"\x00") || strings.HasPrefix(string(env), kv+"\x00") {
 			return pid
 		}
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
+	"github.com/lifeboat-vm/lifeboat/evacuation/webhook"
 	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
@@ -78,6 +79,12 @@ var lifeboatImages = sync.OnceValues(func() ([]string, error) {
 // (realnode.Node.Network), which emulated nodes may join.
 func startRealNode(t testing.TB, configure ...func(*kubeletv1beta1.KubeletConfiguration)) *realnode.Node {
 	t.Helper()
+	return startRealNodeOn(t, node.NewTestNetwork(t), configure...)
+}
+
+// startRealNodeOn is startRealNode with its pods on network, which emulated nodes may share.
+func startRealNodeOn(t testing.TB, network *node.Network, configure ...func(*kubeletv1beta1.KubeletConfiguration)) *realnode.Node {
+	t.Helper()
 	archives, err := lifeboatImages()
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +92,7 @@ func startRealNode(t testing.TB, configure ...func(*kubeletv1beta1.KubeletConfig
 	n, err := realnode.Start(t.Context(), realnode.Config{
 		Name: realNodeName, Address: realNodeAddress, Kubeconfig: cluster.Kubeconfig, Client: cluster.Kube,
 		Labels: map[string]string{node.KVMLabel: "true"}, Images: archives, Progress: os.Stderr,
-		Network: node.NewTestNetwork(t),
+		Network: network,
 		Kubelet: func(c *kubeletv1beta1.KubeletConfiguration) {
 			c.EvictionMaxPodGracePeriod = realMaxGrace
 			for _, f := range configure {
@@ -182,6 +189,29 @@ patches:
 // the CRDs, which the rest of the package uses. It returns the agent's /metrics URL.
 func deployLifeboat(t testing.TB, n *realnode.Node) string {
 	t.Helper()
+	return deployLifeboatParts(t, n, true)
+}
+
+// noController is the overlay's patch for a cluster whose controller runs elsewhere (the soak's,
+// a process of the test that its faults kill): the Deployment keeps no replica.
+const noController = `- patch: |-
+    apiVersion: apps/v1
+    kind: Deployment
+    metadata: {name: lifeboat-controller, namespace: lifeboat-system}
+    spec:
+      replicas: 0
+`
+
+// serviceAccountsOnly are manifests/' admission policy bindings that refuse what only lifeboat's
+// controller's or agents' ServiceAccounts may do (their labels on pods, launcher pods' devices,
+// migrations' evacuation records, VMIs' launcher pod records).
+var serviceAccountsOnly = []string{"lifeboat-reserved-metadata", "lifeboat-launcher-devices",
+	"lifeboat-evacuation-record", "lifeboat-launcher-pod-record"}
+
+// deployLifeboatParts is deployLifeboat, with the controller's Deployment at no replica unless
+// withController.
+func deployLifeboatParts(t testing.TB, n *realnode.Node, withController bool) string {
+	t.Helper()
 	root, err := controlplane.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -198,6 +228,11 @@ func deployLifeboat(t testing.TB, n *realnode.Node) string {
 		t.Fatal(err)
 	}
 	kustomization := fmt.Sprintf(overlay, base, n.Name(), apiPort, n.KubeletConfig.Port, n.Address(), ports[0], n.PodsDir())
+	apps := []string{"lifeboat-agent", "lifeboat-controller", "lifeboat-signer"}
+	if !withController {
+		kustomization += noController
+		apps = slices.DeleteFunc(apps, func(a string) bool { return a == "lifeboat-controller" })
+	}
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +252,23 @@ func deployLifeboat(t testing.TB, n *realnode.Node) string {
 	if out, err := cluster.Kubectl(t.Context(), "apply", "--server-side", "--force-conflicts", "-k", dir); err != nil {
 		t.Fatalf("applying manifests/: %v\n%s", err, out)
 	}
-	for _, app := range []string{"lifeboat-agent", "lifeboat-controller", "lifeboat-signer"} {
+	if !withController {
+		// The configuration calls the Deployment's Service, which has no replica behind it; the
+		// controller that runs elsewhere registers its own, with its URL (the API server refuses
+		// the two merged, a URL and a Service).
+		if err := cluster.Kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(t.Context(), webhook.ConfigurationName, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// The policies that let only lifeboat's ServiceAccounts do some things go too: the
+		// controller that runs elsewhere, and emulated nodes' agents, are processes of the test
+		// acting as the cluster's admin.
+		for _, binding := range serviceAccountsOnly {
+			if err := cluster.Kube.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(t.Context(), binding, metav1.DeleteOptions{}); err != nil {
+				t.Fatalf("removing the policy binding %s: %v", binding, err)
+			}
+		}
+	}
+	for _, app := range apps {
 		waitReadyPod(t, "lifeboat-system", "app.kubernetes.io/name="+app, 3*time.Minute)
 	}
 	return fmt.Sprintf("http://%s:%d/metrics", n.Address(), ports[0])

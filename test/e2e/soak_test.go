@@ -6,10 +6,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,8 +24,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -32,6 +37,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 	"github.com/lifeboat-vm/lifeboat/test/netfault"
 	"github.com/lifeboat-vm/lifeboat/test/node"
+	"github.com/lifeboat-vm/lifeboat/test/realnode"
 	"github.com/lifeboat-vm/lifeboat/test/soak"
 	"github.com/lifeboat-vm/lifeboat/test/soak/check"
 )
@@ -43,11 +49,21 @@ var (
 	soakDuration = flag.Duration("soak-duration", 3*time.Minute, "how long TestSoak breaks things (its last quarter is left to settle)")
 	soakSeed     = flag.Uint64("soak-seed", 47, "the seed of TestSoak's plan: the same seed replays the same operations and faults")
 	soakVMs      = flag.Int("soak-vms", 3, "VMs TestSoak runs")
+	// Off by default: a real node takes the machine-wide lock of real nodes (test/realnode), which
+	// other e2e tests wait for, and starting it with lifeboat's images takes minutes more.
+	soakRealNode = flag.Bool("soak-real-node", false, "TestSoak also runs a real kubelet node (test/realnode), which its VMs move to and from")
 )
 
 const (
-	// soakNodes is how many emulated nodes the soak runs its VMs on.
+	// soakNodes is how many emulated nodes the soak runs its VMs on, besides the real one with
+	// -soak-real-node.
 	soakNodes = 3
+	// realRunDir is the real node's agent's run directory, its hostPath: this machine's, as the
+	// e2e real node has no mount namespace of its own (realnode.Config.StandardPaths).
+	realRunDir = "/var/run/lifeboat"
+	// agentPodsMount is where the agent's pod mounts the kubelet's pods directory
+	// (manifests/agent.yaml): the agent's links to launchers' run volumes are below it.
+	agentPodsMount = "/var/lib/kubelet/pods"
 	// soakGrace is the VMs' and the nodes' grace period: a TCG guest's migration on a loaded
 	// machine needs tens of seconds.
 	soakGrace = 60
@@ -69,21 +85,32 @@ const (
 // nodes lost and tainted out of service, the migration network between two nodes cut or slowed,
 // kube-apiserver and etcd restarted) on LiveMigrate VMs that count on their consoles, keep
 // journals on shared disks and answer on the pod network through Services, on three emulated
-// nodes, while it records what a user sees (the consoles, the journals, the answers through the
-// Services, the API); then it lets the cluster settle, prints the report, and fails on every
-// violation the independent checker (package check) finds. make test runs a short one; make
-// soak any: SOAK_DURATION, SOAK_SEED, SOAK_VMS.
+// nodes (and, with -soak-real-node, a real kubelet node: see realSoakNode), while it records
+// what a user sees (the consoles, the journals, the answers through the Services, the API); then
+// it lets the cluster settle, prints the report, and fails on every violation the independent
+// checker (package check) finds. make test runs a short one; make soak any: SOAK_DURATION,
+// SOAK_SEED, SOAK_VMS, SOAK_REAL_NODE.
 func TestSoak(t *testing.T) {
-	plan := soak.Plan(*soakSeed, *soakDuration, *soakVMs, soakNodes, soak.DefaultPace)
-	t.Logf("soak: seed %d, %s, %d VMs on %d nodes, %d steps", *soakSeed, *soakDuration, *soakVMs, soakNodes, len(plan))
+	nodeCount := soakNodes
+	if *soakRealNode {
+		nodeCount++
+	}
+	plan := soak.Plan(*soakSeed, *soakDuration, *soakVMs, nodeCount, soak.DefaultPace)
+	t.Logf("soak: seed %d, %s, %d VMs on %d nodes (real node: %t), %d steps", *soakSeed, *soakDuration, *soakVMs, nodeCount, *soakRealNode, len(plan))
 	for _, s := range plan {
 		t.Logf("plan %s", s)
 	}
 
-	setConfig(t, true)
-	ctrl := startControllerWithWebhook(t)
 	// The VMs answer on the pod network, each through a Service of its own, as kube-proxy routes it.
 	pods := node.NewTestNetwork(t)
+	var real *realnode.Node
+	if *soakRealNode {
+		// Before the LifeboatConfig and the controller: applying manifests/ sets both its own.
+		real = startRealNodeOn(t, pods)
+		deployLifeboatParts(t, real, false)
+	}
+	setConfig(t, true)
+	ctrl := startControllerWithWebhook(t)
 	nodes := startNodes(t, soakNodes, node.OnNetwork(pods), func(c *node.Config) { c.EvictionMaxPodGracePeriod = soakGrace })
 	proxy, err := controlplane.EnsureKubeProxy(context.Background(), nil)
 	if err != nil {
@@ -91,10 +118,10 @@ func TestSoak(t *testing.T) {
 	}
 	node.StartTestServiceProxy(t, pods, proxy, cluster.Kubeconfig, nodes[0].Name())
 	ns := testNamespace(t)
-	r := &soakRun{t: t, ns: ns, nodes: nodes, ctrl: ctrl, network: soakNetworkFaults(t, nodes), pods: pods,
+	r := &soakRun{t: t, ns: ns, nodes: nodes, real: real, ctrl: ctrl, network: soakNetworkFaults(t, nodes), pods: pods,
 		services: map[string]string{}, answering: map[string]time.Time{}, vmOf: map[string]string{}, cordoned: map[string]bool{},
 		seenErrors: map[string]bool{}, journal: map[string]int{}, skipped: map[soak.Kind]int{},
-		counting: map[string]time.Time{}, countingInstance: map[string]string{}, lastCounter: map[string]int{}}
+		counting: map[string]time.Time{}, countingInstance: map[string]string{}, lastCounter: map[string]int{}, migrations: map[string]migrationSeen{}}
 	for i := range *soakVMs {
 		name := fmt.Sprintf("soak-%d", i)
 		createClaim(t, ns, name, corev1.ReadWriteMany)
@@ -205,8 +232,9 @@ func (r *soakRun) report() {
 	}
 	report := check.Summarise(h, check.DefaultLimits(), faults)
 	var out bytes.Buffer
-	fmt.Fprintf(&out, "soak: seed %d, duration %s, %d VMs, %d nodes; steps skipped (nothing to act on): %v\n", *soakSeed, *soakDuration, *soakVMs, soakNodes, r.skipped)
+	fmt.Fprintf(&out, "soak: seed %d, duration %s, %d VMs, nodes %v; steps skipped (nothing to act on): %v\n", *soakSeed, *soakDuration, *soakVMs, r.nodeNames(), r.skipped)
 	report.Print(&out)
+	r.printRealNode(&out)
 	r.t.Log("\n" + out.String())
 	fmt.Print(out.String())
 	for _, v := range report.Violations {
@@ -219,8 +247,12 @@ type soakRun struct {
 	t     *testing.T
 	ns    string
 	nodes []*testNode
-	ctrl  *webhookController
-	vms   []string
+	// real is the real kubelet node, after the emulated ones in the plan's numbering; nil
+	// without -soak-real-node. realMu serialises its kubelet's restarts.
+	real   *realnode.Node
+	realMu sync.Mutex
+	ctrl   *webhookController
+	vms    []string
 	// pods is the pod network; services the address of each VM's Service on it.
 	pods     *node.Network
 	services map[string]string
@@ -244,6 +276,45 @@ type soakRun struct {
 	answers          []check.Answer
 	answering        map[string]time.Time // VM → when it last answered through its Service
 	lastCounter      map[string]int       // each stream's last counter
+	// migrations are the migrations the API showed, as last seen.
+	migrations map[string]migrationSeen
+}
+
+// migrationSeen is a migration's nodes and phase as the API last showed them.
+type migrationSeen struct{ source, target, phase string }
+
+// printRealNode says what the real node took part in: the soak's operations and faults there by
+// kind (and the starts that ended them), the migrations from and to it by their last phase, and
+// how many readings of guests' consoles were made there.
+func (r *soakRun) printRealNode(out io.Writer) {
+	if r.real == nil {
+		return
+	}
+	name := r.real.Name()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kinds := map[string]int{}
+	for _, a := range r.actions {
+		if a.Node == name {
+			kinds[a.Kind]++
+		}
+	}
+	readings := 0
+	for _, c := range r.consoles {
+		if c.Node == name {
+			readings++
+		}
+	}
+	from, to := map[string]int{}, map[string]int{}
+	for _, m := range r.migrations {
+		if m.source == name {
+			from[m.phase]++
+		}
+		if m.target == name {
+			to[m.phase]++
+		}
+	}
+	fmt.Fprintf(out, "on the real node %s: %v; migrations from it %v, to it %v; console readings there %d\n", name, kinds, from, to, readings)
 }
 
 func (r *soakRun) history() check.History {
@@ -292,6 +363,9 @@ func (r *soakRun) observeAPI(ctx context.Context) {
 		for _, v := range o.VMIs {
 			r.vmOf[string(v.UID)] = v.Namespace + "/" + v.Name
 		}
+		for _, m := range o.Migrations {
+			r.migrations[m.Name] = migrationSeen{source: m.Status.SourceNode, target: m.Status.TargetNode, phase: string(m.Status.Phase)}
+		}
 		r.snapshots = append(r.snapshots, s)
 		r.mu.Unlock()
 		return false, nil
@@ -331,10 +405,8 @@ func (r *soakRun) list(ctx context.Context) (check.Objects, error) {
 	}
 	o.VMs, o.VMIs, o.Migrations, o.Pods, o.Budgets, o.Evictions = vms.Items, vmis.Items, migrations.Items, pods.Items, budgets.Items, evictions.Items
 	for _, n := range nodes.Items {
-		for _, tn := range r.nodes {
-			if n.Name == tn.Name() {
-				o.Nodes = append(o.Nodes, n)
-			}
+		if slices.Contains(r.nodeNames(), n.Name) {
+			o.Nodes = append(o.Nodes, n)
 		}
 	}
 	return o, nil
@@ -347,15 +419,23 @@ func (r *soakRun) observeConsoles(ctx context.Context) {
 		for _, n := range r.nodes {
 			paths, _ := filepath.Glob(filepath.Join(n.HostPath("/var/run/lifeboat"), "domains", "*", "console.log"))
 			for _, path := range paths {
-				r.readConsole(n.Name(), filepath.Dir(path))
+				r.readConsole(n.Name(), filepath.Dir(path), nil)
+			}
+		}
+		if r.real != nil {
+			// The links of the real node's agent point where its pod sees the pods directory.
+			domains := filepath.Join(realRunDir, "domains")
+			entries, _ := os.ReadDir(domains)
+			for _, e := range entries {
+				r.readConsole(r.real.Name(), filepath.Join(domains, e.Name()), map[string]string{agentPodsMount: r.real.PodsDir()})
 			}
 		}
 		return false, nil
 	})
 }
 
-func (r *soakRun) readConsole(nodeName, dir string) {
-	read, err := soak.ReadConsole(nodeName, dir)
+func (r *soakRun) readConsole(nodeName, dir string, mounts map[string]string) {
+	read, err := soak.ReadConsole(nodeName, dir, mounts)
 	if err != nil {
 		return
 	}
@@ -463,7 +543,14 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 	ctx := context.Background()
 	name := r.vms[s.VM]
 	vmName := r.ns + "/" + name
-	n := r.nodes[s.Node]
+	// The step's node by name; n is an emulated one, for the faults the real node does not
+	// take (a freeze, a lost node, the migration network): a step that draws the real node
+	// falls on an emulated one.
+	nodeName := r.nodeNames()[s.Node]
+	n := r.nodes[s.Node%len(r.nodes)]
+	if r.isReal(nodeName) && slices.Contains([]soak.Kind{soak.NodeFreeze, soak.NodeLost, soak.NetworkCut, soak.NetworkSlow}, s.Kind) {
+		r.t.Logf("soak: the real node takes no %s; it falls on an emulated node", s.Kind)
+	}
 	later := func(what func()) {
 		ends.Add(1)
 		go func() {
@@ -474,22 +561,26 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 	}
 	switch s.Kind {
 	case soak.NodePressureEviction:
-		pod, tn := r.runningPod(name)
+		pod, on := r.runningPod(name)
 		if pod == nil {
 			r.skip(s, "the VM has no running launcher pod")
 			return
 		}
-		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: tn.Name()})
+		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: on})
 		ends.Add(1)
 		go func() {
 			defer ends.Done()
-			if err := tn.EvictPod(ctx, pod.Namespace, pod.Name); err != nil {
+			if r.isReal(on) {
+				r.realPressure(pod)
+				return
+			}
+			if err := r.emulated(on).EvictPod(ctx, pod.Namespace, pod.Name); err != nil {
 				r.t.Logf("soak: the node-pressure eviction of %s: %v", pod.Name, err)
 			}
 		}()
 	case soak.Drain:
-		r.setCordon(n.Name(), true)
-		r.record(check.Action{Kind: string(s.Kind), Node: n.Name()})
+		r.setCordon(nodeName, true)
+		r.record(check.Action{Kind: string(s.Kind), Node: nodeName})
 		// kubectl drain evicts every pod of the node and asks again until each is gone.
 		ends.Add(1)
 		go func() {
@@ -502,7 +593,7 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 				}
 				left := 0
 				for _, p := range pods.Items {
-					if p.Spec.NodeName == n.Name() && p.DeletionTimestamp == nil && !podEnded(&p) {
+					if p.Spec.NodeName == nodeName && p.DeletionTimestamp == nil && !podEnded(&p) {
 						left++
 						_ = cluster.Kube.CoreV1().Pods(r.ns).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}})
 					}
@@ -511,29 +602,29 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 			})
 		}()
 	case soak.Uncordon:
-		if !r.cordonedNodes()[n.Name()] {
+		if !r.cordonedNodes()[nodeName] {
 			r.skip(s, "the node is not cordoned")
 			return
 		}
-		r.setCordon(n.Name(), false)
-		r.record(check.Action{Kind: string(s.Kind), Node: n.Name()})
+		r.setCordon(nodeName, false)
+		r.record(check.Action{Kind: string(s.Kind), Node: nodeName})
 	case soak.APIEviction:
-		pod, tn := r.runningPod(name)
+		pod, on := r.runningPod(name)
 		if pod == nil {
 			r.skip(s, "the VM has no running launcher pod")
 			return
 		}
-		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: tn.Name()})
+		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: on})
 		if err := cluster.Kube.CoreV1().Pods(r.ns).EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace}}); err != nil {
 			r.t.Logf("soak: the API eviction of %s: %v", pod.Name, err)
 		}
 	case soak.EvictionRequest:
-		pod, tn := r.runningPod(name)
+		pod, on := r.runningPod(name)
 		if pod == nil {
 			r.skip(s, "the VM has no running launcher pod")
 			return
 		}
-		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: tn.Name()})
+		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: on})
 		erc, err := evictionrequest.Request(ctx, cluster.Kube, pod, soakRequester)
 		if err != nil {
 			r.t.Logf("soak: asking the eviction of %s: %v", pod.Name, err)
@@ -573,31 +664,39 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 		})
 	case soak.AgentKill:
 		// The source or the target of a migration under way, when there is one.
-		if busy := r.migratingNode(); busy != nil {
-			n = busy
+		if busy := r.migratingNode(); busy != "" {
+			nodeName = busy
 		}
-		r.record(check.Action{Kind: string(s.Kind), Node: n.Name()})
-		n.agent.Kill()
-		later(func() { r.restart(n.agent, s.Kind) })
+		if r.isReal(nodeName) {
+			r.killRealAgent(s, ends)
+			return
+		}
+		tn := r.emulated(nodeName)
+		r.record(check.Action{Kind: string(s.Kind), Node: nodeName})
+		tn.agent.Kill()
+		later(func() { r.restart(tn.agent, s.Kind) })
 	case soak.ControllerKill:
 		r.record(check.Action{Kind: string(s.Kind)})
 		r.ctrl.Kill()
 		later(func() { r.restart(r.ctrl.proc, s.Kind) })
 	case soak.LibvirtdKill, soak.QEMUKill:
-		pod, tn := r.runningPod(name)
+		pod, on := r.runningPod(name)
 		if pod == nil {
 			r.skip(s, "the VM has no running launcher pod")
 			return
 		}
 		pid := podProcess(pod, "libvirtd")
-		if s.Kind == soak.QEMUKill {
-			pid = qemuOn(tn, r.ns, name)
+		switch {
+		case s.Kind == soak.QEMUKill && r.isReal(on):
+			pid = realQEMU(pod, r.ns, name)
+		case s.Kind == soak.QEMUKill:
+			pid = qemuOn(r.emulated(on), r.ns, name)
 		}
 		if pid == 0 {
 			r.skip(s, "no such process of pod "+pod.Name)
 			return
 		}
-		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: tn.Name(), Fatal: soak.Fatal[s.Kind]})
+		r.record(check.Action{Kind: string(s.Kind), VM: vmName, Node: on, Fatal: soak.Fatal[s.Kind]})
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	case soak.NodeFreeze:
 		r.record(check.Action{Kind: string(s.Kind), Node: n.Name()})
@@ -613,7 +712,7 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 		}
 		a, b := r.migratingPair()
 		if a == nil {
-			a, b = n, r.nodes[(s.Node+1)%len(r.nodes)]
+			a, b = n, r.nodes[(s.Node%len(r.nodes)+1)%len(r.nodes)]
 		}
 		r.record(check.Action{Kind: string(s.Kind), Node: a.Name() + "," + b.Name()})
 		for _, way := range [][2]*testNode{{a, b}, {b, a}} {
@@ -648,9 +747,10 @@ func (r *soakRun) do(s soak.Step, ends *sync.WaitGroup) {
 			}
 		})
 	case soak.NodeLost:
-		// The node of the step's VM, when it runs: a lost node with a guest on it.
-		if _, tn := r.runningPod(name); tn != nil {
-			n = tn
+		// The node of the step's VM, when it runs (and is not the real one): a lost node with a
+		// guest on it.
+		if _, on := r.runningPod(name); on != "" && !r.isReal(on) {
+			n = r.emulated(on)
 		}
 		r.record(check.Action{Kind: string(s.Kind), Node: n.Name()})
 		stopped := freezeNode(r.t, n)
@@ -805,30 +905,142 @@ func podEnded(p *corev1.Pod) bool {
 	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 }
 
-// runningPod is the VM's launcher pod on the node its VMI runs on, and that node; nil if none.
-func (r *soakRun) runningPod(name string) (*corev1.Pod, *testNode) {
+// runningPod is the VM's launcher pod on the node its VMI runs on, and that node's name; nil
+// and "" if none.
+func (r *soakRun) runningPod(name string) (*corev1.Pod, string) {
 	ctx := context.Background()
 	v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(r.ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil || v.Status.Phase != v1alpha1.VMIRunning {
-		return nil, nil
+		return nil, ""
 	}
 	pods, err := cluster.Kube.CoreV1().Pods(r.ns).List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + string(v.UID)})
 	if err != nil {
-		return nil, nil
+		return nil, ""
 	}
 	for i, p := range pods.Items {
-		if p.Spec.NodeName == v.Status.NodeName && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
-			for _, n := range r.nodes {
-				if n.Name() == p.Spec.NodeName {
-					return &pods.Items[i], n
-				}
-			}
+		if p.Spec.NodeName == v.Status.NodeName && p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil &&
+			slices.Contains(r.nodeNames(), p.Spec.NodeName) {
+			return &pods.Items[i], p.Spec.NodeName
 		}
 	}
-	return nil, nil
+	return nil, ""
 }
 
-// migratingPair is the source and the target node of a migration under way; nils if none.
+// nodeNames are the soak's nodes in the plan's numbering: the emulated ones, then the real one.
+func (r *soakRun) nodeNames() []string {
+	var out []string
+	for _, n := range r.nodes {
+		out = append(out, n.Name())
+	}
+	if r.real != nil {
+		out = append(out, r.real.Name())
+	}
+	return out
+}
+
+// emulated is the emulated node of that name; nil if none.
+func (r *soakRun) emulated(name string) *testNode {
+	for _, n := range r.nodes {
+		if n.Name() == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// isReal says the node of that name is the real one.
+func (r *soakRun) isReal(name string) bool { return r.real != nil && name == r.real.Name() }
+
+// realPressure has the real kubelet's own eviction manager evict pod, as memory pressure does:
+// its evictionSoft memory.available threshold set 2 GiB above what the machine has (the kubelet
+// restarted with it, as an operator would; the pods run on), until the kubelet has evicted the
+// pod (it may evict other pods of the node first: it picks), then the threshold set back.
+func (r *soakRun) realPressure(pod *corev1.Pod) {
+	r.realMu.Lock()
+	defer r.realMu.Unlock()
+	ctx := context.Background()
+	soft := maps.Clone(r.real.KubeletConfig.EvictionSoft)
+	available, threshold, err := r.real.CrossMemorySoftThreshold(ctx, 2<<30, func(*kubeletv1beta1.KubeletConfiguration) {})
+	if err != nil {
+		r.t.Errorf("soak: crossing the real node's soft eviction threshold: %v", err)
+		return
+	}
+	r.t.Logf("soak: real node %s: memory.available %s, evictionSoft memory.available<%s", r.real.Name(), available, threshold)
+	var outcome string
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		events, err := cluster.Kube.CoreV1().Events(pod.Namespace).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.name": pod.Name, "reason": "Evicted", "source": "kubelet"}.String()})
+		if err == nil && len(events.Items) > 0 {
+			outcome = "the kubelet evicted it: " + events.Items[0].Message
+			return true, nil
+		}
+		if p, err := cluster.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) || (err == nil && podEnded(p)) {
+			outcome = "the pod ended before the kubelet chose it"
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		outcome = "the kubelet did not evict it within 2m"
+	}
+	r.t.Logf("soak: the real kubelet's node-pressure eviction of %s: %s", pod.Name, outcome)
+	if err := r.real.RestartKubelet(ctx, func(c *kubeletv1beta1.KubeletConfiguration) { c.EvictionSoft = soft }); err != nil {
+		r.t.Errorf("soak: setting the real node's soft eviction threshold back: %v", err)
+	}
+}
+
+// killRealAgent SIGKILLs the real node's agent, a container of its DaemonSet's pod; the kubelet
+// starts it again (the pod's restartPolicy), which the soak records once the new one runs.
+func (r *soakRun) killRealAgent(s soak.Step, ends *sync.WaitGroup) {
+	name := r.real.Name()
+	pid := envProcess("lifeboat-agent", "NODE_NAME="+name)
+	if pid == 0 {
+		r.skip(s, "the real node's agent is not running (its kubelet starts it again)")
+		return
+	}
+	r.record(check.Action{Kind: string(s.Kind), Node: name})
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	ends.Add(1)
+	go func() {
+		defer ends.Done()
+		err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, 5*time.Minute, false, func(context.Context) (bool, error) {
+			again := envProcess("lifeboat-agent", "NODE_NAME="+name)
+			return again != 0 && again != pid, nil
+		})
+		if err != nil {
+			r.t.Errorf("soak: the kubelet of %s did not start its agent again within 5m of its SIGKILL", name)
+			return
+		}
+		r.record(check.Action{Kind: "lifeboat-agent-started", Node: name, Ends: string(s.Kind)})
+	}()
+}
+
+// realQEMU is the pid of the QEMU of VM ns/name in launcher pod on the real node: the one in the
+// pid namespace of the pod's launcher process; 0 if none.
+func realQEMU(pod *corev1.Pod, ns, name string) int {
+	launcherPID := podProcess(pod, "lifeboat-launcher")
+	if launcherPID == 0 {
+		return 0
+	}
+	want, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", launcherPID))
+	if err != nil {
+		return 0
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || !isQEMUOf(pid, ns, name) {
+			continue
+		}
+		if ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid)); ns == want {
+			return pid
+		}
+	}
+	return 0
+}
+
+// migratingPair is the source and the target node of a migration under way between emulated
+// nodes; nils if none (the real node's agent is not in the network faults' groups).
 func (r *soakRun) migratingPair() (source, target *testNode) {
 	list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(r.ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
@@ -875,23 +1087,23 @@ func soakNetworkFaults(t *testing.T, nodes []*testNode) *netfault.Faults {
 	return f
 }
 
-// migratingNode is the source or the target node of a migration under way; nil if none.
-func (r *soakRun) migratingNode() *testNode {
+// migratingNode is the name of the source or the target node of a migration under way; "" if none.
+func (r *soakRun) migratingNode() string {
 	list, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(r.ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
-		return nil
+		return ""
 	}
 	for _, m := range list.Items {
 		if m.Status.Phase.Terminal() {
 			continue
 		}
-		for _, n := range r.nodes {
-			if n.Name() == m.Status.TargetNode || (m.Status.TargetNode == "" && n.Name() == m.Status.SourceNode) {
+		for _, n := range r.nodeNames() {
+			if n == m.Status.TargetNode || (m.Status.TargetNode == "" && n == m.Status.SourceNode) {
 				return n
 			}
 		}
 	}
-	return nil
+	return ""
 }
 
 // restart starts a killed process again, as its Deployment or DaemonSet would.

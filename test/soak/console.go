@@ -27,8 +27,12 @@ type Reading struct {
 // (a migration's target that the guest left since), whose log stopped where the guest left it.
 // So the link is resolved once, the log read from its target, and the reading named by that
 // pod: read again, an old pod's log shows what it showed before, not a counter going back.
-func ReadConsole(node, dir string) (Reading, error) {
-	volume, err := filepath.EvalSymlinks(dir)
+//
+// The link's target is a path as the agent sees it. mounts maps a directory as an agent in a
+// pod sees it (its hostPath volume's mount path) to where that directory is on this machine;
+// nil for an agent that runs on this machine's own paths.
+func ReadConsole(node, dir string, mounts map[string]string) (Reading, error) {
+	volume, err := resolveLink(dir, mounts)
 	if err != nil {
 		return Reading{}, err
 	}
@@ -40,6 +44,26 @@ func ReadConsole(node, dir string) (Reading, error) {
 	r := Reading{Instance: instance, Stream: node + "/" + instance + "/" + podOfRunVolume(volume)}
 	r.Counter, r.Through, r.Errs = ParseConsole(string(b))
 	return r, nil
+}
+
+// resolveLink is where the link dir points on this machine, its target's mount path, as the
+// agent saw it, replaced by the directory mounts maps it to.
+func resolveLink(dir string, mounts map[string]string) (string, error) {
+	target, err := os.Readlink(dir)
+	if err != nil {
+		// Not a link: the directory itself.
+		return filepath.EvalSymlinks(dir)
+	}
+	for inPod, onHost := range mounts {
+		if rest, ok := strings.CutPrefix(target, inPod+"/"); ok {
+			target = filepath.Join(onHost, rest)
+			break
+		}
+	}
+	if !filepath.IsAbs(target) {
+		target = filepath.Join(filepath.Dir(dir), target)
+	}
+	return filepath.EvalSymlinks(target)
 }
 
 // podOfRunVolume is the UID of the pod whose run volume is at path (the kubelet's

@@ -89,7 +89,7 @@ func (n *node) link(instance, pod string) {
 // read reads the instance's console as the soak does, a second after the last reading.
 func (n *node) read(instance string) {
 	n.at = n.at.Add(time.Second)
-	r, err := ReadConsole(n.name, filepath.Join(n.root, "domains", instance))
+	r, err := ReadConsole(n.name, filepath.Join(n.root, "domains", instance), nil)
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -155,5 +155,28 @@ func TestAConsoleLinkMovedBackToAnOldPodIsNoReboot(t *testing.T) {
 				t.Errorf("violations: %v; want one Reboot saying %q", reboots, tc.want)
 			}
 		})
+	}
+}
+
+// An agent in a pod (the real node's) links to the run volume as it sees it, under its
+// kubelet-pods hostPath's mount path; read with that mount mapped to the node's pods directory,
+// the console is the pod's, named by the pod, as an emulated node's is.
+func TestAConsoleLinkedFromInsideAnAgentPodIsReadThroughItsMount(t *testing.T) {
+	n := newNode(t, "real-1")
+	n.console("pod-a", 1, 7)
+	const inPod = "/var/lib/kubelet/pods"
+	link := filepath.Join(n.root, "domains", "i1")
+	if err := os.Symlink(filepath.Join(inPod, "pod-a", "volumes", "kubernetes.io~empty-dir", contract.RunVolume), link); err != nil {
+		t.Fatal(err)
+	}
+	r, err := ReadConsole(n.name, link, map[string]string{inPod: filepath.Join(n.root, "pods")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Instance != "i1" || r.Stream != "real-1/i1/pod-a" || r.Counter != 7 {
+		t.Errorf("read %+v; want instance i1, stream real-1/i1/pod-a, counter 7", r)
+	}
+	if _, err := ReadConsole(n.name, link, nil); err == nil {
+		t.Errorf("read through the agent's own path, which this machine does not have, it must fail")
 	}
 }
