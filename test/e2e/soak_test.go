@@ -75,7 +75,7 @@ const (
 	// soakAnswerPoll is how often the soak asks each VM's Service.
 	soakAnswerPoll = time.Second
 	// soakCalm is how long the cluster must look settled before it counts as settled: longer
-	// than the 5 s a guest that stopped still counts as counting and answering.
+	// than the soak.Recent a guest that stopped still counts as counting and answering.
 	soakCalm = 10 * time.Second
 )
 
@@ -121,7 +121,7 @@ func TestSoak(t *testing.T) {
 	r := &soakRun{t: t, ns: ns, nodes: nodes, real: real, ctrl: ctrl, network: soakNetworkFaults(t, nodes), pods: pods,
 		services: map[string]string{}, answering: map[string]time.Time{}, vmOf: map[string]string{}, cordoned: map[string]bool{},
 		seenErrors: map[string]bool{}, journal: map[string]int{}, skipped: map[soak.Kind]int{},
-		counting: map[string]time.Time{}, countingInstance: map[string]string{}, lastCounter: map[string]int{}, migrations: map[string]migrationSeen{}}
+		counting: map[string]soak.Counted{}, lastCounter: map[string]int{}, migrations: map[string]migrationSeen{}}
 	for i := range *soakVMs {
 		name := fmt.Sprintf("soak-%d", i)
 		createClaim(t, ns, name, corev1.ReadWriteMany)
@@ -186,22 +186,13 @@ func TestSoak(t *testing.T) {
 	}
 	t.Logf("soak: the plan is over after %s; settling", time.Since(start).Round(time.Second))
 	settled := time.Now()
-	// Settled once calm for soakCalm: a VMI being deleted, or a guest that has just stopped,
-	// looks settled for a moment.
-	var calm time.Time
+	calm := soak.Calm{Window: soakCalm}
 	if err := wait.PollUntilContextTimeout(context.Background(), soakAPIPoll, soakSettle, true, func(context.Context) (bool, error) {
-		if !r.settled(settled) {
-			calm = time.Time{}
-			return false, nil
-		}
-		if calm.IsZero() {
-			calm = time.Now()
-		}
-		return time.Since(calm) >= soakCalm, nil
+		return calm.Look(time.Now(), r.settled(settled)), nil
 	}); err != nil {
 		t.Errorf("the cluster did not settle within %s of the plan's end (every LiveMigrate VM Running, nothing held)", soakSettle)
 	} else {
-		t.Logf("soak: settled %s after the plan's end", calm.Sub(settled).Round(time.Second))
+		t.Logf("soak: settled %s after the plan's end", calm.Since().Sub(settled).Round(time.Second))
 	}
 	// The report, also when the check below fails.
 	defer r.report()
@@ -260,22 +251,20 @@ type soakRun struct {
 	// machine cannot (the soak skips those faults).
 	network *netfault.Faults
 
-	mu         sync.Mutex
-	consoles   []check.Console
-	journals   []check.Journal
-	snapshots  []check.Snapshot
-	actions    []check.Action
-	vmOf       map[string]string // VMI UID → VM (namespace/name)
-	cordoned   map[string]bool
-	seenErrors map[string]bool // console streams' error lines already recorded
-	journal    map[string]int  // each stream's last journal length recorded
-	skipped    map[soak.Kind]int
-	counting   map[string]time.Time // VM → when its counter last rose
-	// countingInstance is, for each VM, the instance whose counter rose last.
-	countingInstance map[string]string
-	answers          []check.Answer
-	answering        map[string]time.Time // VM → when it last answered through its Service
-	lastCounter      map[string]int       // each stream's last counter
+	mu          sync.Mutex
+	consoles    []check.Console
+	journals    []check.Journal
+	snapshots   []check.Snapshot
+	actions     []check.Action
+	vmOf        map[string]string // VMI UID → VM (namespace/name)
+	cordoned    map[string]bool
+	seenErrors  map[string]bool // console streams' error lines already recorded
+	journal     map[string]int  // each stream's last journal length recorded
+	skipped     map[soak.Kind]int
+	counting    map[string]soak.Counted // VM → the instance whose counter rose last, and when
+	answers     []check.Answer
+	answering   map[string]time.Time // VM → when it last answered through its Service
+	lastCounter map[string]int       // each stream's last counter
 	// migrations are the migrations the API showed, as last seen.
 	migrations map[string]migrationSeen
 }
@@ -459,8 +448,7 @@ func (r *soakRun) readConsole(nodeName, dir string, mounts map[string]string) {
 		}
 	}
 	if read.Counter > r.lastCounter[stream] {
-		r.counting[vm] = now
-		r.countingInstance[vm] = instance
+		r.counting[vm] = soak.Counted{Instance: instance, At: now}
 	}
 	r.lastCounter[stream] = read.Counter
 }
@@ -483,59 +471,44 @@ func (r *soakRun) observeService(ctx context.Context, name string) {
 	})
 }
 
-// allAnswering says every VM answered through its Service within the last few seconds.
-func (r *soakRun) allAnswering() bool { return r.silent() == "" }
-
-// silent names the VMs that have not answered through their Services within the last few
-// seconds, with their last answers; empty if none.
-func (r *soakRun) silent() string {
+// seen is what the soak saw of its guests so far.
+func (r *soakRun) seen() soak.Seen {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []string
+	seen := soak.Seen{Counting: maps.Clone(r.counting), Answered: maps.Clone(r.answering)}
 	for _, vm := range r.vms {
-		if last := r.answering[r.ns+"/"+vm]; time.Since(last) > 5*time.Second {
-			out = append(out, fmt.Sprintf("%s (last answer %s)", vm, last.UTC().Format("15:04:05.000")))
-		}
+		seen.VMs = append(seen.VMs, r.ns+"/"+vm)
+	}
+	return seen
+}
+
+// allAnswering says every VM answered through its Service within soak.Recent.
+func (r *soakRun) allAnswering() bool { return r.silent() == "" }
+
+// silent names the VMs that have not answered through their Services within soak.Recent, with
+// their last answers; empty if none.
+func (r *soakRun) silent() string {
+	seen := r.seen()
+	var out []string
+	for _, vm := range seen.Silent(time.Now()) {
+		out = append(out, fmt.Sprintf("%s (last answer %s)", vm, seen.Answered[vm].UTC().Format("15:04:05.000")))
 	}
 	return strings.Join(out, ", ")
 }
 
-// allCounting says every VM's counter rose within the last few seconds, on whichever console.
-func (r *soakRun) allCounting() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, vm := range r.vms {
-		if time.Since(r.counting[r.ns+"/"+vm]) > 5*time.Second {
-			return false
-		}
-	}
-	return true
-}
+// allCounting says every VM's counter rose within soak.Recent, on whichever console.
+func (r *soakRun) allCounting() bool { return r.seen().AllCounting(time.Now()) }
 
-// settled says the last snapshot, taken after since, shows every LiveMigrate VM running and
-// nothing held, and every guest counts.
+// settled says the last snapshot, taken after since, shows the cluster settled (soak.Settled).
 func (r *soakRun) settled(since time.Time) bool {
 	r.mu.Lock()
 	if len(r.snapshots) == 0 {
 		r.mu.Unlock()
 		return false
 	}
-	s := r.snapshots[len(r.snapshots)-1]
+	last := r.snapshots[len(r.snapshots)-1]
 	r.mu.Unlock()
-	if !s.At.After(since) || len(s.Holds) > 0 {
-		return false
-	}
-	r.mu.Lock()
-	for _, vm := range s.VMs {
-		// The instance that counts must be the one the API shows: an instance restarted just
-		// before the plan's end still counts for a moment.
-		if vm.WantRunning && (vm.Phase != string(v1alpha1.VMIRunning) || r.countingInstance[vm.Name] != vm.Instance) {
-			r.mu.Unlock()
-			return false
-		}
-	}
-	r.mu.Unlock()
-	return r.allCounting() && r.allAnswering()
+	return soak.Settled(last, r.seen(), since, time.Now())
 }
 
 // do carries out one step; a step with an end (For) ends in a goroutine ends waits for.
@@ -850,7 +823,8 @@ func (r *soakRun) loseNode(n *testNode, stopped []int, within time.Duration) {
 				return false, nil
 			}
 			r.mu.Lock()
-			counts := r.countingInstance[r.ns+"/"+name] == string(v.UID) && time.Since(r.counting[r.ns+"/"+name]) < 5*time.Second
+			c := r.counting[r.ns+"/"+name]
+			counts := c.Instance == string(v.UID) && time.Since(c.At) < soak.Recent
 			r.mu.Unlock()
 			if !counts {
 				return false, nil
