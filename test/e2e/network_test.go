@@ -178,31 +178,57 @@ type servedMigration struct {
 // servedTick is how often the served guest prints its counter: the precision of its stop.
 const servedTick = 50 * time.Millisecond
 
+// servedVM is a LiveMigrate VM on the pod network of two nodes with kube-proxy, behind a
+// Service, Running: what the tests of a served VM's migration share.
+type servedVM struct {
+	network     *node.Network
+	nodes       []*testNode
+	kubeProxy   *node.ServiceProxy
+	ns, address string
+	vmi         *v1alpha1.VirtualMachineInstance
+	source      *testNode
+}
+
+// startServedVM starts the controller, two nodes on a pod network whose kubelets give a pod grace
+// seconds at most (each node handed to onNode, if any, once up), kube-proxy, and a 256 MiB VM with
+// that grace behind a Service named as its app label, "served".
+func startServedVM(tb testing.TB, grace int64, onNode func(*testNode)) servedVM {
+	tb.Helper()
+	setConfig(tb, true)
+	startController(tb)
+	s := servedVM{network: node.NewTestNetwork(tb)}
+	s.nodes = startNodes(tb, 2, node.OnNetwork(s.network), func(c *node.Config) { c.EvictionMaxPodGracePeriod = grace })
+	if onNode != nil {
+		for _, n := range s.nodes {
+			onNode(n)
+		}
+	}
+	proxy, err := controlplane.EnsureKubeProxy(context.Background(), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s.kubeProxy = node.StartTestServiceProxy(tb, s.network, proxy, cluster.Kubeconfig, s.nodes[0].Name())
+	s.ns = testNamespace(tb)
+	vmi := createVMI(tb, s.ns, newVMI("served", strategy(v1alpha1.EvictionStrategyLiveMigrate), withPodNetwork, func(v *v1alpha1.VirtualMachineInstance) {
+		v.Labels = map[string]string{"app": "served"}
+		v.Spec.Memory = resource.MustParse("256Mi")
+		v.Spec.TerminationGracePeriodSeconds = ptr.To(grace)
+		v.Spec.Boot.Cmdline += fmt.Sprintf(" %s=%s", protocol.TickParam, servedTick)
+	}))
+	s.address = createService(tb, s.ns, "served")
+	s.vmi = waitVMI(tb, s.ns, vmi.Name, bootTimeout, "phase Running", running)
+	s.source = nodeOf(tb, s.nodes, s.vmi)
+	return s
+}
+
 // migrateServedVM runs a VM on the pod network behind a Service on two nodes with kube-proxy,
 // and live-migrates it for node pressure while a client asks the Service every clientInterval.
 // It fails tb unless the guest answered before and after, the same boot, its counter going on.
 func migrateServedVM(tb testing.TB) servedMigration {
 	tb.Helper()
 	const grace = 60
-	setConfig(tb, true)
-	startController(tb)
-	network := node.NewTestNetwork(tb)
-	nodes := startNodes(tb, 2, node.OnNetwork(network), func(c *node.Config) { c.EvictionMaxPodGracePeriod = grace })
-	proxy, err := controlplane.EnsureKubeProxy(context.Background(), nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	kubeProxy := node.StartTestServiceProxy(tb, network, proxy, cluster.Kubeconfig, nodes[0].Name())
-	ns := testNamespace(tb)
-	vmi := createVMI(tb, ns, newVMI("served", strategy(v1alpha1.EvictionStrategyLiveMigrate), withPodNetwork, func(v *v1alpha1.VirtualMachineInstance) {
-		v.Labels = map[string]string{"app": "served"}
-		v.Spec.Memory = resource.MustParse("256Mi")
-		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](grace)
-		v.Spec.Boot.Cmdline += fmt.Sprintf(" %s=%s", protocol.TickParam, servedTick)
-	}))
-	address := createService(tb, ns, "served")
-	vmi = waitVMI(tb, ns, vmi.Name, bootTimeout, "phase Running", running)
-	source := nodeOf(tb, nodes, vmi)
+	served := startServedVM(tb, grace, nil)
+	network, nodes, kubeProxy, ns, vmi, address, source := served.network, served.nodes, served.kubeProxy, served.ns, served.vmi, served.address, served.source
 	// The guest's card and lease: its MAC and fixed private address, which no migration changes.
 	mac, err := vmi.Spec.Interfaces[0].MAC(string(vmi.UID))
 	if err != nil {

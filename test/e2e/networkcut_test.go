@@ -9,17 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/agent/podnetwork"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
-	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 	"github.com/lifeboat-vm/lifeboat/test/netfault"
-	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
 // A VM on the pod network behind a Service is live-migrated while the network between the
@@ -49,30 +45,12 @@ func TestServiceAnswersAfterAMigrationTheNetworkCutSlowed(t *testing.T) {
 			t.Errorf("removing the network faults' table and groups: %v", err)
 		}
 	})
-	setConfig(t, true)
-	startController(t)
-	network := node.NewTestNetwork(t)
-	nodes := startNodes(t, 2, node.OnNetwork(network), func(c *node.Config) { c.EvictionMaxPodGracePeriod = grace })
-	for _, n := range nodes {
+	served := startServedVM(t, grace, func(n *testNode) {
 		if err := faults.Join(n.Name(), n.agent.Pid()); err != nil {
 			t.Fatalf("putting node %s's agent in its network group: %v", n.Name(), err)
 		}
-	}
-	proxy, err := controlplane.EnsureKubeProxy(context.Background(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeProxy := node.StartTestServiceProxy(t, network, proxy, cluster.Kubeconfig, nodes[0].Name())
-	ns := testNamespace(t)
-	vmi := createVMI(t, ns, newVMI("served", strategy(v1alpha1.EvictionStrategyLiveMigrate), withPodNetwork, func(v *v1alpha1.VirtualMachineInstance) {
-		v.Labels = map[string]string{"app": "served"}
-		v.Spec.Memory = resource.MustParse("256Mi")
-		v.Spec.TerminationGracePeriodSeconds = ptr.To[int64](grace)
-		v.Spec.Boot.Cmdline += fmt.Sprintf(" %s=%s", protocol.TickParam, servedTick)
-	}))
-	address := createService(t, ns, "served")
-	vmi = waitVMI(t, ns, vmi.Name, bootTimeout, "phase Running", running)
-	source := nodeOf(t, nodes, vmi)
+	})
+	network, nodes, kubeProxy, ns, vmi, address, source := served.network, served.nodes, served.kubeProxy, served.ns, served.vmi, served.address, served.source
 	sourcePod := launcherPod(t, vmi)
 	boot, _ := waitGuestAnswer(t, network, net.JoinHostPort(sourcePod.Status.PodIP, fmt.Sprint(protocol.ServePort)), bootTimeout)
 	waitGuestAnswer(t, network, address, bootTimeout)
