@@ -163,13 +163,21 @@ func (p Progress) owed() uint64 {
 
 // rewritten is what the guest writes in d at its dirty rate, at most all its memory.
 func (p Progress) rewritten(d time.Duration) uint64 {
-	return p.capped(uint64(float64(p.DirtyRate) * d.Seconds()))
+	return rewrittenIn(p.DirtyRate, d, p.Total)
 }
 
 // capped is n, at most the guest's memory where libvirt reported it.
-func (p Progress) capped(n uint64) uint64 {
-	if p.Total > 0 {
-		return min(n, p.Total)
+func (p Progress) capped(n uint64) uint64 { return capAt(n, p.Total) }
+
+// rewrittenIn is what a guest dirtying rate bytes a second writes in d, at most limit.
+func rewrittenIn(rate uint64, d time.Duration, limit uint64) uint64 {
+	return capAt(uint64(float64(rate)*d.Seconds()), limit)
+}
+
+// capAt is n, at most limit where one is known (above 0).
+func capAt(n, limit uint64) uint64 {
+	if limit > 0 {
+		return min(n, limit)
 	}
 	return n
 }

@@ -117,16 +117,11 @@ func nowIf(due bool) PausePlacement {
 
 // rewritten is what the guest writes in d at its dirty rate, at most its working set.
 func (t PauseTiming) rewritten(d time.Duration) uint64 {
-	return t.capped(uint64(float64(t.DirtyRate) * d.Seconds()))
+	return rewrittenIn(t.DirtyRate, d, t.WorkingSet)
 }
 
 // capped is n, at most the working set where one is known.
-func (t PauseTiming) capped(n uint64) uint64 {
-	if t.WorkingSet > 0 {
-		return min(n, t.WorkingSet)
-	}
-	return n
-}
+func (t PauseTiming) capped(n uint64) uint64 { return capAt(n, t.WorkingSet) }
 
 // pauseTiming is what PlacePause needs of p, with budget the migration's (timeBudget). In the
 // first pass, the pages it found all zeros are not in use: the guest can have rewritten by the
