@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+	"libvirt.org/go/libvirt"
 	"strconv"
 
 	"github.com/lifeboat-vm/lifeboat/agent/libvirtclient"
@@ -26,7 +27,7 @@ import (
 // with ps and /proc, it runs as nobody (neither root nor the launchers' user), with no capability
 // and no way to gain one, in its own network, mount, PID and IPC namespaces, and its root holds
 // the relay's directory alone, not the agent's files. It still does its work: it lists the
-// launcher daemon's domains. Cutting its connection kills it.
+// launcher daemon's domains and passes on their lifecycle events. Cutting its connection kills it.
 func TestTheLibvirtClientRunsConfined(t *testing.T) {
 	needRoot(t)
 	root, err := os.MkdirTemp("", "confined")
@@ -137,6 +138,24 @@ func TestTheLibvirtClientRunsConfined(t *testing.T) {
 	}
 	if _, err := os.Stat(proc + "/root" + secret); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the agent's file %s as the child sees it: %v; want it absent", secret, err)
+	}
+
+	// It passes on the daemon's lifecycle events, on which the agent acts (a guest that stops,
+	// a migration's switch-over): a domain defined there is a change the agent sees.
+	direct, err := libvirt.NewConnect(domain.SocketURI(daemon.Socket(), true))
+	if err != nil {
+		t.Fatalf("connecting to the launcher's libvirtd directly: %v", err)
+	}
+	defer direct.Close()
+	dom, err := direct.DomainDefineXML(`<domain type='qemu'><name>events</name><memory unit='MiB'>16</memory><os><type arch='x86_64'>hvm</type></os></domain>`)
+	if err != nil {
+		t.Fatalf("defining a domain on the launcher's libvirtd: %v", err)
+	}
+	defer func() { _ = dom.Undefine(); _ = dom.Free() }()
+	select {
+	case <-conn.(*libvirtConn).Changes():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent saw no lifecycle event 30 s after a domain was defined on the launcher's daemon")
 	}
 
 	// Cutting the connection kills the child.

@@ -124,7 +124,7 @@ func Start(opts Options) (*Client, error) {
 	}
 	_, _, _ = inR.Close(), outW.Close(), errW.Close()
 	exited := make(chan struct{})
-	c := newClient(outR, inW, func() { _ = cmd.Process.Kill() })
+	c := newClient(outR, inW, func() { _ = cmd.Process.Kill() }, opts.OnEvent)
 	c.pid, c.exited = cmd.Process.Pid, exited
 	go forwardStderr(errR, log)
 	go func() {
@@ -139,9 +139,9 @@ func Start(opts Options) (*Client, error) {
 }
 
 // newClient is the agent's end of a child that reads requests from w and writes to r; kill ends
-// the child.
-func newClient(r io.ReadCloser, w io.Writer, kill func()) *Client {
-	c := &Client{w: w, pending: map[uint64]chan reply{}, done: make(chan struct{})}
+// the child; onEvent (nil: none) takes its events, set before the first is read.
+func newClient(r io.ReadCloser, w io.Writer, kill func(), onEvent func(domain.Event)) *Client {
+	c := &Client{w: w, onEvent: onEvent, pending: map[uint64]chan reply{}, done: make(chan struct{})}
 	// Closing r ends the read under way, for a child that is not dead yet.
 	c.kill = func() { kill(); _ = r.Close() }
 	go func() {

@@ -25,7 +25,7 @@ type fakeChild struct {
 	killed atomic.Bool
 }
 
-func startFakeChild(t *testing.T, answer func(req request) string, exits bool) *fakeChild {
+func startFakeChild(t *testing.T, answer func(req request) string, exits bool, onEvent func(domain.Event)) *fakeChild {
 	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
@@ -34,7 +34,7 @@ func startFakeChild(t *testing.T, answer func(req request) string, exits bool) *
 		f.killed.Store(true)
 		_ = inR.Close()
 		_ = outW.Close()
-	})
+	}, onEvent)
 	go func() {
 		r := bufio.NewReader(inR)
 		for {
@@ -81,8 +81,8 @@ func TestAChildThatBreaksTheProtocolEndsItsConnectionOnly(t *testing.T) {
 		{"ends mid-message", func(req request) string { return fmt.Sprintf(`{"id":%d,"res`, req.ID) }, true, io.ErrUnexpectedEOF.Error()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			good := startFakeChild(t, healthy, false)
-			bad := startFakeChild(t, tc.answer, tc.exits)
+			good := startFakeChild(t, healthy, false, nil)
+			bad := startFakeChild(t, tc.answer, tc.exits, nil)
 			errc := make(chan error, 1)
 			go func() { _, err := bad.client.DomainNames(); errc <- err }()
 			var err error
@@ -131,8 +131,7 @@ func TestEventsAndACancelledMigration(t *testing.T) {
 			return fmt.Sprintf(`{"id":%d,"error":{"message":"migrating domain \"ns_vm\": context canceled","cancelled":true}}`+"\n", req.Target)
 		}
 		return fmt.Sprintf(`{"id":%d,"error":{"message":"no such domain","notFound":true}}`+"\n", req.ID)
-	}, false)
-	f.client.onEvent = func(ev domain.Event) { events = append(events, ev) }
+	}, false, func(ev domain.Event) { events = append(events, ev) })
 	if _, err := f.client.Lookup("gone"); !errors.Is(err, domain.ErrNotFound) {
 		t.Fatalf("looking up a domain the child did not find: %v; want %v", err, domain.ErrNotFound)
 	}
@@ -236,7 +235,7 @@ func FuzzTheChildsReplies(f *testing.F) {
 		c := newClient(outR, inW, func() {
 			_ = inR.Close()
 			_ = outW.Close()
-		})
+		}, nil)
 		defer c.Cut()
 		go func() {
 			// The child reads the first request, then writes out and ends.

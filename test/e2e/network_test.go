@@ -385,8 +385,18 @@ func TestServiceFollowsTheVMThroughAMigration(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the source agent did not end the source pod's forward to the target pod: %v", err)
 	}
-	if len(logTimes(t, r.sourceAgentLog, podnetwork.MsgForwarding, "served")) == 0 {
+	// The forward began when the guest paused for the switch-over, before libvirt's migration
+	// call returned on the source: from then on, what reaches the source pod waits for the
+	// guest in the target's tap instead of being lost.
+	forwarded, returned := logTimes(t, r.sourceAgentLog, podnetwork.MsgForwarding, "served"), logTimes(t, r.sourceAgentLog, "libvirt migration ended", "served")
+	switch {
+	case len(forwarded) == 0:
 		t.Errorf("the source agent logged no forward to the target pod")
+	case len(returned) == 0:
+		t.Errorf("the source agent logged no end of the libvirt migration")
+	case forwarded[0].After(returned[len(returned)-1]):
+		t.Errorf("the source pod began to forward at %s, %s after libvirt's migration call returned; want it from the switch-over's pause, before",
+			forwarded[0].Format(time.StampMilli), forwarded[0].Sub(returned[len(returned)-1]))
 	}
 	if _, _, err := askGuest(context.Background(), r.network, r.sourceAddress); err == nil {
 		t.Errorf("the guest still answers on the source pod's address %s after the forward ended", r.sourceAddress)
