@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 )
 
 // The target's kubelet makes its pod Ready a second after the pod's readiness gate went True (a
@@ -62,6 +64,48 @@ func TestTheServiceKeepsAReadyEndpointWhileTheTargetsKubeletIsSlow(t *testing.T)
 		t.Logf("the target's gate went True, its kubelet made it Ready %s later, and the source's gate went False %s after that",
 			seen.targetReadyAt.Sub(seen.targetGateTrueAt).Round(time.Millisecond), seen.sourceGateFalseAt.Sub(seen.targetReadyAt).Round(time.Millisecond))
 	}
+}
+
+// The target's kubelet never makes its pod Ready: the source pod leaves the Service
+// KubeletFollowsGateWithin after the target's gate went True, not never.
+func TestASourcePodLeavesTheServiceWhenTheTargetsKubeletNeverFollows(t *testing.T) {
+	s, targetNode := servedVMWithTarget(t, "ep-never")
+	kubelets := playKubeletsFollowingGates(t, s, -1)
+	s.moveTo(t, targetNode)
+	waitGate(t, s.target, corev1.ConditionTrue)
+	start := time.Now()
+	source := kubewait.For(t, vmi.KubeletFollowsGateWithin+10*time.Second, fmt.Sprintf("pod %s's readiness gate False", s.source.Name), func(ctx context.Context) (*corev1.Pod, error) {
+		return cluster.Kube.CoreV1().Pods(s.ns).Get(ctx, s.source.Name, metav1.GetOptions{})
+	}, func(p *corev1.Pod) bool {
+		return podCondition(p, v1alpha1.PodConditionGuestRunning) == corev1.ConditionFalse
+	},
+		func(p *corev1.Pod) string { return fmt.Sprintf("%+v", p.Status.Conditions) })
+	t.Logf("the source's gate was seen False %s after the target's was seen True", time.Since(start).Round(time.Millisecond))
+	target, err := cluster.Kube.CoreV1().Pods(s.ns).Get(context.Background(), s.target.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if podCondition(target, corev1.PodReady) == corev1.ConditionTrue {
+		t.Fatalf("the target pod is Ready although its kubelet never made it so: %+v", target.Status.Conditions)
+	}
+	// The conditions' times are whole seconds, which keeps a difference of at least the bound one.
+	sourceAt, targetAt := gateSince(source), gateSince(target)
+	if d := sourceAt.Sub(targetAt); d < vmi.KubeletFollowsGateWithin {
+		t.Errorf("the source's gate went False at %s, %s after the target's went True (%s): sooner than %s, although the target was not Ready",
+			sourceAt.Format(time.RFC3339), d, targetAt.Format(time.RFC3339), vmi.KubeletFollowsGateWithin)
+	}
+	if _, err := kubelets.stop(); err != nil {
+		t.Fatalf("playing the kubelets: %v", err)
+	}
+}
+
+func gateSince(pod *corev1.Pod) time.Time {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == v1alpha1.PodConditionGuestRunning {
+			return c.LastTransitionTime.Time
+		}
+	}
+	return time.Time{}
 }
 
 // endpointWatch follows a Service's EndpointSlices from a watch and keeps the description of
@@ -203,7 +247,8 @@ func (w *endpointWatch) stop() ([]string, error) {
 }
 
 // gateKubelets plays the kubelets of a migration's two pods from a watch of the namespace's pods:
-// the target's makes its pod Ready lag after its readiness gate went True, the source's makes
+// the target's makes its pod Ready lag after its readiness gate went True (never if lag is
+// negative), the source's makes
 // its pod unready as soon as its gate went False. It notes the order (the watch's, which is the
 // API server's) in which it saw those.
 type gateKubelets struct {
@@ -265,6 +310,8 @@ func playKubeletsFollowingGates(t *testing.T, s *servedVM, lag time.Duration) *g
 			case s.target.UID:
 				if seen.targetGateTrue == 0 && gate == corev1.ConditionTrue {
 					seen.targetGateTrue, seen.targetGateTrueAt = n, time.Now()
+				}
+				if seen.targetGateTrue == n && lag >= 0 {
 					k.done.Add(1)
 					go func() {
 						defer k.done.Done()
