@@ -48,7 +48,7 @@ func GateOrder(vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod) []*core
 }
 
 // HoldSourceGate says whether the readiness gates that go False, the source's at a migration's
-// end, must wait, and for how long at most (0: until a pod of vmi changes). They wait for every
+// end, must wait, and for how long at most (less when a pod of vmi changes). They wait for every
 // pod the guest runs in (the target) to have its gate True and its Ready condition True: a
 // kubelet makes Ready follow the gate only when it next syncs the pod, and with the source not
 // ready and the target not yet Ready the EndpointSlice controller publishes a slice with no ready
@@ -69,7 +69,8 @@ func HoldSourceGate(vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod, no
 		case ready != nil && ready.Status == corev1.ConditionTrue:
 			continue
 		default:
-			if left = gate.LastTransitionTime.Add(KubeletFollowsGateWithin).Sub(now); left <= 0 {
+			// The API keeps the gate's time in whole seconds: it went True within the second after.
+			if left = gate.LastTransitionTime.Truncate(time.Second).Add(time.Second + KubeletFollowsGateWithin).Sub(now); left <= 0 {
 				continue
 			}
 		}
