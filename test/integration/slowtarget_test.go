@@ -318,7 +318,7 @@ func playKubeletsFollowingGates(t *testing.T, s *servedVM, lag time.Duration) *g
 						select {
 						case <-ctx.Done():
 						case <-time.After(lag):
-							if err := writeKubeletStatus(ctx, s.target, "10.250.0.2", true); err != nil {
+							if err := writeKubeletStatus(ctx, s.target, "10.250.0.2", true); err != nil && ctx.Err() == nil {
 								k.fail(err)
 							}
 						}
@@ -334,7 +334,8 @@ func playKubeletsFollowingGates(t *testing.T, s *servedVM, lag time.Duration) *g
 			}
 			k.mu.Unlock()
 			if pod.UID == s.source.UID && gate == corev1.ConditionFalse && ready == corev1.ConditionTrue {
-				if err := writeKubeletStatus(ctx, s.source, "10.250.0.1", false); err != nil {
+				// A write that stop cut short is no failure.
+				if err := writeKubeletStatus(ctx, s.source, "10.250.0.1", false); err != nil && ctx.Err() == nil {
 					k.fail(err)
 					return
 				}
