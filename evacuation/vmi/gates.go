@@ -95,8 +95,8 @@ func condition(pod *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition 
 }
 
 // syncGuestGates sets the readiness gate of each of pods that has it, in GateOrder, holding
-// those that go False as HoldSourceGate says; it says when to look again for a held one (0: none,
-// or when a pod changes).
+// those that go False as HoldSourceGate says; it says when to look again for a held one (0: none
+// held), unless a pod changes first.
 func (c *Controller) syncGuestGates(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod) (time.Duration, error) {
 	// The pods as this sync leaves them: the target's gate written here counts for the source's.
 	seen := GateOrder(vmi, pods)
