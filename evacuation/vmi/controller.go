@@ -229,10 +229,15 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 	if err := c.updateStatus(ctx, vmi, pod); err != nil {
 		return 0, err
 	}
-	if err := c.syncGuestGates(ctx, vmi, owned); err != nil {
+	held, err := c.syncGuestGates(ctx, vmi, owned)
+	if err != nil {
 		return 0, err
 	}
-	return c.deleteStillReadyWithoutGuest(ctx, vmi, owned)
+	again, err := c.deleteStillReadyWithoutGuest(ctx, vmi, owned)
+	if held > 0 && (again == 0 || held < again) {
+		again = held
+	}
+	return again, err
 }
 
 // ownedPods are the launcher pods the VMI controls: its own and its migrations' targets.

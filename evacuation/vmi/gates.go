@@ -47,22 +47,82 @@ func GateOrder(vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod) []*core
 	return out
 }
 
-// syncGuestGates sets the readiness gate of each of pods that has it, in GateOrder.
-func (c *Controller) syncGuestGates(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod) error {
-	for _, pod := range GateOrder(vmi, pods) {
-		if !slices.ContainsFunc(pod.Spec.ReadinessGates, func(g corev1.PodReadinessGate) bool {
-			return g.ConditionType == v1alpha1.PodConditionGuestRunning
-		}) {
+// HoldSourceGate says whether the readiness gates that go False, the source's at a migration's
+// end, must wait, and for how long at most (less when a pod of vmi changes). They wait for every
+// pod the guest runs in (the target) to have its gate True and its Ready condition True: a
+// kubelet makes Ready follow the gate only when it next syncs the pod, and with the source not
+// ready and the target not yet Ready the EndpointSlice controller publishes a slice with no ready
+// endpoint, which the Service proxies answer by refusing connections (and the controller may take
+// a second to publish again). A target whose kubelet has not followed its gate within
+// KubeletFollowsGateWithin no longer holds the source: it must not stay an endpoint forever, and
+// the source pod forwards to the target meanwhile.
+func HoldSourceGate(vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod, now time.Time) (hold bool, wait time.Duration) {
+	for _, pod := range pods {
+		if !hasGuestGate(pod) || GuestRunningIn(vmi, pod) != corev1.ConditionTrue {
+			continue
+		}
+		gate, ready := condition(pod, v1alpha1.PodConditionGuestRunning), condition(pod, corev1.PodReady)
+		var left time.Duration
+		switch {
+		case gate == nil || gate.Status != corev1.ConditionTrue:
+			left = KubeletFollowsGateWithin
+		case ready != nil && ready.Status == corev1.ConditionTrue:
+			continue
+		default:
+			// The API keeps the gate's time in whole seconds: it went True within the second after.
+			if left = gate.LastTransitionTime.Truncate(time.Second).Add(time.Second + KubeletFollowsGateWithin).Sub(now); left <= 0 {
+				continue
+			}
+		}
+		hold, wait = true, max(wait, left)
+	}
+	return hold, wait
+}
+
+func hasGuestGate(pod *corev1.Pod) bool {
+	return slices.ContainsFunc(pod.Spec.ReadinessGates, func(g corev1.PodReadinessGate) bool {
+		return g.ConditionType == v1alpha1.PodConditionGuestRunning
+	})
+}
+
+func condition(pod *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
+	for i := range pod.Status.Conditions {
+		if pod.Status.Conditions[i].Type == t {
+			return &pod.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// syncGuestGates sets the readiness gate of each of pods that has it, in GateOrder, holding
+// those that go False as HoldSourceGate says; it says when to look again for a held one (0: none
+// held), unless a pod changes first.
+func (c *Controller) syncGuestGates(ctx context.Context, vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod) (time.Duration, error) {
+	// The pods as this sync leaves them: the target's gate written here counts for the source's.
+	seen := GateOrder(vmi, pods)
+	var again time.Duration
+	for i, pod := range seen {
+		if !hasGuestGate(pod) {
 			continue
 		}
 		want := GuestRunningIn(vmi, pod)
-		i := slices.IndexFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == v1alpha1.PodConditionGuestRunning })
-		if i >= 0 && pod.Status.Conditions[i].Status == want {
+		gate := condition(pod, v1alpha1.PodConditionGuestRunning)
+		if gate != nil && gate.Status == want {
 			continue
 		}
 		reason := "GuestRunning"
 		if want != corev1.ConditionTrue {
 			reason = "GuestNotHere"
+			if gate != nil && gate.Status == corev1.ConditionTrue {
+				if hold, wait := HoldSourceGate(vmi, seen, c.now().Time); hold {
+					if wait > 0 && (again == 0 || wait < again) {
+						again = wait
+					}
+					c.log.Info("holding the readiness gate of the pod the guest left until the target pod is Ready",
+						"vmi", vmi.Namespace+"/"+vmi.Name, "pod", pod.Name, "atMost", wait)
+					continue
+				}
+			}
 		}
 		// A strategic merge on the status: the conditions list merges by type, so the
 		// kubelet's own conditions are left alone.
@@ -70,14 +130,16 @@ func (c *Controller) syncGuestGates(ctx context.Context, vmi *v1alpha1.VirtualMa
 			Type: v1alpha1.PodConditionGuestRunning, Status: want, Reason: reason, LastTransitionTime: c.now(),
 		}}}})
 		if err != nil {
-			return err
+			return again, err
 		}
-		if _, err := c.kube.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
-			return fmt.Errorf("setting %s %s on pod %s: %w", v1alpha1.PodConditionGuestRunning, want, pod.Name, err)
+		patched, err := c.kube.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+		if err != nil {
+			return again, fmt.Errorf("setting %s %s on pod %s: %w", v1alpha1.PodConditionGuestRunning, want, pod.Name, err)
 		}
+		seen[i] = patched
 		c.log.Info("set the guest's readiness gate", "vmi", vmi.Namespace+"/"+vmi.Name, "pod", pod.Name, "status", want)
 	}
-	return nil
+	return again, nil
 }
 
 // ReasonSourcePodDeleted is the Event on a VMI whose former pod lifeboat deleted because its
@@ -98,20 +160,12 @@ const KubeletFollowsGateWithin = 3 * time.Second
 // it changes, as its kubelet is ending it already. wait is how long until it would be, when it is
 // not yet: the gate went False less than KubeletFollowsGateWithin ago.
 func StillReadyWithoutGuest(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, now time.Time) (remove bool, wait time.Duration) {
-	if !slices.ContainsFunc(pod.Spec.ReadinessGates, func(g corev1.PodReadinessGate) bool { return g.ConditionType == v1alpha1.PodConditionGuestRunning }) ||
+	if !hasGuestGate(pod) ||
 		pod.DeletionTimestamp != nil || PodEnded(pod) ||
 		vmi.Status.Phase != v1alpha1.VMIRunning || pod.Spec.NodeName == "" || pod.Spec.NodeName == vmi.Status.NodeName {
 		return false, 0
 	}
-	var gate, ready *corev1.PodCondition
-	for i := range pod.Status.Conditions {
-		switch pod.Status.Conditions[i].Type {
-		case v1alpha1.PodConditionGuestRunning:
-			gate = &pod.Status.Conditions[i]
-		case corev1.PodReady:
-			ready = &pod.Status.Conditions[i]
-		}
-	}
+	gate, ready := condition(pod, v1alpha1.PodConditionGuestRunning), condition(pod, corev1.PodReady)
 	if gate == nil || gate.Status != corev1.ConditionFalse || ready == nil || ready.Status != corev1.ConditionTrue {
 		return false, 0
 	}

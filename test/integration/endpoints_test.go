@@ -75,6 +75,23 @@ type servedVM struct {
 // endpoint. sourceFollows says whether the source's kubelet makes its pod's Ready follow the gate.
 func migratedServedVM(t *testing.T, prefix string, sourceFollows bool) *servedVM {
 	t.Helper()
+	s, targetNode := servedVMWithTarget(t, prefix)
+	s.moveTo(t, targetNode)
+	waitGate(t, s.target, corev1.ConditionTrue)
+	playKubelet(t, s.target, "10.250.0.2", true)
+	waitGate(t, s.source, corev1.ConditionFalse)
+	if sourceFollows {
+		playKubelet(t, s.source, "10.250.0.1", false)
+	}
+	s.targetReady = s.waitReadyEndpoint(t, s.target)
+	return s
+}
+
+// servedVMWithTarget runs a VM on the pod network with a Service, on one of two kubelet-less
+// nodes, its pod a ready endpoint, and creates a migration's target pod, running but not Ready,
+// on the other node, which it returns.
+func servedVMWithTarget(t *testing.T, prefix string) (*servedVM, string) {
+	t.Helper()
 	startVMControllers(t)
 	a, b := startFakeNode(t, prefix+"-a"), startFakeNode(t, prefix+"-b")
 	s := &servedVM{ns: cluster.Namespace(t, prefix+"-")}
@@ -110,28 +127,25 @@ func migratedServedVM(t *testing.T, prefix string, sourceFollows bool) *servedVM
 		t.Fatal(err)
 	}
 	playKubelet(t, s.target, "10.250.0.2", false)
+	return s, targetNode
+}
 
-	// The agents: the guest runs on the target's node.
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+// moveTo plays the agents at a migration's end: the guest runs on node.
+func (s *servedVM) moveTo(t *testing.T, node string) {
+	t.Helper()
+	ctx := context.Background()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(s.ns).Get(ctx, s.vmi.Name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		v.Status.NodeName = targetNode
+		v.Status.NodeName = node
 		s.vmi, err = cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(s.ns).UpdateStatus(ctx, v, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitGate(t, s.target, corev1.ConditionTrue)
-	playKubelet(t, s.target, "10.250.0.2", true)
-	waitGate(t, s.source, corev1.ConditionFalse)
-	if sourceFollows {
-		playKubelet(t, s.source, "10.250.0.1", false)
-	}
-	s.targetReady = s.waitReadyEndpoint(t, s.target)
-	return s
 }
 
 // waitGate waits for lifeboat's controller to set pod's readiness gate to status.
@@ -153,6 +167,12 @@ func waitGate(t *testing.T, pod *corev1.Pod, status corev1.ConditionStatus) {
 // gate's condition, which is lifeboat's, is left as it is.
 func playKubelet(t *testing.T, pod *corev1.Pod, ip string, ready bool) {
 	t.Helper()
+	if err := writeKubeletStatus(context.Background(), pod, ip, ready); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func writeKubeletStatus(ctx context.Context, pod *corev1.Pod, ip string, ready bool) error {
 	status := corev1.ConditionFalse
 	if ready {
 		status = corev1.ConditionTrue
@@ -162,11 +182,12 @@ func playKubelet(t *testing.T, pod *corev1.Pod, ip string, ready bool) {
 		"conditions": []corev1.PodCondition{{Type: corev1.PodReady, Status: status}, {Type: corev1.ContainersReady, Status: corev1.ConditionTrue}},
 	}})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	if _, err := cluster.Kube.CoreV1().Pods(pod.Namespace).Patch(context.Background(), pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
-		t.Fatal(err)
+	if _, err := cluster.Kube.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+		return fmt.Errorf("writing pod %s's status as its kubelet: %w", pod.Name, err)
 	}
+	return nil
 }
 
 // slices are the namespace's EndpointSlices.
