@@ -147,10 +147,12 @@ BENCHSTAT := $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c
 # BENCH_RESULTS puts the name back on each result line so that benchstat reads every run.
 BENCH_RESULTS := awk '/^Benchmark/ {name = $$1; if (/ns\/op/) print; next} /^ +[0-9]+\t.*ns\/op/ {print name $$0; next} /^(goos|goarch|pkg|cpu):/'
 # $(call bench_run,NAME,BENCHSTAT OPTIONS,COMMAND): runs COMMAND, keeps its output as NAME.log and
-# its result lines as NAME.txt, and writes benchstat's table of them as NAME.benchstat.txt.
+# its result lines as NAME.txt, and writes benchstat's table of them as NAME.benchstat.txt. It fails
+# when a benchmark failed: go test exits 0 when a sub-benchmark fails in a -count run after its first.
 define bench_run
 	@set -o pipefail; mkdir -p $(BENCH_OUT); \
 	{ $(3) ; } 2>&1 | tee $(BENCH_OUT)/$(1).log /dev/stderr | $(BENCH_RESULTS) > $(BENCH_OUT)/$(1).txt && \
+	if grep -q -e '--- FAIL:' $(BENCH_OUT)/$(1).log; then echo "$(1): a benchmark failed; see $(BENCH_OUT)/$(1).log" >&2; exit 1; fi && \
 	$(BENCHSTAT) $(2) $(BENCH_OUT)/$(1).txt | tee $(BENCH_OUT)/$(1).benchstat.txt
 endef
 BENCH_TARGETS := bench bench-deadline bench-drain bench-density bench-startup bench-scale bench-network bench-transport bench-downtime bench-mirror bench-relief bench-stock
