@@ -158,7 +158,7 @@ endef
 BENCH_TARGETS := bench bench-deadline bench-drain bench-density bench-startup bench-scale bench-network bench-transport bench-downtime bench-mirror bench-relief bench-stock
 $(BENCH_TARGETS): export LIFEBOAT_BENCH_OUT = $(BENCH_OUT)
 
-# Control plane start-up, evacuation mark latency, eviction webhook latency: about 15 minutes.
+# Control plane start-up, evacuation mark latency, eviction webhook latency: about 6 minutes.
 bench: binaries
 	$(call bench_run,bench,,$(GO) test -run '^$$' -bench 'BenchmarkMarkLatency|BenchmarkStart|BenchmarkWebhookEvictions' -benchtime=1x -count=5 -timeout 60m ./test/bench/ ./test/controlplane/)
 
@@ -169,7 +169,8 @@ bench-deadline: deps
 	$(call bench_run,deadline,,$(GO) test -run '^$$' -bench BenchmarkDeadlineMatrix -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/bench/)
 	grep '^| ' $(BENCH_OUT)/deadline.log > $(BENCH_OUT)/deadline-matrix.md
 
-# Drain throughput: DRAIN_VMS VMs leaving one node through the real cluster (3 min a run with 10).
+# Drain throughput: DRAIN_VMS VMs leaving one node through the real cluster (about a minute a run
+# with 10).
 DRAIN_VMS ?= 10
 bench-drain: binaries
 	$(call bench_run,drain-$(DRAIN_VMS)vms,,$(GO) test -run '^$$' -bench BenchmarkDrainThroughput -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/e2e/ -args -drain-vms=$(DRAIN_VMS))
