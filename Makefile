@@ -215,7 +215,7 @@ bench-network: binaries
 
 # The same migration over plain TCP and over TLS 1.3 between the proxies, uncapped and capped,
 # interleaved: each round runs every case once (go test's -count would repeat each case back to
-# back); real libvirt daemons and TCG guests (about 8 minutes).
+# back); real libvirt daemons and TCG guests (about 2.5 minutes).
 TRANSPORT_COUNT ?= 5
 bench-transport: deps
 	$(call bench_run,transport,-col /transport,for i in $$(seq $(TRANSPORT_COUNT)); do \
@@ -223,7 +223,7 @@ bench-transport: deps
 	done)
 
 # Pre-copy downtime with QEMU's target (300 ms) and lifeboat's, interleaved: DOWNTIME_COUNT runs of
-# both (about 4 min a run), then benchstat's medians by target.
+# both (about 1.5 min a round), then benchstat's medians by target.
 DOWNTIME_COUNT ?= 5
 bench-downtime: deps
 	$(call bench_run,downtime,-col /target,for i in $$(seq $(DOWNTIME_COUNT)); do \
