@@ -231,7 +231,7 @@ bench-downtime: deps
 	done)
 
 # The disk-writing guests with the synchronous disk mirror and with the background copy: MIRROR_COUNT
-# runs of both (about 2 min a run), then benchstat's medians by mirror mode.
+# runs of both (about 1.5 min a run), then benchstat's medians by mirror mode.
 MIRROR_COUNT ?= 3
 bench-mirror: deps
 	$(call bench_run,mirror,-col /mirror,$(GO) test -run '^$$' -bench 'BenchmarkDiskMirrorMode' -benchtime=1x -count=$(MIRROR_COUNT) -timeout 0 ./test/bench/)
@@ -252,7 +252,7 @@ bench-report:
 	$(MAKE) bench-density
 	$(MAKE) bench-startup
 	$(MAKE) bench-scale
-	$(MAKE) bench-network
+	$(MAKE) bench-network NETWORK_COUNT=10
 	$(MAKE) bench-transport
 	$(MAKE) bench-downtime
 	$(MAKE) bench-mirror
