@@ -677,7 +677,6 @@ func (a *Agent) conn(uid string) DomainConn {
 	return nil
 }
 
-// migrator is the launcher connection of the VMI with uid, for migrating; nil if none.
 // switchOvers is when uid's launcher's guest pauses for a migration's switch-over; nil if its
 // connection does not say.
 func (a *Agent) switchOvers(uid string) <-chan struct{} {
@@ -691,6 +690,7 @@ func (a *Agent) switchOvers(uid string) <-chan struct{} {
 	return nil
 }
 
+// migrator is the launcher connection of the VMI with uid, for migrating; nil if none.
 func (a *Agent) migrator(uid string) Migrator {
 	a.mu.Lock()
 	defer a.mu.Unlock()
