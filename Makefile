@@ -261,7 +261,7 @@ bench-report:
 
 # kubectl drain of a node on the stock cluster (test/stockcluster: upstream defaults, lifeboat
 # installed as the README says) beside the cluster configured for lifeboat, and the relief margin
-# on a default kubelet: STOCK_COUNT runs of each (about 8 min a run, each bringing its cluster up).
+# on a default kubelet: STOCK_COUNT runs of each (about 1.5 min a run, each bringing its cluster up).
 STOCK_COUNT ?= 3
 bench-stock: binaries
 	$(call bench_run,stock,,$(GO) test -run '^$$' -bench 'Benchmark(Stock|Configured)ClusterDrain' -benchtime=1x -count=$(STOCK_COUNT) -timeout 0 ./test/stockcluster/)
