@@ -237,13 +237,13 @@ bench-mirror: deps
 	$(call bench_run,mirror,-col /mirror,$(GO) test -run '^$$' -bench 'BenchmarkDiskMirrorMode' -benchtime=1x -count=$(MIRROR_COUNT) -timeout 0 ./test/bench/)
 
 # Node-pressure relief on the real kubelet, on and off in each run: benchstat's medians of 3 runs
-# (about 4 min a run).
+# (about 3 min a run).
 bench-relief: binaries
 	$(call bench_run,relief,,$(GO) test -run '^$$' -bench BenchmarkRealNodeRelief -benchtime=1x -count=3 -timeout 0 ./test/e2e/)
 
 # Every table and chart of docs/benchmarks.md, one benchmark after another, into BENCH_OUT: about
-# 4 h 20 min on the 2-core development machine (the deadline matrix's three runs alone about
-# 125 min); run nothing else meanwhile. Stops at the first benchmark that fails.
+# 4 h on the 2-core development machine (all but the deadline matrix took 1 h 45 min; the matrix's
+# three runs about 2 h); run nothing else meanwhile. Stops at the first benchmark that fails.
 bench-report:
 	$(MAKE) bench
 	$(MAKE) bench-deadline BENCH_COUNT=3
