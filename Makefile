@@ -175,7 +175,7 @@ DRAIN_VMS ?= 10
 bench-drain: binaries
 	$(call bench_run,drain-$(DRAIN_VMS)vms,,$(GO) test -run '^$$' -bench BenchmarkDrainThroughput -benchtime=1x -count=$(BENCH_COUNT) -timeout 0 ./test/e2e/ -args -drain-vms=$(DRAIN_VMS))
 
-# A node full of VMs: the drain benchmark with 50 small guests on one node (about 13 min a run).
+# A node full of VMs: the drain benchmark with 50 small guests on one node (about 4.5 min a run).
 bench-node-full:
 	$(MAKE) bench-drain DRAIN_VMS=50 BENCH_COUNT=$(BENCH_COUNT)
 
