@@ -180,7 +180,7 @@ bench-node-full:
 	$(MAKE) bench-drain DRAIN_VMS=50 BENCH_COUNT=$(BENCH_COUNT)
 
 # What a VM costs its node beyond its guest's memory, by process: 6 runs (benchstat's minimum for a
-# confidence interval), about 20 minutes.
+# confidence interval), about 30 minutes.
 DENSITY_COUNT ?= 6
 bench-density: binaries
 	$(call bench_run,density,,$(GO) test -run '^$$' -bench BenchmarkDensity -benchtime=1x -count=$(DENSITY_COUNT) -timeout 0 ./test/e2e/)
