@@ -61,7 +61,7 @@ func HoldSourceGate(vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod, no
 		if !hasGuestGate(pod) || GuestRunningIn(vmi, pod) != corev1.ConditionTrue {
 			continue
 		}
-		gate, ready := condition(pod, v1alpha1.PodConditionGuestRunning), condition(pod, corev1.PodReady)
+		gate, ready := podCondition(pod, v1alpha1.PodConditionGuestRunning), podCondition(pod, corev1.PodReady)
 		var left time.Duration
 		switch {
 		case gate == nil || gate.Status != corev1.ConditionTrue:
@@ -85,15 +85,6 @@ func hasGuestGate(pod *corev1.Pod) bool {
 	})
 }
 
-func condition(pod *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
-	for i := range pod.Status.Conditions {
-		if pod.Status.Conditions[i].Type == t {
-			return &pod.Status.Conditions[i]
-		}
-	}
-	return nil
-}
-
 // syncGuestGates sets the readiness gate of each of pods that has it, in GateOrder, holding
 // those that go False as HoldSourceGate says; it says when to look again for a held one (0: none
 // held), unless a pod changes first.
@@ -106,7 +97,7 @@ func (c *Controller) syncGuestGates(ctx context.Context, vmi *v1alpha1.VirtualMa
 			continue
 		}
 		want := GuestRunningIn(vmi, pod)
-		gate := condition(pod, v1alpha1.PodConditionGuestRunning)
+		gate := podCondition(pod, v1alpha1.PodConditionGuestRunning)
 		if gate != nil && gate.Status == want {
 			continue
 		}
@@ -165,7 +156,7 @@ func StillReadyWithoutGuest(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Po
 		vmi.Status.Phase != v1alpha1.VMIRunning || pod.Spec.NodeName == "" || pod.Spec.NodeName == vmi.Status.NodeName {
 		return false, 0
 	}
-	gate, ready := condition(pod, v1alpha1.PodConditionGuestRunning), condition(pod, corev1.PodReady)
+	gate, ready := podCondition(pod, v1alpha1.PodConditionGuestRunning), podCondition(pod, corev1.PodReady)
 	if gate == nil || gate.Status != corev1.ConditionFalse || ready == nil || ready.Status != corev1.ConditionTrue {
 		return false, 0
 	}
