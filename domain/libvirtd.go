@@ -37,6 +37,11 @@ type Config struct {
 	// namespace: as a launcher runs it in its unprivileged pod, for the tests and benchmarks
 	// that stand in for one. Dir and SocketDir are made the user's.
 	User *User
+	// QEMUCapabilities is a capabilities cache file that another daemon on this machine wrote
+	// (Libvirtd.QEMUCapabilities), for this one to start without probing QEMU. Only a file
+	// from a trusted prober may be given: libvirt believes what it says of QEMU. A file libvirt
+	// finds stale costs only the probe it would have made anyway.
+	QEMUCapabilities []byte
 }
 
 // User is the user and group a daemon runs as.
@@ -88,6 +93,9 @@ func StartLibvirtd(ctx context.Context, cfg Config) (*Libvirtd, error) {
 		binary = "/usr/sbin/libvirtd"
 	}
 	if err := writeDaemonFiles(layout); err != nil {
+		return nil, err
+	}
+	if err := writeQEMUCaps(layout, cfg.QEMUCapabilities); err != nil {
 		return nil, err
 	}
 	if u := cfg.User; u != nil {
