@@ -65,6 +65,13 @@ func qemuCapsName(caps []byte) (string, error) {
 	return hex.EncodeToString(sum[:]) + ".xml", nil
 }
 
+// CheckQEMUCapabilities says whether caps is a capabilities cache file that names the QEMU
+// binary it describes, as one given in Config.QEMUCapabilities must.
+func CheckQEMUCapabilities(caps []byte) error {
+	_, err := qemuCapsName(caps)
+	return err
+}
+
 // writeQEMUCaps puts caps where the daemon of l looks for its QEMU's capabilities.
 func writeQEMUCaps(l daemonLayout, caps []byte) error {
 	if len(caps) == 0 {

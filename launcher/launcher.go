@@ -111,6 +111,9 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 	// among them) is the launcher's user's and group's: the node's agent joins the group
 	// instead of overriding permissions.
 	syscall.Umask(0o007)
+	// Asked at once, while the disks and the network are made ready.
+	capsAnswer := fetchQEMUCapabilities(ctx, filepath.Join(dir, contract.NotifySocketName),
+		notify.VMIRef{Namespace: cfg.VMI.Namespace, Name: cfg.VMI.Name, UID: cfg.VMI.UID})
 	if err := CheckNodePaths(cfg.VMI.Spec.Boot, cfg.NodeDirectories); err != nil {
 		return contract.ExitFailed, err
 	}
@@ -122,7 +125,11 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 	if err != nil {
 		return contract.ExitFailed, err
 	}
-	daemon, err := domain.StartLibvirtd(ctx, domain.Config{Dir: filepath.Join(dir, "libvirt"), SocketDir: dir})
+	caps := <-capsAnswer
+	if caps.err != nil {
+		log.Info("probing QEMU here: the agent gave no QEMU capabilities", "reason", caps.err, "waited", caps.took.Round(time.Millisecond))
+	}
+	daemon, err := domain.StartLibvirtd(ctx, domain.Config{Dir: filepath.Join(dir, "libvirt"), SocketDir: dir, QEMUCapabilities: caps.caps})
 	if err != nil {
 		return contract.ExitFailed, fmt.Errorf("starting the pod's libvirtd: %w", err)
 	}
@@ -142,7 +149,7 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 	if err := s.Conn().LoadQEMUCapabilities(); err != nil {
 		return contract.ExitFailed, err
 	}
-	log.Info("QEMU capabilities loaded", "took", time.Since(loadStart).Round(time.Millisecond))
+	log.Info("QEMU capabilities loaded", "took", time.Since(loadStart).Round(time.Millisecond), "fromAgent", caps.err == nil, "agentAnswered", caps.took.Round(time.Millisecond))
 
 	name := domain.DomainName(cfg.VMI.Namespace, cfg.VMI.Name)
 	if cfg.MigrationTarget != "" {

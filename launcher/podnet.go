@@ -1,7 +1,6 @@
 package launcher
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lifeboat-vm/lifeboat/api/notify"
@@ -57,11 +55,7 @@ func requestNetworkOnce(ctx context.Context, path string, ref notify.VMIRef) (*n
 		return nil, fmt.Errorf("opening the pod's network namespace: %w", err)
 	}
 	defer ns.Close()
-	frame, err := frameOf(&notify.Message{Kind: notify.KindNetworkSetup, VMI: ref, Time: time.Now()})
-	if err != nil {
-		return nil, err
-	}
-	if _, _, err := conn.WriteMsgUnix(frame, unix.UnixRights(int(ns.Fd())), nil); err != nil {
+	if err := notify.WriteWithFile(conn, &notify.Message{Kind: notify.KindNetworkSetup, VMI: ref, Time: time.Now()}, ns); err != nil {
 		return nil, err
 	}
 	reply, err := notify.Read(conn)
@@ -75,11 +69,4 @@ func requestNetworkOnce(ctx context.Context, path string, ref notify.VMIRef) (*n
 		return nil, fmt.Errorf("the agent could not build the pod network: %s", reply.Reason)
 	}
 	return nil, fmt.Errorf("the agent answered %s to NetworkSetup", reply.Kind)
-}
-
-// frameOf is m's encoded frame, to be sent in one write with the descriptor beside it.
-func frameOf(m *notify.Message) ([]byte, error) {
-	var b bytes.Buffer
-	err := notify.Write(&b, m)
-	return b.Bytes(), err
 }

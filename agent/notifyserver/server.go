@@ -34,11 +34,16 @@ type EndHandler func(vmiUID string)
 // its launcher sent, and returns what the guest is to be offered.
 type NetworkHandler func(ctx context.Context, ref notify.VMIRef, netns *os.File) (*notify.Lease, error)
 
+// CapabilitiesSource returns a copy of the node's probed QEMU capabilities for one launcher
+// (the caller closes it), or why there is none.
+type CapabilitiesSource func() (*os.File, error)
+
 // Server serves the notify sockets.
 type Server struct {
 	allowedUIDs map[uint32]bool
 	handle      Handler
 	network     NetworkHandler
+	caps        CapabilitiesSource
 	ended       EndHandler
 	log         *slog.Logger
 	// idle closes a connection that sends nothing for this long; launchers keep theirs open
@@ -66,6 +71,13 @@ func (p *peer) write(m *notify.Message) error {
 	return notify.Write(p.conn, m)
 }
 
+func (p *peer) writeWithFile(m *notify.Message, f *os.File) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_ = p.conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	return notify.WriteWithFile(p.conn, m, f)
+}
+
 // New makes a server that accepts peers running as one of allowedUIDs.
 func New(allowedUIDs []uint32, handle Handler, reg prometheus.Registerer, log *slog.Logger) *Server {
 	s := &Server{
@@ -89,6 +101,10 @@ func New(allowedUIDs []uint32, handle Handler, reg prometheus.Registerer, log *s
 
 // HandleNetwork sets what answers NetworkSetup requests; without one they are refused.
 func (s *Server) HandleNetwork(h NetworkHandler) { s.network = h }
+
+// HandleQEMUCapabilities sets what answers QEMUCapabilities requests; without one the answer
+// is that the agent has none.
+func (s *Server) HandleQEMUCapabilities(c CapabilitiesSource) { s.caps = c }
 
 // HandleEnd sets the handler of connections' clean ends.
 func (s *Server) HandleEnd(h EndHandler) { s.ended = h }
@@ -133,7 +149,9 @@ func (s *Server) removePeer(uid string, p *peer) {
 }
 
 // agentKinds are the messages only the agent sends; a launcher sending one is refused.
-var agentKinds = map[notify.Kind]bool{notify.KindNetworkReady: true, notify.KindNetworkFailed: true, notify.KindHandoverDone: true}
+var agentKinds = map[notify.Kind]bool{
+	notify.KindNetworkReady: true, notify.KindNetworkFailed: true, notify.KindHandoverDone: true, notify.KindQEMUCapabilitiesFile: true,
+}
 
 // MaxConnsPerSocket bounds the connections open at once on one launcher's socket: a launcher
 // keeps one (two for a moment while it reconnects), and one that opens more, or whoever took
@@ -197,8 +215,8 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmi notify.V
 		return
 	}
 	var hello *notify.VMIRef
-	in := &rightsReader{conn: conn}
-	defer in.closeAll()
+	in := &notify.FileReader{Conn: conn}
+	defer in.CloseAll()
 	out := &peer{conn: conn}
 	defer s.removePeer(vmi.UID, out)
 	for {
@@ -212,7 +230,7 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmi notify.V
 		}
 		if err == nil {
 			// io.ReadFull drops an error that came with the bytes it wanted.
-			err = in.err
+			err = in.Err()
 		}
 		if err != nil {
 			s.reject(reasonOf(err), err, cred.Pid)
@@ -237,7 +255,7 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmi notify.V
 			s.addPeer(vmi.UID, out)
 		}
 		if m.Kind == notify.KindNetworkSetup {
-			ns := in.take()
+			ns := in.Take()
 			if ns == nil {
 				s.reject("no-namespace", errors.New("NetworkSetup without a network namespace descriptor"), cred.Pid)
 				return
@@ -251,13 +269,36 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmi notify.V
 			}
 			continue
 		}
-		if in.pending() {
+		if in.Pending() {
 			s.reject("unexpected-descriptor", fmt.Errorf("a %s message came with a descriptor", m.Kind), cred.Pid)
 			return
 		}
 		s.received.WithLabelValues(string(m.Kind)).Inc()
+		if m.Kind == notify.KindQEMUCapabilities {
+			if err := s.answerCapabilities(out, *hello); err != nil {
+				s.log.Warn("answering QEMUCapabilities", "vmi", hello.String(), "err", err)
+				return
+			}
+			continue
+		}
 		s.handle(m, cred.Pid)
 	}
+}
+
+// answerCapabilities writes the node's probed QEMU capabilities, or why there are none, to out.
+func (s *Server) answerCapabilities(out *peer, ref notify.VMIRef) error {
+	reply := &notify.Message{Kind: notify.KindQEMUCapabilitiesFile, VMI: ref, Time: time.Now()}
+	if s.caps == nil {
+		reply.Reason = "this agent has no QEMU capabilities to give"
+		return out.write(reply)
+	}
+	f, err := s.caps()
+	if err != nil {
+		reply.Reason = err.Error()
+		return out.write(reply)
+	}
+	defer f.Close()
+	return out.writeWithFile(reply, f)
 }
 
 // answerNetwork builds the VMI's pod network and writes the answer back to out.
@@ -275,62 +316,6 @@ func (s *Server) answerNetwork(ctx context.Context, out *peer, ref notify.VMIRef
 	}
 	reply.Time = time.Now()
 	return out.write(reply)
-}
-
-// rightsReader reads a connection's bytes and keeps the descriptors that come with them
-// (SCM_RIGHTS). At most one may wait to be taken: a peer that sends more loses its connection,
-// and every descriptor it sent is closed.
-type rightsReader struct {
-	conn *net.UnixConn
-	fds  []*os.File
-	// err is the first error about descriptors; it stays.
-	err error
-}
-
-// errDescriptors is the error for a peer that sent more descriptors than one message takes.
-var errDescriptors = errors.New("more than one descriptor sent")
-
-func (r *rightsReader) Read(p []byte) (int, error) {
-	oob := make([]byte, unix.CmsgSpace(4*4))
-	n, oobn, flags, _, err := r.conn.ReadMsgUnix(p, oob)
-	if oobn > 0 {
-		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
-		for _, m := range msgs {
-			fds, _ := unix.ParseUnixRights(&m)
-			for _, fd := range fds {
-				r.fds = append(r.fds, os.NewFile(uintptr(fd), "received"))
-			}
-		}
-		if perr != nil && err == nil {
-			err = fmt.Errorf("%w: %v", notify.ErrMalformed, perr)
-		}
-	}
-	if r.err == nil && (flags&unix.MSG_CTRUNC != 0 || len(r.fds) > 1) {
-		r.err = fmt.Errorf("%w: %w", notify.ErrMalformed, errDescriptors)
-	}
-	if err == nil {
-		err = r.err
-	}
-	return n, err
-}
-
-// take returns the descriptor that came, if one did; the caller closes it.
-func (r *rightsReader) take() *os.File {
-	if len(r.fds) == 0 {
-		return nil
-	}
-	f := r.fds[0]
-	r.fds = r.fds[1:]
-	return f
-}
-
-func (r *rightsReader) pending() bool { return len(r.fds) > 0 }
-
-func (r *rightsReader) closeAll() {
-	for _, f := range r.fds {
-		f.Close()
-	}
-	r.fds = nil
 }
 
 func (s *Server) reject(reason string, err error, pid int32) {

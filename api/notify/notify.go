@@ -65,6 +65,14 @@ const (
 	// KindLibvirtdRestarted reports that the launcher's libvirtd exited and the launcher started
 	// it again; the guest ran on. Time is when the restart began, Reason says how many so far.
 	KindLibvirtdRestarted Kind = "LibvirtdRestarted"
+	// KindQEMUCapabilities asks the agent for what its node's QEMU can do, as libvirt's
+	// capabilities cache file that the agent's own prober wrote, so that the launcher's
+	// libvirtd need not probe QEMU itself. The agent answers KindQEMUCapabilitiesFile.
+	KindQEMUCapabilities Kind = "QEMUCapabilities"
+	// KindQEMUCapabilitiesFile answers KindQEMUCapabilities: a descriptor of a copy of the file,
+	// made for this launcher alone, travels with the frame; without one, Reason says why the
+	// agent has none.
+	KindQEMUCapabilitiesFile Kind = "QEMUCapabilitiesFile"
 )
 
 // HandoverAtMost bounds how long a source launcher waits for KindHandoverDone after its guest
@@ -75,6 +83,7 @@ const HandoverAtMost = 65 * time.Second
 var kinds = map[Kind]bool{
 	KindHello: true, KindDomainStarted: true, KindGracefulShutdown: true, KindDomainGone: true, KindFailed: true, KindMigrated: true,
 	KindNetworkSetup: true, KindNetworkReady: true, KindNetworkFailed: true, KindHandoverDone: true, KindLibvirtdRestarted: true,
+	KindQEMUCapabilities: true, KindQEMUCapabilitiesFile: true,
 }
 
 // Message is one report from a launcher.

@@ -3,6 +3,11 @@
 //
 // `lifeboat-launcher console`, run in the pod (`kubectl lifeboat console` does it through
 // pods/exec), connects the caller's stdin and stdout to the guest's serial console.
+//
+// `lifeboat-launcher probe-qemu --out FILE`, run once per node by the agent's pod with the
+// launchers' image and user, writes what the node's QEMU can do for the agent to give each new
+// launcher. It exits 0 even when it cannot: without the file every launcher probes QEMU itself,
+// which is slower but right, and the agent's pod must start all the same.
 package main
 
 import (
@@ -18,6 +23,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/domain"
 	"github.com/lifeboat-vm/lifeboat/launcher"
 	"github.com/lifeboat-vm/lifeboat/launcher/vmdisks"
+	"time"
 )
 
 func main() {
@@ -26,6 +32,10 @@ func main() {
 			fmt.Fprintln(os.Stderr, "lifeboat-launcher console:", err)
 			os.Exit(1)
 		}
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "probe-qemu" {
+		probeQEMU(os.Args[2:])
 		return
 	}
 	runDir := flag.String("run-dir", contract.PodRunDir, "where the pod mounts its run volume, which the agent reaches too")
@@ -48,4 +58,27 @@ func main() {
 	cfg.RunDir, cfg.Log = *runDir, log
 	cfg.Disks = vmdisks.Dirs{KernelBoot: contract.KernelBootDir, ContainerDisks: contract.ContainerDisksDir, State: contract.StateDir, Claims: contract.ClaimsDir, ClaimDevices: contract.ClaimDevicesDir, Secrets: contract.SecretsDir}
 	os.Exit(launcher.Run(context.Background(), cfg, sigterm))
+}
+
+func probeQEMU(args []string) {
+	fs := flag.NewFlagSet("probe-qemu", flag.ExitOnError)
+	out := fs.String("out", "", "the file to write libvirt's QEMU capabilities cache to")
+	_ = fs.Parse(args)
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	if *out == "" {
+		log.Error("probe-qemu needs --out")
+		os.Exit(contract.ExitFailed)
+	}
+	dir, err := os.MkdirTemp("", "probe-qemu")
+	if err == nil {
+		defer os.RemoveAll(dir)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		err = launcher.ProbeQEMU(ctx, dir, *out)
+	}
+	if err != nil {
+		log.Error("could not probe QEMU; every launcher on this node will probe it itself (0.3-0.6 s of its start)", "err", err)
+		return
+	}
+	log.Info("probed QEMU", "out", *out)
 }
