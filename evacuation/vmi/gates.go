@@ -69,8 +69,7 @@ func HoldSourceGate(vmi *v1alpha1.VirtualMachineInstance, pods []*corev1.Pod, no
 		case ready != nil && ready.Status == corev1.ConditionTrue:
 			continue
 		default:
-			// The API keeps the gate's time in whole seconds: it went True within the second after.
-			if left = gate.LastTransitionTime.Truncate(time.Second).Add(time.Second + KubeletFollowsGateWithin).Sub(now); left <= 0 {
+			if left = kubeletBoundLeft(gate, now); left <= 0 {
 				continue
 			}
 		}
@@ -144,12 +143,20 @@ const ReasonSourcePodDeleted = "SourcePodDeleted"
 // for the pod to leave the Services (a circular wait that only the launcher's bound ends).
 const KubeletFollowsGateWithin = 3 * time.Second
 
+// kubeletBoundLeft is how long until KubeletFollowsGateWithin has surely passed since gate
+// changed. The API keeps a condition's time in whole seconds, truncated: the gate changed within
+// the second after, so the bound counts from there and lasts 3 to 4 s after the recorded time.
+func kubeletBoundLeft(gate *corev1.PodCondition, now time.Time) time.Duration {
+	return gate.LastTransitionTime.Truncate(time.Second).Add(time.Second + KubeletFollowsGateWithin).Sub(now)
+}
+
 // StillReadyWithoutGuest says whether pod, a launcher pod of vmi on the pod network, is one the
 // guest has left for another node and whose kubelet has kept it Ready for KubeletFollowsGateWithin
-// after its gate went False. Deleting it marks it terminating in the EndpointSlices, where a
-// Service proxy with a ready endpoint (the target pod) no longer sends to it; nothing else about
-// it changes, as its kubelet is ending it already. wait is how long until it would be, when it is
-// not yet: the gate went False less than KubeletFollowsGateWithin ago.
+// after its gate went False, counted as HoldSourceGate counts it: from the second after the gate's
+// recorded time, which the API keeps in whole seconds (3 to 4 s after that time). Deleting it
+// marks it terminating in the EndpointSlices, where a Service proxy with a ready endpoint (the
+// target pod) no longer sends to it; nothing else about it changes, as its kubelet is ending it
+// already. wait is how long until it would be, when it is not yet.
 func StillReadyWithoutGuest(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Pod, now time.Time) (remove bool, wait time.Duration) {
 	if !hasGuestGate(pod) ||
 		pod.DeletionTimestamp != nil || PodEnded(pod) ||
@@ -160,7 +167,7 @@ func StillReadyWithoutGuest(vmi *v1alpha1.VirtualMachineInstance, pod *corev1.Po
 	if gate == nil || gate.Status != corev1.ConditionFalse || ready == nil || ready.Status != corev1.ConditionTrue {
 		return false, 0
 	}
-	if left := gate.LastTransitionTime.Add(KubeletFollowsGateWithin).Sub(now); left > 0 {
+	if left := kubeletBoundLeft(gate, now); left > 0 {
 		return false, left
 	}
 	return true, 0

@@ -49,11 +49,12 @@ func TestStillReadyWithoutGuest(t *testing.T) {
 	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
 	onB := &v1alpha1.VirtualMachineInstance{Status: v1alpha1.VirtualMachineInstanceStatus{Phase: v1alpha1.VMIRunning, NodeName: "b"}}
 	// pod is a launcher pod on node, its gate at gate since gateFor ago, its Ready condition ready.
+	// The gate's time is recorded as the API keeps it, truncated to the whole second.
 	pod := func(node string, gate corev1.ConditionStatus, gateFor time.Duration, ready corev1.ConditionStatus) *corev1.Pod {
 		return &corev1.Pod{
 			Spec: corev1.PodSpec{NodeName: node, ReadinessGates: []corev1.PodReadinessGate{{ConditionType: v1alpha1.PodConditionGuestRunning}}},
 			Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{
-				{Type: v1alpha1.PodConditionGuestRunning, Status: gate, LastTransitionTime: metav1.NewTime(now.Add(-gateFor))},
+				{Type: v1alpha1.PodConditionGuestRunning, Status: gate, LastTransitionTime: metav1.NewTime(now.Add(-gateFor).Truncate(time.Second))},
 				{Type: corev1.PodReady, Status: ready},
 			}},
 		}
@@ -67,9 +68,19 @@ func TestStillReadyWithoutGuest(t *testing.T) {
 		wait   time.Duration
 	}{
 		{"the kubelet keeps the source Ready past the bound (it is evicting it)", onB,
-			pod("a", corev1.ConditionFalse, KubeletFollowsGateWithin, corev1.ConditionTrue), true, 0},
+			pod("a", corev1.ConditionFalse, time.Minute, corev1.ConditionTrue), true, 0},
 		{"the gate just went False: the kubelet may still follow", onB,
-			pod("a", corev1.ConditionFalse, time.Second, corev1.ConditionTrue), false, KubeletFollowsGateWithin - time.Second},
+			pod("a", corev1.ConditionFalse, 0, corev1.ConditionTrue), false, KubeletFollowsGateWithin + time.Second},
+		{"the gate went False a second ago", onB,
+			pod("a", corev1.ConditionFalse, time.Second, corev1.ConditionTrue), false, KubeletFollowsGateWithin},
+		{"the gate went False 2.9 s ago, recorded 3 s ago: the bound has not passed", onB,
+			pod("a", corev1.ConditionFalse, 2900*time.Millisecond, corev1.ConditionTrue), false, time.Second},
+		{"the gate recorded as False the bound ago: it may have gone False up to a second later", onB,
+			pod("a", corev1.ConditionFalse, KubeletFollowsGateWithin, corev1.ConditionTrue), false, time.Second},
+		{"the gate went False 3.1 s ago, recorded 4 s ago: the bound has passed", onB,
+			pod("a", corev1.ConditionFalse, 3100*time.Millisecond, corev1.ConditionTrue), true, 0},
+		{"the gate recorded as False the bound and a second ago", onB,
+			pod("a", corev1.ConditionFalse, KubeletFollowsGateWithin+time.Second, corev1.ConditionTrue), true, 0},
 		{"the kubelet followed the gate", onB,
 			pod("a", corev1.ConditionFalse, time.Minute, corev1.ConditionFalse), false, 0},
 		{"the gate not written False yet", onB,
