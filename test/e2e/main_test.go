@@ -14,6 +14,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/images"
 	"github.com/lifeboat-vm/lifeboat/test/node"
+	"time"
 )
 
 var (
@@ -25,6 +26,9 @@ var (
 	probe string
 	// imageStore is the emulated nodes' image store (in bins): the test guest's images.
 	imageStore string
+	// qemuCapabilities is what the machine's QEMU can do, probed once as the agents' pods do
+	// (node.ProbeQEMU), for every agent's --qemu-capabilities.
+	qemuCapabilities string
 )
 
 func TestMain(m *testing.M) {
@@ -83,7 +87,13 @@ func prepare() error {
 	if err := images.WriteStore(imageStore, imgs); err != nil {
 		return err
 	}
-	return controlplane.GoBuild{Out: bins + string(filepath.Separator), Packages: []string{"./cmd/..."}, Output: os.Stderr}.Run(context.Background())
+	if err := (controlplane.GoBuild{Out: bins + string(filepath.Separator), Packages: []string{"./cmd/..."}, Output: os.Stderr}).Run(context.Background()); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	qemuCapabilities, err = node.ProbeQEMU(ctx, filepath.Join(bins, "lifeboat-launcher"), filepath.Join(bins, "qemu"))
+	return err
 }
 
 // openCopy copies the guest's files into dir, readable by every user.

@@ -111,6 +111,27 @@ func TestNodePressureLiveMigratesTheVM(t *testing.T) {
 	if v := waitVMI(t, ns, vmi.Name, 10*time.Second, "Running on the target", running); v.Status.NodeName != target.Name() {
 		t.Errorf("the VMI must run on %s: %s", target.Name(), describe(v))
 	}
+	// Neither launcher probed QEMU: each started its libvirtd with what its node's prober found,
+	// which its agent gave it.
+	for _, l := range []struct {
+		node *testNode
+		pod  *corev1.Pod
+	}{{source, pod}, {target, launcherPod(t, moved)}} {
+		log, err := l.node.ContainerLog(l.pod, "compute")
+		if line := logLine(log, "QEMU capabilities loaded"); err != nil || !strings.Contains(line, `"fromAgent":true`) {
+			t.Errorf("the launcher %s must load its node's probed QEMU capabilities from its agent (err %v): %q", l.pod.Name, err, line)
+		}
+	}
+}
+
+// logLine is the first line of a log that contains msg, or "".
+func logLine(log, msg string) string {
+	for line := range strings.Lines(log) {
+		if strings.Contains(line, msg) {
+			return strings.TrimSpace(line)
+		}
+	}
+	return ""
 }
 
 // TestDeletingAnUnfinishedMigrationCancelsIt: a pre-copy migration that cannot finish (1 MiB/s

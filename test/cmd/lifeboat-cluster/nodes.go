@@ -110,6 +110,11 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 		return nil, stop, err
 	}
 	stops = append(stops, func() { _ = network.Close() })
+	// As each agent's pod does before its agent starts: every node here is this machine.
+	qemuCaps, err := node.ProbeQEMU(ctx, filepath.Join(o.bin, "lifeboat-launcher"), filepath.Join(o.nodesRoot, "qemu"))
+	if err != nil {
+		return nil, stop, err
+	}
 	for i := 1; i <= o.nodes; i++ {
 		name, addr := fmt.Sprintf("node-%d", i), fmt.Sprintf("127.0.0.%d", 10+i)
 		n, err := node.Start(ctx, node.Config{
@@ -135,7 +140,7 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 		agent, err := startChild(cp.Dir, filepath.Join(o.bin, "lifeboat-agent"), "--kubeconfig", cp.Kubeconfig,
 			"--node-name", name, "--node-address", addr, "--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", listen,
 			"--kubelet-pods-dir", n.HostPath("/var/lib/kubelet/pods"), "--cert-dir", filepath.Join(n.HostPath("/var/run/lifeboat"), "pki"),
-			"--eviction-max-pod-grace-period", strconv.Itoa(maxPodGracePeriod),
+			"--eviction-max-pod-grace-period", strconv.Itoa(maxPodGracePeriod), "--qemu-capabilities", qemuCaps,
 			// Emulated nodes have no kubelet device manager to register with.
 			"--device-plugin-dir=")
 		if err != nil {
