@@ -113,10 +113,14 @@ func TestNodePressureLiveMigratesTheVM(t *testing.T) {
 	}
 	// Neither launcher probed QEMU: each started its libvirtd with what its node's prober found,
 	// which its agent gave it.
+	targetPod, err := cluster.Kube.CoreV1().Pods(ns).Get(context.Background(), m.Status.TargetPod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the migration's target pod %q: %v", m.Status.TargetPod, err)
+	}
 	for _, l := range []struct {
 		node *testNode
 		pod  *corev1.Pod
-	}{{source, pod}, {target, launcherPod(t, moved)}} {
+	}{{source, pod}, {target, targetPod}} {
 		log, err := l.node.ContainerLog(l.pod, "compute")
 		if line := logLine(log, "QEMU capabilities loaded"); err != nil || !strings.Contains(line, `"fromAgent":true`) {
 			t.Errorf("the launcher %s must load its node's probed QEMU capabilities from its agent (err %v): %q", l.pod.Name, err, line)
