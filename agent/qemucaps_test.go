@@ -8,11 +8,15 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lifeboat-vm/lifeboat/agent/notifyserver"
@@ -28,7 +32,8 @@ func TestALauncherGetsItsOwnCopyOfTheNodesQEMUCapabilities(t *testing.T) {
 	const caps = "<qemuCaps><emulator>/usr/bin/qemu-system-x86_64</emulator></qemuCaps>\n"
 
 	s := notifyserver.New([]uint32{uint32(os.Getuid())}, func(*notify.Message, int32) {}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
-	s.HandleQEMUCapabilities(QEMUCapabilities(probed))
+	// The newest probe pod's file first, as during a rolling update; it has not written one.
+	s.HandleQEMUCapabilities(QEMUCapabilities(func() []string { return []string{filepath.Join(dir, "newer.xml"), probed} }))
 	vmi := notify.VMIRef{Namespace: "ns", Name: "vm", UID: "u1"}
 	socket := filepath.Join(dir, "notify.sock")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -60,8 +65,8 @@ func TestALauncherGetsItsOwnCopyOfTheNodesQEMUCapabilities(t *testing.T) {
 	}
 
 	reply, f := ask()
-	if f != nil || reply.Kind != notify.KindQEMUCapabilitiesFile || !strings.Contains(reply.Reason, "not probed") {
-		t.Fatalf("before the probe: %+v with a file %t; want QEMUCapabilitiesFile saying they are not probed, no file", reply, f != nil)
+	if f != nil || reply.Kind != notify.KindQEMUCapabilitiesFile || !strings.Contains(reply.Reason, "has written no capabilities") {
+		t.Fatalf("before the probe: %+v with a file %t; want QEMUCapabilitiesFile saying the probe has written none, no file", reply, f != nil)
 	}
 
 	if err := os.WriteFile(probed, []byte(caps), 0o644); err != nil {
@@ -87,4 +92,23 @@ func TestALauncherGetsItsOwnCopyOfTheNodesQEMUCapabilities(t *testing.T) {
 		t.Errorf("the next launcher got %q; want the prober's file", got)
 	}
 	f.Close()
+}
+
+func TestQEMUProbeFiles(t *testing.T) {
+	at := func(s int) metav1.Time { return metav1.NewTime(time.Unix(int64(s), 0)) }
+	pod := func(uid string, created int, phase corev1.PodPhase) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "probe-" + uid, UID: types.UID(uid), CreationTimestamp: at(created)}, Status: corev1.PodStatus{Phase: phase}}
+	}
+	file := func(uid string) string {
+		return "/pods/" + uid + "/volumes/kubernetes.io~empty-dir/qemu-capabilities/capabilities.xml"
+	}
+	got := QEMUProbeFiles([]*corev1.Pod{
+		pod("old", 1, corev1.PodRunning), pod("new", 5, corev1.PodRunning), pod("pending", 9, corev1.PodPending), pod("failed", 7, corev1.PodFailed),
+	}, "/pods")
+	if want := []string{file("new"), file("old")}; !slices.Equal(got, want) {
+		t.Errorf("QEMUProbeFiles = %v, want the running pods' files, newest first: %v", got, want)
+	}
+	if got := QEMUProbeFiles(nil, "/pods"); len(got) != 0 {
+		t.Errorf("QEMUProbeFiles(no pods) = %v, want none", got)
+	}
 }

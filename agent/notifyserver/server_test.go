@@ -149,6 +149,11 @@ func TestBadConnectionsAreClosedAloneAndCounted(t *testing.T) {
 			_ = notify.Write(c, msg(notify.KindHello, "good"))
 			_ = notify.Write(c, msg(notify.KindHandoverDone, "good"))
 		}, "agent-kind"},
+		// Capabilities go from the agent to launchers, never the other way.
+		{"a launcher offering QEMU capabilities", func(c net.Conn) {
+			_ = notify.Write(c, msg(notify.KindHello, "good"))
+			_ = notify.Write(c, msg(notify.KindQEMUCapabilitiesFile, "good"))
+		}, "agent-kind"},
 		{"another VMI after hello", func(c net.Conn) {
 			_ = notify.Write(c, msg(notify.KindHello, "good"))
 			_ = notify.Write(c, msg(notify.KindGracefulShutdown, "u2"))

@@ -31,6 +31,15 @@ const (
 	// 107): never root. The pod's fsGroup is GID, so its volumes are the launcher's to write.
 	UID = 107
 	GID = 107
+	// QEMUProbeApp is the app.kubernetes.io/name label of the QEMU probe's pods (the DaemonSet
+	// lifeboat-qemu-probe in lifeboat's namespace, manifests/qemu-probe.yaml), one per KVM node:
+	// lifeboat-launcher probe-qemu, run with the launchers' image, user and devices, writes
+	// QEMUProbeFile in its emptyDir QEMUProbeVolume (mounted at QEMUProbeDir), which the node's
+	// agent reads through the kubelet's pod directory and gives each new launcher.
+	QEMUProbeApp    = "lifeboat-qemu-probe"
+	QEMUProbeVolume = "qemu-capabilities"
+	QEMUProbeDir    = "/var/run/lifeboat-qemu"
+	QEMUProbeFile   = "capabilities.xml"
 	// DHCPPort is DHCP's server port, where the launcher's unprivileged user answers its guest:
 	// the pod of a VM on the pod network lets users bind ports from it up.
 	DHCPPort = 67

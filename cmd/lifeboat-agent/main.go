@@ -49,8 +49,6 @@ type options struct {
 	healthListen                                                     string
 	devicePluginDir, kubeletPodsDir, certDir, namespace              string
 	procRoot, cgroupRoot                                             string
-	// qemuCapabilities is the file the node's QEMU prober writes (agent.QEMUCapabilities).
-	qemuCapabilities string
 	// policyUser is the username the admission policies hold the agent to (identity.Check).
 	policyUser                        string
 	workers, deviceSlots, kubeletPort int
@@ -87,8 +85,6 @@ func main() {
 	flag.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "the node's root cgroup file system, read for memory.available as the kubelet computes it")
 	flag.DurationVar(&o.apiLostAfter, "api-server-lost-after", time.Minute,
 		"how long without reaching the API server (or without running: a frozen node) counts as cut off; the agent pauses and kills nothing meanwhile, and once back reports the outage (Event on its Node) and destroys guests whose VM was restarted elsewhere; 0: do not probe")
-	flag.StringVar(&o.qemuCapabilities, "qemu-capabilities", "",
-		"the QEMU capabilities file that `lifeboat-launcher probe-qemu` wrote on this node, for new launchers to start without probing QEMU (0.3-0.6 s each); empty: every launcher probes")
 	flag.Parse()
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("node", o.nodeName)
@@ -200,11 +196,18 @@ func run(o options, log *slog.Logger) error {
 		return err
 	}
 	notifyServer.HandleNetwork(a.SetupNetwork)
-	if o.qemuCapabilities != "" {
-		notifyServer.HandleQEMUCapabilities(agent.QEMUCapabilities(o.qemuCapabilities))
-	} else {
-		log.Info("no --qemu-capabilities: every launcher probes QEMU itself, 0.3-0.6 s of its start")
-	}
+	// The node's QEMU probe, whose file the agent gives each new launcher (agent.QEMUCapabilities).
+	probes := coreinformers.NewFilteredPodInformer(kubeClient, o.namespace, 0, cache.Indexers{}, func(lo *metav1.ListOptions) {
+		lo.FieldSelector = "spec.nodeName=" + o.nodeName
+		lo.LabelSelector = "app.kubernetes.io/name=" + contract.QEMUProbeApp
+	})
+	notifyServer.HandleQEMUCapabilities(agent.QEMUCapabilities(func() []string {
+		var pods []*corev1.Pod
+		for _, obj := range probes.GetStore().List() {
+			pods = append(pods, obj.(*corev1.Pod))
+		}
+		return agent.QEMUProbeFiles(pods, o.kubeletPodsDir)
+	}))
 	notifyServer.HandleEnd(a.HandleNotifyEnd)
 	if err := os.MkdirAll(filepath.Join(o.runDir, "domains"), 0o755); err != nil {
 		return err
@@ -227,6 +230,7 @@ func run(o options, log *slog.Logger) error {
 		f.Start(ctx.Done())
 	}
 	go pods.RunWithContext(ctx)
+	go probes.RunWithContext(ctx)
 	go func() { errc <- a.Run(ctx, o.workers) }()
 	if o.devicePluginDir != "" {
 		runDevicePlugins(ctx, o, reg, log)

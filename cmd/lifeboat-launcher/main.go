@@ -4,10 +4,10 @@
 // `lifeboat-launcher console`, run in the pod (`kubectl lifeboat console` does it through
 // pods/exec), connects the caller's stdin and stdout to the guest's serial console.
 //
-// `lifeboat-launcher probe-qemu --out FILE`, run once per node by the agent's pod with the
-// launchers' image and user, writes what the node's QEMU can do for the agent to give each new
-// launcher. It exits 0 even when it cannot: without the file every launcher probes QEMU itself,
-// which is slower but right, and the agent's pod must start all the same.
+// `lifeboat-launcher probe-qemu --out FILE --stay`, the one container of the QEMU probe's pods
+// (manifests/qemu-probe.yaml), writes what the node's QEMU can do, for the node's agent to give
+// each new launcher, and then waits for its pod to end. It exits 1 when it cannot probe, so that
+// the kubelet tries again and the pod shows it.
 package main
 
 import (
@@ -63,22 +63,31 @@ func main() {
 func probeQEMU(args []string) {
 	fs := flag.NewFlagSet("probe-qemu", flag.ExitOnError)
 	out := fs.String("out", "", "the file to write libvirt's QEMU capabilities cache to")
+	stay := fs.Bool("stay", false, "once written, run until SIGTERM (a DaemonSet's container)")
 	_ = fs.Parse(args)
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	sigterm := make(chan os.Signal, 1)
+	signal.Notify(sigterm, syscall.SIGTERM, syscall.SIGINT)
 	if *out == "" {
 		log.Error("probe-qemu needs --out")
 		os.Exit(contract.ExitFailed)
 	}
 	dir, err := os.MkdirTemp("", "probe-qemu")
 	if err == nil {
-		defer os.RemoveAll(dir)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
+		start := time.Now()
 		err = launcher.ProbeQEMU(ctx, dir, *out)
+		cancel()
+		_ = os.RemoveAll(dir)
+		if err == nil {
+			log.Info("probed QEMU", "out", *out, "took", time.Since(start).Round(time.Millisecond))
+		}
 	}
 	if err != nil {
-		log.Error("could not probe QEMU; every launcher on this node will probe it itself (0.3-0.6 s of its start)", "err", err)
-		return
+		log.Error("could not probe QEMU; until this probe succeeds every launcher on this node probes QEMU itself (0.3-0.6 s of its start)", "err", err)
+		os.Exit(contract.ExitFailed)
 	}
-	log.Info("probed QEMU", "out", *out)
+	if *stay {
+		<-sigterm
+	}
 }

@@ -142,7 +142,7 @@ func startNodesWithAgentArgs(t testing.TB, n int, agentArgs func(*node.Node) []s
 			"--kubelet-port=0", "--kubelet-config", kubeletConfig[n.Name()], "--node-address", n.Address(),
 			"--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", fmt.Sprintf("%s:%d", n.Address(), port),
 			"--kubelet-pods-dir", n.HostPath("/var/lib/kubelet/pods"), "--launcher-dir-resync", "1s",
-			"--cert-dir", filepath.Join(n.HostPath("/var/run/lifeboat"), "pki"), "--qemu-capabilities", qemuCapabilities,
+			"--cert-dir", filepath.Join(n.HostPath("/var/run/lifeboat"), "pki"),
 			// Emulated nodes have no kubelet device manager; the machine's own directory may
 			// belong to the real test node's kubelet.
 			"--device-plugin-dir="}
@@ -150,6 +150,10 @@ func startNodesWithAgentArgs(t testing.TB, n int, agentArgs func(*node.Node) []s
 			args = append(args, agentArgs(n)...)
 		}
 		tn.agent = startProc(t, "lifeboat-agent", args...)
+		// As the DaemonSet would: the node's QEMU probed once, for every launcher on it.
+		if err := n.StartQEMUProbe(t.Context(), qemuProbeManifest); err != nil {
+			t.Fatal(err)
+		}
 		out = append(out, tn)
 		t.Cleanup(func() {
 			if t.Failed() {

@@ -14,7 +14,6 @@ import (
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/images"
 	"github.com/lifeboat-vm/lifeboat/test/node"
-	"time"
 )
 
 var (
@@ -26,9 +25,8 @@ var (
 	probe string
 	// imageStore is the emulated nodes' image store (in bins): the test guest's images.
 	imageStore string
-	// qemuCapabilities is what the machine's QEMU can do, probed once as the agents' pods do
-	// (node.ProbeQEMU), for every agent's --qemu-capabilities.
-	qemuCapabilities string
+	// qemuProbeManifest is manifests/qemu-probe.yaml, whose pod each emulated node runs.
+	qemuProbeManifest string
 )
 
 func TestMain(m *testing.M) {
@@ -83,17 +81,16 @@ func prepare() error {
 	if err != nil {
 		return fmt.Errorf("the test guest's images: %w", err)
 	}
+	root, err := controlplane.RepoRoot()
+	if err != nil {
+		return err
+	}
+	qemuProbeManifest = filepath.Join(root, "manifests", "qemu-probe.yaml")
 	imageStore = filepath.Join(bins, "images")
 	if err := images.WriteStore(imageStore, imgs); err != nil {
 		return err
 	}
-	if err := (controlplane.GoBuild{Out: bins + string(filepath.Separator), Packages: []string{"./cmd/..."}, Output: os.Stderr}).Run(context.Background()); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	qemuCapabilities, err = node.ProbeQEMU(ctx, filepath.Join(bins, "lifeboat-launcher"), filepath.Join(bins, "qemu"))
-	return err
+	return controlplane.GoBuild{Out: bins + string(filepath.Separator), Packages: []string{"./cmd/..."}, Output: os.Stderr}.Run(context.Background())
 }
 
 // openCopy copies the guest's files into dir, readable by every user.

@@ -110,8 +110,7 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 		return nil, stop, err
 	}
 	stops = append(stops, func() { _ = network.Close() })
-	// As each agent's pod does before its agent starts: every node here is this machine.
-	qemuCaps, err := node.ProbeQEMU(ctx, filepath.Join(o.bin, "lifeboat-launcher"), filepath.Join(o.nodesRoot, "qemu"))
+	root, err := controlplane.RepoRoot()
 	if err != nil {
 		return nil, stop, err
 	}
@@ -140,13 +139,17 @@ func startLifeboat(ctx context.Context, cp *controlplane.ControlPlane, o lifeboa
 		agent, err := startChild(cp.Dir, filepath.Join(o.bin, "lifeboat-agent"), "--kubeconfig", cp.Kubeconfig,
 			"--node-name", name, "--node-address", addr, "--run-dir", n.HostPath("/var/run/lifeboat"), "--listen", listen,
 			"--kubelet-pods-dir", n.HostPath("/var/lib/kubelet/pods"), "--cert-dir", filepath.Join(n.HostPath("/var/run/lifeboat"), "pki"),
-			"--eviction-max-pod-grace-period", strconv.Itoa(maxPodGracePeriod), "--qemu-capabilities", qemuCaps,
+			"--eviction-max-pod-grace-period", strconv.Itoa(maxPodGracePeriod),
 			// Emulated nodes have no kubelet device manager to register with.
 			"--device-plugin-dir=")
 		if err != nil {
 			return nil, stop, err
 		}
 		stops = append(stops, agent)
+		// As lifeboat-qemu-probe's DaemonSet would: the node's QEMU probed once, for every launcher on it.
+		if err := n.StartQEMUProbe(ctx, filepath.Join(root, "manifests", "qemu-probe.yaml")); err != nil {
+			return nil, stop, err
+		}
 	}
 	kubeProxy, err := controlplane.EnsureKubeProxy(ctx, os.Stderr)
 	if err != nil {
