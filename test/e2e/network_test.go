@@ -157,6 +157,10 @@ type servedMigration struct {
 	// source is the node the guest left and sourcePod its launcher pod there.
 	source    *testNode
 	sourcePod *corev1.Pod
+	// switches watches the namespace's pods and EndpointSlices until the test ends: the source
+	// pod may be deleted once it has ended (vmi.StillReadyWithoutGuest), and the watch keeps
+	// what it last was.
+	switches *switchWatch
 	// interruption is the longest time without an answer, from the last answer before it to
 	// the first after it: for a migration, from the source's last to the target's first.
 	interruption time.Duration
@@ -249,7 +253,7 @@ func migrateServedVM(tb testing.TB) servedMigration {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	switches := watchSwitch(tb, ns)
-	defer switches.close()
+	tb.Cleanup(switches.close)
 	answered, collect := askEvery(ctx, network, address)
 	watch := guest.WatchCounters(ctx, servedTick, func() []string { return []string{nodes[0].consolePath(vmi), nodes[1].consolePath(vmi)} })
 	evicted := time.Now()
@@ -274,7 +278,7 @@ func migrateServedVM(tb testing.TB) servedMigration {
 	stall := watch()
 	stop()
 	r := servedMigration{answers: collect(), took: time.Since(evicted), stop: stall.Switch, sourceAgentLog: source.agent.LogPath(), network: network,
-		source: source, sourcePod: sourcePod,
+		source: source, sourcePod: sourcePod, switches: switches,
 		sourceAddress: net.JoinHostPort(sourcePod.Status.PodIP, fmt.Sprint(protocol.ServePort))}
 
 	// Answers in the order they arrived: a retried request's answer comes after those of
@@ -406,8 +410,7 @@ func TestServiceFollowsTheVMThroughAMigration(t *testing.T) {
 	ended := logTimes(t, r.sourceAgentLog, podnetwork.MsgForwardEnded, "served")[0]
 	var released []time.Time
 	err = wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		pod, err := cluster.Kube.CoreV1().Pods(r.sourcePod.Namespace).Get(ctx, r.sourcePod.Name, metav1.GetOptions{})
-		if err != nil || pod.Status.Phase != corev1.PodSucceeded {
+		if pod := r.switches.lastPod(r.sourcePod.Name); pod == nil || pod.Status.Phase != corev1.PodSucceeded {
 			return false, nil
 		}
 		log, err := r.source.ContainerLog(r.sourcePod, launcher.ContainerName)

@@ -23,7 +23,9 @@
 //   - graceful termination: SIGTERM, SIGKILL when the grace period ends, a grace period that
 //     only ever shortens and is never below one second (pod_workers.go
 //     calculateEffectiveGracePeriod); a deleted pod gets a terminal status and is then deleted
-//     with grace period 0;
+//     with grace period 0; while a pod is being stopped, its Ready condition keeps what its
+//     readiness gates said when the stop began (SyncTerminatingPod writes the status once, then
+//     waits in killPod), so a gate that changes meanwhile counts only once the containers end;
 //   - node-pressure eviction (EvictPod): the Evicted event with its annotations, the kubelet's
 //     message, grace min(evictionMaxPodGracePeriod, terminationGracePeriodSeconds), and a
 //     final status with phase Failed, reason Evicted and the DisruptionTarget condition (but

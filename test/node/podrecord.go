@@ -24,6 +24,9 @@ type podRecord struct {
 	killAt      time.Time
 	killTimer   *time.Timer
 	eviction    *eviction
+	// atStop are the pod's conditions when the node began to stop it (stopSeen).
+	atStop   []corev1.PodCondition
+	stopSeen bool
 	// sandboxNet is the pod's network namespace and address; nil on the host's network.
 	sandboxNet *podSandbox
 }
@@ -111,6 +114,17 @@ func (rec *podRecord) finish() {
 	if rec.sandbox == sandboxReady {
 		rec.sandbox = sandboxStopped
 	}
+}
+
+// conditionsAtStop returns pod's conditions as they were when the node began to stop it,
+// recording pod's now the first time.
+func (rec *podRecord) conditionsAtStop(pod *corev1.Pod) []corev1.PodCondition {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if !rec.stopSeen {
+		rec.atStop, rec.stopSeen = pod.Status.DeepCopy().Conditions, true
+	}
+	return rec.atStop
 }
 
 // evict records the eviction manager's decision; the first one stands.

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,8 +13,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
+
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 )
 
 func TestScheduledPodRunsAndIsReady(t *testing.T) {
@@ -178,6 +182,52 @@ func TestDeletionSendsSIGTERMAndRemovesThePod(t *testing.T) {
 	if elapsed := time.Since(start); elapsed > 15*time.Second {
 		t.Errorf("the pod took %s to go", elapsed)
 	}
+}
+
+// A pod being stopped keeps the Ready condition its readiness gate gave it when the stop began,
+// as kubelet v1.37.1 does: it re-reads the gate only once the containers have ended.
+func TestTerminatingPodReadsItsReadinessGateOnlyOnceStopped(t *testing.T) {
+	t.Parallel()
+	ns := testNamespace(t)
+	node := startNodes(t, 1)[0]
+	dir := t.TempDir()
+	const gate = corev1.PodConditionType("example.com/serving")
+	pod := shPod(node, "gated", `trap 'touch `+dir+`/term' TERM; touch `+dir+`/ready; while [ ! -e `+dir+`/stop ]; do sleep 0.1; done`)
+	pod.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: gate}}
+	pod = createPod(t, ns, pod)
+	waitForFile(t, filepath.Join(dir, "ready"), "the container's SIGTERM trap set")
+	setGate := func(status corev1.ConditionStatus) {
+		t.Helper()
+		patch := fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":%q}]}}`, gate, status)
+		if _, err := cluster.Kube.CoreV1().Pods(ns).Patch(t.Context(), pod.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
+			t.Fatalf("setting the readiness gate %s: %v", status, err)
+		}
+	}
+	setGate(corev1.ConditionTrue)
+	waitForPod(t, ns, pod.Name, "Ready, its gate True", isReady)
+
+	if err := cluster.Kube.CoreV1().Pods(ns).Delete(t.Context(), pod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("deleting the pod: %v", err)
+	}
+	waitForFile(t, filepath.Join(dir, "term"), "the container's SIGTERM: the node is stopping the pod")
+	setGate(corev1.ConditionFalse)
+	kubewait.Consistently(t, 3*time.Second, "the stopping pod Ready with its gate False", func(ctx context.Context) error {
+		p, err := cluster.Kube.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if c := condition(p, gate); c == nil || c.Status != corev1.ConditionFalse {
+			return fmt.Errorf("the gate is %+v, want False", c)
+		}
+		if !isReady(p) {
+			return fmt.Errorf("the node followed the gate while its container runs:\n%s", statusYAML(p))
+		}
+		return nil
+	})
+	if err := os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitForPodGone(t, ns, pod.Name)
 }
 
 func TestContainerIgnoringSIGTERMIsKilledAfterTheGracePeriod(t *testing.T) {

@@ -49,6 +49,14 @@ type observation struct {
 	sandbox    sandboxState
 	// terminal: the pod was stopped (deleted or evicted) and none of its containers runs.
 	terminal bool
+	// stopping: the node is stopping the pod (deleted or evicted). Its readiness gates are then
+	// read from atStop, the conditions the pod had when the node began to stop it: kubelet
+	// v1.37.1 writes a terminating pod's status once as it begins (kubelet.go
+	// SyncTerminatingPod), and its pod worker, waiting in killPod for the containers to end,
+	// takes the next update of the pod only after that (pod_workers.go UpdatePod). Ready does
+	// not follow a gate again before the containers have stopped, and then it is False.
+	stopping bool
+	atStop   []corev1.PodCondition
 	// eviction is applied to the status once the pod is terminal.
 	eviction *eviction
 	// hostIP is the node's address, also the pod's on the host's network.
@@ -160,10 +168,14 @@ func podConditions(pod *corev1.Pod, status *corev1.PodStatus, obs observation, n
 		})
 	}
 	containersReady := containersReadyCondition(pod, status.ContainerStatuses, status.Phase)
+	gates := conditions
+	if obs.stopping {
+		gates = obs.atStop
+	}
 	ours = append(ours,
 		readyToStartContainersCondition(obs.sandbox),
 		initializedCondition(status.Phase),
-		readyCondition(pod, containersReady, conditions),
+		readyCondition(pod, containersReady, gates),
 		containersReady,
 		corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionTrue},
 	)

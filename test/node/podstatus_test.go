@@ -214,6 +214,31 @@ func TestGeneratePodStatus(t *testing.T) {
 			},
 		},
 	}, {
+		name: "stopping: the readiness gate read as it was when the stop began",
+		pod: func() *corev1.Pod {
+			p := pod(corev1.RestartPolicyNever, scheduled)
+			p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: "example.com/Ready"}}
+			p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: "example.com/Ready", Status: corev1.ConditionFalse})
+			return p
+		}(),
+		obs: observation{sandbox: sandboxReady, containers: []corev1.ContainerStatus{running("a"), running("b")},
+			stopping: true, atStop: []corev1.PodCondition{{Type: "example.com/Ready", Status: corev1.ConditionTrue}}},
+		want: statusSummary{
+			Phase: "Running",
+			Conditions: []string{
+				"example.com/Ready=False : ",
+				"PodReadyToStartContainers=True : ",
+				"Initialized=True : ",
+				"Ready=True : ",
+				"ContainersReady=True : ",
+				"PodScheduled=True : ",
+			},
+			Containers: []string{
+				"a ready=true started=true restarts=0 running",
+				"b ready=true started=true restarts=0 running",
+			},
+		},
+	}, {
 		name: "a phase the API server has as terminal stays",
 		pod:  pod(corev1.RestartPolicyNever, corev1.PodStatus{Phase: corev1.PodFailed, Reason: "InitContainersUnsupported", Message: "rejected"}),
 		obs:  observation{sandbox: sandboxStopped, terminal: true},

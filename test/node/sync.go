@@ -70,6 +70,7 @@ func (c *podController) syncStopping(ctx context.Context, pod *corev1.Pod, rec *
 	if e := rec.evicting(); e != nil {
 		override = ptr.To(e.gracePeriod)
 	}
+	atStop := rec.conditionsAtStop(pod)
 	c.runtime.stop(pod, rec, effectiveGracePeriod(rec.stopping(), pod, override), now)
 	terminal := !rec.running()
 	if terminal {
@@ -77,6 +78,7 @@ func (c *podController) syncStopping(ctx context.Context, pod *corev1.Pod, rec *
 	}
 	obs := rec.observe()
 	obs.terminal, obs.hostIP, obs.now = terminal, c.address, now
+	obs.stopping, obs.atStop = true, atStop
 	if err := c.writeStatus(ctx, pod, generatePodStatus(pod, obs)); err != nil {
 		return err
 	}
