@@ -9,12 +9,14 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	kubeletconfig "k8s.io/kubelet/config/v1beta1"
 	"k8s.io/utils/ptr"
@@ -38,6 +40,7 @@ var wantObjects = []string{
 	"ClusterRole lifeboat-agent",
 	"ClusterRoleBinding lifeboat-agent",
 	"DaemonSet lifeboat-system/lifeboat-agent",
+	"DaemonSet lifeboat-system/lifeboat-qemu-probe",
 	"Role lifeboat-system/lifeboat-agent",
 	"RoleBinding lifeboat-system/lifeboat-agent",
 	"ServiceAccount lifeboat-system/lifeboat-controller",
@@ -313,7 +316,7 @@ func TestExamples(t *testing.T) {
 		}
 	})
 	t.Run("vm-namespace.yaml", func(t *testing.T) {
-		install(t) // the controller's service account and policies
+		objs := install(t) // the controller's service account and policies
 		data, err := os.ReadFile(filepath.Join(examples, "vm-namespace.yaml"))
 		if err != nil {
 			t.Fatal(err)
@@ -362,6 +365,20 @@ func TestExamples(t *testing.T) {
 		for _, pod := range []*corev1.Pod{source, target} {
 			if _, err := controller.Create(context.Background(), pod, dryRun); err != nil {
 				t.Errorf("launcher pod %s refused in the restricted namespace: %v", pod.Name, err)
+			}
+		}
+		// The QEMU probe runs as a launcher does: restricted too.
+		for _, o := range objs {
+			if key(o) != "DaemonSet lifeboat-system/lifeboat-qemu-probe" {
+				continue
+			}
+			ds := &appsv1.DaemonSet{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, ds); err != nil {
+				t.Fatal(err)
+			}
+			probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "qemu-probe"}, Spec: ds.Spec.Template.Spec}
+			if _, err := cluster.Kube.CoreV1().Pods(ns.Name).Create(context.Background(), probe, dryRun); err != nil {
+				t.Errorf("the QEMU probe's pod refused in the restricted namespace: %v", err)
 			}
 		}
 		// Created as an admin, without what only lifeboat's controller may set or ask for
