@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -31,7 +32,8 @@ func TestALauncherGetsItsOwnCopyOfTheNodesQEMUCapabilities(t *testing.T) {
 	probed := filepath.Join(dir, "qemu-capabilities.xml")
 	const caps = "<qemuCaps><emulator>/usr/bin/qemu-system-x86_64</emulator></qemuCaps>\n"
 
-	s := notifyserver.New([]uint32{uint32(os.Getuid())}, func(*notify.Message, int32) {}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	reg := prometheus.NewRegistry()
+	s := notifyserver.New([]uint32{uint32(os.Getuid())}, func(*notify.Message, int32) {}, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	// The newest probe pod's file first, as during a rolling update; it has not written one.
 	s.HandleQEMUCapabilities(QEMUCapabilities(func() []string { return []string{filepath.Join(dir, "newer.xml"), probed} }))
 	vmi := notify.VMIRef{Namespace: "ns", Name: "vm", UID: "u1"}
@@ -92,6 +94,14 @@ func TestALauncherGetsItsOwnCopyOfTheNodesQEMUCapabilities(t *testing.T) {
 		t.Errorf("the next launcher got %q; want the prober's file", got)
 	}
 	f.Close()
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP lifeboat_agent_qemu_capabilities_answers_total Answers to launchers asking for the node's probed QEMU capabilities: given (a copy of the probe's file) or none (the launcher probes QEMU itself).
+# TYPE lifeboat_agent_qemu_capabilities_answers_total counter
+lifeboat_agent_qemu_capabilities_answers_total{result="given"} 2
+lifeboat_agent_qemu_capabilities_answers_total{result="none"} 1
+`), "lifeboat_agent_qemu_capabilities_answers_total"); err != nil {
+		t.Errorf("the agent's count of its answers: %v", err)
+	}
 }
 
 func TestQEMUProbeFiles(t *testing.T) {

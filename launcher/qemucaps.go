@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
@@ -46,16 +48,12 @@ func fetchQEMUCapabilities(ctx context.Context, path string, ref notify.VMIRef) 
 // serve the socket yet).
 func requestQEMUCapabilities(ctx context.Context, path string, ref notify.VMIRef) ([]byte, error) {
 	var c net.Conn
-	for {
-		var err error
-		if c, err = (&net.Dialer{}).DialContext(ctx, "unix", path); err == nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("connecting to the agent: %w", err)
-		case <-time.After(20 * time.Millisecond):
-		}
+	var dialErr error
+	if err := wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		c, dialErr = (&net.Dialer{}).DialContext(ctx, "unix", path)
+		return dialErr == nil, nil
+	}); err != nil {
+		return nil, fmt.Errorf("connecting to the agent: %w", errors.Join(dialErr, err))
 	}
 	conn := c.(*net.UnixConn)
 	defer conn.Close()

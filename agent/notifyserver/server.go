@@ -43,7 +43,7 @@ type Server struct {
 	allowedUIDs map[uint32]bool
 	handle      Handler
 	network     NetworkHandler
-	caps        CapabilitiesSource
+	capsSource  CapabilitiesSource
 	ended       EndHandler
 	log         *slog.Logger
 	// idle closes a connection that sends nothing for this long; launchers keep theirs open
@@ -52,6 +52,7 @@ type Server struct {
 
 	rejected *prometheus.CounterVec
 	received *prometheus.CounterVec
+	caps     *prometheus.CounterVec
 
 	peersMu sync.Mutex
 	// peers are the connections past their hello, by VMI UID: what Tell writes to.
@@ -91,11 +92,15 @@ func New(allowedUIDs []uint32, handle Handler, reg prometheus.Registerer, log *s
 			Name: "lifeboat_agent_notify_messages_total",
 			Help: "Valid notify messages received, by kind.",
 		}, []string{"kind"}),
+		caps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_agent_qemu_capabilities_answers_total",
+			Help: "Answers to launchers asking for the node's probed QEMU capabilities: given (a copy of the probe's file) or none (the launcher probes QEMU itself).",
+		}, []string{"result"}),
 	}
 	for _, uid := range allowedUIDs {
 		s.allowedUIDs[uid] = true
 	}
-	reg.MustRegister(s.rejected, s.received)
+	reg.MustRegister(s.rejected, s.received, s.caps)
 	return s
 }
 
@@ -104,7 +109,7 @@ func (s *Server) HandleNetwork(h NetworkHandler) { s.network = h }
 
 // HandleQEMUCapabilities sets what answers QEMUCapabilities requests; without one the answer
 // is that the agent has none.
-func (s *Server) HandleQEMUCapabilities(c CapabilitiesSource) { s.caps = c }
+func (s *Server) HandleQEMUCapabilities(c CapabilitiesSource) { s.capsSource = c }
 
 // HandleEnd sets the handler of connections' clean ends.
 func (s *Server) HandleEnd(h EndHandler) { s.ended = h }
@@ -288,16 +293,18 @@ func (s *Server) serveConn(ctx context.Context, conn *net.UnixConn, vmi notify.V
 // answerCapabilities writes the node's probed QEMU capabilities, or why there are none, to out.
 func (s *Server) answerCapabilities(out *peer, ref notify.VMIRef) error {
 	reply := &notify.Message{Kind: notify.KindQEMUCapabilitiesFile, VMI: ref, Time: time.Now()}
-	if s.caps == nil {
-		reply.Reason = "this agent has no QEMU capabilities to give"
-		return out.write(reply)
+	var f *os.File
+	err := errors.New("this agent has no QEMU capabilities to give")
+	if s.capsSource != nil {
+		f, err = s.capsSource()
 	}
-	f, err := s.caps()
 	if err != nil {
+		s.caps.WithLabelValues("none").Inc()
 		reply.Reason = err.Error()
 		return out.write(reply)
 	}
 	defer f.Close()
+	s.caps.WithLabelValues("given").Inc()
 	return out.writeWithFile(reply, f)
 }
 

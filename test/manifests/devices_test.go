@@ -15,8 +15,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	vmipods "github.com/lifeboat-vm/lifeboat/evacuation/vmi"
+	"github.com/lifeboat-vm/lifeboat/test/controlplane"
 )
 
 // TestOnlyLaunchersGetDevices: a tenant who may create pods cannot get the agents' devices
@@ -59,6 +61,26 @@ func TestOnlyLaunchersGetDevices(t *testing.T) {
 		_, err = cluster.Kube.CoreV1().Pods(ns).Create(ctx, asking(name, device, false), metav1.CreateOptions{})
 		wantForbidden(t, "a cluster admin's pod asking for "+device, err, says)
 	}
+	// The QEMU probe's pods, in lifeboat's namespace, may have /dev/kvm as launchers do, and
+	// nothing more; no other pod there gets a device, nor a look-alike elsewhere.
+	probe := func(name, device string) *corev1.Pod {
+		p := asking(name, device, false)
+		p.Labels = map[string]string{"app.kubernetes.io/name": contract.QEMUProbeApp}
+		return p
+	}
+	system := cluster.Kube.CoreV1().Pods(controlplane.LifeboatNamespace)
+	probeDryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	if _, err := system.Create(ctx, probe("qemu-probe", v1alpha1.DeviceKVM), probeDryRun); err != nil {
+		t.Errorf("the QEMU probe's pod asking for %s: %v", v1alpha1.DeviceKVM, err)
+	}
+	_, err := system.Create(ctx, probe("qemu-probe-tun", v1alpha1.DeviceTun), probeDryRun)
+	wantForbidden(t, "the QEMU probe's pod asking for "+v1alpha1.DeviceTun, err,
+		"this pod requests "+v1alpha1.DeviceTun+onlyLaunchers)
+	_, err = system.Create(ctx, asking("not-the-probe", v1alpha1.DeviceKVM, false), probeDryRun)
+	wantForbidden(t, "another pod in lifeboat's namespace asking for "+v1alpha1.DeviceKVM, err, "this pod requests "+v1alpha1.DeviceKVM+onlyLaunchers)
+	_, err = cluster.Kube.CoreV1().Pods(ns).Create(ctx, probe("qemu-probe", v1alpha1.DeviceKVM), probeDryRun)
+	wantForbidden(t, "a pod labelled as the QEMU probe outside lifeboat's namespace asking for "+v1alpha1.DeviceKVM, err, "this pod requests "+v1alpha1.DeviceKVM+onlyLaunchers)
+
 	if _, err := pods.Create(ctx, asking("plain", "example.org/gpu", false), metav1.CreateOptions{}); err != nil {
 		t.Errorf("a tenant's pod asking for another extended resource: %v", err)
 	}
