@@ -41,6 +41,7 @@ var wantObjects = []string{
 	"ClusterRoleBinding lifeboat-agent",
 	"DaemonSet lifeboat-system/lifeboat-agent",
 	"DaemonSet lifeboat-system/lifeboat-qemu-probe",
+	"PriorityClass lifeboat-qemu-probe",
 	"Role lifeboat-system/lifeboat-agent",
 	"RoleBinding lifeboat-system/lifeboat-agent",
 	"ServiceAccount lifeboat-system/lifeboat-controller",

@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
@@ -17,33 +21,72 @@ import (
 )
 
 // StartQEMUProbe runs on n the pod of lifeboat's QEMU probe DaemonSet (manifest, a path to
-// manifests/qemu-probe.yaml) as the DaemonSet's controller would create it there, and returns
-// once it has written its capabilities file, which n's agent gives each new launcher.
+// manifests/qemu-probe.yaml) as the DaemonSet's controller would create it there, unless the
+// DaemonSet itself is installed (its controller then makes the pod), and returns once the
+// probe has written its capabilities file, which n's agent gives each new launcher.
 func (n *Node) StartQEMUProbe(ctx context.Context, manifest string) error {
 	b, err := os.ReadFile(manifest)
 	if err != nil {
 		return err
 	}
+	client := n.cfg.Client
 	var ds appsv1.DaemonSet
-	if err := yaml.UnmarshalStrict(b, &ds); err != nil {
-		return fmt.Errorf("reading %s: %w", manifest, err)
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		var kind metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &kind); err != nil {
+			return fmt.Errorf("reading %s: %w", manifest, err)
+		}
+		switch kind.Kind {
+		case "DaemonSet":
+			err = yaml.UnmarshalStrict([]byte(doc), &ds)
+		case "PriorityClass":
+			var pc schedulingv1.PriorityClass
+			if err = yaml.UnmarshalStrict([]byte(doc), &pc); err == nil {
+				if _, err = client.SchedulingV1().PriorityClasses().Create(ctx, &pc, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+					err = nil
+				}
+			}
+		default:
+			err = fmt.Errorf("unexpected %s", kind.Kind)
+		}
+		if err != nil {
+			return fmt.Errorf("%s in %s: %w", kind.Kind, manifest, err)
+		}
 	}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: ds.Name + "-" + n.Name(), Namespace: ds.Namespace, Labels: ds.Spec.Template.Labels},
-		Spec:       *ds.Spec.Template.Spec.DeepCopy(),
+	if _, err := client.AppsV1().DaemonSets(ds.Namespace).Get(ctx, ds.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: ds.Name + "-" + n.Name(), Namespace: ds.Namespace, Labels: ds.Spec.Template.Labels},
+			Spec:       *ds.Spec.Template.Spec.DeepCopy(),
+		}
+		pod.Spec.NodeName = n.Name()
+		if _, err := client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating the QEMU probe's pod on %s: %w", n.Name(), err)
+		}
+	} else if err != nil {
+		return err
 	}
-	pod.Spec.NodeName = n.Name()
-	created, err := n.cfg.Client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("creating the QEMU probe's pod on %s: %w", n.Name(), err)
-	}
-	file := filepath.Join(n.HostPath("/var/lib/kubelet/pods"), string(created.UID), "volumes", "kubernetes.io~empty-dir", contract.QEMUProbeVolume, contract.QEMUProbeFile)
-	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
-		_, err := os.Stat(file)
-		return err == nil, nil
+	var last []corev1.Pod
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := client.CoreV1().Pods(ds.Namespace).List(ctx, metav1.ListOptions{
+			LabelSelector: labels.SelectorFromSet(ds.Spec.Selector.MatchLabels).String(), FieldSelector: "spec.nodeName=" + n.Name()})
+		if err != nil {
+			return false, nil
+		}
+		last = pods.Items
+		for _, p := range pods.Items {
+			file := filepath.Join(n.HostPath("/var/lib/kubelet/pods"), string(p.UID), "volumes", "kubernetes.io~empty-dir", contract.QEMUProbeVolume, contract.QEMUProbeFile)
+			if _, err := os.Stat(file); err == nil {
+				return true, nil
+			}
+		}
+		return false, nil
 	}); err != nil {
-		log, _ := n.ContainerLog(created, ds.Spec.Template.Spec.Containers[0].Name)
-		return fmt.Errorf("the QEMU probe on %s wrote no %s within 2m: %w\n%s", n.Name(), file, err, log)
+		var logs []string
+		for _, p := range last {
+			log, _ := n.ContainerLog(&p, ds.Spec.Template.Spec.Containers[0].Name)
+			logs = append(logs, p.Name+": "+log)
+		}
+		return fmt.Errorf("no QEMU probe pod on %s wrote its capabilities within 2m: %w\n%s", n.Name(), err, strings.Join(logs, "\n"))
 	}
 	return nil
 }
