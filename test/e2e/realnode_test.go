@@ -228,7 +228,7 @@ func deployLifeboatParts(t testing.TB, n *realnode.Node, withController bool) st
 		t.Fatal(err)
 	}
 	kustomization := fmt.Sprintf(overlay, base, n.Name(), apiPort, n.KubeletConfig.Port, n.Address(), ports[0], n.PodsDir())
-	apps := []string{"lifeboat-agent", "lifeboat-controller", "lifeboat-signer"}
+	apps := []string{"lifeboat-agent", "lifeboat-controller", "lifeboat-signer", launcher.QEMUProbeApp}
 	if !withController {
 		kustomization += noController
 		apps = slices.DeleteFunc(apps, func(a string) bool { return a == "lifeboat-controller" })
@@ -497,6 +497,12 @@ func TestRealNodePressureLiveMigratesTheVM(t *testing.T) {
 	switches := watchSwitch(t, vmi.Namespace)
 	t.Cleanup(switches.close)
 	boot, _ := waitGuestAnswer(t, real.Network(), service, bootTimeout)
+	// The launcher started its libvirtd with what the node's QEMU probe (the DaemonSet's pod on
+	// the real kubelet) found, from its agent.
+	if log, err := cluster.Kube.CoreV1().Pods(vmi.Namespace).GetLogs(sourcePod.Name, &corev1.PodLogOptions{Container: launcher.ContainerName}).DoRaw(t.Context()); err != nil ||
+		!strings.Contains(logLine(string(log), "QEMU capabilities loaded"), `"fromAgent":true`) {
+		t.Errorf("the launcher on the real node must load the QEMU probe's capabilities from its agent (err %v): %q", err, logLine(string(log), "QEMU capabilities loaded"))
+	}
 	crossSoftThreshold(t, real)
 	evicted := kubeletEviction(t, sourcePod, 2*time.Minute)
 
