@@ -18,12 +18,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/domain"
 	"github.com/lifeboat-vm/lifeboat/launcher"
 	"github.com/lifeboat-vm/lifeboat/launcher/vmdisks"
-	"time"
 )
 
 func main() {

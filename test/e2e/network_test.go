@@ -276,6 +276,9 @@ func migrateServedVM(tb testing.TB) servedMigration {
 		tb.Fatalf("the guest did not answer through the Service after its migration: %d answers since", answered(arrived))
 	}
 	stall := watch()
+	// Answers after this are only late retries of requests that timed out: the client asks no
+	// more, so the time before them is no interruption.
+	stopped := time.Now()
 	stop()
 	r := servedMigration{answers: collect(), took: time.Since(evicted), stop: stall.Switch, sourceAgentLog: source.agent.LogPath(), network: network,
 		source: source, sourcePod: sourcePod, switches: switches,
@@ -299,15 +302,15 @@ func migrateServedVM(tb testing.TB) servedMigration {
 		answers = append(answers, a)
 	}
 	slices.SortStableFunc(answers, func(a, b *answer) int { return a.received.Compare(b.received) })
-	var last, lastBefore, firstAfter *answer
+	var last, lastBefore, firstAfter, gapFrom, gapTo *answer
 	// An answer delayed in delivery arrives after later ones (100 ms and more on a loaded
 	// machine); a guest that went back answers below what it said well before.
 	const reordered = 500 * time.Millisecond
 	said, earlier := 0, 0
 	for _, a := range answers {
-		if last != nil {
+		if last != nil && !a.received.After(stopped) {
 			if gap := a.received.Sub(last.received); gap > r.interruption {
-				r.interruption, lastBefore, firstAfter = gap, last, a
+				r.interruption, gapFrom, gapTo = gap, last, a
 			}
 		}
 		for ; earlier < len(answers) && a.received.Sub(answers[earlier].received) > reordered; earlier++ {
@@ -325,6 +328,7 @@ func migrateServedVM(tb testing.TB) servedMigration {
 	// The switch's gap is the one around the guest's arrival on the target; the longest may be
 	// another (a guest that a loaded machine stalls during the migration's copy).
 	landed := guestArrived(tb, target, targetPod)
+	lastBefore, firstAfter = gapFrom, gapTo
 	for i := 1; i < len(answers); i++ {
 		if a, b := answers[i-1], answers[i]; a.received.Before(landed) && !b.received.Before(landed) {
 			r.switchGap, lastBefore, firstAfter = b.received.Sub(a.received), a, b
@@ -333,6 +337,10 @@ func migrateServedVM(tb testing.TB) servedMigration {
 	if lastBefore != nil {
 		r.timeline = switchTimeline(tb, switches, lastBefore, firstAfter, source, target, sourcePod, targetPod, kubeProxy.LogPath, vmi.Name) +
 			failedRequests(lastBefore.received, r.answers)
+		if gapFrom != lastBefore {
+			r.timeline += fmt.Sprintf("  the longest time without an answer: %+d ms to %+d ms\n",
+				gapFrom.received.Sub(lastBefore.received).Milliseconds(), gapTo.received.Sub(lastBefore.received).Milliseconds())
+		}
 	}
 	return r
 }
