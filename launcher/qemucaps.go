@@ -7,9 +7,9 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
+	"github.com/google/renameio/v2"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/lifeboat-vm/lifeboat/api/notify"
@@ -122,21 +122,5 @@ func ProbeQEMU(ctx context.Context, dir, out string) error {
 		return err
 	}
 	// Renamed into place whole: the agent may read it at any moment.
-	tmp, err := os.CreateTemp(filepath.Dir(out), ".qemu-capabilities-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(caps); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), out)
+	return renameio.WriteFile(out, caps, 0o644)
 }
