@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+	"strconv"
 
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -80,7 +81,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	// Every VM starts on the source: the target takes no pods until they all run.
 	cordon(b, target.Name(), true)
 	printAgentMemory(b, source, "no VM")
-	noVMRSS := processMemory(b, source.agent.Pid(), "VmRSS")
+	noVMRSS, noVMTree := processMemory(b, source.agent.Pid(), "VmRSS"), withChildren(b, source.agent.Pid())
 	vmis := make([]*v1alpha1.VirtualMachineInstance, vms)
 	for i := range vmis {
 		vmis[i] = createVMI(b, ns, newVMI(fmt.Sprintf("drain-%d", i), strategy(v1alpha1.EvictionStrategyLiveMigrate)))
@@ -96,7 +97,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 
 	// The source agent with every VM running and nothing happening: its memory, and its CPU
 	// over a fixed window (the window is the measurement, not a wait for a condition).
-	idleRSS, idleCPU := processMemory(b, agents[0], "VmRSS"), cpuTime(b, agents[0])
+	idleRSS, idleTree, idleCPU := processMemory(b, agents[0], "VmRSS"), withChildren(b, agents[0]), cpuTime(b, agents[0])
 	printAgentMemory(b, source, fmt.Sprintf("%d VMs", vms))
 	time.Sleep(agentIdleWindow)
 	idleCPU = cpuTime(b, agents[0]) - idleCPU
@@ -129,11 +130,49 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	mib := func(bytes uint64) float64 { return float64(bytes) / (1 << 20) }
 	b.ReportMetric(mib(noVMRSS), "agent-no-vm-rss-MiB")
 	b.ReportMetric(mib(idleRSS), "agent-idle-rss-MiB")
+	// With its libvirt-client children (one per launcher): what the agent's container holds.
+	b.ReportMetric(noVMTree, "agent-no-vm-with-children-MiB")
+	b.ReportMetric(idleTree, "agent-idle-with-children-MiB")
 	b.ReportMetric(100*idleCPU.Seconds()/agentIdleWindow.Seconds(), "agent-idle-cpu-%")
 	// VmHWM: the most either agent held at once in its life, the drain included.
 	b.ReportMetric(mib(max(processMemory(b, agents[0], "VmHWM"), processMemory(b, agents[1], "VmHWM"))), "agent-peak-rss-MiB")
 	b.ReportMetric(100*drainCPU[0].Seconds()/drained.Seconds(), "source-agent-drain-cpu-%")
 	b.ReportMetric(100*drainCPU[1].Seconds()/drained.Seconds(), "target-agent-drain-cpu-%")
+}
+
+// withChildren is the resident memory, in MiB, of process pid with every process under it (the
+// agent's libvirt-client children): its own RSS and what each descendant holds alone (USS), as
+// the descendants share the rest with it. PSS would also split the binary's pages with the other
+// node's agent, which on this machine maps the same file.
+func withChildren(b testing.TB, pid int) float64 {
+	b.Helper()
+	total := processMem(b, pid).rss
+	var add func(pid int)
+	add = func(pid int) {
+		tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, t := range tasks {
+			children, err := os.ReadFile(t)
+			if err != nil {
+				continue // the thread ended
+			}
+			for _, c := range strings.Fields(string(children)) {
+				child, err := strconv.Atoi(c)
+				if err != nil {
+					b.Fatalf("%s: %v", t, err)
+				}
+				if _, err := os.Stat(fmt.Sprintf("/proc/%d", child)); err != nil {
+					continue // it ended
+				}
+				total += processMem(b, child).uss
+				add(child)
+			}
+		}
+	}
+	add(pid)
+	return total
 }
 
 // printAgentMemory waits until n's agent serves its metrics (it has started) and prints where
