@@ -20,10 +20,11 @@ import (
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 )
 
-// StartQEMUProbe runs on n the pod of lifeboat's QEMU probe DaemonSet (manifest, a path to
-// manifests/qemu-probe.yaml) as the DaemonSet's controller would create it there, unless the
-// DaemonSet itself is installed (its controller then makes the pod), and returns once the
-// probe has written its capabilities file, which n's agent gives each new launcher.
+// StartQEMUProbe installs lifeboat's QEMU probe (manifest, a path to manifests/qemu-probe.yaml:
+// its PriorityClass and DaemonSet) unless it is, and returns once the DaemonSet's pod on n has
+// written its capabilities file, which n's agent gives each new launcher. The cluster runs
+// kube-controller-manager, whose DaemonSet controller makes the pod (so that kubectl drain
+// knows it for a DaemonSet's).
 func (n *Node) StartQEMUProbe(ctx context.Context, manifest string) error {
 	b, err := os.ReadFile(manifest)
 	if err != nil {
@@ -53,17 +54,8 @@ func (n *Node) StartQEMUProbe(ctx context.Context, manifest string) error {
 			return fmt.Errorf("%s in %s: %w", kind.Kind, manifest, err)
 		}
 	}
-	if _, err := client.AppsV1().DaemonSets(ds.Namespace).Get(ctx, ds.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: ds.Name + "-" + n.Name(), Namespace: ds.Namespace, Labels: ds.Spec.Template.Labels},
-			Spec:       *ds.Spec.Template.Spec.DeepCopy(),
-		}
-		pod.Spec.NodeName = n.Name()
-		if _, err := client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("creating the QEMU probe's pod on %s: %w", n.Name(), err)
-		}
-	} else if err != nil {
-		return err
+	if _, err := client.AppsV1().DaemonSets(ds.Namespace).Create(ctx, &ds, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating the DaemonSet %s: %w", ds.Name, err)
 	}
 	var last []corev1.Pod
 	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {

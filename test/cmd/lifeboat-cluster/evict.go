@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"sync"
 
 	lifeboatclient "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
@@ -134,6 +135,13 @@ func follow(ctx context.Context, dir, ref string, timeout time.Duration, nodesOn
 		return err
 	}
 	from, to := start.Status.NodeName, ""
+	// The VMI's pods as a watch sees them from now on: lifeboat deletes a source pod its kubelet
+	// keeps Ready (as a real kubelet does while it ends it), which may be gone a moment after it
+	// ended.
+	pods, err := watchPods(ctx, kube, ns, string(start.UID))
+	if err != nil {
+		return err
+	}
 	root, err := readNodesRoot(dir)
 	if err != nil {
 		return err
@@ -201,20 +209,54 @@ func follow(ctx context.Context, dir, ref string, timeout time.Duration, nodesOn
 	if err := counterGoesOn(ctx, root, string(start.UID), from, to, stood); err != nil {
 		return err
 	}
-	return sourceLauncherEnded(ctx, kube, ns, string(start.UID), from, deadline)
+	return sourceLauncherEnded(ctx, pods, from, deadline)
+}
+
+// podWatch holds the last state a watch saw of each pod.
+type podWatch struct {
+	mu   sync.Mutex
+	last map[string]*corev1.Pod
+}
+
+// watchPods watches the pods of the VMI with uid until ctx ends.
+func watchPods(ctx context.Context, kube kubernetes.Interface, ns, uid string) (*podWatch, error) {
+	w, err := kube.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + uid})
+	if err != nil {
+		return nil, err
+	}
+	pw := &podWatch{last: map[string]*corev1.Pod{}}
+	go func() {
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok {
+				pw.mu.Lock()
+				pw.last[p.Name] = p
+				pw.mu.Unlock()
+			}
+		}
+	}()
+	return pw, nil
+}
+
+// ended is the pod on node that the watch saw end (Succeeded or Failed), if one did.
+func (pw *podWatch) ended(node string) *corev1.Pod {
+	pw.mu.Lock()
+	defer pw.mu.Unlock()
+	for _, p := range pw.last {
+		if p.Spec.NodeName == node && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed) {
+			return p
+		}
+	}
+	return nil
 }
 
 // sourceLauncherEnded waits for the source launcher pod to end and says how: exit code 0, by
 // itself, before the kubelet's grace period ran out.
-func sourceLauncherEnded(ctx context.Context, kube kubernetes.Interface, ns, uid, node string, deadline *metav1.Time) error {
+func sourceLauncherEnded(ctx context.Context, pods *podWatch, node string, deadline *metav1.Time) error {
 	var pod *corev1.Pod
-	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		pods, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: v1alpha1.LabelVMIUID + "=" + uid, FieldSelector: "spec.nodeName=" + node})
-		if err != nil || len(pods.Items) != 1 {
-			return false, nil
-		}
-		pod = &pods.Items[0]
-		return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed, nil
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		pod = pods.ended(node)
+		return pod != nil, nil
 	})
 	if err != nil {
 		return fmt.Errorf("the source launcher pod on %s did not end within 30s", node)
