@@ -322,6 +322,7 @@ demo: deps $(CLUSTER) lifeboat-bins
 	: "The VM's node runs short of memory: its kubelet evicts the VM's pod (SIGTERM, 45 s grace)."; \
 	: "A client asks the VM's Service every 20 ms meanwhile"; \
 	$(CLUSTER) ask default/demo --dir $(DEMO_DIR) --every 20ms & asker=$$!; \
+	trap 'kill $$asker 2>/dev/null || true' EXIT; \
 	: "The harness watches the guest's console on the nodes' disks meanwhile, which no kubectl can read"; \
 	$(CLUSTER) follow default/demo --dir $(DEMO_DIR) --timeout 2m --nodes-only >$(DEMO_DIR)/nodes-follow.txt 2>&1 & nodes=$$!; \
 	$(CLUSTER) evict default/demo --dir $(DEMO_DIR); \
