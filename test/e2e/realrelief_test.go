@@ -143,25 +143,27 @@ func lowestAvailable() func() uint64 {
 }
 
 // kubeletEvictions counts the kubelet's Evicted Events in every namespace since a time.
-func kubeletEvictions(ctx context.Context, since time.Time) (int, error) {
+func kubeletEvictions(ctx context.Context, since time.Time) (int, []string, error) {
 	list, err := cluster.Kube.CoreV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
 		FieldSelector: fields.Set{"reason": "Evicted", "source": "kubelet"}.String()})
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	n := 0
+	n, pods := 0, []string{}
 	for _, e := range list.Items {
 		if at := e.LastTimestamp.Time; at.IsZero() && e.EventTime.After(since) || at.After(since) {
-			n++
+			n += max(1, int(e.Count))
+			pods = append(pods, fmt.Sprintf("%s/%s ×%d", e.InvolvedObject.Namespace, e.InvolvedObject.Name, max(1, e.Count)))
 		}
 	}
-	return n, nil
+	return n, pods, nil
 }
 
 // pressedRun is what one pressing of the real node cost: the kubelet's evictions, the moved VM's
 // downtime (libvirt's, as its target launcher logged it) and the lowest memory.available seen.
 type pressedRun struct {
 	evictions int
+	evicted   []string // namespace/name ×count of each pod the kubelet evicted
 	downtime  time.Duration
 	lowest    uint64
 }
@@ -241,12 +243,13 @@ func pressRealNode(t testing.TB, real *realnode.Node, target *testNode, vmi *v1a
 	kubewait.Consistently(t, 20*time.Second, "the node's evictions counted", func(ctx context.Context) error {
 		// Not bounded by the window: a List that the client's rate limiter would let through only
 		// after it is not a failure to count.
-		n, err := kubeletEvictions(context.WithoutCancel(ctx), since)
+		n, pods, err := kubeletEvictions(context.WithoutCancel(ctx), since)
 		if err == nil {
-			run.evictions = n
+			run.evictions, run.evicted = n, pods
 		}
 		return err
 	})
+	t.Logf("the kubelet evicted %d pod(s): %v", run.evictions, run.evicted)
 	run.lowest = lowest()
 	return run
 }
