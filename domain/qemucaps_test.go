@@ -16,7 +16,7 @@ import (
 // QEMU binary's change time), it probes as it would have without one, and still serves.
 func TestADaemonStartsWithAnotherDaemonsQEMUCapabilities(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("runs daemons as the launchers' user, which needs root")
+		t.Fatal("runs daemons as the launchers' user (107), which needs root: run the tests as root, as make test and .ci/run do (README, Prerequisites)")
 	}
 	root, err := os.MkdirTemp("", "qemucaps")
 	if err != nil {
