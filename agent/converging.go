@@ -97,7 +97,8 @@ func MigrateConverging(ctx context.Context, c ConvergingMigration) (v1alpha1.Mig
 		}
 		if next != mode {
 			c.Log.Info("migration escalated", "from", mode, "to", next, "pass", p.Pass, "remainingBytes", p.Remaining,
-				"dirtyRate", p.DirtyRate, "dirtyRateEstimated", p.Estimated, "bandwidth", p.Bandwidth, "timeLeft", p.TimeLeft)
+				"dirtyRate", p.DirtyRate, "dirtyRateEstimated", p.Estimated, "bandwidth", p.Bandwidth, "timeLeft", p.TimeLeft,
+				"normalBytes", p.Normal, "residentBytes", p.Resident)
 			mode, escalated = next, c.Clock.Now()
 			if c.Escalated != nil {
 				c.Escalated(next, p)
@@ -122,7 +123,7 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 	}
 	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: st.rates.add(stats.MemoryBandwidth),
 		SinceEscalation: sinceEscalation, FirstPass: stats.MemoryIteration <= 1, Pass: max(stats.MemoryIteration, 1), Total: stats.DataTotal,
-		Normal: stats.MemoryNormal}
+		Normal: stats.MemoryNormal, Resident: stats.Resident}
 	if !st.transferring.IsZero() {
 		p.Elapsed = c.Clock.Since(st.transferring)
 	}

@@ -24,8 +24,9 @@ type PauseTiming struct {
 	// WorkingSet is the most the guest can have rewritten by a pass's end, at most its memory:
 	// in the first pass, what it may have in use (all of what the pass has yet to see).
 	WorkingSet uint64
-	// Total is the guest's memory: what a pause in the middle of the first pass sends at worst,
-	// the rest of the pass and the guest's rewrites of what the pass sent before it.
+	// Total is the guest's memory, or what it has resident where less: what a pause in the
+	// middle of the first pass sends at worst, the rest of the pass and the guest's rewrites of
+	// what the pass sent before it.
 	Total uint64
 	// SwitchOver is what the switch costs the stopped guest beyond the copy.
 	SwitchOver time.Duration
@@ -127,13 +128,21 @@ func (t PauseTiming) capped(n uint64) uint64 { return capAt(n, t.WorkingSet) }
 // first pass, the pages it found all zeros are not in use: the guest can have rewritten by the
 // pass's end at most what it sent whole and what it has yet to see, unless it writes to pages the
 // pass found empty (the second pass's start shows it, and a pause then comes at once if it
-// must). The rest of the pass is taken to be in use, though zero pages are sent as a few bytes:
-// where they lie is not known before the pass reaches them (the test guest's are at the end of
-// its memory, a guest whose rest is mostly empty would otherwise wait where a pause now fits).
+// must). Of the rest of the pass, what the guest has resident beyond what the pass sent whole is
+// taken to be in use (restInUse): where the empty pages lie is not known before the pass reaches
+// them, how many there are at least is. A pause in the pass's middle sends at worst all the
+// guest has resident.
 func (p Progress) pauseTiming(budget time.Duration) PauseTiming {
-	t := PauseTiming{Budget: budget + SwitchOver, Pass: p.Pass, PassElapsed: p.PassElapsed, Remaining: p.Remaining,
+	rest := p.restInUse()
+	t := PauseTiming{Budget: budget + SwitchOver, Pass: p.Pass, PassElapsed: p.PassElapsed, Remaining: rest,
 		DirtyRate: p.DirtyRate, Bandwidth: p.Bandwidth, WorkingSet: p.Total, Total: p.Total, SwitchOver: SwitchOver}
-	if inUse := p.Normal + p.Remaining; p.FirstPass && p.Normal > 0 && (t.WorkingSet == 0 || inUse < t.WorkingSet) {
+	if !p.FirstPass {
+		return t
+	}
+	if rest < p.Remaining {
+		t.Total = capAt(p.Resident, t.Total)
+	}
+	if inUse := p.Normal + rest; (p.Normal > 0 || rest < p.Remaining) && (t.WorkingSet == 0 || inUse < t.WorkingSet) {
 		t.WorkingSet = inUse
 	}
 	return t

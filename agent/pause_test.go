@@ -90,9 +90,19 @@ func TestPauseTimingFromTheFirstPass(t *testing.T) {
 	if got := p.pauseTiming(10 * time.Second).WorkingSet; got != 1024*mib {
 		t.Errorf("nothing seen in use yet: %d MiB may be rewritten, want all 1024", got/mib)
 	}
-	p.FirstPass, p.Pass, p.Normal = false, 2, 70*mib
-	if got := p.pauseTiming(10 * time.Second).WorkingSet; got != 1024*mib {
-		t.Errorf("second pass: %d MiB may be rewritten, want all 1024: pages sent whole before may be rewritten", got/mib)
+	p.Normal, p.Resident = 70*mib, 400*mib
+	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 400*mib || got.Remaining != 330*mib || got.Total != 400*mib {
+		t.Errorf("400 MiB resident, 70 sent whole: %d MiB may be rewritten, %d MiB of the pass left in use, %d MiB at worst; want 400, 330, 400",
+			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
+	}
+	p.Resident = 60 * mib
+	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 870*mib || got.Remaining != 800*mib || got.Total != 1024*mib {
+		t.Errorf("less resident than sent whole (swapped out): %d MiB may be rewritten, %d MiB left, %d at worst; want 870, 800, 1024 as without it",
+			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
+	}
+	p.FirstPass, p.Pass, p.Normal, p.Resident = false, 2, 70*mib, 400*mib
+	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 1024*mib || got.Remaining != 800*mib {
+		t.Errorf("second pass: %d MiB may be rewritten, %d MiB left; want all 1024 and 800: pages sent whole before may be rewritten", got.WorkingSet/mib, got.Remaining/mib)
 	}
 }
 
@@ -114,6 +124,15 @@ func TestNextModeWaitsForTheFirstPassEnd(t *testing.T) {
 	secondPass := p
 	secondPass.FirstPass, secondPass.Pass, secondPass.Estimated = false, 2, false
 	secondPass.Remaining, secondPass.PassElapsed, secondPass.Elapsed = 256*mib, 0, 7*time.Second
+	// The deadline matrix's 1 GiB guest rewriting 256 MiB at half the cap with 15 s, as the
+	// policy read it 2.5 s into its first pass: 856 MiB of the pass left, its empty pages at the
+	// end, 479 MiB resident (TCG's code cache among it), 149 MiB sent whole. Counting the rest
+	// in use, it paused the guest 3.9 to 5.4 s; with the resident bound pre-copy ends in time.
+	halfCap := Progress{Remaining: 856 * mib, Total: 1024 * mib, DirtyRate: 31 * mib, Estimated: true, Bandwidth: 65 * mib, FirstPass: true, Pass: 1,
+		Elapsed: 2500 * time.Millisecond, PassElapsed: 2500 * time.Millisecond, SinceEscalation: 2500 * time.Millisecond,
+		TimeLeft: 12500 * time.Millisecond, HasDeadline: true, Normal: 149 * mib, Resident: 479 * mib}
+	halfCapNoResident := halfCap
+	halfCapNoResident.Resident = 0
 	for _, tc := range []struct {
 		name    string
 		current v1alpha1.MigrationMode
@@ -124,6 +143,9 @@ func TestNextModeWaitsForTheFirstPassEnd(t *testing.T) {
 		{"in use known, auto-converging: still waiting", v1alpha1.MigrationModeAutoConverge, p, v1alpha1.MigrationModeAutoConverge},
 		{"in use not known: all memory may be rewritten, the pause now as before", v1alpha1.MigrationModeAutoConverge, inUseUnknown, v1alpha1.MigrationModePaused},
 		{"first pass done, rewriting faster than sent, auto-converge had its turn: the pause now", v1alpha1.MigrationModeAutoConverge, secondPass, v1alpha1.MigrationModePaused},
+		{"half the cap, 330 MiB of the pass in use at most: auto-converge, the pause waits", v1alpha1.MigrationModePreCopy, halfCap, v1alpha1.MigrationModeAutoConverge},
+		{"half the cap, auto-converging: still no pause", v1alpha1.MigrationModeAutoConverge, halfCap, v1alpha1.MigrationModeAutoConverge},
+		{"half the cap, nothing known resident: the rest counted in use, the pause now", v1alpha1.MigrationModeAutoConverge, halfCapNoResident, v1alpha1.MigrationModePaused},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := NextMode(tc.current, tc.p, noPostCopy); got != tc.want {

@@ -45,7 +45,13 @@ type JobStats struct {
 	// MemoryNormal is the bytes of memory sent as whole pages, not found all zeros: in the
 	// first pass over memory, what the guest has in use of what the pass has seen.
 	MemoryNormal uint64
-	Elapsed      time.Duration
+	// Resident is the guest's QEMU process's resident memory during a migration's first pass,
+	// zero when not read: an upper bound on the guest memory not all zeros (a page the guest
+	// never touched is not resident, and the pass reading it leaves it so). Guest memory the
+	// host swapped out is not in it; lifeboat's guests have no huge pages, which it also would
+	// not count.
+	Resident uint64
+	Elapsed  time.Duration
 	// Downtime is how long a completed migration stopped the guest for its final copy.
 	Downtime time.Duration
 }
@@ -118,5 +124,25 @@ func (c *Conn) jobStats(name string, flags libvirt.DomainGetJobStatsFlags) (JobS
 	if err != nil {
 		return JobStats{}, fmt.Errorf("reading the job statistics of domain %q: %w", name, err)
 	}
-	return jobStatsFromLibvirt(info), nil
+	s := jobStatsFromLibvirt(info)
+	if flags == 0 && s.Type == JobUnbounded && s.MemoryIteration <= 1 {
+		// Without it the policy counts the rest of the pass in use, as it would anyway.
+		s.Resident = resident(dom)
+	}
+	return s, nil
+}
+
+// resident is the domain's QEMU process's resident set size in bytes (libvirt reads it from
+// /proc, with or without a balloon); zero when libvirt does not report it.
+func resident(dom *libvirt.Domain) uint64 {
+	stats, err := dom.MemoryStats(uint32(libvirt.DOMAIN_MEMORY_STAT_NR), 0)
+	if err != nil {
+		return 0
+	}
+	for _, st := range stats {
+		if st.Tag == int32(libvirt.DOMAIN_MEMORY_STAT_RSS) {
+			return st.Val << 10 // KiB
+		}
+	}
+	return 0
 }

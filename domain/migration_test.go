@@ -312,6 +312,10 @@ func firstPassMigration(t *testing.T, ctx context.Context, p migrationpair.Pair,
 	if stats.MemoryIteration > 1 {
 		t.Fatalf("the migration is past its first pass over memory (%+v); acting now would test TCG's dirty tracking, not lifeboat", stats)
 	}
+	// The convergence policy bounds what the guest has in use by its resident memory.
+	if stats.Resident == 0 || stats.Resident < stats.MemoryNormal {
+		t.Fatalf("the first pass's statistics give %d bytes resident for %d sent whole; want at least what was sent whole", stats.Resident, stats.MemoryNormal)
+	}
 	t.Logf("acting on the migration after %s: %+v", time.Since(start).Round(time.Millisecond), stats)
 	return result
 }
