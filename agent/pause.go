@@ -139,10 +139,11 @@ func (p Progress) pauseTiming(budget time.Duration) PauseTiming {
 	if !p.FirstPass {
 		return t
 	}
-	if rest < p.Remaining {
+	bounded := p.Resident > p.Normal
+	if bounded {
 		t.Total = capAt(p.Resident, t.Total)
 	}
-	if inUse := p.Normal + rest; (p.Normal > 0 || rest < p.Remaining) && (t.WorkingSet == 0 || inUse < t.WorkingSet) {
+	if inUse := p.Normal + rest; (p.Normal > 0 || bounded) && (t.WorkingSet == 0 || inUse < t.WorkingSet) {
 		t.WorkingSet = inUse
 	}
 	return t

@@ -95,7 +95,17 @@ func TestPauseTimingFromTheFirstPass(t *testing.T) {
 		t.Errorf("400 MiB resident, 70 sent whole: %d MiB may be rewritten, %d MiB of the pass left in use, %d MiB at worst; want 400, 330, 400",
 			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
 	}
-	p.Resident = 60 * mib
+	p.Resident = 500 * mib
+	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 500*mib || got.Remaining != 430*mib || got.Total != 500*mib {
+		t.Errorf("500 MiB resident, 70 sent whole: %d MiB may be rewritten, %d MiB of the pass left in use, %d MiB at worst; want 500, 430, 500",
+			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
+	}
+	p.Remaining = 300 * mib
+	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 370*mib || got.Remaining != 300*mib || got.Total != 500*mib {
+		t.Errorf("500 MiB resident, 70 sent whole, 300 left: %d MiB may be rewritten, %d MiB left, %d MiB at worst; want 370, 300, 500",
+			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
+	}
+	p.Remaining, p.Resident = 800*mib, 60*mib
 	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 870*mib || got.Remaining != 800*mib || got.Total != 1024*mib {
 		t.Errorf("less resident than sent whole (swapped out): %d MiB may be rewritten, %d MiB left, %d at worst; want 870, 800, 1024 as without it",
 			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
