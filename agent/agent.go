@@ -88,6 +88,10 @@ type Config struct {
 	Memory        func() (pressure.Memory, error)
 	Thresholds    pressure.Thresholds
 	PodWorkingSet func(podUID string) (uint64, bool)
+	// NodeSwap reads the node's swap space (pressure.SwapTotal). Only where it reads none does
+	// a guest's resident memory bound what a migration's first pass counts in use; nil counts
+	// it all.
+	NodeSwap func() (uint64, error)
 	// LabelNode sets (true) or removes (false) the node's label LabelMemoryPressureRelief, which
 	// keeps migrations from targeting it while relief finds it short of memory.
 	LabelNode func(ctx context.Context, relieving bool) error

@@ -36,7 +36,8 @@ type Progress struct {
 	Normal uint64
 	// Resident is the guest's QEMU process's resident memory in the first pass, zero when not
 	// known: the guest can have in use no more than that (domain.JobStats.Resident).
-	Resident uint64
+	// MemoryRemaining is the memory part of Remaining, zero when libvirt does not say.
+	Resident, MemoryRemaining uint64
 }
 
 // String says what the policy saw, for an escalation's Event and the deadline matrix: an admin
@@ -168,18 +169,22 @@ func (p Progress) owed() uint64 {
 	return p.capped(p.Remaining + p.rewritten(p.PassElapsed))
 }
 
-// restInUse is what the rest of the pass sends whole: in the first pass, at most what the guest
-// has resident beyond the pages the pass sent whole, each of them resident and seen once (the
-// pages it finds all zeros go as a few bytes each). The matrix's 1 GiB guest rewriting 256 MiB
-// at half the cap, its empty pages at the end, was paused 3.9 to 5.4 s in its first pass with
-// 15 s when the whole rest was counted in use; with this bound pre-copy ends in time. Resident
-// memory below what the pass sent whole is no bound (the host swapped guest memory out): the
-// rest is then counted in use.
+// restInUse is what the rest of the pass sends whole: in the first pass, of its memory at most
+// what the guest has resident beyond the pages the pass sent whole, each of them resident and
+// seen once (the pages it finds all zeros go as a few bytes each), and all of what is left of
+// the disks. The matrix's 1 GiB guest rewriting 256 MiB at half the cap, its empty pages at the
+// end, was paused 3.9 to 5.4 s in its first pass with 15 s when the whole rest was counted in
+// use; with this bound it ends without a pause. Resident memory no more than what the pass sent
+// whole is no bound: the rest is then counted in use.
 func (p Progress) restInUse() uint64 {
 	if !p.FirstPass || p.Resident <= p.Normal {
 		return p.Remaining
 	}
-	return min(p.Remaining, p.Resident-p.Normal)
+	memory := p.MemoryRemaining
+	if memory == 0 || memory > p.Remaining {
+		memory = p.Remaining
+	}
+	return min(memory, p.Resident-p.Normal) + p.Remaining - memory
 }
 
 // rewritten is what the guest writes in d at its dirty rate, at most all its memory.

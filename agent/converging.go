@@ -39,6 +39,10 @@ type ConvergingMigration struct {
 	// Sampled, when set, is told once what became of QEMU's sample of the guest's dirty rate,
 	// with the rate where it was measured.
 	Sampled func(SampleResult, uint64)
+	// ResidentBounds says the guest's resident memory bounds what it has in use in the first
+	// pass (Progress.Resident): true only where the node has no swap, which would hold guest
+	// memory outside it.
+	ResidentBounds bool
 }
 
 // SampleResult is what became of the dirty-rate sample taken as a migration began.
@@ -123,7 +127,10 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 	}
 	p := Progress{Remaining: stats.DataRemaining, DirtyRate: stats.MemoryDirtyRate, Bandwidth: st.rates.add(stats.MemoryBandwidth),
 		SinceEscalation: sinceEscalation, FirstPass: stats.MemoryIteration <= 1, Pass: max(stats.MemoryIteration, 1), Total: stats.DataTotal,
-		Normal: stats.MemoryNormal, Resident: stats.Resident}
+		Normal: stats.MemoryNormal, MemoryRemaining: stats.MemoryRemaining}
+	if c.ResidentBounds {
+		p.Resident = stats.Resident
+	}
 	if !st.transferring.IsZero() {
 		p.Elapsed = c.Clock.Since(st.transferring)
 	}

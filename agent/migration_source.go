@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"log/slog"
 
 	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
@@ -168,6 +169,7 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 				m.a.cfg.Metrics.DirtyRateEstimated.Observe(float64(rate))
 			}
 		},
+		ResidentBounds: m.a.residentBounds(log),
 	}
 	if mig.Status.Deadline != nil {
 		c.Deadline = mig.Status.Deadline.Time
@@ -417,4 +419,22 @@ func MigrationSettings(config *v1alpha1.LifeboatConfig, vmi *v1alpha1.VirtualMac
 		bandwidth = uint64(c.BandwidthPerMigration.Value())
 	}
 	return allowed, bandwidth
+}
+
+// residentBounds says whether guests' resident memory bounds what they have in use here: only
+// where the node has no swap.
+func (a *Agent) residentBounds(log *slog.Logger) bool {
+	if a.cfg.NodeSwap == nil {
+		return false
+	}
+	swap, err := a.cfg.NodeSwap()
+	switch {
+	case err != nil:
+		log.Warn("the node's swap space cannot be read: the first pass counts all of its rest in use", "err", err)
+		return false
+	case swap > 0:
+		log.Info("the node has swap, which may hold guest memory: the first pass counts all of its rest in use", "swapBytes", swap)
+		return false
+	}
+	return true
 }

@@ -665,3 +665,49 @@ func TestAPassIsTimedFromWhenItWasSeenToBegin(t *testing.T) {
 		t.Errorf("3 s later: %s into the pass, %s into the transfer; want 3s, 9s", p.PassElapsed, p.Elapsed)
 	}
 }
+
+// TestTheResidentBoundHoldsOnlyWithoutSwap: the guest's resident memory reaches the policy only
+// where the agent found no swap on the node, and then decides: the matrix's 1 GiB guest rewriting
+// 256 MiB at half the cap, 2.5 s into its first pass with 12.5 s left, is not paused.
+func TestTheResidentBoundHoldsOnlyWithoutSwap(t *testing.T) {
+	const mib = 1 << 20
+	stats := domain.JobStats{Type: domain.JobUnbounded, DataTotal: 1024 * mib, DataRemaining: 856 * mib, MemoryRemaining: 856 * mib,
+		MemoryBandwidth: 65 * mib, MemoryIteration: 1, MemoryNormal: 149 * mib, Resident: 479 * mib}
+	for _, tc := range []struct {
+		name         string
+		swap         uint64
+		swapErr      error
+		noSwapReader bool
+		want         v1alpha1.MigrationMode
+	}{
+		{"no swap: bounded, auto-converge and no pause yet", 0, nil, false, v1alpha1.MigrationModeAutoConverge},
+		{"swap on the node: the rest counted in use, the pause", 2 << 30, nil, false, v1alpha1.MigrationModePaused},
+		{"swap unreadable: the pause", 0, errors.New("no meminfo"), false, v1alpha1.MigrationModePaused},
+		{"no swap reader: the pause", 0, nil, true, v1alpha1.MigrationModePaused},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &Agent{cfg: Config{NodeSwap: func() (uint64, error) { return tc.swap, tc.swapErr }}}
+			if tc.noSwapReader {
+				a.cfg.NodeSwap = nil
+			}
+			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			clk := clocktesting.NewFakeClock(time.Now())
+			mg := &passMigrator{stats: stats}
+			mg.suspended, mg.postCopied = make(chan struct{}), make(chan struct{})
+			c := ConvergingMigration{Migrator: mg, Domain: "ns_vm", Clock: clk, Log: log, Allowed: Allowed{AutoConverge: true, Pause: true},
+				Deadline: clk.Now().Add(15 * time.Second), ResidentBounds: a.residentBounds(log)}
+			st := &loopState{est: dirtyRateEstimate{result: SampleMeasured, rate: 31 * mib}}
+			if _, _, err := c.step(v1alpha1.MigrationModePreCopy, 0, st); err != nil {
+				t.Fatal(err)
+			}
+			clk.Step(2500 * time.Millisecond)
+			next, p, err := c.step(v1alpha1.MigrationModeAutoConverge, 2500*time.Millisecond, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if next != tc.want {
+				t.Errorf("after %s: %s, want %s", p, next, tc.want)
+			}
+		})
+	}
+}

@@ -105,7 +105,21 @@ func TestPauseTimingFromTheFirstPass(t *testing.T) {
 		t.Errorf("500 MiB resident, 70 sent whole, 300 left: %d MiB may be rewritten, %d MiB left, %d MiB at worst; want 370, 300, 500",
 			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
 	}
-	p.Remaining, p.Resident = 800*mib, 60*mib
+	p.Remaining, p.Resident = 800*mib, 70*mib
+	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 870*mib || got.Remaining != 800*mib || got.Total != 1024*mib {
+		t.Errorf("as much resident as sent whole: %d MiB may be rewritten, %d MiB left, %d at worst; want 870, 800, 1024 as without it",
+			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
+	}
+	p.Resident = 2048 * mib
+	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 870*mib || got.Remaining != 800*mib || got.Total != 1024*mib {
+		t.Errorf("more resident than the guest's memory: %d MiB may be rewritten, %d MiB left, %d at worst; want 870, 800, 1024",
+			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
+	}
+	p.Resident, p.Remaining, p.MemoryRemaining = 400*mib, 900*mib, 800*mib
+	if got := p.pauseTiming(10 * time.Second); got.Remaining != 430*mib {
+		t.Errorf("100 MiB of disks left beside 800 of memory, 400 resident, 70 sent whole: %d MiB left in use, want 430 (330 of memory, the disks' 100)", got.Remaining/mib)
+	}
+	p.Remaining, p.MemoryRemaining, p.Resident = 800*mib, 0, 60*mib
 	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 870*mib || got.Remaining != 800*mib || got.Total != 1024*mib {
 		t.Errorf("less resident than sent whole (swapped out): %d MiB may be rewritten, %d MiB left, %d at worst; want 870, 800, 1024 as without it",
 			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)

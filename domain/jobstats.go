@@ -2,6 +2,7 @@ package domain
 
 import (
 	"fmt"
+	"runtime"
 	"time"
 
 	"libvirt.org/go/libvirt"
@@ -45,11 +46,14 @@ type JobStats struct {
 	// MemoryNormal is the bytes of memory sent as whole pages, not found all zeros: in the
 	// first pass over memory, what the guest has in use of what the pass has seen.
 	MemoryNormal uint64
+	// MemoryRemaining is the memory still to send, DataRemaining less the disks'.
+	MemoryRemaining uint64
 	// Resident is the guest's QEMU process's resident memory during a migration's first pass,
-	// zero when not read: an upper bound on the guest memory not all zeros (a page the guest
-	// never touched is not resident, and the pass reading it leaves it so). Guest memory the
-	// host swapped out is not in it; lifeboat's guests have no huge pages, which it also would
-	// not count.
+	// with the kernel counter's error (rssSlack), zero when not read: an upper bound on the
+	// guest memory not all zeros, for the anonymous memory lifeboat's guests have (a page the
+	// guest never touched is not resident, and the pass reading it maps the shared zero page,
+	// which is not counted). Guest memory the host swapped out is not in it, nor would huge
+	// pages be (lifeboat's domains ask for none).
 	Resident uint64
 	Elapsed  time.Duration
 	// Downtime is how long a completed migration stopped the guest for its final copy.
@@ -88,6 +92,9 @@ func jobStatsFromLibvirt(info *libvirt.DomainJobInfo) JobStats {
 	}
 	if info.MemIterationSet {
 		s.MemoryIteration = info.MemIteration
+	}
+	if info.MemRemainingSet {
+		s.MemoryRemaining = info.MemRemaining
 	}
 	if info.MemNormalBytesSet {
 		s.MemoryNormal = info.MemNormalBytes
@@ -133,16 +140,26 @@ func (c *Conn) jobStats(name string, flags libvirt.DomainGetJobStatsFlags) (JobS
 }
 
 // resident is the domain's QEMU process's resident set size in bytes (libvirt reads it from
-// /proc, with or without a balloon); zero when libvirt does not report it.
+// /proc, with or without a balloon) and rssSlack; zero when libvirt does not report it.
 func resident(dom *libvirt.Domain) uint64 {
 	stats, err := dom.MemoryStats(uint32(libvirt.DOMAIN_MEMORY_STAT_NR), 0)
 	if err != nil {
 		return 0
 	}
 	for _, st := range stats {
-		if st.Tag == int32(libvirt.DOMAIN_MEMORY_STAT_RSS) {
-			return st.Val << 10 // KiB
+		if st.Tag == int32(libvirt.DOMAIN_MEMORY_STAT_RSS) && st.Val > 0 {
+			return st.Val<<10 + rssSlack(runtime.NumCPU()) // KiB
 		}
 	}
 	return 0
+}
+
+// rssSlack is how far below the truth the kernel may report a process's resident pages with cpus
+// processors: from Linux 6.2 a per-CPU counter whose unfolded part is up to the batch
+// (max(32, 2 × cpus) pages) on each processor; before, each thread kept up to 64 pages
+// uncounted, and of QEMU's threads its vCPUs (at most cpus of them running) and a few more fault
+// guest pages in. 2.5 MiB on two processors, 128 MiB on 128.
+func rssSlack(cpus int) uint64 {
+	n := uint64(max(cpus, 1))
+	return max(n*max(32, 2*n), 64*(n+8)) * pageSize
 }

@@ -21,6 +21,7 @@ func TestJobStatsFromLibvirt(t *testing.T) {
 				DataTotalSet: true, DataTotal: 300 << 20,
 				DataProcessedSet: true, DataProcessed: 200 << 20,
 				DataRemainingSet: true, DataRemaining: 100 << 20,
+				MemRemainingSet: true, MemRemaining: 60 << 20,
 				MemDirtyRateSet: true, MemDirtyRate: 2048,
 				MemPageSizeSet: true, MemPageSize: 4096,
 				MemBpsSet: true, MemBps: 50 << 20,
@@ -29,7 +30,7 @@ func TestJobStatsFromLibvirt(t *testing.T) {
 				TimeElapsedSet: true, TimeElapsed: 6500,
 			},
 			want: JobStats{
-				Type: JobUnbounded, DataTotal: 300 << 20, DataProcessed: 200 << 20, DataRemaining: 100 << 20,
+				Type: JobUnbounded, DataTotal: 300 << 20, DataProcessed: 200 << 20, DataRemaining: 100 << 20, MemoryRemaining: 60 << 20,
 				MemoryDirtyRate: 8 << 20, MemoryBandwidth: 50 << 20, MemoryIteration: 3,
 				MemoryNormal: 150 << 20, Elapsed: 6500 * time.Millisecond,
 			},
@@ -57,5 +58,21 @@ func TestJobStatsFromLibvirt(t *testing.T) {
 				t.Errorf("jobStatsFromLibvirt() = %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+// The kernel's resident count may lag by a per-CPU batch (Linux 6.2 on) or 64 pages a thread
+// (before): the bound adds the larger.
+func TestRSSSlack(t *testing.T) {
+	for _, tc := range []struct {
+		cpus int
+		want uint64
+	}{
+		{1, 64 * 9 * pageSize}, {2, 64 * 10 * pageSize}, {0, 64 * 9 * pageSize},
+		{32, 64 * 40 * pageSize}, {128, 128 * 256 * pageSize},
+	} {
+		if got := rssSlack(tc.cpus); got != tc.want {
+			t.Errorf("rssSlack(%d) = %d KiB, want %d KiB", tc.cpus, got>>10, tc.want>>10)
+		}
 	}
 }

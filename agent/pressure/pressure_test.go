@@ -221,3 +221,33 @@ func TestPodWorkingSet(t *testing.T) {
 		t.Error("PodWorkingSet() found a pod with no cgroup")
 	}
 }
+
+func TestSwapTotal(t *testing.T) {
+	for _, tc := range []struct {
+		name, meminfo string
+		want          uint64
+		wantErr       string
+	}{
+		{"swap", "MemTotal: 4194304 kB\nSwapTotal:       2097152 kB\nSwapFree: 1 kB\n", 2 << 30, ""},
+		{"none", "MemTotal: 4194304 kB\nSwapTotal:             0 kB\n", 0, ""},
+		{"not said", "MemTotal: 4194304 kB\n", 0, "no SwapTotal"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			proc := t.TempDir()
+			write(t, filepath.Join(proc, "meminfo"), tc.meminfo)
+			got, err := SwapTotal(proc)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("SwapTotal() = %d, %v; want an error saying %q", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Errorf("SwapTotal() = %d, %v; want %d", got, err, tc.want)
+			}
+		})
+	}
+	if _, err := SwapTotal(t.TempDir()); err == nil {
+		t.Error("SwapTotal() of a /proc without meminfo gave no error")
+	}
+}

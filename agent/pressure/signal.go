@@ -109,20 +109,33 @@ func statFields(stat []byte, names ...string) (map[string]uint64, error) {
 }
 
 // memTotal is /proc/meminfo's MemTotal in bytes.
-func memTotal(meminfo []byte) (uint64, error) {
+func memTotal(meminfo []byte) (uint64, error) { return meminfoField(meminfo, "MemTotal") }
+
+// SwapTotal is the node's swap space under procRoot (/proc), zram's included: where there is
+// none, no guest memory is out of its QEMU's resident set.
+func SwapTotal(procRoot string) (uint64, error) {
+	meminfo, err := os.ReadFile(filepath.Join(procRoot, "meminfo"))
+	if err != nil {
+		return 0, fmt.Errorf("reading the node's memory: %w", err)
+	}
+	return meminfoField(meminfo, "SwapTotal")
+}
+
+// meminfoField is a /proc/meminfo field in bytes.
+func meminfoField(meminfo []byte, field string) (uint64, error) {
 	sc := bufio.NewScanner(bytes.NewReader(meminfo))
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:")
+		rest, ok := strings.CutPrefix(sc.Text(), field+":")
 		if !ok {
 			continue
 		}
 		kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("meminfo: MemTotal: %w", err)
+			return 0, fmt.Errorf("meminfo: %s: %w", field, err)
 		}
 		return kb << 10, nil
 	}
-	return 0, fmt.Errorf("meminfo has no MemTotal")
+	return 0, fmt.Errorf("meminfo has no %s", field)
 }
 
 // podCgroupPatterns are where the kubelet puts a pod's cgroup, relative to the memory hierarchy's

@@ -79,7 +79,7 @@ func main() {
 	flag.IntVar(&o.deviceSlots, "device-slots", 110, "how many pods on the node may hold each device (the kubelet's default maxPods)")
 	flag.StringVar(&o.certDir, "cert-dir", "/var/lib/lifeboat/pki", "where the node's migration certificate and key are kept (requested from lifeboat's signer and renewed before they expire)")
 	flag.StringVar(&o.namespace, "namespace", "lifeboat-system", "lifeboat's namespace, whose ConfigMap "+migrationtls.CAConfigMap+" holds the migration CA")
-	flag.StringVar(&o.procRoot, "proc-root", "/proc", "the node's /proc, read for the node's memory capacity (MemTotal)")
+	flag.StringVar(&o.procRoot, "proc-root", "/proc", "the node's /proc, read for the node's memory capacity (MemTotal) and swap (SwapTotal)")
 	flag.StringVar(&o.policyUser, "policy-user", identity.Agent,
 		"the user lifeboat's admission policies (manifests/) hold the agent to; running as another service account, which they would not hold, it refuses to start. Empty: no check")
 	flag.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "the node's root cgroup file system, read for memory.available as the kubelet computes it")
@@ -184,6 +184,7 @@ func run(o options, log *slog.Logger) error {
 		ServeNotify:       notifyServer.Serve,
 		TellLauncher:      notifyServer.Tell,
 		Memory:            readMemory,
+		NodeSwap:          func() (uint64, error) { return pressure.SwapTotal(o.procRoot) },
 		Thresholds:        thresholds,
 		PodWorkingSet:     func(uid string) (uint64, bool) { return pressure.PodWorkingSet(o.cgroupRoot, uid) },
 		LabelNode:         labelNode(kubeClient, o.nodeName),

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/lifeboat-vm/lifeboat/agent"
+	"github.com/lifeboat-vm/lifeboat/agent/pressure"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/domain"
 	"github.com/lifeboat-vm/lifeboat/test/guest"
@@ -396,9 +397,13 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	_, passRates := protocol.DiskPasses(readOrEmpty(p.Src.Console()), matrixDisk)
 	watch := guest.WatchCounters(ctx, matrixTick, func() []string { return []string{p.Src.Console(), p.Dst.Console()} })
 	rec := &recordingMigrator{Migrator: p.Src.Conn, start: time.Now()}
+	swap, swapErr := pressure.SwapTotal("/proc")
+	if swapErr != nil {
+		b.Fatal(swapErr)
+	}
 	c := agent.ConvergingMigration{
 		Migrator: rec, Domain: name, Options: p.Options(0), Clock: clock.RealClock{},
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), ResidentBounds: swap == 0,
 	}
 	modes := []v1alpha1.MigrationMode{v1alpha1.MigrationModePreCopy}
 	var lastStep agent.Progress // what the policy saw at its last step up
