@@ -180,11 +180,16 @@ func (p Progress) restInUse() uint64 {
 	if !p.FirstPass || p.Resident <= p.Normal {
 		return p.Remaining
 	}
-	memory := p.MemoryRemaining
-	if memory == 0 || memory > p.Remaining {
-		memory = p.Remaining
-	}
+	memory := p.memoryRemaining()
 	return min(memory, p.Resident-p.Normal) + p.Remaining - memory
+}
+
+// memoryRemaining is the memory part of Remaining: all of it where libvirt did not say.
+func (p Progress) memoryRemaining() uint64 {
+	if p.MemoryRemaining == 0 || p.MemoryRemaining > p.Remaining {
+		return p.Remaining
+	}
+	return p.MemoryRemaining
 }
 
 // rewritten is what the guest writes in d at its dirty rate, at most all its memory.

@@ -143,7 +143,8 @@ func (p Progress) pauseTiming(budget time.Duration) PauseTiming {
 	if bounded {
 		t.Total = capAt(p.Resident, t.Total)
 	}
-	if inUse := p.Normal + rest; (p.Normal > 0 || bounded) && (t.WorkingSet == 0 || inUse < t.WorkingSet) {
+	// What the disks have left is not guest memory the guest may rewrite.
+	if inUse := p.Normal + rest - (p.Remaining - p.memoryRemaining()); (p.Normal > 0 || bounded) && (t.WorkingSet == 0 || inUse < t.WorkingSet) {
 		t.WorkingSet = inUse
 	}
 	return t

@@ -79,54 +79,37 @@ func TestPlacePause(t *testing.T) {
 	}
 }
 
-// The pages the first pass found empty are not what the guest rewrites.
+// The pages the first pass found empty are not what the guest rewrites, nor what the guest does
+// not have resident; a pause in the pass sends at worst what is resident.
 func TestPauseTimingFromTheFirstPass(t *testing.T) {
 	const mib = 1 << 20
-	p := Progress{FirstPass: true, Pass: 1, Remaining: 800 * mib, Total: 1024 * mib, Normal: 70 * mib}
-	if got := p.pauseTiming(10 * time.Second).WorkingSet; got != 870*mib {
-		t.Errorf("70 MiB of 224 seen in use, 800 MiB left: %d MiB may be rewritten, want 870", got/mib)
-	}
-	p.Normal = 0
-	if got := p.pauseTiming(10 * time.Second).WorkingSet; got != 1024*mib {
-		t.Errorf("nothing seen in use yet: %d MiB may be rewritten, want all 1024", got/mib)
-	}
-	p.Normal, p.Resident = 70*mib, 400*mib
-	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 400*mib || got.Remaining != 330*mib || got.Total != 400*mib {
-		t.Errorf("400 MiB resident, 70 sent whole: %d MiB may be rewritten, %d MiB of the pass left in use, %d MiB at worst; want 400, 330, 400",
-			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
-	}
-	p.Resident = 500 * mib
-	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 500*mib || got.Remaining != 430*mib || got.Total != 500*mib {
-		t.Errorf("500 MiB resident, 70 sent whole: %d MiB may be rewritten, %d MiB of the pass left in use, %d MiB at worst; want 500, 430, 500",
-			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
-	}
-	p.Remaining = 300 * mib
-	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 370*mib || got.Remaining != 300*mib || got.Total != 500*mib {
-		t.Errorf("500 MiB resident, 70 sent whole, 300 left: %d MiB may be rewritten, %d MiB left, %d MiB at worst; want 370, 300, 500",
-			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
-	}
-	p.Remaining, p.Resident = 800*mib, 70*mib
-	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 870*mib || got.Remaining != 800*mib || got.Total != 1024*mib {
-		t.Errorf("as much resident as sent whole: %d MiB may be rewritten, %d MiB left, %d at worst; want 870, 800, 1024 as without it",
-			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
-	}
-	p.Resident = 2048 * mib
-	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 870*mib || got.Remaining != 800*mib || got.Total != 1024*mib {
-		t.Errorf("more resident than the guest's memory: %d MiB may be rewritten, %d MiB left, %d at worst; want 870, 800, 1024",
-			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
-	}
-	p.Resident, p.Remaining, p.MemoryRemaining = 400*mib, 900*mib, 800*mib
-	if got := p.pauseTiming(10 * time.Second); got.Remaining != 430*mib {
-		t.Errorf("100 MiB of disks left beside 800 of memory, 400 resident, 70 sent whole: %d MiB left in use, want 430 (330 of memory, the disks' 100)", got.Remaining/mib)
-	}
-	p.Remaining, p.MemoryRemaining, p.Resident = 800*mib, 0, 60*mib
-	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 870*mib || got.Remaining != 800*mib || got.Total != 1024*mib {
-		t.Errorf("less resident than sent whole (swapped out): %d MiB may be rewritten, %d MiB left, %d at worst; want 870, 800, 1024 as without it",
-			got.WorkingSet/mib, got.Remaining/mib, got.Total/mib)
-	}
-	p.FirstPass, p.Pass, p.Normal, p.Resident = false, 2, 70*mib, 400*mib
-	if got := p.pauseTiming(10 * time.Second); got.WorkingSet != 1024*mib || got.Remaining != 800*mib {
-		t.Errorf("second pass: %d MiB may be rewritten, %d MiB left; want all 1024 and 800: pages sent whole before may be rewritten", got.WorkingSet/mib, got.Remaining/mib)
+	for _, tc := range []struct {
+		name                                 string
+		pass                                 uint64
+		remaining, memoryRemaining           uint64
+		normal, resident                     uint64
+		wantWorkingSet, wantRemaining, wantT uint64
+	}{
+		{"70 MiB of 224 seen in use, 800 left: 870 may be rewritten", 1, 800, 0, 70, 0, 870, 800, 1024},
+		{"nothing seen in use yet: all may be rewritten", 1, 800, 0, 0, 0, 1024, 800, 1024},
+		{"400 resident, 70 sent whole: 330 of the pass in use, 400 at worst", 1, 800, 0, 70, 400, 400, 330, 400},
+		{"500 resident, 70 sent whole", 1, 800, 0, 70, 500, 500, 430, 500},
+		{"500 resident, 70 sent whole, 300 left: all of it may be in use, 500 at worst", 1, 300, 0, 70, 500, 370, 300, 500},
+		{"as much resident as sent whole: no bound", 1, 800, 0, 70, 70, 870, 800, 1024},
+		{"more resident than the guest's memory", 1, 800, 0, 70, 2048, 870, 800, 1024},
+		{"100 of disks left beside 800 of memory: the disks' rest whole", 1, 900, 800, 70, 400, 400, 430, 400},
+		{"less resident than sent whole (swapped out): no bound", 1, 800, 0, 70, 60, 870, 800, 1024},
+		{"second pass: pages sent whole before may be rewritten", 2, 800, 0, 70, 400, 1024, 800, 1024},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := Progress{FirstPass: tc.pass == 1, Pass: tc.pass, Remaining: tc.remaining * mib, MemoryRemaining: tc.memoryRemaining * mib,
+				Total: 1024 * mib, Normal: tc.normal * mib, Resident: tc.resident * mib}
+			got := p.pauseTiming(10 * time.Second)
+			if got.WorkingSet != tc.wantWorkingSet*mib || got.Remaining != tc.wantRemaining*mib || got.Total != tc.wantT*mib {
+				t.Errorf("%d MiB may be rewritten, %d MiB of the pass left in use, %d MiB at worst; want %d, %d, %d",
+					got.WorkingSet/mib, got.Remaining/mib, got.Total/mib, tc.wantWorkingSet, tc.wantRemaining, tc.wantT)
+			}
+		})
 	}
 }
 
