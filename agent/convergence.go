@@ -177,11 +177,16 @@ func (p Progress) owed() uint64 {
 // use; with this bound it ends without a pause. Resident memory no more than what the pass sent
 // whole is no bound: the rest is then counted in use.
 func (p Progress) restInUse() uint64 {
-	if !p.FirstPass || p.Resident <= p.Normal {
-		return p.Remaining
-	}
+	return p.memoryRestInUse() + p.Remaining - p.memoryRemaining()
+}
+
+// memoryRestInUse is restInUse without the disks.
+func (p Progress) memoryRestInUse() uint64 {
 	memory := p.memoryRemaining()
-	return min(memory, p.Resident-p.Normal) + p.Remaining - memory
+	if !p.FirstPass || p.Resident <= p.Normal {
+		return memory
+	}
+	return min(memory, p.Resident-p.Normal)
 }
 
 // memoryRemaining is the memory part of Remaining: all of it where libvirt did not say.

@@ -5,12 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"log/slog"
 
 	"github.com/lifeboat-vm/lifeboat/agent/migrationproxy"
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"

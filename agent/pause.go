@@ -144,7 +144,7 @@ func (p Progress) pauseTiming(budget time.Duration) PauseTiming {
 		t.Total = capAt(p.Resident, t.Total)
 	}
 	// What the disks have left is not guest memory the guest may rewrite.
-	if inUse := p.Normal + rest - (p.Remaining - p.memoryRemaining()); (p.Normal > 0 || bounded) && (t.WorkingSet == 0 || inUse < t.WorkingSet) {
+	if inUse := p.Normal + p.memoryRestInUse(); (p.Normal > 0 || bounded) && (t.WorkingSet == 0 || inUse < t.WorkingSet) {
 		t.WorkingSet = inUse
 	}
 	return t
