@@ -15,12 +15,13 @@ import (
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
-// A hard eviction threshold gives the launcher pod one second, which no migration can meet. The
+// A hard eviction threshold gives the launcher pod one second, which no migration here can meet
+// (slowMigrations: an idle 128 MiB guest otherwise moves within that second on loopback). The
 // agent marks the VM at the SIGTERM (it cannot tell a hard threshold from a soft one by the signal)
 // with the soft deadline, but records the VM lost as soon as its pod has ended, long before that
 // deadline, and nothing chases it: no migration of it is left unfinished and none is made later.
 func TestAHardEvictionIsRecordedLostAtOnce(t *testing.T) {
-	setConfig(t, true)
+	setConfig(t, true, slowMigrations)
 	startController(t)
 	source := startNodes(t, 1, func(c *node.Config) { c.MemoryPressure.Hard = true })[0]
 	ns := testNamespace(t)
