@@ -98,6 +98,8 @@ func StartLibvirtd(ctx context.Context, cfg Config) (*Libvirtd, error) {
 	if err := writeQEMUCaps(layout, cfg.QEMUCapabilities); err != nil {
 		return nil, err
 	}
+	// On disk now, where a restarted daemon finds them too; not held for the daemon's life.
+	cfg.QEMUCapabilities = nil
 	if u := cfg.User; u != nil {
 		for _, d := range []string{layout.dir, layout.socketDir} {
 			if err := u.Own(d); err != nil {

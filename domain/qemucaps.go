@@ -7,6 +7,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -41,28 +42,53 @@ func (d *Libvirtd) QEMUCapabilities() ([]byte, error) {
 	return os.ReadFile(files[0])
 }
 
-// qemuCapsFile is the part of a capabilities cache file that names it.
-type qemuCapsFile struct {
-	XMLName  xml.Name `xml:"qemuCaps"`
-	Emulator string   `xml:"emulator"`
-}
-
 // qemuCapsName is the name libvirt looks for caps under: the SHA-256 of the path of the QEMU
 // binary they describe.
 func qemuCapsName(caps []byte) (string, error) {
 	if len(caps) > MaxQEMUCapabilities {
 		return "", fmt.Errorf("a QEMU capabilities cache of %d bytes, more than %d", len(caps), MaxQEMUCapabilities)
 	}
-	var f qemuCapsFile
-	if err := xml.NewDecoder(bytes.NewReader(caps)).Decode(&f); err != nil {
+	emulator, err := capsEmulator(caps)
+	if err != nil {
 		return "", fmt.Errorf("reading a QEMU capabilities cache: %w", err)
 	}
-	emulator := strings.TrimSpace(f.Emulator)
+	emulator = strings.TrimSpace(emulator)
 	if !filepath.IsAbs(emulator) || filepath.Clean(emulator) != emulator {
-		return "", fmt.Errorf("a QEMU capabilities cache for %q, not an absolute path", f.Emulator)
+		return "", fmt.Errorf("a QEMU capabilities cache for %q, not an absolute path", emulator)
 	}
 	sum := sha256.Sum256([]byte(emulator))
 	return hex.EncodeToString(sum[:]) + ".xml", nil
+}
+
+// capsEmulator is the text of the <emulator> child of caps's <qemuCaps>, the first child where
+// libvirt writes it. It reads no further: decoding the whole file (100 KiB) left a launcher
+// almost a megabyte of garbage at its start, and the daemon that loads the file parses it anyway.
+func capsEmulator(caps []byte) (string, error) {
+	d := xml.NewDecoder(bytes.NewReader(caps))
+	depth := 0
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			return "", errors.New("no <emulator> in its <qemuCaps>")
+		}
+		if err != nil {
+			return "", err
+		}
+		switch t := tok.(type) {
+		case xml.StartElement:
+			if depth == 0 && t.Name.Local != "qemuCaps" {
+				return "", fmt.Errorf("a <%s> document, not <qemuCaps>", t.Name.Local)
+			}
+			if depth == 1 && t.Name.Local == "emulator" {
+				var emulator string
+				err := d.DecodeElement(&emulator, &t)
+				return emulator, err
+			}
+			depth++
+		case xml.EndElement:
+			depth--
+		}
+	}
 }
 
 // CheckQEMUCapabilities says whether caps is a capabilities cache file that names the QEMU

@@ -2,6 +2,7 @@ package domain
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -91,11 +92,30 @@ func TestQEMUCapsName(t *testing.T) {
 		{"<qemuCaps><emulator>qemu-system-x86_64</emulator></qemuCaps>", ""},
 		{"<qemuCaps><emulator>/usr/bin/../bin/qemu</emulator></qemuCaps>", ""},
 		{"<other><emulator>/usr/bin/qemu</emulator></other>", ""},
+		{"<qemuCaps><machine><emulator>/usr/bin/qemu</emulator></machine></qemuCaps>", ""},
+		{"<qemuCaps><qemuctime>1</qemuctime></qemuCaps>", ""},
 		{"not xml", ""},
 	} {
 		got, err := qemuCapsName([]byte(tc.caps))
 		if got != tc.want || (err == nil) != (tc.want != "") {
 			t.Errorf("qemuCapsName(%q) = %q, %v; want %q", tc.caps, got, err, tc.want)
+		}
+	}
+}
+
+// What naming a capabilities file of libvirt 9.0's size (about 100 KiB) costs a launcher at its
+// start, with the emulator first as libvirt writes it.
+func BenchmarkQEMUCapsName(b *testing.B) {
+	var caps bytes.Buffer
+	caps.WriteString("<qemuCaps>\n  <emulator>/usr/bin/qemu-system-x86_64</emulator>\n")
+	for i := 0; caps.Len() < 100<<10; i++ {
+		fmt.Fprintf(&caps, "  <flag name='feature-%d'/>\n", i)
+	}
+	caps.WriteString("</qemuCaps>\n")
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := qemuCapsName(caps.Bytes()); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
