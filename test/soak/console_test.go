@@ -24,6 +24,9 @@ func TestParseConsole(t *testing.T) {
 		{"counting with a journal", "lifeboat-guest ready\r\nlifeboat-guest counter 1\r\nlifeboat-guest counter 2\r\n" +
 			protocol.Journal("vda", 5) + "\r\nlifeboat-guest counter 6\r\n", 6, 5, "[]"},
 		{"a reboot shows as the last counter going back", "lifeboat-guest counter 41\r\nlifeboat-guest counter 1\r\n", 1, 0, "[]"},
+		{"a line still being written is not read", "lifeboat-guest counter 120\r\nlifeboat-guest counter 12", 120, 0, "[]"},
+		{"nor a line whose newline has not come", "lifeboat-guest counter 120\r\nlifeboat-guest counter 121\r", 120, 0, "[]"},
+		{"nor a partial error line", "lifeboat-guest counter 3\r\n" + protocol.ErrorPrefix + "disk vda: journal ent", 3, 0, "[]"},
 		{"a journal error", "lifeboat-guest counter 3\r\n" + protocol.ErrorPrefix + "disk vda: journal entry 2 holds 0, want 2\r\n", 3,
 			0, "[disk vda: journal entry 2 holds 0, want 2]"},
 		{"an error that is not the disk's", protocol.ErrorPrefix + "network: no DHCP answer\r\n", 0, 0, "[]"},
