@@ -827,6 +827,15 @@ func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 			return 0, fmt.Errorf("destroying the guest: %w", err)
 		}
 	}
+	if plan.Resume {
+		mg := a.migrator(uid)
+		if mg == nil {
+			return 0, fmt.Errorf("the guest arrived paused and its launcher's libvirt is not connected")
+		}
+		if err := mg.Resume(name); err != nil {
+			return 0, fmt.Errorf("running the guest that arrived paused: %w", err)
+		}
+	}
 	if plan.Status != nil && !apiequality.Semantic.DeepEqual(*plan.Status, vmi.Status) {
 		vmi.Status = *plan.Status
 		_, err := a.lifeboat.LifeboatV1alpha1().VirtualMachineInstances(vmi.Namespace).UpdateStatus(ctx, vmi, metav1.UpdateOptions{})

@@ -51,6 +51,9 @@ type Domain struct {
 	// Deletion is the launcher pod's deletion through the API, nil if it was not deleted: then a
 	// SIGTERM came from the kubelet itself (node pressure).
 	Deletion *PodDeletion
+	// PausedUser: the domain is paused by a call (libvirt's reason User), as a migration made
+	// with domain.MigrateOptions.PausedOnArrival leaves it on arrival.
+	PausedUser bool
 }
 
 // reasonEvictionByEvictionAPI is the DisruptionTarget reason the API server gives a pod it
@@ -99,6 +102,8 @@ type Plan struct {
 	Marked, Lost bool
 	// StrayReason is set when Destroy ends a guest whose VMI ended (a Stray* reason).
 	StrayReason string
+	// Resume runs a guest that arrived here paused and that its source's hand-off did not run.
+	Resume bool
 }
 
 // Decisions on a launcher's SIGTERM, as metric labels.
@@ -124,6 +129,8 @@ const (
 	ReasonNodePressure = "NodePressure"
 	// ReasonEvacuationRequested is the Event of a new mark.
 	ReasonEvacuationRequested = "EvacuationRequested"
+	// ReasonResumedOnArrival is the Event of a guest the agent ran after its migration here.
+	ReasonResumedOnArrival = "ResumedOnArrival"
 	// ReasonEvacuationDeadlineExceeded says the VM was still on the node when the kubelet's
 	// grace period ended: it was lost.
 	ReasonEvacuationDeadlineExceeded = "EvacuationDeadlineExceeded"
@@ -233,6 +240,11 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node
 		return plan
 	}
 	dom = withoutSourceSignal(vmi, dom, node)
+	if dom.State == DomainPaused && dom.PausedUser && arrivedHere(vmi, node) {
+		plan.Resume = true
+		plan.Events = append(plan.Events, Event{corev1.EventTypeWarning, ReasonResumedOnArrival, fmt.Sprintf(
+			"the guest arrived on node %s paused, and its source's hand-off did not run it (the link between the nodes broke as the source gave it up): node %s's agent runs it", node, node)})
+	}
 
 	switch {
 	case dom.State == DomainCrashed:
@@ -291,6 +303,13 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node
 	}
 	plan.Status = status
 	return plan
+}
+
+// arrivedHere reports whether the VMI's last migration brought its guest to node and is
+// recorded complete: its source gave the guest up, so the guest must run here.
+func arrivedHere(vmi *v1alpha1.VirtualMachineInstance, node string) bool {
+	s := vmi.Status.MigrationState
+	return vmi.Status.NodeName == node && s != nil && s.Completed && s.TargetNode == node
 }
 
 // withoutSourceSignal drops a SIGTERM record that came with the guest from the node it migrated

@@ -114,6 +114,41 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// A guest left paused on arrival runs only where its VMI's last migration brought it and was
+// recorded complete: the source gave it up. Anywhere else (a migration still under way, one that
+// failed, a convergence pause on the source) a paused guest is not the agent's to run.
+func TestDecideRunsAGuestThatArrivedPausedOnlyOnceItsSourceGaveItUp(t *testing.T) {
+	migrated := func(target string, completed bool) vmiOpt {
+		return func(v *v1alpha1.VirtualMachineInstance) {
+			v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{SourceNode: "node-2", TargetNode: target, Completed: completed, Failed: !completed}
+		}
+	}
+	onNode := func(n string) vmiOpt { return func(v *v1alpha1.VirtualMachineInstance) { v.Status.NodeName = n } }
+	for _, tc := range []struct {
+		name       string
+		vmi        *v1alpha1.VirtualMachineInstance
+		dom        Domain
+		wantResume bool
+	}{
+		{"arrived here, recorded complete, paused by the migration", testVMI(v1alpha1.VMIRunning, migrated("node-1", true)), Domain{State: DomainPaused, PausedUser: true}, true},
+		{"arrived here and already running", testVMI(v1alpha1.VMIRunning, migrated("node-1", true)), Domain{State: DomainRunning}, false},
+		{"paused for another reason (an I/O error)", testVMI(v1alpha1.VMIRunning, migrated("node-1", true)), Domain{State: DomainPaused}, false},
+		{"the migration here failed: the source runs the guest", testVMI(v1alpha1.VMIRunning, onNode("node-2"), migrated("node-1", false)), Domain{State: DomainPaused, PausedUser: true}, false},
+		{"a migration here not recorded yet", testVMI(v1alpha1.VMIRunning, onNode("node-2")), Domain{State: DomainPaused, PausedUser: true}, false},
+		{"a migration away, paused to converge", testVMI(v1alpha1.VMIRunning, migrated("node-3", false)), Domain{State: DomainPaused, PausedUser: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plan := Decide(tc.vmi, &tc.dom, Eviction{}, "node-1", t0)
+			if plan.Resume != tc.wantResume {
+				t.Fatalf("resume = %v, want %v (%+v)", plan.Resume, tc.wantResume, plan)
+			}
+			if tc.wantResume && (len(plan.Events) == 0 || plan.Events[0].Reason != ReasonResumedOnArrival || plan.Events[0].Type != corev1.EventTypeWarning) {
+				t.Errorf("events %+v: want a %s Warning first", plan.Events, ReasonResumedOnArrival)
+			}
+		})
+	}
+}
+
 // A VMI that ended while its guest still runs here (its node was declared lost, and the VM may
 // start elsewhere) has its guest destroyed, whatever the agent last knew: an ended VMI never
 // runs again.

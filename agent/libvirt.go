@@ -101,7 +101,7 @@ func (c *libvirtConn) Observe(_ context.Context, name string) (*Domain, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Domain{State: stateOf(info.State, info.Reason)}
+	d := &Domain{State: stateOf(info.State, info.Reason), PausedUser: info.State == domain.Paused && info.Reason == domain.ReasonUser}
 	md, err := c.client.Metadata(name)
 	if err != nil {
 		return nil, fmt.Errorf("reading lifeboat's metadata of %s: %w", name, err)

@@ -392,10 +392,17 @@ const MaxDowntime = 100 * time.Millisecond
 // copied (a guest writing its disk faster than the copy would otherwise keep the memory transfer
 // from starting before any deadline: the deadline matrix's disk cells). The agent and the
 // deadline matrix both migrate with it, so the matrix measures what the agent does.
+//
+// Without post-copy the guest arrives paused, and the source launcher's hand-off runs it there
+// once the source gave it up (domain.HandOff): no moment with two copies running, at the cost of
+// the source QEMU's end inside the guest's stop. libvirt cannot do it with post-copy allowed: a
+// migration that may switch to post-copy and then ends in pre-copy keeps libvirt's own order,
+// where a confirmation lost between the nodes leaves the guest running on both.
 func WithConvergence(o domain.MigrateOptions, allowed Allowed, bandwidth uint64) domain.MigrateOptions {
 	o.Bandwidth, o.AutoConverge, o.AllowPostCopy = bandwidth, allowed.AutoConverge, allowed.PostCopy
 	o.MaxDowntime = MaxDowntime
 	o.SynchronousDiskWrites = o.DisksURI != ""
+	o.PausedOnArrival = !allowed.PostCopy
 	return o
 }
 

@@ -614,11 +614,11 @@ func TestWithConvergence(t *testing.T) {
 		want      domain.MigrateOptions
 	}{
 		{"defaults, no disks copied", base, Allowed{AutoConverge: true, Pause: true}, 0,
-			domain.MigrateOptions{DestURI: "d", MigrateURI: "m", AutoConverge: true, MaxDowntime: MaxDowntime}},
+			domain.MigrateOptions{DestURI: "d", MigrateURI: "m", AutoConverge: true, MaxDowntime: MaxDowntime, PausedOnArrival: true}},
 		{"post-copy allowed and a cap", base, Allowed{PostCopy: true}, 64 << 20,
 			domain.MigrateOptions{DestURI: "d", MigrateURI: "m", AllowPostCopy: true, Bandwidth: 64 << 20, MaxDowntime: MaxDowntime}},
 		{"disks copied: their writes mirrored synchronously", withDisks, Allowed{AutoConverge: true}, 0,
-			domain.MigrateOptions{DestURI: "d", MigrateURI: "m", DisksURI: "n", AutoConverge: true, SynchronousDiskWrites: true, MaxDowntime: MaxDowntime}},
+			domain.MigrateOptions{DestURI: "d", MigrateURI: "m", DisksURI: "n", AutoConverge: true, SynchronousDiskWrites: true, MaxDowntime: MaxDowntime, PausedOnArrival: true}},
 	}
 	for _, tc := range cases {
 		if got := WithConvergence(tc.in, tc.allowed, tc.bandwidth); got != tc.want {

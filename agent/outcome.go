@@ -63,8 +63,9 @@ func DecideFailedCall(c FailedCall) CallOutcome {
 	case c.LeftByMigration:
 		return OutcomeSucceeded
 	case c.TargetRan && !c.PostCopy:
-		// The target's libvirt resumes the guest only once the migration finished; in
-		// post-copy it runs while its memory is still on the source.
+		// The target runs the guest only once the migration finished, and, unless post-copy was
+		// allowed, once the source's QEMU has ended (domain.HandOff); in post-copy it runs while
+		// its memory is still on the source.
 		return OutcomeSucceeded
 	case c.SourceRunning && !c.PostCopy:
 		// Waiting for the launcher's word would only cost the retry time before a deadline

@@ -102,8 +102,23 @@ func eventFromLibvirt(name string, e libvirt.DomainEventLifecycle) Event {
 // the connection closes (Close, or the daemon went away), and then closes the channel.
 // The stream never blocks libvirt's event loop: events queue until they are read.
 func (c *Conn) Events(ctx context.Context) (<-chan Event, error) {
+	return c.events(ctx, nil)
+}
+
+// DomainEvents is Events of the named domain alone. libvirt takes one stream of every domain per
+// connection, and one more per domain.
+func (c *Conn) DomainEvents(ctx context.Context, name string) (<-chan Event, error) {
+	dom, err := c.lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	defer dom.Free()
+	return c.events(ctx, dom)
+}
+
+func (c *Conn) events(ctx context.Context, dom *libvirt.Domain) (<-chan Event, error) {
 	q := newEventQueue()
-	id, err := c.virt.DomainEventLifecycleRegister(nil, func(_ *libvirt.Connect, d *libvirt.Domain, e *libvirt.DomainEventLifecycle) {
+	id, err := c.virt.DomainEventLifecycleRegister(dom, func(_ *libvirt.Connect, d *libvirt.Domain, e *libvirt.DomainEventLifecycle) {
 		name, err := d.GetName()
 		if err != nil {
 			slog.Error("reading the name of a domain in a lifecycle event", "err", err)

@@ -74,6 +74,11 @@ type MigrateOptions struct {
 	// attached shareable and uncached (ReadWriteMany claims): Kubernetes vouches for the sharing,
 	// and libvirt, which recognises only some shared file systems, is told not to check it again.
 	SharedDisks bool
+	// PausedOnArrival leaves the guest paused on the destination when the migration ends, for
+	// HandOff to run it there once the source has given it up: libvirt would otherwise run it
+	// at once, even when the source's daemon never hears back and runs it again too. libvirt
+	// refuses it with AllowPostCopy, where the destination runs the guest before the end.
+	PausedOnArrival bool
 }
 
 // migrateFlags are the libvirt flags for opts. A lifeboat migration is always live (the
@@ -101,6 +106,9 @@ func migrateFlags(opts MigrateOptions) libvirt.DomainMigrateFlags {
 	}
 	if opts.SharedDisks {
 		flags |= libvirt.MIGRATE_UNSAFE
+	}
+	if opts.PausedOnArrival {
+		flags |= libvirt.MIGRATE_PAUSED
 	}
 	return flags
 }

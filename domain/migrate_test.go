@@ -26,6 +26,8 @@ func TestMigrateFlags(t *testing.T) {
 		{name: "synchronous writes without disks to copy mean nothing", opts: MigrateOptions{SynchronousDiskWrites: true}, want: always},
 		// libvirt takes a local file system for unshared; a ReadWriteMany claim is shared by contract.
 		{name: "disks on shared claims", opts: MigrateOptions{SharedDisks: true}, want: always | libvirt.MIGRATE_UNSAFE},
+		// The destination holds the guest until the source gave it up (HandOff).
+		{name: "paused on arrival", opts: MigrateOptions{PausedOnArrival: true}, want: always | libvirt.MIGRATE_PAUSED},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -180,6 +180,16 @@ func watchDomain(ctx context.Context, s *daemonSession, name string, podGrace in
 		return code, nil
 	}
 	events := s.Events()
+	// A migration away leaves the guest paused on the target until this pod's QEMU has ended.
+	destURI, _ := domain.ProxiedURIs(contract.PodRunDir, s.Conn().Session())
+	handoffs := domain.NewHandoffs(ctx, name, destURI, func() (int, error) { return s.daemon.QEMUPid(name) },
+		func(r domain.HandoffResult, err error) {
+			if err != nil {
+				log.Warn("the guest paused here, and its hand-off to a migration's target failed", "domain", name, "err", err)
+				return
+			}
+			log.Info("hand-off", "domain", name, "result", r)
+		})
 	// recovered restarts the daemon or reconnects, and then says whether the domain ended while
 	// nothing watched it: the new event stream does not tell what happened before it began.
 	recovered := func() (int, bool, error) {
@@ -225,6 +235,7 @@ func watchDomain(ctx context.Context, s *daemonSession, name string, podGrace in
 			if ev.Domain != name {
 				continue
 			}
+			handoffs.Observe(s.Conn(), ev)
 			// The event says how the domain ended; asking libvirt afterwards may find the
 			// domain already undefined (after a migration away, at once).
 			code, done := ExitCodeFor(ev.State, ev.Reason)
@@ -249,6 +260,7 @@ func watchDomain(ctx context.Context, s *daemonSession, name string, podGrace in
 					// The source daemon still confirms the migration to its peer; it undefines the
 					// domain when that is done, and must live until then.
 					awaitUndefined(s.Conn(), events, name, log)
+					handoffs.Wait(ctx)
 				}
 				s.notifier.Report(notify.KindDomainGone, time.Now(), 0, string(ev.Reason))
 				log.Info("domain gone", "event", ev.Type, "reason", ev.Reason, "exitCode", code)

@@ -397,6 +397,8 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	_, passRates := protocol.DiskPasses(readOrEmpty(p.Src.Console()), matrixDisk)
 	watch := guest.WatchCounters(ctx, matrixTick, func() []string { return []string{p.Src.Console(), p.Dst.Console()} })
 	rec := &recordingMigrator{Migrator: p.Src.Conn, start: time.Now()}
+	// As the source launcher does: lifeboat's policies leave the guest paused on arrival.
+	handoffs := p.HandOffs(b, ctx, name)
 	swap, swapErr := pressure.SwapTotal("/proc")
 	if swapErr != nil {
 		b.Fatal(swapErr)
@@ -459,6 +461,15 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	o.timeline = chart.Timeline{Samples: rec.samples, Switch: switched.Sub(start), Done: o.total}
 	if !c.Deadline.IsZero() {
 		o.timeline.Deadline = c.Deadline.Sub(start)
+	}
+	if c.Options.PausedOnArrival {
+		select {
+		case h := <-handoffs:
+			if h.Err != nil || h.Result != domain.HandoffResumed {
+				b.Logf("the hand-off to the destination ended %s: %v", h.Result, h.Err)
+			}
+		case <-ctx.Done():
+		}
 	}
 	o.guestAfterward = guestAfterward(ctx, p, cell)
 	stall := watch()

@@ -173,6 +173,9 @@ type links struct {
 	conns []net.Conn
 	// limit, when set, is the rate at which the source node sends on all of them together.
 	limit atomic.Pointer[rate.Limiter]
+	// held closes to let the libvirt link's replies through again; while it is open, the
+	// source node reads nothing from that link (HoldLibvirtReplies).
+	held atomic.Pointer[chan struct{}]
 }
 
 func (l *links) add(c net.Conn) {
@@ -181,10 +184,19 @@ func (l *links) add(c net.Conn) {
 	l.conns = append(l.conns, c)
 }
 
-// throttled is a link whose writes wait for the pair's throttle, if one is set.
+// throttled is a link whose writes wait for the pair's throttle, if one is set, and, on the
+// libvirt route, whose reads wait while the pair holds them.
 type throttled struct {
 	net.Conn
-	links *links
+	links   *links
+	libvirt bool
+}
+
+func (c throttled) Read(b []byte) (int, error) {
+	if held := c.links.held.Load(); c.libvirt && held != nil {
+		<-*held
+	}
+	return c.Conn.Read(b)
 }
 
 func (c throttled) Write(b []byte) (int, error) {
@@ -240,7 +252,24 @@ func (p Pair) BreakConnections() int {
 		_ = c.Close()
 	}
 	p.links.conns = nil
+	if held := p.links.held.Swap(nil); held != nil {
+		close(*held)
+	}
 	return n
+}
+
+// HoldLibvirtReplies stops the source node from reading what the target's libvirt sends back
+// until the returned function is called or the connections are broken (BreakConnections): as a
+// network that fails one way, or an agent killed as its peer answers. The source daemon's calls
+// to the target's wait; the target's daemon has already acted on them.
+func (p Pair) HoldLibvirtReplies() (release func()) {
+	held := make(chan struct{})
+	p.links.held.Store(&held)
+	return func() {
+		if p.links.held.CompareAndSwap(&held, nil) {
+			close(held)
+		}
+	}
 }
 
 // New starts a pair whose proxies speak TLS between the nodes, as agents do, stopped when t ends.
@@ -317,7 +346,7 @@ func (p Pair) startProxies(t testing.TB, transport Transport) {
 				// Unwrapped, so that the kernel splices the TLS benchmark's baseline.
 				return c, nil
 			}
-			return throttled{Conn: c, links: p.links}, nil
+			return throttled{Conn: c, links: p.links, libvirt: r.name == domain.MigrationLibvirtSocket}, nil
 		}
 		source, err := migrationproxy.ListenUnix(ctx, filepath.Join(p.Src.Dir, r.name), tracked)
 		if err != nil {
@@ -433,4 +462,32 @@ func (p Pair) launcherBoot(t testing.TB, vmi *v1alpha1.VirtualMachineInstance) *
 		*f = copied
 	}
 	return vmi
+}
+
+// HandOffs plays the source launcher's part in migrations of the named guest made with
+// domain.MigrateOptions.PausedOnArrival, as the launcher does (domain.Handoffs), until ctx ends:
+// the returned channel has the outcome of each hand-off, in order.
+func (p Pair) HandOffs(t testing.TB, ctx context.Context, name string) <-chan HandoffOutcome {
+	t.Helper()
+	events, err := p.Src.Conn.Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The source node's proxy socket, where this process sees it.
+	destURI, _ := domain.ProxiedURIs(p.Src.Dir, p.Src.Conn.Session())
+	outcomes := make(chan HandoffOutcome, 16)
+	h := domain.NewHandoffs(ctx, name, destURI, func() (int, error) { return p.Src.Daemon.QEMUPid(name) },
+		func(r domain.HandoffResult, err error) { outcomes <- HandoffOutcome{Result: r, Err: err} })
+	go func() {
+		for ev := range events {
+			h.Observe(p.Src.Conn, ev)
+		}
+	}()
+	return outcomes
+}
+
+// HandoffOutcome is how one hand-off ended.
+type HandoffOutcome struct {
+	Result domain.HandoffResult
+	Err    error
 }
