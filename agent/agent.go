@@ -835,6 +835,7 @@ func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 		if err := mg.Resume(name); err != nil {
 			return 0, fmt.Errorf("running the guest that arrived paused: %w", err)
 		}
+		a.cfg.Metrics.ResumedOnArrival.Inc()
 	}
 	if plan.Status != nil && !apiequality.Semantic.DeepEqual(*plan.Status, vmi.Status) {
 		vmi.Status = *plan.Status

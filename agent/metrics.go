@@ -62,6 +62,9 @@ type Metrics struct {
 	// StrayGuestsDestroyed counts guests destroyed because the API server says their VM runs
 	// elsewhere or not at all, by reason (agent.Stray*).
 	StrayGuestsDestroyed *prometheus.CounterVec
+	// ResumedOnArrival counts guests the agent ran after they arrived paused and their source's
+	// hand-off did not run them (Decide's Resume).
+	ResumedOnArrival prometheus.Counter
 	// APIServerCutOff is 1 while the agent has not reached the API server for longer than
 	// --api-server-lost-after; APIServerOutages counts such outages once they ended.
 	APIServerCutOff  prometheus.Gauge
@@ -194,6 +197,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lifeboat_agent_stray_guests_destroyed_total",
 			Help: "Guests the agent destroyed because the API server, read live, says their VM runs elsewhere or not at all (a node that came back after its VMs were restarted elsewhere), by reason: VMIGone, VMIReplaced, VMIEnded, VMIElsewhere.",
 		}, []string{"reason"}),
+		ResumedOnArrival: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "lifeboat_agent_guests_resumed_on_arrival_total",
+			Help: "Guests the agent ran after a migration left them paused on this node and the source launcher's hand-off did not reach them (the link between the nodes broke as the source gave the guest up).",
+		}),
 		APIServerCutOff: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "lifeboat_agent_api_server_cut_off",
 			Help: "1 while the agent has not reached the API server (or did not run) for longer than --api-server-lost-after; it pauses nothing and kills nothing meanwhile.",
@@ -206,7 +213,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.SourceForwards, m.LibvirtCallsAbandoned, m.LauncherLibvirtdRestarts, m.LibvirtdRestartReportsDropped, m.LauncherConnectFailures, m.LauncherReportsUnlogged, m.MigrationConnectionsRefused,
 		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated, m.MigrationDowntime,
-		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn, m.StrayGuestsDestroyed, m.APIServerCutOff, m.APIServerOutages, m.guestDrops)
+		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn, m.StrayGuestsDestroyed, m.ResumedOnArrival, m.APIServerCutOff, m.APIServerOutages, m.guestDrops)
 	// Each decision is served from the start, at 0: no SIGTERM yet reads as 0, not as a series
 	// that is missing, which a renamed metric would look like too.
 	for _, d := range []string{DecisionEvacuate, DecisionShutdown} {

@@ -403,6 +403,9 @@ func TestStoppingTheTargetAgentAtTheSwitchOverLeavesOneCopy(t *testing.T) {
 		if stillPaused {
 			// The source gave the guest up and its hand-off could not pass: the target's agent runs it.
 			kubewait.Event(t, cluster.Kube, vmi.Namespace, fields.Set{"involvedObject.name": vmi.Name, "reason": agent.ReasonResumedOnArrival}, time.Minute)
+			if n := target.metric(t, "lifeboat_agent_guests_resumed_on_arrival_total"); n != 1 {
+				t.Errorf("the restarted agent of %s counts %v guests resumed on arrival, want 1", target.Name(), n)
+			}
 		}
 	}
 	v := waitVMI(t, vmi.Namespace, vmi.Name, time.Minute, "Running on "+runsOn.Name(), func(v *v1alpha1.VirtualMachineInstance) bool {
