@@ -52,12 +52,32 @@ func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachi
 	}
 
 	now := metav1.Now()
+	// This agent's copy of the migration and of its VMI can be old (a node frozen and thawed
+	// acts on what it knew): the start is written only over a migration still TargetReady, and
+	// only on the VMI it moves, still on this node. Otherwise the migration failed or its VM
+	// was started again elsewhere meanwhile, and a start written over it would hold that VM's
+	// next migrations back as if this one ran.
+	var stale string
 	err = m.updateMigration(ctx, mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) {
+		if stale = staleStart(x); stale != "" {
+			return
+		}
 		setMigrationPhase(x, v1alpha1.MigrationRunning)
 		x.Status.StartTimestamp, x.Status.Mode = &now, v1alpha1.MigrationModePreCopy
 	})
+	if err == nil && stale != "" {
+		// The migration failed or went meanwhile: its new state brings it back here as it is.
+		m.finish(string(mig.UID))
+		m.a.cfg.Log.Info("not starting a migration that changed meanwhile", "migration", mig.Namespace+"/"+mig.Name, "why", stale)
+		return nil
+	}
 	if err == nil {
 		err = m.updateVMI(ctx, vmi.Namespace, vmi.Name, func(v *v1alpha1.VirtualMachineInstance) {
+			stale = ""
+			if string(v.UID) != uid || v.Status.NodeName != mig.Status.SourceNode || v.Status.Phase.Terminal() {
+				stale = fmt.Sprintf("VMI %s (UID %s) is no longer running on node %s", vmi.Name, uid, mig.Status.SourceNode)
+				return
+			}
 			v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{
 				MigrationName: mig.Name, MigrationUID: string(mig.UID), SourceNode: mig.Status.SourceNode, TargetNode: mig.Status.TargetNode,
 				StartTimestamp: &now, Mode: v1alpha1.MigrationModePreCopy, Cause: mig.Status.Cause,
@@ -68,9 +88,43 @@ func (m *migrations) startSource(ctx context.Context, mig *v1alpha1.VirtualMachi
 		m.finish(string(mig.UID))
 		return fmt.Errorf("recording the start of migration %s: %w", mig.Name, err)
 	}
+	if stale != "" {
+		// Recorded Running above, for a VM no longer here: it fails at once, with the reason.
+		m.finish(string(mig.UID))
+		m.a.cfg.Log.Info("not starting a migration whose VM is no longer on this node", "migration", mig.Namespace+"/"+mig.Name, "why", stale)
+		return m.failStale(ctx, mig, stale)
+	}
 	m.a.cfg.Recorder.Eventf(mig, corev1.EventTypeNormal, "MigrationStarted", "moving %s from node %s to node %s", vmi.Name, mig.Status.SourceNode, mig.Status.TargetNode)
 	// The migration's loop runs on its own goroutine: its calls take no worker's turn.
 	go m.runSource(pctx, mig.DeepCopy(), vmi, loopMigrator(mg))
+	return nil
+}
+
+// staleStart says why migration x, as the API server has it, must not be started by its source:
+// "" when it may (TargetReady, not being deleted).
+func staleStart(x *v1alpha1.VirtualMachineInstanceMigration) string {
+	switch {
+	case x.DeletionTimestamp != nil:
+		return "the migration is being deleted"
+	case x.Status.Phase != v1alpha1.MigrationTargetReady:
+		return fmt.Sprintf("the migration is %s, no longer %s", x.Status.Phase, v1alpha1.MigrationTargetReady)
+	}
+	return ""
+}
+
+// failStale records as Failed a migration this agent just recorded Running, whose VMI turned out
+// to be gone from this node.
+func (m *migrations) failStale(ctx context.Context, mig *v1alpha1.VirtualMachineInstanceMigration, why string) error {
+	now := metav1.Now()
+	err := m.updateMigration(ctx, mig.Namespace, mig.Name, func(x *v1alpha1.VirtualMachineInstanceMigration) {
+		if x.Status.Phase == v1alpha1.MigrationRunning && x.Status.EndTimestamp == nil {
+			setMigrationPhase(x, v1alpha1.MigrationFailed)
+			x.Status.EndTimestamp, x.Status.FailureReason = &now, why
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("recording migration %s failed: %w", mig.Name, err)
+	}
 	return nil
 }
 

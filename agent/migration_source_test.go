@@ -602,6 +602,33 @@ func TestRecentRatesMedian(t *testing.T) {
 	}
 }
 
+// A source agent starts only a migration that the API server still has TargetReady: one that
+// acts on an old copy (its node frozen and thawed) must not write Running over a migration that
+// failed meanwhile (the soak at 58dadfc: the VM's later migrations were refused for it, and the
+// VM was lost at its next eviction).
+func TestOnlyATargetReadyMigrationIsStarted(t *testing.T) {
+	withPhase := func(p v1alpha1.VirtualMachineInstanceMigrationPhase) *v1alpha1.VirtualMachineInstanceMigration {
+		return &v1alpha1.VirtualMachineInstanceMigration{Status: v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: p}}
+	}
+	deleting := withPhase(v1alpha1.MigrationTargetReady)
+	deleting.DeletionTimestamp = ptr.To(metav1.Now())
+	for _, tc := range []struct {
+		name      string
+		mig       *v1alpha1.VirtualMachineInstanceMigration
+		wantStale bool
+	}{
+		{"TargetReady", withPhase(v1alpha1.MigrationTargetReady), false},
+		{"Failed meanwhile", withPhase(v1alpha1.MigrationFailed), true},
+		{"Succeeded", withPhase(v1alpha1.MigrationSucceeded), true},
+		{"Running already", withPhase(v1alpha1.MigrationRunning), true},
+		{"being deleted", deleting, true},
+	} {
+		if got := staleStart(tc.mig); (got != "") != tc.wantStale {
+			t.Errorf("%s: staleStart() = %q, want stale %v", tc.name, got, tc.wantStale)
+		}
+	}
+}
+
 func TestWithConvergence(t *testing.T) {
 	base := domain.MigrateOptions{DestURI: "d", MigrateURI: "m"}
 	withDisks := base

@@ -414,3 +414,47 @@ func TestStoppingTheTargetAgentAtTheSwitchOverLeavesOneCopy(t *testing.T) {
 	waitCounterPast(t, runsOn.consolePath(v), before+2, time.Minute)
 	watch.check(t)
 }
+
+// TestAGuestTheHandOffCannotReachRunsOnceItsMigrationIsRecorded: the source's QEMU ended, so the
+// guest waits paused on the target, but the source launcher cannot reach the target's libvirt to
+// run it there (the link broke just then; here its socket is taken away once the memory moves, so
+// only the hand-off's new connection misses it). The source's agent records the migration
+// complete, and the target's agent, seeing the guest paused on arrival, runs it.
+func TestAGuestTheHandOffCannotReachRunsOnceItsMigrationIsRecorded(t *testing.T) {
+	setConfig(t, false, func(c *v1alpha1.LifeboatConfig) {
+		c.Spec.Migrations.BandwidthPerMigration = ptr.To(resource.MustParse("8Mi"))
+	})
+	startController(t)
+	nodes := startNodes(t, 2)
+	vmi, source, before := liveMigrateVM(t, nodes, "handoff-cut")
+	watch := watchGuest(t, nodes, vmi)
+
+	setMark(t, vmi, true)
+	m := waitMigrationOf(t, vmi, "moving memory", func(m *v1alpha1.VirtualMachineInstanceMigration) bool {
+		p := m.Status.Progress
+		return m.Status.Phase == v1alpha1.MigrationRunning && p != nil && p.DataRemaining > 0 && p.DataRemaining < p.DataTotal
+	})
+	socket := filepath.Join(source.HostPath("/var/run/lifeboat"), "domains", string(vmi.UID), domain.MigrationLibvirtSocket)
+	if err := os.Remove(socket); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("removed %s's proxy socket to the target's libvirt while %s moved memory", source.Name(), m.Name)
+
+	ended := waitMigrationEnded(t, vmi)
+	if ended.Status.Phase != v1alpha1.MigrationSucceeded {
+		t.Fatalf("migration %s ended %s (%s), want Succeeded: the source's libvirt kept its own connection", ended.Name, ended.Status.Phase, ended.Status.FailureReason)
+	}
+	target := nodes[0]
+	if target == source {
+		target = nodes[1]
+	}
+	kubewait.Event(t, cluster.Kube, vmi.Namespace, fields.Set{"involvedObject.name": vmi.Name, "reason": agent.ReasonResumedOnArrival}, time.Minute)
+	if n := target.metric(t, "lifeboat_agent_guests_resumed_on_arrival_total"); n != 1 {
+		t.Errorf("the agent of %s counts %v guests resumed on arrival, want 1", target.Name(), n)
+	}
+	v := waitVMI(t, vmi.Namespace, vmi.Name, time.Minute, "Running on "+target.Name(), func(v *v1alpha1.VirtualMachineInstance) bool {
+		return v.Status.Phase == v1alpha1.VMIRunning && v.Status.NodeName == target.Name()
+	})
+	waitCounterPast(t, target.consolePath(v), before+2, time.Minute)
+	watch.check(t)
+}
