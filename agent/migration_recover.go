@@ -8,6 +8,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/domain"
@@ -93,8 +95,20 @@ func (m *migrations) recoverSource(ctx context.Context, mig *v1alpha1.VirtualMac
 		return 0, nil
 	}
 	uid, vmi, err := m.vmiUID(ctx, mig)
+	if apierrors.IsNotFound(err) {
+		// Its VM was deleted (or is being started again as a new VMI): nothing is left to move.
+		gone := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: mig.Namespace, Name: mig.Spec.VMIName}}
+		m.record(mig, gone, mig.Status.Mode, fmt.Errorf("VMI %s is gone", mig.Spec.VMIName), "")
+		return 0, nil
+	}
 	if err != nil {
 		return 0, err
+	}
+	if s := vmi.Status.MigrationState; s == nil || s.MigrationUID != string(mig.UID) {
+		// The VMI of that name is another instance (its VM started again elsewhere), or this
+		// migration never got as far as recording itself on it: this migration moves nothing.
+		m.record(mig, vmi, mig.Status.Mode, fmt.Errorf("VMI %s (UID %s) does not record this migration: its VM was started again, or the migration never began", vmi.Name, vmi.UID), "")
+		return 0, nil
 	}
 	name := domain.DomainName(vmi.Namespace, vmi.Name)
 	o := Orphan{Mode: mig.Status.Mode, TargetRan: m.targetRan(mig, vmi)}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
@@ -183,5 +184,60 @@ func TestARestartedAgentResumesABrokenPostCopy(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(events, "\n"), "PostCopyResuming") {
 		t.Errorf("events %q: want a PostCopyResuming Event on the migration", events)
+	}
+}
+
+// An orphaned migration whose VMI is gone, or is another instance of the same name (its VM was
+// started again elsewhere: the soak at 58dadfc, where such a migration stayed Running and every
+// later migration of the VM was refused for it), fails at once, and the new instance is left
+// alone.
+func TestAnOrphanedMigrationOfAVMIThatIsNoMoreFails(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		vmi  *v1alpha1.VirtualMachineInstance
+	}{
+		{"the VMI is gone", nil},
+		{"the VMI is another instance", func() *v1alpha1.VirtualMachineInstance {
+			v := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm-2"}}
+			v.Status.Phase, v.Status.NodeName = v1alpha1.VMIRunning, "elsewhere"
+			return v
+		}()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"},
+				Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
+			mig.Status = v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: v1alpha1.MigrationRunning, Mode: v1alpha1.MigrationModePreCopy,
+				SourceNode: "source", TargetNode: "target"}
+			objects := []runtime.Object{mig}
+			if tc.vmi != nil {
+				objects = append(objects, tc.vmi)
+			}
+			client := lifeboatfake.NewSimpleClientset(objects...)
+			informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
+			a, err := New(Config{NodeName: "source", Recorder: record.NewFakeRecorder(100), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister()},
+				client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
+				[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			informers.Start(ctx.Done())
+			informers.WaitForCacheSync(ctx.Done())
+			if _, err := a.migrations.recoverSource(ctx, mig); err != nil {
+				t.Fatalf("recoverSource() = %v", err)
+			}
+			got, err := client.LifeboatV1alpha1().VirtualMachineInstanceMigrations("ns").Get(ctx, "mig", metav1.GetOptions{})
+			if err != nil || got.Status.Phase != v1alpha1.MigrationFailed || got.Status.FailureReason == "" {
+				t.Fatalf("migration %+v, %v: want Failed with a reason", got.Status, err)
+			}
+			if tc.vmi != nil {
+				v, err := client.LifeboatV1alpha1().VirtualMachineInstances("ns").Get(ctx, "vm", metav1.GetOptions{})
+				if err != nil || v.Status.MigrationState != nil || v.Status.NodeName != "elsewhere" {
+					t.Errorf("the new instance's status %+v, %v: want it untouched", v.Status, err)
+				}
+			}
+		})
 	}
 }
