@@ -13,7 +13,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
@@ -208,24 +207,21 @@ func TestAnOrphanedMigrationOfAVMIThatIsNoMoreFails(t *testing.T) {
 				Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"}}
 			mig.Status = v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: v1alpha1.MigrationRunning, Mode: v1alpha1.MigrationModePreCopy,
 				SourceNode: "source", TargetNode: "target"}
-			objects := []runtime.Object{mig}
-			if tc.vmi != nil {
-				objects = append(objects, tc.vmi)
-			}
-			client := lifeboatfake.NewSimpleClientset(objects...)
-			informers := lifeboatinformers.NewSharedInformerFactory(client, 0)
-			a, err := New(Config{NodeName: "source", Recorder: record.NewFakeRecorder(100), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-				Configs: informers.Lifeboat().V1alpha1().LifeboatConfigs().Lister()},
-				client, informers.Lifeboat().V1alpha1().VirtualMachineInstances(), informers.Lifeboat().V1alpha1().LifeboatConfigs(),
-				[]lifeboatv1alpha1informers.VirtualMachineInstanceMigrationInformer{informers.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations()})
-			if err != nil {
-				t.Fatal(err)
-			}
+			f := newFakeAgent(t, Config{NodeName: "source"})
+			client := f.client
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			informers.Start(ctx.Done())
-			informers.WaitForCacheSync(ctx.Done())
-			if _, err := a.migrations.recoverSource(ctx, mig); err != nil {
+			if _, err := client.LifeboatV1alpha1().VirtualMachineInstanceMigrations("ns").Create(ctx, mig, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.vmi != nil {
+				if _, err := client.LifeboatV1alpha1().VirtualMachineInstances("ns").Create(ctx, tc.vmi, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.informers.Start(ctx.Done())
+			f.informers.WaitForCacheSync(ctx.Done())
+			if _, err := f.migrations.recoverSource(ctx, mig); err != nil {
 				t.Fatalf("recoverSource() = %v", err)
 			}
 			got, err := client.LifeboatV1alpha1().VirtualMachineInstanceMigrations("ns").Get(ctx, "mig", metav1.GetOptions{})
