@@ -81,14 +81,8 @@ wait:
 	for {
 		select {
 		case ev, ok := <-events:
-			if !ok {
-				// The source's daemon went away: a new one could run the guest again unseen. The
-				// destination's copy stays paused; the target's agent runs it once the source's
-				// agent records the migration complete.
-				return "", fmt.Errorf("handing domain %q off: the source's libvirt connection ended before its QEMU did", name)
-			}
-			if ev.Domain == name && ev.State == Running {
-				return HandoffSourceRuns, nil
+			if decided, r, err := sourceSays(name, ev, ok); decided {
+				return r, err
 			}
 		case <-ended:
 			break wait
@@ -100,11 +94,8 @@ wait:
 	for drained := false; !drained; {
 		select {
 		case ev, ok := <-events:
-			if !ok {
-				return "", fmt.Errorf("handing domain %q off: the source's libvirt connection ended as its QEMU did", name)
-			}
-			if ev.Domain == name && ev.State == Running {
-				return HandoffSourceRuns, nil
+			if decided, r, err := sourceSays(name, ev, ok); decided {
+				return r, err
 			}
 		default:
 			drained = true
@@ -139,6 +130,21 @@ wait:
 	case <-ctx.Done():
 		return "", fmt.Errorf("handing domain %q off: %w", name, ctx.Err())
 	}
+}
+
+// sourceSays is what one of the source's events (ok false: the stream's end) decides for the
+// hand-off of domain name, if anything: the guest running there again, or the source out of sight.
+func sourceSays(name string, ev Event, ok bool) (decided bool, r HandoffResult, err error) {
+	switch {
+	case !ok:
+		// The source's daemon went away: a new one could run the guest again unseen. The
+		// destination's copy stays paused; the target's agent runs it once the source's agent
+		// records the migration complete.
+		return true, "", fmt.Errorf("handing domain %q off: the source's libvirt connection ended before its QEMU was seen to", name)
+	case ev.Domain == name && ev.State == Running:
+		return true, HandoffSourceRuns, nil
+	}
+	return false, "", nil
 }
 
 // resumeArrived resumes the named guest on dest once its migration there has finished with the

@@ -378,12 +378,11 @@ func TestStoppingTheTargetAgentAtTheSwitchOverLeavesOneCopy(t *testing.T) {
 		state, reason, err := conn.State(name)
 		return err == nil && (state == domain.Paused && reason == domain.ReasonUser || state == domain.Running && reason == domain.ReasonMigrated)
 	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for !arrived() {
-		if time.Now().After(deadline) {
-			t.Fatalf("the guest was not seen arriving on %s within 2 minutes", target.Name())
-		}
-		time.Sleep(time.Millisecond)
+	// Looked at every millisecond: the agent must be stopped before it carries the answer back.
+	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		return arrived(), nil
+	}); err != nil {
+		t.Fatalf("the guest was not seen arriving on %s within 2 minutes: %v", target.Name(), err)
 	}
 	if err := syscall.Kill(target.agent.Pid(), syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
