@@ -752,8 +752,20 @@ func (a *Agent) runWorker(ctx context.Context) {
 	}
 }
 
+// notYetError is a sync's wait for something expected to come (a target launcher still
+// starting): retried as an error is, but told as a wait, not as a failure an operator must read.
+type notYetError struct{ what string }
+
+func (e *notYetError) Error() string { return e.what }
+
+// notYet is the wait for what, as a sync's error.
+func notYet(format string, args ...any) error {
+	return &notYetError{what: fmt.Sprintf(format, args...)}
+}
+
 // processNext handles one key of a queue; it alone decides about retries: an error retries
-// with the queue's rate limit, a positive requeueAfter looks again then.
+// with the queue's rate limit (a notYet wait too, logged as one), a positive requeueAfter looks
+// again then.
 func processNext(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string],
 	sync func(context.Context, string) (time.Duration, error), log *slog.Logger) bool {
 	key, shutdown := queue.Get()
@@ -762,7 +774,11 @@ func processNext(ctx context.Context, queue workqueue.TypedRateLimitingInterface
 	}
 	defer queue.Done(key)
 	requeue, err := sync(ctx, key)
+	var waiting *notYetError
 	switch {
+	case errors.As(err, &waiting):
+		log.Info("waiting, will look again", "key", key, "for", waiting.Error())
+		queue.AddRateLimited(key)
 	case err != nil:
 		log.Error("sync failed, will retry", "key", key, "err", err)
 		queue.AddRateLimited(key)

@@ -239,13 +239,13 @@ func (m *migrations) prepareTarget(ctx context.Context, mig *v1alpha1.VirtualMac
 		m.mu.Unlock()
 	}
 	if !m.a.connected(uid) {
-		return fmt.Errorf("the target launcher of %s is not connected yet", mig.Spec.VMIName)
+		return notYet("the target launcher of %s to connect", mig.Spec.VMIName)
 	}
 	// The proxies forward into the directory's pod: it must be the target the controller
 	// recorded. Linked and connected, it stays linked until its launcher disconnects.
 	if m.a.cfg.PodInformer != nil {
 		if p, ok := m.a.linkedPod(uid); !ok || p.Namespace != mig.Namespace || p.Name != mig.Status.TargetPod || p.UID != mig.Status.TargetPodUID {
-			return fmt.Errorf("the directory of %s does not link the migration's recorded target pod %s (UID %s) yet", mig.Spec.VMIName, mig.Status.TargetPod, mig.Status.TargetPodUID)
+			return notYet("the directory of %s to link the migration's recorded target pod %s (UID %s)", mig.Spec.VMIName, mig.Status.TargetPod, mig.Status.TargetPodUID)
 		}
 	}
 	// The target launcher loads QEMU's capabilities as it starts, a probe of seconds for a

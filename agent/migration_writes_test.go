@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"strings"
@@ -113,8 +114,9 @@ func TestATargetReadsTheMigrationsVMIOnce(t *testing.T) {
 	})
 	client.ClearActions()
 	for range 3 {
-		if err := a.migrations.prepareTarget(t.Context(), mig); err == nil || !strings.Contains(err.Error(), "not connected yet") {
-			t.Fatalf("prepareTarget with no launcher connected = %v, want it to wait for the launcher", err)
+		var waiting *notYetError
+		if err := a.migrations.prepareTarget(t.Context(), mig); !errors.As(err, &waiting) || !strings.Contains(err.Error(), "to connect") {
+			t.Fatalf("prepareTarget with no launcher connected = %v, want it to wait for the launcher to connect", err)
 		}
 	}
 	if gets := calls(client, "get", "virtualmachineinstances"); gets != 1 {
