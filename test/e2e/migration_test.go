@@ -66,10 +66,10 @@ func TestNodePressureLiveMigratesTheVM(t *testing.T) {
 	// The guest's dirty rate was sampled through the launcher's own libvirt (QEMU's monitor): the
 	// sample measured, or late where this short migration's first pass ended before its second
 	// did, never unavailable. Measured, it reads a writing guest: at least an eighth of the 8 MiB/s
-	// it is asked to write, never more than that (within the sampling's error). The sample's second is
-	// the migration's first, whose copy and TLS proxies share the machine with the guest: on
-	// 2 cores under TCG the guest then wrote 3 to 4 MiB in it, where it writes 8 when alone
-	// (domain.TestDirtyRateEstimateMatchesTheGuest holds the estimate to the guest's rate there).
+	// it is asked to write, never more than that (within the sampling's error). The sample's second
+	// is the migration's first, whose copy and TLS proxies share the machine with the guest's vCPU:
+	// on 2 cores under TCG it read 3 and 4 MiB/s there, where alone it reads the guest's 8
+	// (domain.TestDirtyRateEstimateMatchesTheGuest holds the estimate to the guest's rate).
 	sample := func(result string) float64 {
 		return max(0, source.metric(t, fmt.Sprintf("lifeboat_agent_dirty_rate_estimates_total{result=%q}", result)))
 	}
