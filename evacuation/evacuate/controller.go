@@ -24,7 +24,6 @@ import (
 	lifeboatlisters "github.com/lifeboat-vm/lifeboat/api/client/listers/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/internal/worker"
-	migrationctl "github.com/lifeboat-vm/lifeboat/evacuation/migration"
 )
 
 // Event reasons on VMIs.
@@ -219,9 +218,6 @@ func (c *Controller) create(ctx context.Context, cand Candidate, ahead bool) err
 			// The status is the migration controller's to write; these say what to record in it.
 			Annotations:     map[string]string{v1alpha1.AnnotationCause: string(cand.Cause)},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vmi, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))},
-			// The migration controller's, set here: added by it, its update would race the
-			// status record written next, one conflict and one write more per evacuation.
-			Finalizers: []string{migrationctl.FinalizerCleanup},
 		},
 		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: vmi.Name},
 	}
