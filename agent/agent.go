@@ -427,7 +427,7 @@ func (a *Agent) Run(ctx context.Context, workers int) error {
 		go a.runContact(ctx)
 	}
 	if a.cfg.PodInformer != nil {
-		dirs := &podDirs{a: a, notify: map[string]*notifyServing{}, impostors: map[types.UID]bool{}}
+		dirs := &podDirs{a: a, notify: map[string]*notifyServing{}, impostors: map[types.UID]bool{}, volumeWaits: map[string]*volumeWait{}}
 		go dirs.run(ctx, a.cfg.PodDirResync)
 	}
 	a.cfg.Log.Info("agent started", "node", a.cfg.NodeName, "domainsDir", a.cfg.DomainsDir)

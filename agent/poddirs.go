@@ -207,6 +207,24 @@ type podDirs struct {
 	impostors map[types.UID]bool
 	mu        sync.Mutex
 	notify    map[string]*notifyServing // by VMI UID: the notify socket served in its directory
+	// volumeWaits are the VMIs whose pod to link has no run volume yet, by VMI UID (lookAgain).
+	volumeWaits map[string]*volumeWait
+}
+
+// A pod's run volume is made by its kubelet after the pod reached the node and before its
+// containers start, and no pod event marks it. The agent looks for it again after
+// firstVolumeLook, then twice as long each time up to lastVolumeLook, so that the notify socket
+// is there as the launcher starts (it asks for QEMU's capabilities first thing) rather than after
+// the pod's next status update.
+const (
+	firstVolumeLook = 20 * time.Millisecond
+	lastVolumeLook  = time.Second
+)
+
+// volumeWait is the next look for a pod's run volume.
+type volumeWait struct {
+	after time.Duration
+	timer *time.Timer // nil between looks
 }
 
 type notifyServing struct {
@@ -220,7 +238,7 @@ func (d *podDirs) runVolume(podUID string) string {
 }
 
 // run syncs the VMI's directory whenever one of its pods changes, and all of them every
-// resync: a pod's volume may appear after the pod's last event reached the agent.
+// resync: links of pods deleted while the agent was down go then.
 func (d *podDirs) run(ctx context.Context, resync time.Duration) {
 	enqueue := func(obj any) {
 		if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -319,6 +337,7 @@ func (d *podDirs) sync(ctx context.Context, uid string) {
 	}
 	pod := decision.Pod
 	if pod == nil {
+		d.stopLooking(uid)
 		d.stopNotify(uid)
 		d.a.setLink(uid, nil)
 		if fi, err := os.Lstat(link); err == nil && fi.Mode().Type() == fs.ModeSymlink {
@@ -333,14 +352,16 @@ func (d *podDirs) sync(ctx context.Context, uid string) {
 	}
 	target := d.runVolume(string(pod.UID))
 	if linkedTo == target {
+		d.stopLooking(uid)
 		d.a.setLink(uid, pod)
 		d.ensureNotify(ctx, d.a.vmiRef(uid, pod), link)
 		return
 	}
-	// The kubelet makes the volume before the pod's containers start; until then, wait.
 	if _, err := os.Stat(target); err != nil {
+		d.lookAgain(ctx, uid)
 		return
 	}
+	d.stopLooking(uid)
 	// Replaced in one rename, so that the directory never seems gone in between; made beside
 	// DomainsDir, where the discovery does not take it for a launcher.
 	tmp := filepath.Join(filepath.Dir(d.a.cfg.DomainsDir), ".link-"+uid)
@@ -358,6 +379,42 @@ func (d *podDirs) sync(ctx context.Context, uid string) {
 	log.Info("linked the launcher pod's run volume", "pod", pod.Namespace+"/"+pod.Name, "podUID", pod.UID, "dir", link)
 	d.stopNotify(uid)
 	d.ensureNotify(ctx, d.a.vmiRef(uid, pod), link)
+}
+
+// lookAgain syncs the VMI's directory again after the next wait of its volumeWait, unless a look
+// is set already.
+func (d *podDirs) lookAgain(ctx context.Context, uid string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	w := d.volumeWaits[uid]
+	if w == nil {
+		w = &volumeWait{after: firstVolumeLook}
+		d.volumeWaits[uid] = w
+	}
+	if w.timer != nil {
+		return
+	}
+	w.timer = time.AfterFunc(w.after, func() {
+		d.mu.Lock()
+		w.timer = nil
+		d.mu.Unlock()
+		if ctx.Err() == nil {
+			d.sync(ctx, uid)
+		}
+	})
+	w.after = min(2*w.after, lastVolumeLook)
+}
+
+// stopLooking ends the VMI's looks for a run volume: it is linked, or there is nothing to link.
+func (d *podDirs) stopLooking(uid string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if w := d.volumeWaits[uid]; w != nil {
+		if w.timer != nil {
+			w.timer.Stop()
+		}
+		delete(d.volumeWaits, uid)
+	}
 }
 
 // vmiRef names the VMI with uid whose directory links to pod, its launcher: LinkPod links only a

@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
@@ -201,4 +204,57 @@ func newPodsAgent(t *testing.T, node string, objects []runtime.Object, pods ...*
 		t.Fatal("caches did not sync")
 	}
 	return a
+}
+
+// TestARunVolumeMadeAfterItsPodArrivedIsLinkedAtOnce: the kubelet makes a pod's run volume after
+// the pod reached the node, and no pod event marks it; the agent links it within a second, not at
+// its next resync (an hour here), so that the launcher finds its notify socket as it starts.
+func TestARunVolumeMadeAfterItsPodArrivedIsLinkedAtOnce(t *testing.T) {
+	const node = "node-1"
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: "vm", UID: "uid-vm"},
+		Status: v1alpha1.VirtualMachineInstanceStatus{NodeName: node, LauncherPod: &v1alpha1.LauncherPodRef{Name: "launcher-vm", UID: "pod-vm"}}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: "launcher-vm", UID: "pod-vm",
+		OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vmi, v1alpha1.SchemeGroupVersion.WithKind("VirtualMachineInstance"))}},
+		Spec: corev1.PodSpec{NodeName: node}}
+	a := newPodsAgent(t, node, []runtime.Object{vmi}, pod)
+	root := t.TempDir()
+	a.cfg.KubeletPodsDir, a.cfg.DomainsDir = filepath.Join(root, "pods"), filepath.Join(root, "domains")
+	if err := os.MkdirAll(a.cfg.DomainsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dirs := &podDirs{a: a, notify: map[string]*notifyServing{}, impostors: map[types.UID]bool{}, volumeWaits: map[string]*volumeWait{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go dirs.run(ctx, time.Hour)
+
+	link := filepath.Join(a.cfg.DomainsDir, string(vmi.UID))
+	// The pod is there and its volume is not: nothing to link yet.
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		dirs.mu.Lock()
+		defer dirs.mu.Unlock()
+		return dirs.volumeWaits[string(vmi.UID)] != nil, nil
+	}); err != nil {
+		t.Fatalf("the agent never looked for the pod's run volume: %v", err)
+	}
+	if _, err := os.Lstat(link); !os.IsNotExist(err) {
+		t.Fatalf("%s exists before the pod's run volume does: %v", link, err)
+	}
+	volume := dirs.runVolume(string(pod.UID))
+	if err := os.MkdirAll(volume, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	made := time.Now()
+	var linkedTo string
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		linkedTo, _ = os.Readlink(link)
+		return linkedTo == volume, nil
+	}); err != nil {
+		t.Fatalf("the VM's directory %s links to %q 5 s after the pod's run volume was made, want %s", link, linkedTo, volume)
+	}
+	t.Logf("linked %s after the volume was made", time.Since(made).Round(time.Millisecond))
+	dirs.mu.Lock()
+	defer dirs.mu.Unlock()
+	if w := dirs.volumeWaits[string(vmi.UID)]; w != nil {
+		t.Errorf("the agent still looks for a volume it linked: %+v", w)
+	}
 }
