@@ -77,6 +77,8 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 func Run(ctx context.Context, cfg Config, sigterm <-chan os.Signal) int {
 	log := cfg.Log.With("vmi", cfg.VMI.Namespace+"/"+cfg.VMI.Name, "uid", cfg.VMI.UID)
 	ref := notify.VMIRef{Namespace: cfg.VMI.Namespace, Name: cfg.VMI.Name, UID: cfg.VMI.UID}
+	// Where its start's time goes begins here: the steps after it are logged too.
+	log.Info("launcher started", "migrationTarget", cfg.MigrationTarget)
 	dir := cfg.RunDir
 	notifier := NewNotifier(filepath.Join(dir, contract.NotifySocketName), ref, log)
 	notifyCtx, stopNotifier := context.WithCancel(ctx)

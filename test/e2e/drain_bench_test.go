@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -22,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
@@ -30,6 +30,7 @@ import (
 	"strconv"
 
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
+	"github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
 	"github.com/lifeboat-vm/lifeboat/test/internal/chart"
@@ -123,7 +124,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 			drainCPU[i] += cpuTime(b, pid) - cpu0[i]
 		}
 		addCalls(calls, before, apiRequests(b, metrics))
-		w.report(b, marked, libvirtEnds(b, source.agent.LogPath()))
+		w.report(b, marked, libvirtEnds(b, source.agent.LogPath()), w.targetStarts(b, target, marked))
 	}
 	// The benchmark writes the marks itself (as the webhook would): not among these.
 	reportAPICalls(b, calls, float64(b.N*vms), "evacuation")
@@ -294,11 +295,14 @@ func markForDrain(b testing.TB, ns string, vmis []*v1alpha1.VirtualMachineInstan
 
 // drainWatch notes when the watches first see each step of each migration attempt.
 type drainWatch struct {
+	ns       string
 	source   string
 	mu       sync.Mutex
 	attempts map[string]*drainAttempt // by migration name
 	vmim     map[string]time.Time     // by VMI name: its first migration created
 	pods     map[string]time.Time     // by pod name: created
+	podUIDs  map[string]types.UID     // by pod name
+	vmiUIDs  map[string]types.UID     // by VMI name
 	moved    map[string]time.Time     // by VMI name: seen on another node
 }
 
@@ -333,7 +337,8 @@ func (w *drainWatch) succeeded(vmi string) *drainAttempt {
 }
 
 func watchDrain(b testing.TB, ns, source string) *drainWatch {
-	w := &drainWatch{source: source, attempts: map[string]*drainAttempt{}, vmim: map[string]time.Time{}, pods: map[string]time.Time{}, moved: map[string]time.Time{}}
+	w := &drainWatch{ns: ns, source: source, attempts: map[string]*drainAttempt{}, vmim: map[string]time.Time{}, pods: map[string]time.Time{},
+		podUIDs: map[string]types.UID{}, vmiUIDs: map[string]types.UID{}, moved: map[string]time.Time{}}
 	lb := lifeboatinformers.NewSharedInformerFactoryWithOptions(cluster.Lifeboat, 0, lifeboatinformers.WithNamespace(ns))
 	kube := informers.NewSharedInformerFactoryWithOptions(cluster.Kube, 0, informers.WithNamespace(ns))
 	_, _ = lb.Lifeboat().V1alpha1().VirtualMachineInstanceMigrations().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -387,6 +392,7 @@ func (w *drainWatch) vmi(obj any) {
 	v := obj.(*v1alpha1.VirtualMachineInstance)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.vmiUIDs[v.Name] = v.UID
 	if _, ok := w.moved[v.Name]; !ok && v.Status.NodeName != "" && v.Status.NodeName != w.source {
 		w.moved[v.Name] = now
 	}
@@ -396,7 +402,8 @@ func (w *drainWatch) pod(obj any) {
 	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.pods[obj.(*corev1.Pod).Name] = now
+	p := obj.(*corev1.Pod)
+	w.pods[p.Name], w.podUIDs[p.Name] = now, p.UID
 }
 
 // count is how many VMIs were seen on another node and how many migrations succeeded.
@@ -411,32 +418,81 @@ func (w *drainWatch) count() (moved, succeeded int) {
 	return len(w.moved), succeeded
 }
 
-// libvirtEnds reads from the source agent's log when libvirt's migration of each VMI ended.
-func libvirtEnds(b testing.TB, agentLog string) map[string]time.Time {
+// readLog is the whole of the log at path.
+func readLog(b testing.TB, path string) string {
 	b.Helper()
-	f, err := os.Open(agentLog)
+	text, err := os.ReadFile(path)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer f.Close()
+	return string(text)
+}
+
+// libvirtEnds reads from the source agent's log when libvirt's migration of each VMI ended.
+func libvirtEnds(b testing.TB, agentLog string) map[string]time.Time {
 	ends := map[string]time.Time{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var line struct {
-			Time time.Time `json:"time"`
-			Msg  string    `json:"msg"`
-			VMI  string    `json:"vmi"`
-			Err  any       `json:"err"`
-		}
-		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "libvirt migration ended" && line.Err == nil {
+	eachLogLine(strings.NewReader(readLog(b, agentLog)), func(line jsonLogLine) {
+		if line.Msg == "libvirt migration ended" && line.Err == nil {
 			ends[line.VMI] = line.Time
 		}
-	}
+	})
 	return ends
 }
 
+// targetStart is when each step of a target launcher's start happened, from the target agent's
+// log and the launcher's own: the agent linked the pod's run volume, the launcher started, it
+// connected to the agent's notify socket, its libvirtd loaded QEMU's capabilities, and the agent
+// connected to that libvirtd (what TargetReady waits for).
+type targetStart struct {
+	linked, started, notifying, capsLoaded, agentConnected time.Time
+	// probed: the agent's copy of the capabilities did not come in time and the launcher probed QEMU.
+	probed bool
+}
+
+// targetStarts reads, for each VMI's successful migration, its target launcher's start from the
+// target node's logs.
+func (w *drainWatch) targetStarts(b testing.TB, target *testNode, marked map[string]time.Time) map[string]targetStart {
+	b.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	agentLog := readLog(b, target.agent.LogPath())
+	starts := map[string]targetStart{}
+	for vmi := range marked {
+		a := w.succeeded(vmi)
+		if a == nil {
+			continue
+		}
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: a.pod, UID: w.podUIDs[a.pod]}}
+		var s targetStart
+		eachLogLine(strings.NewReader(agentLog), func(line jsonLogLine) {
+			switch {
+			case line.Msg == "linked the launcher pod's run volume" && line.PodUID == string(pod.UID) && s.linked.IsZero():
+				s.linked = line.Time
+			case line.Msg == "connected to launcher" && line.VMIUID == string(w.vmiUIDs[vmi]) && !s.linked.IsZero() && s.agentConnected.IsZero():
+				s.agentConnected = line.Time
+			}
+		})
+		text, err := target.ContainerLog(pod, launcher.ContainerName)
+		if err != nil {
+			b.Fatal(err)
+		}
+		eachLogLine(strings.NewReader(text), func(line jsonLogLine) {
+			switch {
+			case line.Msg == "launcher started" && s.started.IsZero():
+				s.started = line.Time
+			case line.Msg == "connected to the agent" && s.notifying.IsZero():
+				s.notifying = line.Time
+			case line.Msg == "QEMU capabilities loaded" && s.capsLoaded.IsZero():
+				s.capsLoaded, s.probed = line.Time, !line.FromAgent
+			}
+		})
+		starts[vmi] = s
+	}
+	return starts
+}
+
 // report computes the drain's figures and reports them as the benchmark's metrics.
-func (w *drainWatch) report(b *testing.B, marked, libvirtEnd map[string]time.Time) {
+func (w *drainWatch) report(b *testing.B, marked, libvirtEnd map[string]time.Time, starts map[string]targetStart) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.reportAttempts(b, len(marked))
@@ -488,7 +544,8 @@ func (w *drainWatch) report(b *testing.B, marked, libvirtEnd map[string]time.Tim
 		fmt.Printf("drain: %s: median %s, min %s, max %s\n", s.unit, medianDuration(s.d), slices.Min(s.d), slices.Max(s.d))
 	}
 	fmt.Printf("drain: all %d VMs left in %s; sum of migrations %s / %d = %s\n", len(marked), all.Round(time.Millisecond), sum.Round(time.Millisecond), drainParallel, ideal.Round(time.Millisecond))
-	w.printTimeline(first, libvirtEnd)
+	w.printTargetStarts(starts)
+	w.printTimeline(first, libvirtEnd, starts)
 	if dir := chart.Dir(); dir != "" {
 		// Drawn after every run: the file holds the last run's.
 		name := fmt.Sprintf("drain-%dvms.svg", len(marked))
@@ -552,12 +609,57 @@ func (w *drainWatch) reportAttempts(b *testing.B, vms int) {
 	}
 }
 
+// printTargetStarts prints the median, least and most of each step of the target launchers' starts,
+// from the target pod's creation to TargetReady.
+func (w *drainWatch) printTargetStarts(starts map[string]targetStart) {
+	steps := []struct {
+		name     string
+		from, to func(vmi string, s targetStart) time.Time
+	}{
+		{"target pod → run volume linked", func(vmi string, _ targetStart) time.Time { return w.pods[w.succeeded(vmi).pod] }, func(_ string, s targetStart) time.Time { return s.linked }},
+		{"linked → launcher started", func(_ string, s targetStart) time.Time { return s.linked }, func(_ string, s targetStart) time.Time { return s.started }},
+		{"launcher started → connected to the agent", func(_ string, s targetStart) time.Time { return s.started }, func(_ string, s targetStart) time.Time { return s.notifying }},
+		{"launcher started → QEMU capabilities loaded", func(_ string, s targetStart) time.Time { return s.started }, func(_ string, s targetStart) time.Time { return s.capsLoaded }},
+		{"capabilities loaded → agent connected", func(_ string, s targetStart) time.Time { return s.capsLoaded }, func(_ string, s targetStart) time.Time { return s.agentConnected }},
+		{"agent connected → TargetReady", func(_ string, s targetStart) time.Time { return s.agentConnected }, func(vmi string, _ targetStart) time.Time {
+			return w.succeeded(vmi).phases[v1alpha1.MigrationTargetReady]
+		}},
+	}
+	probed := 0
+	for _, s := range starts {
+		if s.probed {
+			probed++
+		}
+	}
+	for _, step := range steps {
+		var d []time.Duration
+		for vmi, s := range starts {
+			from, to := step.from(vmi, s), step.to(vmi, s)
+			if !from.IsZero() && !to.IsZero() {
+				d = append(d, to.Sub(from))
+			}
+		}
+		if len(d) == 0 {
+			fmt.Printf("drain: target start: %s: not in the logs\n", step.name)
+			continue
+		}
+		fmt.Printf("drain: target start: %s: median %s, min %s, max %s (%d targets)\n", step.name,
+			medianDuration(d).Round(time.Millisecond), slices.Min(d).Round(time.Millisecond), slices.Max(d).Round(time.Millisecond), len(d))
+	}
+	fmt.Printf("drain: target start: %d of %d launchers probed QEMU themselves (the agent's capabilities did not come in time)\n", probed, len(starts))
+}
+
 // printTimeline prints each VM's steps in seconds since the first mark, in the order their
-// migrations were created.
-func (w *drainWatch) printTimeline(first time.Time, libvirtEnd map[string]time.Time) {
+// migrations were created: its target's start between its pod and TargetReady.
+func (w *drainWatch) printTimeline(first time.Time, libvirtEnd map[string]time.Time, starts map[string]targetStart) {
 	vmis := slices.SortedFunc(maps.Keys(w.vmim), func(a, b string) int { return w.vmim[a].Compare(w.vmim[b]) })
-	at := func(t time.Time) string { return fmt.Sprintf("%6.1f", t.Sub(first).Seconds()) }
-	fmt.Println("drain: vmi       vmim  t-pod  ready   slot running libvirt-end  moved succeeded")
+	at := func(t time.Time) string {
+		if t.IsZero() {
+			return "     -"
+		}
+		return fmt.Sprintf("%6.1f", t.Sub(first).Seconds())
+	}
+	fmt.Println("drain: vmi       vmim  t-pod linked l-start l-caps a-conn  ready   slot running libvirt-end  moved succeeded")
 	for _, v := range vmis {
 		a := w.succeeded(v)
 		ph := a.phases
@@ -565,8 +667,9 @@ func (w *drainWatch) printTimeline(first time.Time, libvirtEnd map[string]time.T
 		if a.ahead {
 			slot = at(a.released)
 		}
-		fmt.Printf("drain: %-8s %s %s %s %s %s %s %s %s\n", v, at(a.created), at(w.pods[a.pod]), at(ph[v1alpha1.MigrationTargetReady]), slot,
-			at(ph[v1alpha1.MigrationRunning]), at(libvirtEnd[v]), at(w.moved[v]), at(ph[v1alpha1.MigrationSucceeded]))
+		s := starts[v]
+		fmt.Printf("drain: %-8s %s %s %s  %s %s %s %s %s %s %s %s %s\n", v, at(a.created), at(w.pods[a.pod]), at(s.linked), at(s.started), at(s.capsLoaded), at(s.agentConnected),
+			at(ph[v1alpha1.MigrationTargetReady]), slot, at(ph[v1alpha1.MigrationRunning]), at(libvirtEnd[v]), at(w.moved[v]), at(ph[v1alpha1.MigrationSucceeded]))
 	}
 }
 

@@ -156,19 +156,35 @@ func logTimes(tb testing.TB, path, msg, vmi string) []time.Time {
 // logTimesIn is logTimes of a log read from r.
 func logTimesIn(r io.Reader, msg, vmi string) []time.Time {
 	var out []time.Time
+	eachLogLine(r, func(line jsonLogLine) {
+		if line.Msg == msg && (line.VMI == "" || line.VMI == vmi || strings.HasSuffix(line.VMI, "/"+vmi)) {
+			out = append(out, line.Time)
+		}
+	})
+	return out
+}
+
+// jsonLogLine is what tests read of a JSON log line of lifeboat's processes.
+type jsonLogLine struct {
+	Time      time.Time `json:"time"`
+	Msg       string    `json:"msg"`
+	VMI       string    `json:"vmi"`
+	VMIUID    string    `json:"vmiUID"`
+	PodUID    string    `json:"podUID"`
+	FromAgent bool      `json:"fromAgent"`
+	Err       any       `json:"err"`
+}
+
+// eachLogLine calls fn with each JSON line read from r, in order; other lines are skipped.
+func eachLogLine(r io.Reader, fn func(jsonLogLine)) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		var line struct {
-			Time time.Time `json:"time"`
-			Msg  string    `json:"msg"`
-			VMI  string    `json:"vmi"`
-		}
-		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == msg && (line.VMI == "" || line.VMI == vmi || strings.HasSuffix(line.VMI, "/"+vmi)) {
-			out = append(out, line.Time)
+		var line jsonLogLine
+		if json.Unmarshal(sc.Bytes(), &line) == nil {
+			fn(line)
 		}
 	}
-	return out
 }
 
 // kubeProxySyncs reads when kube-proxy finished writing its rules, from its klog lines
