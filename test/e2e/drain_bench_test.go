@@ -455,7 +455,19 @@ func (w *drainWatch) targetStarts(b testing.TB, target *testNode, marked map[str
 	b.Helper()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	agentLog := readLog(b, target.agent.LogPath())
+	// The agent's log, read once: when it linked each pod's run volume, and when it connected to
+	// each VMI's launchers.
+	linked, connected := map[string]time.Time{}, map[string][]time.Time{}
+	eachLogLine(strings.NewReader(readLog(b, target.agent.LogPath())), func(line jsonLogLine) {
+		switch line.Msg {
+		case "linked the launcher pod's run volume":
+			if _, ok := linked[line.PodUID]; !ok {
+				linked[line.PodUID] = line.Time
+			}
+		case "connected to launcher":
+			connected[line.VMIUID] = append(connected[line.VMIUID], line.Time)
+		}
+	})
 	starts := map[string]targetStart{}
 	for vmi := range marked {
 		a := w.succeeded(vmi)
@@ -463,15 +475,16 @@ func (w *drainWatch) targetStarts(b testing.TB, target *testNode, marked map[str
 			continue
 		}
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: a.pod, UID: w.podUIDs[a.pod]}}
-		var s targetStart
-		eachLogLine(strings.NewReader(agentLog), func(line jsonLogLine) {
-			switch {
-			case line.Msg == "linked the launcher pod's run volume" && line.PodUID == string(pod.UID) && s.linked.IsZero():
-				s.linked = line.Time
-			case line.Msg == "connected to launcher" && line.VMIUID == string(w.vmiUIDs[vmi]) && !s.linked.IsZero() && s.agentConnected.IsZero():
-				s.agentConnected = line.Time
+		s := targetStart{linked: linked[string(pod.UID)]}
+		if !s.linked.IsZero() {
+			// The first connection to the target launcher, after its directory was linked.
+			for _, t := range connected[string(w.vmiUIDs[vmi])] {
+				if !t.Before(s.linked) {
+					s.agentConnected = t
+					break
+				}
 			}
-		})
+		}
 		text, err := target.ContainerLog(pod, launcher.ContainerName)
 		if err != nil {
 			b.Fatal(err)
