@@ -35,7 +35,14 @@ func TestDirtyRateEstimateMatchesTheGuest(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Each sample: the convergence policy acts on one. Its margin
-			// (an eighth, agent.NextMode) must cover a sample's error.
+			// (an eighth, agent.NextMode) must cover a sample's error. QEMU's first
+			// sample of a domain reads low (for 48 MiB/s: 38 to 46, 41 in median of
+			// 13 first samples on the AMD machine, where the next read 43 to 51), so
+			// it is logged, not judged.
+			first, err := measureDirtyRate(ctx, c, name, time.Second, DirtyRatePageSampling)
+			if err != nil {
+				t.Fatal(err)
+			}
 			var each []uint64
 			var slowest time.Duration
 			for range samples {
@@ -51,8 +58,8 @@ func TestDirtyRateEstimateMatchesTheGuest(t *testing.T) {
 				}
 			}
 			bitmap, err := measureDirtyRate(ctx, c, name, time.Second, DirtyRateBitmap)
-			t.Logf("asked %d MiB/s: page sampling %v MiB/s (a 1 s sample read after %v at most), dirty bitmap %d MiB/s (%v)",
-				rate/mib, each, slowest.Round(time.Millisecond), bitmap/mib, err)
+			t.Logf("asked %d MiB/s: page sampling %d MiB/s first, then %v MiB/s (a 1 s sample read after %v at most), dirty bitmap %d MiB/s (%v)",
+				rate/mib, first/mib, each, slowest.Round(time.Millisecond), bitmap/mib, err)
 		})
 	}
 }
