@@ -2,13 +2,23 @@ package launcher
 
 import (
 	"context"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"log/slog"
 	"net"
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/lifeboat-vm/lifeboat/api/notify"
+)
+
+// A launcher often starts before its agent has linked the pod's run volume, where the agent's
+// socket appears: the first dials are retried soon, so that its Hello and reports (each starts
+// a sync of its VMI on the agent) do not wait a whole interval after the link; an agent that
+// is down is retried every maxDialRetry.
+const (
+	firstDialRetry = 20 * time.Millisecond
+	maxDialRetry   = 500 * time.Millisecond
 )
 
 // Notifier keeps the launcher's reports flowing to the agent. The agent may restart at any
@@ -83,16 +93,19 @@ func (n *Notifier) Flush(timeout time.Duration) bool {
 
 // Run connects, sends and reconnects until ctx ends.
 func (n *Notifier) Run(ctx context.Context) {
+	retry := firstDialRetry
 	for ctx.Err() == nil {
 		conn, err := (&net.Dialer{}).DialContext(ctx, "unix", n.socket)
 		if err != nil {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(500 * time.Millisecond):
+			case <-time.After(retry):
 			}
+			retry = min(2*retry, maxDialRetry)
 			continue
 		}
+		retry = firstDialRetry
 		n.log.Info("connected to the agent", "socket", n.socket)
 		n.serve(ctx, conn)
 		conn.Close()
