@@ -56,6 +56,11 @@ type Config struct {
 	// longest grace period a soft eviction grants. As in the kubelet, zero grants none (the pod
 	// still gets the kubelet's minimum of one second).
 	EvictionMaxPodGracePeriod int64
+	// PodNice is the nice value every container of the node's pods runs at; zero leaves them at
+	// the node's own. A real cluster's control plane has machines, or a reserved share of CPU,
+	// of its own; emulated nodes share the test machine's cores with the API server and etcd,
+	// which dozens of guests booting under TCG starve until requests time out.
+	PodNice int
 	// MemoryPressure is what EvictPod reports it observed.
 	MemoryPressure MemoryPressure
 	// Devices are the extended resources the node's device plugins would serve, each with the

@@ -67,6 +67,7 @@ func newPodController(client kubernetes.Interface, cfg Config, l layout, recorde
 		address:  cfg.Address,
 		network:  network,
 		devices:  cfg.Devices,
+		nice:     cfg.PodNice,
 		recorder: recorder,
 		logger:   cfg.Logger,
 		changed:  c.queue.Add,

@@ -79,19 +79,22 @@ func waitForProcess(t *testing.T, name, arg string) int {
 }
 
 // sessionOf reads a process's session ID, the sixth field of /proc/<pid>/stat.
-func sessionOf(t *testing.T, pid int) int {
+func sessionOf(t *testing.T, pid int) int { return statField(t, pid, 6, "session") }
+
+// statField is field n (numbered from 1 as in proc(5)) of /proc/pid/stat, named what in errors.
+func statField(t *testing.T, pid, n int, what string) int {
 	t.Helper()
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		t.Fatalf("reading the state of pid %d: %v", pid, err)
 	}
-	// The command name, in parentheses, may contain spaces: count fields after it.
+	// The command name, field 2, in parentheses, may contain spaces: count fields after it.
 	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-	sid, err := strconv.Atoi(fields[3])
+	v, err := strconv.Atoi(fields[n-3])
 	if err != nil {
-		t.Fatalf("parsing the session of pid %d from %q: %v", pid, stat, err)
+		t.Fatalf("parsing the %s of pid %d from %q: %v", what, pid, stat, err)
 	}
-	return sid
+	return v
 }
 
 func ignoresSIGTERM(t *testing.T, pid int) bool {
@@ -115,6 +118,22 @@ func ignoresSIGTERM(t *testing.T, pid int) bool {
 
 // TestHostPathVolumes: node-private host paths are each node's own, other host paths are the
 // machine's, and mounts are seen inside the pod only.
+// TestPodNiceReachesEveryProcessOfTheContainer: with PodNice, what a container's command
+// starts runs at that nice value too, as a launcher's libvirtd and QEMU must.
+func TestPodNiceReachesEveryProcessOfTheContainer(t *testing.T) {
+	t.Parallel()
+	const nice = 7
+	ns := testNamespace(t)
+	node := startNodes(t, 1, func(c *Config) { c.PodNice = nice })[0]
+	marker := strconv.Itoa(1_000_000 + rand.IntN(1_000_000))
+	pod := createPod(t, ns, shPod(node, "niced", "sleep "+marker+" & wait"))
+	waitForPod(t, ns, pod.Name, "Running", hasPhase(corev1.PodRunning))
+	pid := waitForProcess(t, "sleep", marker)
+	if got := statField(t, pid, 19, "nice value"); got != nice {
+		t.Errorf("the container's grandchild (pid %d) runs at nice %d: want the node's PodNice, %d", pid, got, nice)
+	}
+}
+
 func TestHostPathVolumes(t *testing.T) {
 	t.Parallel()
 	ns := testNamespace(t)

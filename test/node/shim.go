@@ -44,6 +44,8 @@ type shimSpec struct {
 	DeviceDir string `json:"deviceDir,omitempty"`
 	// NetNS is the pod's network namespace, which the command joins; empty means the host's.
 	NetNS string `json:"netns,omitempty"`
+	// Nice is the command's nice value (Config.PodNice), inherited by all it starts.
+	Nice int `json:"nice,omitempty"`
 }
 
 // MaybeRunShim turns the process into a container's init, or the starter of a command exec'd in
@@ -141,6 +143,12 @@ func startContained(encoded string) (int, error) {
 		ns.Close()
 		if err != nil {
 			return 0, fmt.Errorf("joining the pod's network namespace: %w", err)
+		}
+	}
+	// A nice value is a thread's too (setpriority on its thread ID).
+	if spec.Nice != 0 {
+		if err := unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), spec.Nice); err != nil {
+			return 0, fmt.Errorf("setting the nice value %d: %w", spec.Nice, err)
 		}
 	}
 	if spec.User.NoNewPrivs {
