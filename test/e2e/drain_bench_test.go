@@ -67,7 +67,7 @@ func BenchmarkDrainThroughput(b *testing.B) {
 	request := vmi.MemoryRequest(resource.MustParse("128Mi"), 1)
 	memory := resource.NewQuantity(int64(vms)*request.Value()+(2<<30), resource.BinarySI)
 	cpu := resource.NewMilliQuantity(int64(vms)*vmi.CPURequestPerVCPUMilli+4000, resource.DecimalSI)
-	nodes := startNodes(b, 2, behindTheControlPlane, func(c *node.Config) {
+	nodes := startNodes(b, 2, behindTheControlPlane(), func(c *node.Config) {
 		c.EvictionMaxPodGracePeriod = 60
 		c.Capacity = corev1.ResourceList{corev1.ResourceMemory: *memory, corev1.ResourceCPU: *cpu}
 	})

@@ -70,7 +70,7 @@ func BenchmarkCreationToRunning(b *testing.B) {
 	}
 	setConfig(b, false)
 	_, controllerMetrics := startControllerWithMetrics(b, "--acceleration", *startupAccel)
-	nodes := startNodes(b, 2, withAccel, behindTheControlPlane, func(c *node.Config) {
+	nodes := startNodes(b, 2, withAccel, behindTheControlPlane(), func(c *node.Config) {
 		c.Capacity = corev1.ResourceList{corev1.ResourceMemory: *capacity}
 		c.Binaries["sleep"] = "/usr/bin/sleep"
 	})

@@ -56,11 +56,14 @@ type Config struct {
 	// longest grace period a soft eviction grants. As in the kubelet, zero grants none (the pod
 	// still gets the kubelet's minimum of one second).
 	EvictionMaxPodGracePeriod int64
-	// PodNice is the nice value every container of the node's pods runs at; zero leaves them at
-	// the node's own. A real cluster's control plane has machines, or a reserved share of CPU,
-	// of its own; emulated nodes share the test machine's cores with the API server and etcd,
-	// which dozens of guests booting under TCG starve until requests time out.
-	PodNice int
+	// PodCPUShares, when not zero, puts the node's containers, and all they start, in a cpu
+	// cgroup of their own with these shares (a process of its own has 1024), as a kubelet puts
+	// pods in its kubepods cgroup; zero leaves them in the node's. A real cluster's control
+	// plane has machines of its own; emulated nodes share the test machine's cores with the
+	// API server and etcd, which dozens of guests under TCG starve until requests time out.
+	// Nice values cannot do it: each QEMU is a session of its own, and so gets a scheduler
+	// autogroup, with an equal share, of its own. It needs CPUGroupsAvailable.
+	PodCPUShares uint64
 	// MemoryPressure is what EvictPod reports it observed.
 	MemoryPressure MemoryPressure
 	// Devices are the extended resources the node's device plugins would serve, each with the

@@ -41,7 +41,7 @@ type podController struct {
 	freezer *freezer
 }
 
-func newPodController(client kubernetes.Interface, cfg Config, l layout, recorder record.EventRecorder, network *nodeNetwork) (*podController, error) {
+func newPodController(client kubernetes.Interface, cfg Config, l layout, recorder record.EventRecorder, network *nodeNetwork, cpuGroup string) (*podController, error) {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", cfg.Name).String()
@@ -67,7 +67,7 @@ func newPodController(client kubernetes.Interface, cfg Config, l layout, recorde
 		address:  cfg.Address,
 		network:  network,
 		devices:  cfg.Devices,
-		nice:     cfg.PodNice,
+		cpuGroup: cpuGroup,
 		recorder: recorder,
 		logger:   cfg.Logger,
 		changed:  c.queue.Add,

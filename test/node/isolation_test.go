@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -79,22 +80,19 @@ func waitForProcess(t *testing.T, name, arg string) int {
 }
 
 // sessionOf reads a process's session ID, the sixth field of /proc/<pid>/stat.
-func sessionOf(t *testing.T, pid int) int { return statField(t, pid, 6, "session") }
-
-// statField is field n (numbered from 1 as in proc(5)) of /proc/pid/stat, named what in errors.
-func statField(t *testing.T, pid, n int, what string) int {
+func sessionOf(t *testing.T, pid int) int {
 	t.Helper()
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		t.Fatalf("reading the state of pid %d: %v", pid, err)
 	}
-	// The command name, field 2, in parentheses, may contain spaces: count fields after it.
+	// The command name, in parentheses, may contain spaces: count fields after it.
 	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-	v, err := strconv.Atoi(fields[n-3])
+	sid, err := strconv.Atoi(fields[3])
 	if err != nil {
-		t.Fatalf("parsing the %s of pid %d from %q: %v", what, pid, stat, err)
+		t.Fatalf("parsing the session of pid %d from %q: %v", pid, stat, err)
 	}
-	return v
+	return sid
 }
 
 func ignoresSIGTERM(t *testing.T, pid int) bool {
@@ -118,20 +116,55 @@ func ignoresSIGTERM(t *testing.T, pid int) bool {
 
 // TestHostPathVolumes: node-private host paths are each node's own, other host paths are the
 // machine's, and mounts are seen inside the pod only.
-// TestPodNiceReachesEveryProcessOfTheContainer: with PodNice, what a container's command
-// starts runs at that nice value too, as a launcher's libvirtd and QEMU must.
-func TestPodNiceReachesEveryProcessOfTheContainer(t *testing.T) {
+// TestPodCPUSharesHoldEveryProcessOfTheContainer: with PodCPUShares, what a container's
+// command starts, in a session of its own too (as libvirtd starts QEMU), is in the node's cpu
+// cgroup with those shares, and the cgroup goes with the node.
+func TestPodCPUSharesHoldEveryProcessOfTheContainer(t *testing.T) {
+	if err := CPUGroupsAvailable(); err != nil {
+		t.Skipf("this machine cannot give pods a CPU share: %v", err)
+	}
 	t.Parallel()
-	const nice = 7
+	const shares = 100
 	ns := testNamespace(t)
-	node := startNodes(t, 1, func(c *Config) { c.PodNice = nice })[0]
+	node := startNodes(t, 1, func(c *Config) { c.PodCPUShares = shares })[0]
 	marker := strconv.Itoa(1_000_000 + rand.IntN(1_000_000))
-	pod := createPod(t, ns, shPod(node, "niced", "sleep "+marker+" & wait"))
+	pod := createPod(t, ns, shPod(node, "shared", "setsid sleep "+marker+" & wait"))
 	waitForPod(t, ns, pod.Name, "Running", hasPhase(corev1.PodRunning))
 	pid := waitForProcess(t, "sleep", marker)
-	if got := statField(t, pid, 19, "nice value"); got != nice {
-		t.Errorf("the container's grandchild (pid %d) runs at nice %d: want the node's PodNice, %d", pid, got, nice)
+	group := cpuGroupOf(t, pid)
+	if group == "/" {
+		t.Fatalf("the container's grandchild (pid %d) is in the machine's root cpu cgroup: want the node's", pid)
 	}
+	dir := filepath.Join(cpuV1Root, group)
+	got, err := os.ReadFile(filepath.Join(dir, "cpu.shares"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(got)) != strconv.Itoa(shares) {
+		t.Errorf("the cpu cgroup %s of the container's grandchild has shares %s: want the node's PodCPUShares, %d", group, got, shares)
+	}
+	node.Stop()
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the node's cpu cgroup %s is still there after the node stopped (%v)", dir, err)
+	}
+}
+
+// cpuGroupOf is the cgroup v1 cpu group of pid, as /proc/pid/cgroup names it.
+func cpuGroupOf(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		// hierarchy-ID:controller-list:path
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 && slices.Contains(strings.Split(parts[1], ","), "cpu") {
+			return parts[2]
+		}
+	}
+	t.Fatalf("pid %d has no cpu cgroup in %q", pid, b)
+	return ""
 }
 
 func TestHostPathVolumes(t *testing.T) {

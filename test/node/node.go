@@ -23,7 +23,9 @@ type Node struct {
 	recorder    record.EventRecorder
 	pods        *podController
 	freezer     *freezer
-	kubelet     *kubeletAPI
+	// cpuGroup is the cpu cgroup of the node's containers (Config.PodCPUShares), or "".
+	cpuGroup string
+	kubelet  *kubeletAPI
 
 	cancel     context.CancelFunc
 	background sync.WaitGroup
@@ -67,7 +69,18 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.broadcaster = record.NewBroadcaster(record.WithContext(runCtx))
 	n.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Client.CoreV1().Events("")})
 	n.recorder = n.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: cfg.Name})
-	if n.pods, err = newPodController(cfg.Client, cfg, n.layout, n.recorder, n.network); err != nil {
+	if cfg.PodCPUShares != 0 {
+		if n.cpuGroup, err = newCPUGroup(cfg.Name, cfg.PodCPUShares); err != nil {
+			cancel()
+			n.broadcaster.Shutdown()
+			n.kubelet.close()
+			return nil, fmt.Errorf("node %s: %w", cfg.Name, err)
+		}
+	}
+	if n.pods, err = newPodController(cfg.Client, cfg, n.layout, n.recorder, n.network, n.cpuGroup); err != nil {
+		if n.cpuGroup != "" {
+			_ = os.Remove(n.cpuGroup)
+		}
 		cancel()
 		n.broadcaster.Shutdown()
 		n.kubelet.close()
@@ -99,6 +112,11 @@ func (n *Node) Stop() {
 		n.pods.stop()
 		n.background.Wait()
 		n.pods.runtime.shutdown()
+		if n.cpuGroup != "" {
+			if err := removeCPUGroup(n.cpuGroup); err != nil {
+				n.cfg.Logger.Error(err, "Leaving a cgroup behind")
+			}
+		}
 		n.broadcaster.Shutdown()
 		n.cfg.Logger.Info("Node stopped")
 	})

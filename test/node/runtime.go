@@ -34,8 +34,8 @@ type podRuntime struct {
 	address  string
 	// devices are the host devices of extended resources (Config.Devices).
 	devices map[corev1.ResourceName]string
-	// nice is what containers run at (Config.PodNice).
-	nice int
+	// cpuGroup is the cpu cgroup containers run in (Config.PodCPUShares); "" for the node's.
+	cpuGroup string
 	// network wires the pods that are not on the host's network; nil puts every pod there.
 	network  *nodeNetwork
 	recorder record.EventRecorder
@@ -264,7 +264,7 @@ func (r *podRuntime) exec(pod *corev1.Pod, c *corev1.Container, env []string, mo
 	}
 	devices = append(devices, blocks...)
 	spec := shimSpec{Path: path, Args: args, Env: env, Dir: cmp.Or(c.WorkingDir, "/"), Mounts: mounts, User: user, Devices: devices, NetNS: netns,
-		DeviceDir: filepath.Join(r.layout.podDir(pod.UID), "devices", c.Name), Nice: r.nice}
+		DeviceDir: filepath.Join(r.layout.podDir(pod.UID), "devices", c.Name), CPUGroup: r.cpuGroup}
 	return startProcess(spec, r.layout.logPath(pod.Namespace, pod.Name, pod.UID, c.Name, restartCount))
 }
 

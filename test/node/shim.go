@@ -44,8 +44,8 @@ type shimSpec struct {
 	DeviceDir string `json:"deviceDir,omitempty"`
 	// NetNS is the pod's network namespace, which the command joins; empty means the host's.
 	NetNS string `json:"netns,omitempty"`
-	// Nice is the command's nice value (Config.PodNice), inherited by all it starts.
-	Nice int `json:"nice,omitempty"`
+	// CPUGroup is the cpu cgroup the shim joins before it starts the command (Config.PodCPUShares).
+	CPUGroup string `json:"cpuGroup,omitempty"`
 }
 
 // MaybeRunShim turns the process into a container's init, or the starter of a command exec'd in
@@ -108,6 +108,12 @@ func startContained(encoded string) (int, error) {
 	if err := json.Unmarshal([]byte(encoded), &spec); err != nil {
 		return 0, fmt.Errorf("decoding the container spec: %w", err)
 	}
+	if spec.CPUGroup != "" {
+		// 0 is the writer: the shim moves itself, and what it starts is born there.
+		if err := os.WriteFile(filepath.Join(spec.CPUGroup, "cgroup.procs"), []byte("0"), 0); err != nil {
+			return 0, fmt.Errorf("joining the pods' cpu cgroup: %w", err)
+		}
+	}
 	// The new mount namespace starts as a copy of the machine's: make it private so that
 	// nothing mounted here propagates back.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
@@ -143,12 +149,6 @@ func startContained(encoded string) (int, error) {
 		ns.Close()
 		if err != nil {
 			return 0, fmt.Errorf("joining the pod's network namespace: %w", err)
-		}
-	}
-	// A nice value is a thread's too (setpriority on its thread ID).
-	if spec.Nice != 0 {
-		if err := unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), spec.Nice); err != nil {
-			return 0, fmt.Errorf("setting the nice value %d: %w", spec.Nice, err)
 		}
 	}
 	if spec.User.NoNewPrivs {
