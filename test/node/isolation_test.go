@@ -114,8 +114,6 @@ func ignoresSIGTERM(t *testing.T, pid int) bool {
 	return false
 }
 
-// TestHostPathVolumes: node-private host paths are each node's own, other host paths are the
-// machine's, and mounts are seen inside the pod only.
 // TestPodCPUSharesHoldEveryProcessOfTheContainer: with PodCPUShares, what a container's
 // command starts, in a session of its own too (as libvirtd starts QEMU), is in the node's cpu
 // cgroup with those shares, and the cgroup goes with the node.
@@ -167,6 +165,8 @@ func cpuGroupOf(t *testing.T, pid int) string {
 	return ""
 }
 
+// TestHostPathVolumes: node-private host paths are each node's own, other host paths are the
+// machine's, and mounts are seen inside the pod only.
 func TestHostPathVolumes(t *testing.T) {
 	t.Parallel()
 	ns := testNamespace(t)
