@@ -243,7 +243,7 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node
 	if dom.State == DomainPaused && dom.PausedUser && arrivedHere(vmi, node) {
 		plan.Resume = true
 		plan.Events = append(plan.Events, Event{corev1.EventTypeWarning, ReasonResumedOnArrival, fmt.Sprintf(
-			"the guest arrived on node %s paused, and its source's hand-off did not run it (the link between the nodes broke as the source gave it up): node %s's agent runs it", node, node)})
+			"the guest arrived on node %s paused, and its source's hand-off did not run it (the link between the nodes broke as the source gave it up, or the source launcher was slower than this agent): node %s's agent runs it", node, node)})
 	}
 
 	switch {

@@ -199,7 +199,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 		ResumedOnArrival: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "lifeboat_agent_guests_resumed_on_arrival_total",
-			Help: "Guests the agent ran after a migration left them paused on this node and the source launcher's hand-off did not reach them (the link between the nodes broke as the source gave the guest up).",
+			Help: "Guests the agent ran after a migration left them paused on this node and the source launcher's hand-off did not reach them (the link between the nodes broke as the source gave the guest up, or the source launcher was slower than the agent).",
 		}),
 		APIServerCutOff: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "lifeboat_agent_api_server_cut_off",

@@ -187,7 +187,10 @@ func watchDomain(ctx context.Context, s *daemonSession, name string, podGrace in
 	handoffs := domain.NewHandoffs(ctx, name, destURI, func() (int, error) { return s.daemon.QEMUPid(name) },
 		func(r domain.HandoffResult, err error) {
 			if err != nil {
-				log.Warn("the guest paused here, and its hand-off to a migration's target failed", "domain", name, "err", err)
+				// The target's agent runs the guest once the migration is recorded complete: the
+				// guest waits longer, paused, but is not lost. A source launcher slower than that
+				// agent (a node out of CPU) ends here too, the forward it would call gone.
+				log.Warn("could not run the guest at the migration's target; its agent runs it once the migration is recorded complete", "domain", name, "err", err)
 				return
 			}
 			log.Info("hand-off", "domain", name, "result", r)
