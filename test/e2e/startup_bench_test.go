@@ -169,7 +169,13 @@ func createToRunning(b *testing.B, count int, lw cache.ListerWatcher, objType ru
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for ev := range w.ResultChan() {
+		for {
+			var ev watch.Event
+			select {
+			case ev = <-w.ResultChan():
+			case <-ctx.Done():
+				return // the informer's channel stays open: ended with the call
+			}
 			name, ok := isRunning(ev.Object)
 			if !ok {
 				continue
