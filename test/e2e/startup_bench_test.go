@@ -128,25 +128,23 @@ func BenchmarkCreationToRunning(b *testing.B) {
 
 // podsIn lists and watches the pods of namespace ns.
 func podsIn(ns string) cache.ListerWatcher {
-	return &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return cluster.Kube.CoreV1().Pods(ns).List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return cluster.Kube.CoreV1().Pods(ns).Watch(ctx, o)
-		},
-	}
+	return listWatch(cluster.Kube.CoreV1().Pods(ns).List, cluster.Kube.CoreV1().Pods(ns).Watch)
 }
 
 // vmisIn lists and watches the VMIs of namespace ns.
 func vmisIn(ns string) cache.ListerWatcher {
+	vmis := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns)
+	return listWatch(vmis.List, vmis.Watch)
+}
+
+// listWatch is a typed client's List and Watch as an informer's ListerWatcher.
+func listWatch[L runtime.Object](list func(context.Context, metav1.ListOptions) (L, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.ListerWatcher {
 	return &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).List(ctx, o)
+			return list(ctx, o)
 		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Watch(ctx, o)
-		},
+		WatchFuncWithContext: watchFn,
 	}
 }
 
