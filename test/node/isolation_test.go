@@ -119,7 +119,7 @@ func ignoresSIGTERM(t *testing.T, pid int) bool {
 // cgroup with those shares, and the cgroup goes with the node.
 func TestPodCPUSharesHoldEveryProcessOfTheContainer(t *testing.T) {
 	if err := CPUGroupsAvailable(); err != nil {
-		t.Skipf("this machine cannot give pods a CPU share: %v", err)
+		t.Skipf("needs cgroup v1's cpu controller at %s, writable (make test lists this skip): %v", cpuV1Root, err)
 	}
 	t.Parallel()
 	const shares = 100
