@@ -73,7 +73,7 @@ func BenchmarkClusterScale(b *testing.B) {
 	var idleHours float64
 	for b.Loop() {
 		ns := testNamespace(b)
-		pods = append(pods, createToRunning(b, count, podsIn(ns), &corev1.Pod{}, func(ctx context.Context, i int) (string, error) {
+		pods = append(pods, createToRunning(b, count, podsIn(ns), func(ctx context.Context, i int) (string, error) {
 			p, err := cluster.Kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("pod-%d", i)},
 				Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, NodeSelector: map[string]string{hollow.Label: "true"},
@@ -92,7 +92,7 @@ func BenchmarkClusterScale(b *testing.B) {
 		})...)
 
 		before, cpu0 := apiRequests(b, metrics), cpuTime(b, pid)
-		vmis = append(vmis, createToRunning(b, count, vmisIn(ns), &v1alpha1.VirtualMachineInstance{}, func(ctx context.Context, i int) (string, error) {
+		vmis = append(vmis, createToRunning(b, count, vmisIn(ns), func(ctx context.Context, i int) (string, error) {
 			v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Create(ctx,
 				newVMI(fmt.Sprintf("vmi-%d", i), strategy(v1alpha1.EvictionStrategyLiveMigrate)), metav1.CreateOptions{})
 			if err != nil {

@@ -79,7 +79,7 @@ func BenchmarkCreationToRunning(b *testing.B) {
 	calls := map[string]float64{} // by component, verb and resource, over every run's VMI starts
 	for b.Loop() {
 		ns := testNamespace(b)
-		pods = append(pods, createToRunning(b, count, podsIn(ns), &corev1.Pod{}, func(ctx context.Context, i int) (string, error) {
+		pods = append(pods, createToRunning(b, count, podsIn(ns), func(ctx context.Context, i int) (string, error) {
 			p, err := cluster.Kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("pod-%d", i)},
 				Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{
@@ -99,7 +99,7 @@ func BenchmarkCreationToRunning(b *testing.B) {
 			return p.Name, p.Status.Phase == corev1.PodRunning
 		})...)
 		before := apiRequests(b, metrics)
-		vmis = append(vmis, createToRunning(b, count, vmisIn(ns), &v1alpha1.VirtualMachineInstance{}, func(ctx context.Context, i int) (string, error) {
+		vmis = append(vmis, createToRunning(b, count, vmisIn(ns), func(ctx context.Context, i int) (string, error) {
 			v, err := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns).Create(ctx, newVMI(fmt.Sprintf("vmi-%d", i), func(v *v1alpha1.VirtualMachineInstance) {
 				v.Spec.Memory = resource.MustParse(startupMemory)
 			}), metav1.CreateOptions{})
@@ -126,15 +126,23 @@ func BenchmarkCreationToRunning(b *testing.B) {
 	reportAPICalls(b, calls, float64(len(vmis)), "vmi")
 }
 
+// watched is what an informer needs of one kind of object: how to list and watch them, and
+// an object of their type.
+type watched struct {
+	lw  cache.ListerWatcher
+	obj runtime.Object
+}
+
 // podsIn lists and watches the pods of namespace ns.
-func podsIn(ns string) cache.ListerWatcher {
-	return listWatch(cluster.Kube.CoreV1().Pods(ns).List, cluster.Kube.CoreV1().Pods(ns).Watch)
+func podsIn(ns string) watched {
+	pods := cluster.Kube.CoreV1().Pods(ns)
+	return watched{listWatch(pods.List, pods.Watch), &corev1.Pod{}}
 }
 
 // vmisIn lists and watches the VMIs of namespace ns.
-func vmisIn(ns string) cache.ListerWatcher {
+func vmisIn(ns string) watched {
 	vmis := cluster.Lifeboat.LifeboatV1alpha1().VirtualMachineInstances(ns)
-	return listWatch(vmis.List, vmis.Watch)
+	return watched{listWatch(vmis.List, vmis.Watch), &v1alpha1.VirtualMachineInstance{}}
 }
 
 // listWatch is a typed client's List and Watch as an informer's ListerWatcher.
@@ -149,15 +157,15 @@ func listWatch[L runtime.Object](list func(context.Context, metav1.ListOptions) 
 }
 
 // createToRunning creates count objects startupInterval apart with create, and returns for each
-// the time from its create call to the first event from lw in which isRunning says it runs. The
+// the time from its create call to the first event of what in which isRunning says it runs. The
 // events come through an informer, which watches again (and lists, if it must) when a watch
 // ends: an API server starved by booting guests times requests out and drops connections.
-func createToRunning(b *testing.B, count int, lw cache.ListerWatcher, objType runtime.Object,
+func createToRunning(b *testing.B, count int, what watched,
 	create func(context.Context, int) (string, error), isRunning func(any) (string, bool)) []time.Duration {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	_, _, w, stopped := watchtools.NewIndexerInformerWatcher(lw, objType)
+	_, _, w, stopped := watchtools.NewIndexerInformerWatcher(what.lw, what.obj)
 	defer func() {
 		w.Stop()
 		<-stopped

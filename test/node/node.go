@@ -64,19 +64,18 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 
+	if cfg.PodCPUShares != 0 {
+		if n.cpuGroup, err = newCPUGroup(cfg.Name, cfg.PodCPUShares); err != nil {
+			n.kubelet.close()
+			return nil, fmt.Errorf("node %s: %w", cfg.Name, err)
+		}
+	}
+
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.cancel = cancel
 	n.broadcaster = record.NewBroadcaster(record.WithContext(runCtx))
 	n.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.Client.CoreV1().Events("")})
 	n.recorder = n.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: cfg.Name})
-	if cfg.PodCPUShares != 0 {
-		if n.cpuGroup, err = newCPUGroup(cfg.Name, cfg.PodCPUShares); err != nil {
-			cancel()
-			n.broadcaster.Shutdown()
-			n.kubelet.close()
-			return nil, fmt.Errorf("node %s: %w", cfg.Name, err)
-		}
-	}
 	if n.pods, err = newPodController(cfg.Client, cfg, n.layout, n.recorder, n.network, n.cpuGroup); err != nil {
 		if n.cpuGroup != "" {
 			_ = os.Remove(n.cpuGroup)
