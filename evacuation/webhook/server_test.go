@@ -17,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
@@ -29,6 +28,7 @@ import (
 	lifeboatfake "github.com/lifeboat-vm/lifeboat/api/client/clientset/versioned/fake"
 	lifeboatinformers "github.com/lifeboat-vm/lifeboat/api/client/informers/externalversions"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 )
 
 // callers: the CAs the webhook trusts and what the API server presents (a forger presents nothing).
@@ -177,18 +177,21 @@ func TestAPermissiveWebhookMarksOnce(t *testing.T) {
 		t.Fatalf("want the VM marked without a deadline: %+v, %v", v.Status, err)
 	}
 
+	// The cache must hold the mark before it is cleared: the VMI it held before the mark is
+	// unmarked too, and a review answered while the mark's event is still on its way sees the
+	// VM in progress.
+	cached := func(context.Context) (*v1alpha1.VirtualMachineInstance, error) {
+		return s.vmis.VirtualMachineInstances(v.Namespace).Get(v.Name)
+	}
+	kubewait.For(t, 10*time.Second, "the webhook's cache to hold the mark", cached, (*v1alpha1.VirtualMachineInstance).MarkedForEvacuation, nil)
+
 	// The evacuation ends a moment later (the migration's work): the mark is cleared.
 	v1alpha1.ClearEvacuationMark(&v.Status, "Migrated", "moved", metav1.Now())
 	if _, err := lb.LifeboatV1alpha1().VirtualMachineInstances(v.Namespace).UpdateStatus(context.Background(), v, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		cached, err := s.vmis.VirtualMachineInstances(v.Namespace).Get(v.Name)
-		return err == nil && !cached.MarkedForEvacuation(), nil
-	})
-	if err != nil {
-		t.Fatal("the cache did not see the mark cleared")
-	}
+	kubewait.For(t, 10*time.Second, "the webhook's cache to see the mark cleared", cached,
+		func(v *v1alpha1.VirtualMachineInstance) bool { return !v.MarkedForEvacuation() }, nil)
 	_, answer = review(t, s, nil, vmi.Namespace, "launcher-"+vmi.Name)
 	if answer.Allowed || !strings.Contains(answer.Result.Message, "at most once every") {
 		t.Errorf("a second forged review within the interval: %+v, want 429 bounded", answer)
