@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
 	"sync"
 	"time"
 
@@ -27,6 +30,12 @@ const (
 	// one not made with PausedOnArrival).
 	HandoffAlreadyRunning HandoffResult = "AlreadyRunningAtDestination"
 )
+
+// ErrForwardClosed is why a hand-off failed when the socket it reaches the destination through
+// was gone: the source's agent removes the migration's forward once it has recorded the
+// migration's outcome, and the target's agent then runs a guest that arrived. So a launcher
+// slower than its agent (a node short of CPU) ends here after a migration that succeeded.
+var ErrForwardClosed = errors.New("the forward to the migration's destination is closed")
 
 // handoffWait bounds what follows the source QEMU's end: reaching the destination's daemon and
 // waiting for it to finish receiving the guest. libvirt ends the source's QEMU only after the
@@ -114,12 +123,15 @@ wait:
 		if d == nil {
 			var err error
 			if d, err = connectURI(destURI); err != nil {
-				done <- outcome{err: fmt.Errorf("handing domain %q off: the source's QEMU ended: %w", name, err)}
+				done <- outcome{err: forwardClosed(destURI, fmt.Errorf("handing domain %q off: the source's QEMU ended: %w", name, err))}
 				return
 			}
 		}
 		defer d.Close()
 		r, err := resumeArrived(ctx, d, name)
+		if err != nil {
+			err = forwardClosed(destURI, err)
+		}
 		done <- outcome{r, err}
 	}()
 	select {
@@ -130,6 +142,19 @@ wait:
 	case <-ctx.Done():
 		return "", fmt.Errorf("handing domain %q off: %w", name, ctx.Err())
 	}
+}
+
+// forwardClosed is err, marked ErrForwardClosed when the unix socket destURI names is gone.
+// A socket still there (its agent restarted, or the call failed otherwise) leaves err as it is.
+func forwardClosed(destURI string, err error) error {
+	u, perr := url.Parse(destURI)
+	if perr != nil || u.Query().Get("socket") == "" {
+		return err
+	}
+	if _, serr := os.Stat(u.Query().Get("socket")); errors.Is(serr, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %w", ErrForwardClosed, err)
+	}
+	return err
 }
 
 // sourceSays is what one of the source's events (ok false: the stream's end) decides for the

@@ -186,10 +186,15 @@ func watchDomain(ctx context.Context, s *daemonSession, name string, podGrace in
 	destURI, _ := domain.ProxiedURIs(contract.PodRunDir, s.Conn().Session())
 	handoffs := domain.NewHandoffs(ctx, name, destURI, func() (int, error) { return s.daemon.QEMUPid(name) },
 		func(r domain.HandoffResult, err error) {
-			if err != nil {
+			switch {
+			case errors.Is(err, domain.ErrForwardClosed):
+				// This agent had recorded the migration before this launcher got here (a node
+				// short of CPU): the usual end of a successful migration there, nothing to warn of.
+				log.Info("the migration was recorded before this launcher resumed the guest at its target, whose agent runs a guest that arrived", "domain", name, "err", err)
+				return
+			case err != nil:
 				// The target's agent runs the guest once the migration is recorded complete: the
-				// guest waits longer, paused, but is not lost. A source launcher slower than that
-				// agent (a node out of CPU) ends here too, the forward it would call gone.
+				// guest waits longer, paused, but is not lost.
 				log.Warn("could not run the guest at the migration's target; its agent runs it once the migration is recorded complete", "domain", name, "err", err)
 				return
 			}
