@@ -170,6 +170,8 @@ type Agent struct {
 type launcher struct {
 	conn         DomainConn
 	shutdownSent bool
+	// warmed: its guest's dirty rate was sampled once (WarmDirtyRate).
+	warmed bool
 }
 
 // New makes an agent. The VMI informer must list the VMIs whose status.nodeName is this node;
@@ -709,6 +711,35 @@ func (a *Agent) migrator(uid string) Migrator {
 	return nil
 }
 
+// migrating: vmi's latest migration has not ended. A dirty-rate sample would wait for it
+// (libvirt holds the call while a migration runs), and its source samples the guest itself.
+func migrating(vmi *v1alpha1.VirtualMachineInstance) bool {
+	m := vmi.Status.MigrationState
+	return m != nil && !m.Completed && !m.Failed
+}
+
+// warm samples the dirty rate of the guest of uid's launcher once (WarmDirtyRate), in the
+// background: a launcher runs one QEMU, so once per launcher is once per QEMU.
+func (a *Agent) warm(uid, name string) {
+	a.mu.Lock()
+	l := a.launchers[uid]
+	if l == nil || l.warmed {
+		a.mu.Unlock()
+		return
+	}
+	l.warmed = true
+	a.mu.Unlock()
+	mg := a.migrator(uid)
+	if mg == nil {
+		return
+	}
+	go func() {
+		if err := WarmDirtyRate(mg, name); err != nil {
+			a.cfg.Log.Info("sampling the guest's dirty rate once to warm QEMU's page sampling failed; a migration's first estimate may read low", "domain", name, "err", err)
+		}
+	}()
+}
+
 // cachedVMI is this node's VMI with uid from the informer's cache (not a copy: read only); nil if
 // it has none.
 func (a *Agent) cachedVMI(uid string) *v1alpha1.VirtualMachineInstance {
@@ -827,6 +858,9 @@ func (a *Agent) sync(ctx context.Context, uid string) (time.Duration, error) {
 			dom.NotMigratableReason, dom.NotMigratableMessage = NotMigratable(vmi)
 			dom.Deletion = a.podDeletion(vmi)
 		}
+	}
+	if dom != nil && dom.State == DomainRunning && !migrating(vmi) {
+		a.warm(uid, name)
 	}
 	plan := Decide(vmi, dom, a.eviction(), a.cfg.NodeName, a.cfg.Now())
 

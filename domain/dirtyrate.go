@@ -24,7 +24,9 @@ const (
 // StartDirtyRateCalc has QEMU measure how fast the named running domain writes its memory over
 // period (whole seconds, at least one: libvirt's unit). DirtyRate reads the result. Start it
 // before a migration: libvirt makes the call wait while a migration runs, but reading the
-// result does not.
+// result does not. QEMU measures one thing at a time: when a measurement is running already
+// (the agent's warm-up, agent.WarmDirtyRate), the call returns nil and DirtyRate reads that
+// one's result.
 func (c *Conn) StartDirtyRateCalc(name string, period time.Duration, mode DirtyRateMode) error {
 	if mode != DirtyRatePageSampling && mode != DirtyRateBitmap {
 		return fmt.Errorf("unknown dirty rate mode %q", mode)
@@ -41,9 +43,18 @@ func (c *Conn) StartDirtyRateCalc(name string, period time.Duration, mode DirtyR
 		err = dom.StartDirtyRateCalc(secs, libvirt.DOMAIN_DIRTYRATE_MODE_DIRTY_BITMAP)
 	}
 	if err != nil {
+		if c.measuring(dom) {
+			return nil
+		}
 		return fmt.Errorf("starting to measure the dirty rate of domain %q (%s): %w", name, mode, err)
 	}
 	return nil
+}
+
+// measuring reports whether QEMU is measuring dom's dirty rate now.
+func (c *Conn) measuring(dom *libvirt.Domain) bool {
+	r, ok, err := c.dirtyRateStats(dom)
+	return err == nil && ok && r.CalcStatusSet && libvirt.DomainDirtyRateStatus(r.CalcStatus) == libvirt.DOMAIN_DIRTYRATE_MEASURING
 }
 
 // samplePagesPerGiB is how many pages of each GiB of guest memory page sampling hashes.
@@ -88,24 +99,32 @@ func (c *Conn) DirtyRate(name string) (uint64, bool, error) {
 		return 0, false, err
 	}
 	defer dom.Free()
-	stats, err := c.virt.GetAllDomainStats([]*libvirt.Domain{dom}, libvirt.DOMAIN_STATS_DIRTYRATE, 0)
+	r, ok, err := c.dirtyRateStats(dom)
 	if err != nil {
 		return 0, false, fmt.Errorf("reading the dirty rate of domain %q: %w", name, err)
 	}
-	for i := range stats {
-		_ = stats[i].Domain.Free()
-	}
-	if len(stats) != 1 || stats[0].DirtyRate == nil {
-		return 0, false, nil
-	}
 	// QEMU marks a measurement running before StartDirtyRateCalc returns, so a measured status
 	// is the last start's.
-	r := stats[0].DirtyRate
-	if !r.CalcStatusSet || libvirt.DomainDirtyRateStatus(r.CalcStatus) != libvirt.DOMAIN_DIRTYRATE_MEASURED {
+	if !ok || !r.CalcStatusSet || libvirt.DomainDirtyRateStatus(r.CalcStatus) != libvirt.DOMAIN_DIRTYRATE_MEASURED {
 		return 0, false, nil
 	}
 	if !r.MegabytesPerSecondSet {
 		return 0, false, fmt.Errorf("QEMU measured the dirty rate of domain %q but reported no rate", name)
 	}
 	return uint64(max(0, r.MegabytesPerSecond)) << 20, true, nil
+}
+
+// dirtyRateStats reads dom's dirty-rate stats; false when libvirt has none.
+func (c *Conn) dirtyRateStats(dom *libvirt.Domain) (*libvirt.DomainStatsDirtyRate, bool, error) {
+	stats, err := c.virt.GetAllDomainStats([]*libvirt.Domain{dom}, libvirt.DOMAIN_STATS_DIRTYRATE, 0)
+	if err != nil {
+		return nil, false, err
+	}
+	for i := range stats {
+		_ = stats[i].Domain.Free()
+	}
+	if len(stats) != 1 || stats[0].DirtyRate == nil {
+		return nil, false, nil
+	}
+	return stats[0].DirtyRate, true, nil
 }

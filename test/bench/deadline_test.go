@@ -28,6 +28,7 @@ import (
 	"github.com/lifeboat-vm/lifeboat/test/guest"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 	"github.com/lifeboat-vm/lifeboat/test/internal/chart"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 	"github.com/lifeboat-vm/lifeboat/test/migrationpair"
 )
 
@@ -280,6 +281,19 @@ func kubevirtPolicy(memory uint64, tuned bool) policy {
 	}
 }
 
+// warm samples the named guest's dirty rate once, as the agent does when it first sees a guest
+// run (agent.WarmDirtyRate), and waits for the sample's end: a migration started while it runs
+// would read it, QEMU's first of the domain, which reads low.
+func warm(b *testing.B, conn *domain.Conn, name string) {
+	b.Helper()
+	if err := agent.WarmDirtyRate(conn, name); err != nil {
+		b.Fatalf("warming the guest's page sampling: %v", err)
+	}
+	kubewait.For(b, time.Minute, "the warm-up's dirty-rate sample to end",
+		func(context.Context) (bool, error) { _, ok, err := conn.DirtyRate(name); return ok, err },
+		func(ok bool) bool { return ok }, nil)
+}
+
 // recordingMigrator is the source daemon's connection, noting what the convergence loop saw
 // and did: the job statistics it read and when it paused the guest.
 type recordingMigrator struct {
@@ -393,6 +407,8 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 			b.Fatalf("the guest does not write its disk as asked (%d bytes at %d bytes/s): %v\n%s", diskSpan, cell.diskRate, err, readOrEmpty(p.Src.Console()))
 		}
 	}
+
+	warm(b, p.Src.Conn, name)
 
 	_, passRates := protocol.DiskPasses(readOrEmpty(p.Src.Console()), matrixDisk)
 	watch := guest.WatchCounters(ctx, matrixTick, func() []string { return []string{p.Src.Console(), p.Dst.Console()} })
