@@ -26,6 +26,7 @@ import (
 
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/evacuation/vmi"
+	"github.com/lifeboat-vm/lifeboat/test/kubewait"
 	"github.com/lifeboat-vm/lifeboat/test/node"
 )
 
@@ -254,7 +255,7 @@ func reportAPICalls(b *testing.B, calls map[string]float64, n float64, per strin
 		}
 		fmt.Fprintf(os.Stderr, "API calls per %s: %-60s %.2f\n", per, k, v)
 		all += v
-		if verb := strings.Fields(k)[1]; verb != "get" && verb != "list" && verb != "watch" {
+		if isWrite(k) {
 			writes += v
 		}
 	}
@@ -299,6 +300,46 @@ func addCalls(into, before, after map[string]float64) {
 	for k, v := range after {
 		into[k] += v - before[k]
 	}
+}
+
+// isWrite says whether a key of apiRequests ("component verb resource") counts a write.
+func isWrite(key string) bool {
+	verb := strings.Fields(key)[1]
+	return verb != "get" && verb != "list" && verb != "watch"
+}
+
+// writesIn is the number of writes in apiRequests' counters.
+func writesIn(calls map[string]float64) float64 {
+	var n float64
+	for k, v := range calls {
+		if isWrite(k) {
+			n += v
+		}
+	}
+	return n
+}
+
+// settledCalls waits until the components at urls have made no write for quiet, so that what
+// the last steps caused is done (a recorder sends its Events after them, later the more it has
+// queued), and returns their counters then and how long after the call their last write came.
+// It fails b past bound.
+func settledCalls(b *testing.B, urls []string, quiet, bound time.Duration) (map[string]float64, time.Duration) {
+	b.Helper()
+	start := time.Now()
+	lastWrite, lastWrites := start, -1.0
+	calls := kubewait.For(b, bound, fmt.Sprintf("no API write from lifeboat for %s", quiet),
+		func(context.Context) (map[string]float64, error) {
+			calls := apiRequests(b, urls)
+			if n := writesIn(calls); n != lastWrites {
+				lastWrite, lastWrites = time.Now(), n
+			}
+			return calls, nil
+		},
+		func(map[string]float64) bool { return time.Since(lastWrite) >= quiet },
+		func(calls map[string]float64) string {
+			return fmt.Sprintf("%.0f writes, the last %s ago", writesIn(calls), time.Since(lastWrite).Round(time.Second))
+		})
+	return calls, lastWrite.Sub(start)
 }
 
 // idleCalls adds to into the calls the components at urls make over window while nothing is
