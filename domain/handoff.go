@@ -148,10 +148,14 @@ wait:
 // A socket still there (its agent restarted, or the call failed otherwise) leaves err as it is.
 func forwardClosed(destURI string, err error) error {
 	u, perr := url.Parse(destURI)
-	if perr != nil || u.Query().Get("socket") == "" {
+	if perr != nil {
 		return err
 	}
-	if _, serr := os.Stat(u.Query().Get("socket")); errors.Is(serr, fs.ErrNotExist) {
+	socket := u.Query().Get("socket")
+	if socket == "" {
+		return err
+	}
+	if _, serr := os.Stat(socket); errors.Is(serr, fs.ErrNotExist) {
 		return fmt.Errorf("%w: %w", ErrForwardClosed, err)
 	}
 	return err
