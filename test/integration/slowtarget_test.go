@@ -148,6 +148,10 @@ func watchServiceEndpoints(t *testing.T, ns, service string) *endpointWatch {
 			case <-ctx.Done():
 				return
 			case ev, ok := <-events.ResultChan():
+				// A watch stopped by cancel may first deliver an ERROR event saying so.
+				if ctx.Err() != nil {
+					return
+				}
 				if !ok {
 					w.fail(errors.New("the watch ended"))
 					return
@@ -292,6 +296,10 @@ func playKubeletsFollowingGates(t *testing.T, s *servedVM, lag time.Duration) *g
 			case <-ctx.Done():
 				return
 			case ev, ok = <-events.ResultChan():
+			}
+			// A watch stopped by stop may first deliver an ERROR event saying so.
+			if ctx.Err() != nil {
+				return
 			}
 			if !ok {
 				k.fail(errors.New("the pod watch ended"))
