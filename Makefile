@@ -8,7 +8,7 @@
 #   make demo-down   stop the demo cluster
 #   make bench       benchmarks (control plane start-up, evacuation mark latency, eviction webhook latency)
 #   make bench-report    every benchmark below, one after another: each table, its raw output and its charts in docs/bench
-#   make bench-deadline  the migration deadline matrix (real libvirt and TCG guests; about 42 min a run)
+#   make bench-deadline  the migration deadline matrix (real libvirt and TCG guests; about 47 min a run)
 #   make bench-drain     drain throughput: 10 VMs leaving one node through the real cluster (3 min a run)
 #   make bench-node-full 50 VMs on one node drained: the agent's memory and CPU, idle and during it
 #   make bench-scale     1,000 VMIs on 100 hollow nodes: the controller's memory, CPU and API calls
@@ -169,7 +169,7 @@ $(BENCH_TARGETS): export LIFEBOAT_BENCH_OUT = $(BENCH_OUT)
 bench: binaries
 	$(call bench_run,bench,,$(GO) test -run '^$$' -bench 'BenchmarkMarkLatency|BenchmarkStart|BenchmarkWebhookEvictions' -benchtime=1x -count=5 -timeout 60m ./test/bench/ ./test/controlplane/)
 
-# Long: every cell boots a guest and migrates it (about 42 min a run); not part of make bench.
+# Long: every cell boots a guest and migrates it (about 47 min a run); not part of make bench.
 # The matrix's own table: deadline-matrix.md; its charts: deadline-matrix.svg, deadline-timelines/.
 BENCH_COUNT ?= 1
 bench-deadline: deps
