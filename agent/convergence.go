@@ -105,10 +105,12 @@ func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alp
 	if p.FirstPass && !p.Estimated && last != "" && copyTime(p.Remaining+p.Total, p.Bandwidth) > budget {
 		return last
 	}
+	low := p.DirtyRate
 	if p.Estimated {
 		// A sampled estimate scatters: project with a margin. One-second samples of 16384
 		// pages per GiB stay within an eighth of the rate a guest is told to write
 		// (domain.TestDirtyRateEstimateMatchesTheGuest).
+		low = p.DirtyRate - p.DirtyRate/8
 		p.DirtyRate += p.DirtyRate / 8
 	}
 	finish, converging := projectedFinish(p)
@@ -127,7 +129,7 @@ func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alp
 		// A pause stops the guest for the whole copy of what it leaves to send: it comes where
 		// that is least and still in time (the matrix's 1 GiB guest at half the cap, 30 s
 		// grace, was paused 13 s at the first look when pausing at budget/2).
-		if placement = PlacePause(p.pauseTiming(budget)); placement == PauseNow {
+		if placement = PlacePause(p.pauseTiming(budget, low)); placement == PauseNow {
 			return last
 		}
 	}

@@ -14,13 +14,28 @@ func TestPlacePause(t *testing.T) {
 	// 179 MiB of it left. All its memory may be in use: the rest of the pass takes 5.6 s, and
 	// its rewrites (all 256 MiB at worst) 8 s stopped. With 14.5 s of budget both fit.
 	demo := PauseTiming{Budget: 14500*time.Millisecond + SwitchOver, Pass: 1, PassElapsed: 2 * time.Second, Remaining: 179 * mib,
-		DirtyRate: 54 * mib, Bandwidth: 32 * mib, WorkingSet: 256 * mib, Total: 256 * mib, SwitchOver: SwitchOver}
-	// With 11 s they do not, and a pause of all its memory fills the budget but one step; with
-	// 12 s it does not yet.
+		DirtyRate: 54 * mib, DirtyRateLow: 42 * mib, Bandwidth: 32 * mib, WorkingSet: 256 * mib, Total: 256 * mib, SwitchOver: SwitchOver}
+	// With 11 s they do not, and a pause of all its memory fills the budget but one step.
 	demoLate := demo
 	demoLate.Budget = 11*time.Second + SwitchOver
+	// With 12 s they do not either. The guest surely writes faster than the pass sends, and has
+	// not yet written all it may (108 of 256 MiB): a later pause sends more, and ends later.
 	demoLater := demo
 	demoLater.Budget = 12*time.Second + SwitchOver
+	// The same with a sample whose low end is under the cap: the guest may yet converge, and the
+	// pause waits while a pause of all its memory fits after one more step.
+	demoLaterUnsure := demoLater
+	demoLaterUnsure.DirtyRateLow = 30 * mib
+	// 5 s into the pass, 120 MiB of it left: the guest may have written all 256 MiB already, so
+	// a later pause sends less and ends no later; the pass's end (3.75 s) and its rewrites (8 s)
+	// do not fit 11.5 s, a pause of all its memory fits after one more step.
+	demoWritten := demo
+	demoWritten.PassElapsed, demoWritten.Remaining, demoWritten.Budget = 5*time.Second, 120*mib, 11500*time.Millisecond+SwitchOver
+	// The matrix's 1 GiB guest writing all its memory at 1½ the 64 MiB/s cap (96 MiB/s
+	// sampled), 1 s into its first pass, 25 s of budget: the pass's end (15 s) and its rewrites
+	// (16 s) do not fit, and every moment waited adds 32 MiB to the pause.
+	matrixFast := PauseTiming{Budget: 25*time.Second + SwitchOver, Pass: 1, PassElapsed: time.Second, Remaining: 960 * mib,
+		DirtyRate: 108 * mib, DirtyRateLow: 84 * mib, Bandwidth: 65 * mib, WorkingSet: 1024 * mib, Total: 1024 * mib, SwitchOver: SwitchOver}
 	// Near the pass's end, 60 MiB of it left: a pause now sends that and the rewrites of all
 	// that was sent, the pass's end (1.9 s) and its rewrites (8 s) fit 10 s of budget. Before
 	// the pause was placed, it came here: all memory (8 s) no longer fitted after one more step.
@@ -62,7 +77,10 @@ func TestPlacePause(t *testing.T) {
 		{"first pass nearly done, its end and rewrites fit: wait, not a pause of all memory now", nearlyDone, PauseWait},
 		{"first pass that found most memory empty, its end and the rewrites of what may be in use fit: wait", mostlyEmpty, PauseWait},
 		{"not enough time for the first pass's end, a pause of all memory due: now", demoLate, PauseNow},
-		{"not enough time for the first pass's end, a pause of all memory still fits after one more step: wait", demoLater, PauseWait},
+		{"not enough time for the first pass's end, the guest surely writing faster than it is sent: now", demoLater, PauseNow},
+		{"not enough time for the first pass's end, the guest perhaps converging, a pause of all memory fits after one more step: wait", demoLaterUnsure, PauseWait},
+		{"not enough time for the first pass's end, the guest may have written its whole set: a later pause is shorter, wait", demoWritten, PauseWait},
+		{"a 1 GiB guest writing faster than the cap, its first pass's end and rewrites do not fit: now, at the pass's start", matrixFast, PauseNow},
 		{"first pass of a guest writing slowly: its end leaves little, wait", slowWriter, PauseWait},
 		{"first pass done, the guest rewriting faster than it is sent: no later pause is shorter", secondPass, PauseReady},
 		{"first pass done, rewriting faster than sent, one more step would not fit: now", secondPassLate, PauseNow},
@@ -104,7 +122,7 @@ func TestPauseTimingFromTheFirstPass(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := Progress{FirstPass: tc.pass == 1, Pass: tc.pass, Remaining: tc.remaining * mib, MemoryRemaining: tc.memoryRemaining * mib,
 				Total: 1024 * mib, Normal: tc.normal * mib, Resident: tc.resident * mib}
-			got := p.pauseTiming(10 * time.Second)
+			got := p.pauseTiming(10*time.Second, 0)
 			if got.WorkingSet != tc.wantWorkingSet*mib || got.Remaining != tc.wantRemaining*mib || got.Total != tc.wantT*mib {
 				t.Errorf("%d MiB may be rewritten, %d MiB of the pass left in use, %d MiB at worst; want %d, %d, %d",
 					got.WorkingSet/mib, got.Remaining/mib, got.Total/mib, tc.wantWorkingSet, tc.wantRemaining, tc.wantT)
