@@ -76,11 +76,11 @@ func PlacePause(t PauseTiming) PausePlacement {
 		if t.DirtyRateLow > t.Bandwidth && t.rewritten(t.PassElapsed) < t.WorkingSet {
 			return PauseNow
 		}
-		// Otherwise the pause comes while one more step (3 s) would still leave time for it. Not converging by the sampled rate, one second's before the
-		// migration began, a pause of all the guest's memory is what it must leave time for:
-		// with QEMU's default sample the ¾-the-cap guest of the matrix read 56 to 60 MiB/s
-		// against 65 sent, where it converges; paused at once, it stood still 12.6 s with 53 s
-		// to spare.
+		// Otherwise the pause comes while one more step (3 s) would still leave time for it. Not
+		// converging by the sampled rate, one second's before the migration began, a pause of all
+		// the guest's memory is what it must leave time for: with QEMU's default sample the
+		// ¾-the-cap guest of the matrix read 56 to 60 MiB/s against 65 sent, where it converges;
+		// paused at once, it stood still 12.6 s with 53 s to spare.
 		owed := t.Remaining
 		if !converging {
 			owed = max(t.Total, t.Remaining)
@@ -136,14 +136,13 @@ func (t PauseTiming) rewritten(d time.Duration) uint64 {
 func (t PauseTiming) capped(n uint64) uint64 { return capAt(n, t.WorkingSet) }
 
 // pauseTiming is what PlacePause needs of p, with budget the migration's (timeBudget) and
-// dirtyRateLow the least the guest may be rewriting. In the
-// first pass, the pages it found all zeros are not in use: the guest can have rewritten by the
-// pass's end at most what it sent whole and what it has yet to see, unless it writes to pages the
-// pass found empty (the second pass's start shows it, and a pause then comes at once if it
-// must). Of the rest of the pass, what the guest has resident beyond what the pass sent whole is
-// taken to be in use (restInUse): where the empty pages lie is not known before the pass reaches
-// them, how many there are at least is. A pause in the pass's middle sends at worst all the
-// guest has resident.
+// dirtyRateLow the least the guest may be rewriting. In the first pass, the pages it found all
+// zeros are not in use: the guest can have rewritten by the pass's end at most what it sent whole
+// and what it has yet to see, unless it writes to pages the pass found empty (the second pass's
+// start shows it, and a pause then comes at once if it must). Of the rest of the pass, what the
+// guest has resident beyond what the pass sent whole is taken to be in use (restInUse): where the
+// empty pages lie is not known before the pass reaches them, how many there are at least is. A
+// pause in the pass's middle sends at worst all the guest has resident.
 func (p Progress) pauseTiming(budget time.Duration, dirtyRateLow uint64) PauseTiming {
 	rest := p.restInUse()
 	t := PauseTiming{Budget: budget + SwitchOver, Pass: p.Pass, PassElapsed: p.PassElapsed, Remaining: rest,
