@@ -110,8 +110,9 @@ func NextMode(current v1alpha1.MigrationMode, p Progress, allowed Allowed) v1alp
 		// A sampled estimate scatters: project with a margin. One-second samples of 16384
 		// pages per GiB stay within an eighth of the rate a guest is told to write
 		// (domain.TestDirtyRateEstimateMatchesTheGuest).
-		low = p.DirtyRate - p.DirtyRate/8
-		p.DirtyRate += p.DirtyRate / 8
+		margin := p.DirtyRate / 8
+		low = p.DirtyRate - margin
+		p.DirtyRate += margin
 	}
 	finish, converging := projectedFinish(p)
 	if converging && finish <= budget {
