@@ -259,6 +259,12 @@ func Decide(vmi *v1alpha1.VirtualMachineInstance, dom *Domain, ev Eviction, node
 		status.Phase = v1alpha1.VMIRunning
 		status.NodeName = node
 		setCondition(status, v1alpha1.VMIConditionReady, metav1.ConditionTrue, ReasonGuestRunning, "", nowMeta)
+		if s := status.MigrationState; dom.State == DomainRunning && arrivedHere(vmi, node) && s.TargetNodeDomainReadyTimestamp == nil {
+			// The launcher's own report usually records it first, while the migration runs; the
+			// source may record the migration complete before that report is read, and then this
+			// node's look at the guest does, so that every migration that arrived says when.
+			s.TargetNodeDomainReadyTimestamp = &nowMeta
+		}
 		switch {
 		case dom.NotMigratableReason == "" && noTargetNode(status):
 			// The domain could move, but the evacuation controller found no node to take it: its

@@ -149,6 +149,42 @@ func TestDecideRunsAGuestThatArrivedPausedOnlyOnceItsSourceGaveItUp(t *testing.T
 	}
 }
 
+// Every migration that brought its guest here says when the guest ran here: the launcher's report
+// records it while the migration runs, and the agent's look at a running guest does if the source
+// recorded the migration complete first. A paused arrival, a failed migration or one away does not.
+func TestDecideRecordsWhenAnArrivedGuestRuns(t *testing.T) {
+	earlier := metav1.NewTime(t0.Add(-time.Minute))
+	state := func(target string, completed bool, ready *metav1.Time) vmiOpt {
+		return func(v *v1alpha1.VirtualMachineInstance) {
+			v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{SourceNode: "node-2", TargetNode: target,
+				Completed: completed, Failed: !completed, TargetNodeDomainReadyTimestamp: ready}
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		vmi   *v1alpha1.VirtualMachineInstance
+		state DomainState
+		want  *metav1.Time
+	}{
+		{"arrived, running, not recorded yet", testVMI(v1alpha1.VMIRunning, state("node-1", true, nil)), DomainRunning, ptr.To(metav1.NewTime(t0))},
+		{"arrived, recorded by the launcher's report", testVMI(v1alpha1.VMIRunning, state("node-1", true, &earlier)), DomainRunning, &earlier},
+		{"arrived paused: not running yet", testVMI(v1alpha1.VMIRunning, state("node-1", true, nil)), DomainPaused, nil},
+		{"the migration here failed", testVMI(v1alpha1.VMIRunning, state("node-1", false, nil)), DomainRunning, nil},
+		{"a migration away", testVMI(v1alpha1.VMIRunning, state("node-3", true, nil)), DomainRunning, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plan := Decide(tc.vmi, &Domain{State: tc.state}, Eviction{}, "node-1", t0)
+			if plan.Status == nil || plan.Status.MigrationState == nil {
+				t.Fatalf("plan %+v: want a status with the migration state", plan)
+			}
+			got := plan.Status.MigrationState.TargetNodeDomainReadyTimestamp
+			if (got == nil) != (tc.want == nil) || (got != nil && !got.Equal(tc.want)) {
+				t.Errorf("targetNodeDomainReadyTimestamp = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 // A VMI that ended while its guest still runs here (its node was declared lost, and the VM may
 // start elsewhere) has its guest destroyed, whatever the agent last knew: an ended VMI never
 // runs again.
