@@ -139,6 +139,9 @@ type Agent struct {
 	arrived sync.Map
 	// libvirtdRestarts holds, by VMI UID, the LibvirtdRestarted reports counted (restartReports).
 	libvirtdRestarts sync.Map
+	// guestMemory holds, by VMI UID, the channel where a question to the launcher about its
+	// guest's memory awaits the answer (guestmemory.go).
+	guestMemory sync.Map
 	// reportLogs holds, by VMI UID, the budget of log lines of the launcher's reports (mayLogReport).
 	reportLogs sync.Map
 	// dials holds, by VMI UID, what the launcher's recent connections did (dialgate.go); under mu.
@@ -276,6 +279,11 @@ func (a *Agent) enqueueVMI(obj any) {
 
 // HandleNotify is the notify server's handler: a launcher's report makes the agent look again at once.
 func (a *Agent) HandleNotify(m *notify.Message, peerPID int32) {
+	if m.Kind == notify.KindGuestMemory {
+		// An answer, not a report: a migration's loop asked, and nothing else changed.
+		a.guestMemoryAnswered(m)
+		return
+	}
 	if a.mayLogReport(m.VMI.UID) {
 		a.cfg.Log.Info("launcher report", "kind", m.Kind, "vmi", m.VMI.String(), "peerPID", peerPID, "reason", boundedText(m.Reason))
 	}

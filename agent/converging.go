@@ -43,6 +43,11 @@ type ConvergingMigration struct {
 	// pass (Progress.Resident): true only where the node has no swap, which would hold guest
 	// memory outside it.
 	ResidentBounds bool
+	// GuestRAM, when set, is asked with ResidentBounds on every reading in the first pass for
+	// how much of the guest's RAM (of size bytes) is resident, as its launcher reads it (ok
+	// false without an answer). It bounds what the guest has in use more tightly than its QEMU
+	// process's resident memory, which counts QEMU's own besides (guestRAMBound).
+	GuestRAM func() (resident, size uint64, ok bool)
 }
 
 // SampleResult is what became of the dirty-rate sample taken as a migration began.
@@ -130,6 +135,13 @@ func (c ConvergingMigration) step(mode v1alpha1.MigrationMode, sinceEscalation t
 		Normal: stats.MemoryNormal, MemoryRemaining: stats.MemoryRemaining}
 	if c.ResidentBounds {
 		p.Resident = stats.Resident
+		if p.FirstPass && c.GuestRAM != nil {
+			if resident, size, ok := c.GuestRAM(); ok {
+				if bound, ok := guestRAMBound(resident, size, stats.MemoryTotal); ok && (p.Resident == 0 || bound < p.Resident) {
+					p.Resident = bound
+				}
+			}
+		}
 	}
 	if !st.transferring.IsZero() {
 		p.Elapsed = c.Clock.Since(st.transferring)

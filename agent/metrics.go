@@ -52,6 +52,10 @@ type Metrics struct {
 	// (agent.SampleResult); DirtyRateEstimated is the rates measured.
 	DirtyRateEstimates *prometheus.CounterVec
 	DirtyRateEstimated prometheus.Histogram
+	// GuestMemoryReadings counts the questions to source launchers about their guests' resident
+	// RAM in migrations' first passes, by result: answered, or unanswered (that migration asks
+	// no more).
+	GuestMemoryReadings *prometheus.CounterVec
 	// MigrationDowntime is how long migrations to this node stopped their guests, as the target
 	// launchers report it from libvirt's statistics.
 	MigrationDowntime prometheus.Histogram
@@ -172,6 +176,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Guests' dirty rates as QEMU's page sampling measured them when their migrations from this node began.",
 			Buckets: prometheus.ExponentialBuckets(1<<20, 2, 12),
 		}),
+		GuestMemoryReadings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lifeboat_agent_guest_memory_readings_total",
+			Help: "Questions to source launchers, in migrations' first passes over memory, about how much of their guests' RAM is resident (what bounds the memory a guest has in use), by result: answered, or unanswered (the launcher is not asked again in that migration, which bounds it by QEMU's resident memory).",
+		}, []string{"result"}),
 		MigrationDowntime: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "lifeboat_agent_migration_downtime_seconds",
 			Help:    "How long each migration to this node stopped its guest for the switch-over (libvirt's downtime, reported by the target launcher).",
@@ -212,12 +220,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		guestDrops: newGuestFilterDrops(),
 	}
 	reg.MustRegister(m.Launchers, m.SignalDecisions, m.MarkLatency, m.EvacuationsLost, m.LauncherRescans, m.LauncherDirsRemoved, m.LauncherImpostors, m.PodNetworks, m.SourceForwards, m.LibvirtCallsAbandoned, m.LauncherLibvirtdRestarts, m.LibvirtdRestartReportsDropped, m.LauncherConnectFailures, m.LauncherReportsUnlogged, m.MigrationConnectionsRefused,
-		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated, m.MigrationDowntime,
+		m.ReliefDecisions, m.ReliefAvailable, m.ReliefLine, m.DirtyRateEstimates, m.DirtyRateEstimated, m.GuestMemoryReadings, m.MigrationDowntime,
 		m.VMsAtRisk, m.EvictionGrace, m.LargestVMMigration, m.ReliefOn, m.StrayGuestsDestroyed, m.ResumedOnArrival, m.APIServerCutOff, m.APIServerOutages, m.guestDrops)
 	// Each decision is served from the start, at 0: no SIGTERM yet reads as 0, not as a series
 	// that is missing, which a renamed metric would look like too.
 	for _, d := range []string{DecisionEvacuate, DecisionShutdown} {
 		m.SignalDecisions.WithLabelValues(d)
+	}
+	for _, r := range []string{guestMemoryAnswered, guestMemoryUnanswered} {
+		m.GuestMemoryReadings.WithLabelValues(r)
 	}
 	return m
 }

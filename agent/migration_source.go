@@ -16,6 +16,7 @@ import (
 	contract "github.com/lifeboat-vm/lifeboat/api/launcher"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/api/migrationtls"
+	"github.com/lifeboat-vm/lifeboat/api/notify"
 	"github.com/lifeboat-vm/lifeboat/domain"
 )
 
@@ -224,6 +225,7 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 			}
 		},
 		ResidentBounds: m.a.residentBounds(log),
+		GuestRAM:       m.a.guestRAM(notify.VMIRef{Namespace: vmi.Namespace, Name: vmi.Name, UID: string(vmi.UID)}, log),
 	}
 	if mig.Status.Deadline != nil {
 		c.Deadline = mig.Status.Deadline.Time

@@ -162,6 +162,21 @@ func (c *Conn) Lookup(name string) (Info, error) {
 	return Info{Name: name, UUID: uuid, State: state, Reason: reason}, nil
 }
 
+// MemorySize is the named domain's memory in bytes, as libvirt defined it (the VMI's, rounded
+// up as libvirt aligns it).
+func (c *Conn) MemorySize(name string) (uint64, error) {
+	dom, err := c.lookup(name)
+	if err != nil {
+		return 0, err
+	}
+	defer dom.Free()
+	kib, err := dom.GetMaxMemory()
+	if err != nil {
+		return 0, fmt.Errorf("reading the memory size of domain %q: %w", name, err)
+	}
+	return kib << 10, nil
+}
+
 // DomainNames lists the names of the domains this libvirt daemon knows, running or not (a
 // launcher's has one).
 func (c *Conn) DomainNames() ([]string, error) {

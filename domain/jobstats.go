@@ -48,6 +48,9 @@ type JobStats struct {
 	MemoryNormal uint64
 	// MemoryRemaining is the memory still to send, DataRemaining less the disks'.
 	MemoryRemaining uint64
+	// MemoryTotal is all the guest memory a migration sends: its RAM and QEMU's smaller
+	// regions of guest memory (firmware, option ROMs, ACPI tables).
+	MemoryTotal uint64
 	// Resident is the guest's QEMU process's resident memory during a migration's first pass,
 	// with the kernel counter's error (rssSlack), zero when not read: an upper bound on the
 	// guest memory not all zeros, for the anonymous memory lifeboat's guests have (a page the
@@ -95,6 +98,9 @@ func jobStatsFromLibvirt(info *libvirt.DomainJobInfo) JobStats {
 	}
 	if info.MemRemainingSet {
 		s.MemoryRemaining = info.MemRemaining
+	}
+	if info.MemTotalSet {
+		s.MemoryTotal = info.MemTotal
 	}
 	if info.MemNormalBytesSet {
 		s.MemoryNormal = info.MemNormalBytes

@@ -22,6 +22,7 @@ func TestJobStatsFromLibvirt(t *testing.T) {
 				DataProcessedSet: true, DataProcessed: 200 << 20,
 				DataRemainingSet: true, DataRemaining: 100 << 20,
 				MemRemainingSet: true, MemRemaining: 60 << 20,
+				MemTotalSet: true, MemTotal: 264 << 20,
 				MemDirtyRateSet: true, MemDirtyRate: 2048,
 				MemPageSizeSet: true, MemPageSize: 4096,
 				MemBpsSet: true, MemBps: 50 << 20,
@@ -31,7 +32,7 @@ func TestJobStatsFromLibvirt(t *testing.T) {
 			},
 			want: JobStats{
 				Type: JobUnbounded, DataTotal: 300 << 20, DataProcessed: 200 << 20, DataRemaining: 100 << 20, MemoryRemaining: 60 << 20,
-				MemoryDirtyRate: 8 << 20, MemoryBandwidth: 50 << 20, MemoryIteration: 3,
+				MemoryTotal: 264 << 20, MemoryDirtyRate: 8 << 20, MemoryBandwidth: 50 << 20, MemoryIteration: 3,
 				MemoryNormal: 150 << 20, Elapsed: 6500 * time.Millisecond,
 			},
 		},

@@ -167,6 +167,14 @@ func run(ctx context.Context, cfg Config, dir string, log *slog.Logger, notifier
 	} else if err := startGuest(ctx, s.Conn(), cfg, dir, prepared, iface); err != nil {
 		return contract.ExitFailed, err
 	}
+	if size, err := s.Conn().MemorySize(name); err != nil {
+		log.Warn("the guest's memory size cannot be read; the agent bounds the guest's memory in use by QEMU's resident memory alone", "err", err)
+	} else {
+		notifier.AnswerGuestMemory(func() (uint64, uint64, error) {
+			resident, err := s.daemon.GuestMemoryResident(name, size)
+			return resident, size, err
+		})
+	}
 	notifier.Report(notify.KindDomainStarted, time.Now(), 0, "")
 	go boundConsoleLog(ctx, filepath.Join(dir, contract.ConsoleLog), log)
 	return watchDomain(ctx, s, name, cfg.PodGracePeriodSeconds, iface != nil, sigterm, log)

@@ -39,6 +39,13 @@ type Notifier struct {
 
 	handoverDone chan struct{}
 	handoverOnce sync.Once
+
+	// guestMemory reads the guest's RAM for the agent's KindGuestMemoryQuery: nil until the
+	// guest runs here.
+	guestMemory func() (resident, size uint64, err error)
+	// answers are the current connection's answers not yet written: unlike reports they are
+	// not kept for the next connection, whose agent asks again.
+	answers []*notify.Message
 }
 
 // NewNotifier makes a notifier for the agent's socket at path.
@@ -70,10 +77,43 @@ func (n *Notifier) ReportMigrated(at time.Time, downtime time.Duration) {
 	n.queue(&notify.Message{Kind: notify.KindMigrated, VMI: n.vmi, Time: at, DowntimeMilliseconds: downtime.Milliseconds()})
 }
 
+// AnswerGuestMemory makes the launcher answer the agent's questions about the guest's RAM (how
+// much of it is resident, and its size) with what read says.
+func (n *Notifier) AnswerGuestMemory(read func() (resident, size uint64, err error)) {
+	n.mu.Lock()
+	n.guestMemory = read
+	n.mu.Unlock()
+}
+
+// answerGuestMemory queues the answer to a KindGuestMemoryQuery; nothing when the launcher
+// cannot tell, and the agent then bounds the guest's memory in use without it.
+func (n *Notifier) answerGuestMemory() {
+	n.mu.Lock()
+	read := n.guestMemory
+	n.mu.Unlock()
+	if read == nil {
+		return
+	}
+	resident, size, err := read()
+	if err != nil {
+		n.log.Debug("the agent asked for the guest's resident memory, which cannot be read", "err", err)
+		return
+	}
+	n.mu.Lock()
+	n.answers = append(n.answers, &notify.Message{Kind: notify.KindGuestMemory, VMI: n.vmi, Time: time.Now(),
+		GuestMemoryResidentBytes: resident, GuestMemoryBytes: size})
+	n.mu.Unlock()
+	n.wakeUp()
+}
+
 func (n *Notifier) queue(m *notify.Message) {
 	n.mu.Lock()
 	n.history = append(n.history, m)
 	n.mu.Unlock()
+	n.wakeUp()
+}
+
+func (n *Notifier) wakeUp() {
 	select {
 	case n.wake <- struct{}{}:
 	default:
@@ -127,9 +167,13 @@ func (n *Notifier) serve(ctx context.Context, conn net.Conn) {
 			if err != nil {
 				return
 			}
-			if m.Kind == notify.KindHandoverDone && m.VMI == n.vmi {
+			switch {
+			case m.VMI != n.vmi:
+			case m.Kind == notify.KindHandoverDone:
 				n.log.Info("the agent says the pod is no longer needed", "reason", m.Reason)
 				n.handoverOnce.Do(func() { close(n.handoverDone) })
+			case m.Kind == notify.KindGuestMemoryQuery:
+				n.answerGuestMemory()
 			}
 		}
 	}()
@@ -156,6 +200,16 @@ func (n *Notifier) serve(ctx context.Context, conn net.Conn) {
 			n.mu.Lock()
 			n.delivered++
 			n.mu.Unlock()
+		}
+		n.mu.Lock()
+		answers := n.answers
+		n.answers = nil
+		n.mu.Unlock()
+		for _, m := range answers {
+			if err := notify.Write(conn, m); err != nil {
+				n.log.Warn("lost the agent connection", "err", err)
+				return
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -194,5 +195,43 @@ func TestASIGTERMBoundsTheWaitForTheHandover(t *testing.T) {
 	}
 	if took := time.Since(start); took < 900*time.Millisecond {
 		t.Errorf("the launcher stopped waiting after %s, before half its grace period (1 s)", took)
+	}
+}
+
+// The agent's question about the guest's memory is answered on the same connection with what the
+// launcher reads, once per question and only for its own VMI; an answer is not a report, and a
+// reconnected agent does not get it again.
+func TestALauncherAnswersHowMuchOfItsGuestsMemoryIsResident(t *testing.T) {
+	var c net.Conn
+	_, n := agentThatTells(t, func(conn net.Conn, _ net.Listener) { c = conn })
+	ref := notify.VMIRef{Namespace: "ns", Name: "vm", UID: "u"}
+	ask := func(vmi notify.VMIRef) {
+		t.Helper()
+		if err := notify.Write(c, &notify.Message{Kind: notify.KindGuestMemoryQuery, VMI: vmi, Time: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var reads atomic.Uint64
+	n.AnswerGuestMemory(func() (uint64, uint64, error) {
+		return reads.Add(1) << 20, 1 << 30, nil
+	})
+	ask(notify.VMIRef{Namespace: "ns", Name: "other", UID: "o"})
+	ask(ref)
+	ask(ref)
+	for want := uint64(1); want <= 2; want++ {
+		m, err := notify.Read(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Kind != notify.KindGuestMemory || m.VMI != ref || m.GuestMemoryResidentBytes != want<<20 || m.GuestMemoryBytes != 1<<30 {
+			t.Fatalf("answer %d: %+v; want GuestMemory of %d MiB resident of 1 GiB", want, m, want)
+		}
+	}
+	n.Report(notify.KindDomainStarted, time.Now(), 0, "")
+	if m, err := notify.Read(c); err != nil || m.Kind != notify.KindDomainStarted {
+		t.Fatalf("after the answers: %+v, %v; want the DomainStarted report, no answer to another VMI's question", m, err)
+	}
+	if r := reads.Load(); r != 2 {
+		t.Errorf("the guest's memory was read %d times for two questions of its own", r)
 	}
 }

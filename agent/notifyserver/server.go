@@ -156,6 +156,7 @@ func (s *Server) removePeer(uid string, p *peer) {
 // agentKinds are the messages only the agent sends; a launcher sending one is refused.
 var agentKinds = map[notify.Kind]bool{
 	notify.KindNetworkReady: true, notify.KindNetworkFailed: true, notify.KindHandoverDone: true, notify.KindQEMUCapabilitiesFile: true,
+	notify.KindGuestMemoryQuery: true,
 }
 
 // MaxConnsPerSocket bounds the connections open at once on one launcher's socket: a launcher

@@ -73,6 +73,14 @@ const (
 	// made for this launcher alone, travels with the frame; without one, Reason says why the
 	// agent has none.
 	KindQEMUCapabilitiesFile Kind = "QEMUCapabilitiesFile"
+	// KindGuestMemoryQuery asks a launcher how much of its guest's memory is resident now. The
+	// source agent asks during a migration's first pass over memory: the guest has no more than
+	// that in use, where its QEMU process's resident memory counts QEMU's own besides. Only the
+	// agent sends it; the launcher answers KindGuestMemory, or nothing if it cannot tell.
+	KindGuestMemoryQuery Kind = "GuestMemoryQuery"
+	// KindGuestMemory answers KindGuestMemoryQuery: GuestMemoryResidentBytes of
+	// GuestMemoryBytes, read at Time.
+	KindGuestMemory Kind = "GuestMemory"
 )
 
 // HandoverAtMost bounds how long a source launcher waits for KindHandoverDone after its guest
@@ -83,7 +91,7 @@ const HandoverAtMost = 65 * time.Second
 var kinds = map[Kind]bool{
 	KindHello: true, KindDomainStarted: true, KindGracefulShutdown: true, KindDomainGone: true, KindFailed: true, KindMigrated: true,
 	KindNetworkSetup: true, KindNetworkReady: true, KindNetworkFailed: true, KindHandoverDone: true, KindLibvirtdRestarted: true,
-	KindQEMUCapabilities: true, KindQEMUCapabilitiesFile: true,
+	KindQEMUCapabilities: true, KindQEMUCapabilitiesFile: true, KindGuestMemoryQuery: true, KindGuestMemory: true,
 }
 
 // Message is one report from a launcher.
@@ -102,6 +110,10 @@ type Message struct {
 	DowntimeMilliseconds int64 `json:"downtimeMilliseconds,omitempty"`
 	// Lease is what the guest gets by DHCP (NetworkReady only).
 	Lease *Lease `json:"lease,omitempty"`
+	// GuestMemoryResidentBytes is how much of the guest's RAM its QEMU process has resident, of
+	// GuestMemoryBytes, the RAM's size (GuestMemory only).
+	GuestMemoryResidentBytes uint64 `json:"guestMemoryResidentBytes,omitempty"`
+	GuestMemoryBytes         uint64 `json:"guestMemoryBytes,omitempty"`
 }
 
 // Lease is the guest's network configuration, as the agent built it in the pod.
@@ -158,6 +170,10 @@ func (m *Message) Validate() error {
 		return fmt.Errorf("%w: negative pod grace period", ErrMalformed)
 	case m.DowntimeMilliseconds < 0:
 		return fmt.Errorf("%w: negative downtime", ErrMalformed)
+	case (m.GuestMemoryResidentBytes != 0 || m.GuestMemoryBytes != 0) && m.Kind != KindGuestMemory:
+		return fmt.Errorf("%w: guest memory in a %s message", ErrMalformed, m.Kind)
+	case m.Kind == KindGuestMemory && (m.GuestMemoryBytes == 0 || m.GuestMemoryResidentBytes > m.GuestMemoryBytes):
+		return fmt.Errorf("%w: %d bytes resident of a guest memory of %d", ErrMalformed, m.GuestMemoryResidentBytes, m.GuestMemoryBytes)
 	}
 	return nil
 }

@@ -141,3 +141,27 @@ func TestAMigratedReportCarriesItsDowntime(t *testing.T) {
 		t.Errorf("Write of a negative downtime = %v, want ErrMalformed", err)
 	}
 }
+
+func TestAGuestMemoryAnswerCarriesItsFigureAndNoOtherMessageDoes(t *testing.T) {
+	var buf bytes.Buffer
+	m := validMessage()
+	m.Kind, m.PodGracePeriodSeconds, m.GuestMemoryResidentBytes, m.GuestMemoryBytes = KindGuestMemory, 0, 300<<20, 1<<30
+	if err := Write(&buf, m); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Read(&buf); err != nil || got.Kind != KindGuestMemory || got.GuestMemoryResidentBytes != 300<<20 || got.GuestMemoryBytes != 1<<30 {
+		t.Errorf("got %+v, %v; want a GuestMemory answer of 300 MiB of 1 GiB", got, err)
+	}
+	m.GuestMemoryResidentBytes = 2 << 30
+	if err := Write(io.Discard, m); !errors.Is(err, ErrMalformed) {
+		t.Errorf("Write of more resident than the guest has = %v, want ErrMalformed", err)
+	}
+	m.GuestMemoryResidentBytes, m.GuestMemoryBytes = 0, 0
+	if err := Write(io.Discard, m); !errors.Is(err, ErrMalformed) {
+		t.Errorf("Write of a GuestMemory answer without the guest's size = %v, want ErrMalformed", err)
+	}
+	body := `{"kind":"DomainStarted","vmi":{"namespace":"ns","name":"vm","uid":"u"},"time":"2026-11-22T03:00:00Z","guestMemoryResidentBytes":1}`
+	if _, err := Read(bytes.NewReader(frame(Version, 0, len(body), body))); !errors.Is(err, ErrMalformed) {
+		t.Errorf("Read of a DomainStarted report with a guest memory figure = %v, want ErrMalformed", err)
+	}
+}

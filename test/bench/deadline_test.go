@@ -419,9 +419,18 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	if swapErr != nil {
 		b.Fatal(swapErr)
 	}
+	ramSize, err := p.Src.Conn.MemorySize(name)
+	if err != nil {
+		b.Fatal(err)
+	}
 	c := agent.ConvergingMigration{
 		Migrator: rec, Domain: name, Options: p.Options(0), Clock: clock.RealClock{},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), ResidentBounds: swap == 0,
+		// As the source launcher answers its agent.
+		GuestRAM: func() (uint64, uint64, bool) {
+			resident, err := p.Src.Daemon.GuestMemoryResident(name, ramSize)
+			return resident, ramSize, err == nil
+		},
 	}
 	modes := []v1alpha1.MigrationMode{v1alpha1.MigrationModePreCopy}
 	var lastStep agent.Progress // what the policy saw at its last step up
@@ -444,7 +453,7 @@ func migrateOnce(b *testing.B, img guest.Image, cell matrixCell, pol policy) out
 	start := time.Now()
 	rec.start = start
 	pol(&c, start, rec.stats)
-	_, err := agent.MigrateConverging(ctx, c)
+	_, err = agent.MigrateConverging(ctx, c)
 	end := time.Now()
 
 	o := outcome{finished: err == nil, total: end.Sub(start), modes: modes, maxDirty: rec.maxDirty, slowestRead: rec.slowestRead,

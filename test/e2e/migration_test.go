@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
+	"github.com/lifeboat-vm/lifeboat/agent/pressure"
 	"github.com/lifeboat-vm/lifeboat/api/lifeboat/v1alpha1"
 	"github.com/lifeboat-vm/lifeboat/test/guest/protocol"
 	"github.com/lifeboat-vm/lifeboat/test/node"
@@ -84,6 +85,18 @@ func TestNodePressureLiveMigratesTheVM(t *testing.T) {
 			t.Errorf("the source agent sampled the guest's dirty rate at %.1f MiB/s; it writes up to 8", rate/mib)
 		}
 		t.Logf("the source agent sampled the guest's dirty rate at %.1f MiB/s", rate/mib)
+	}
+	// In the first pass the source agent asked the launcher how much of the guest's RAM is
+	// resident, where the node has no swap (this machine's), and the launcher answered. (A
+	// question the launcher, on a machine short of CPU, answers late falls back to QEMU's bound.)
+	readings := func(result string) float64 {
+		return max(0, source.metric(t, fmt.Sprintf("lifeboat_agent_guest_memory_readings_total{result=%q}", result)))
+	}
+	answered, unanswered := readings("answered"), readings("unanswered")
+	if swap, err := pressure.SwapTotal("/proc"); err != nil || swap > 0 {
+		t.Logf("the source agent's readings of the guest's resident RAM not checked: this machine has swap (%d bytes, %v)", swap, err)
+	} else if answered < 1 {
+		t.Errorf("the source agent's readings of the guest's resident RAM: %v answered, %v unanswered; want at least one answered", answered, unanswered)
 	}
 
 	// The source launcher exited 0 by itself, before the kubelet's SIGKILL.
