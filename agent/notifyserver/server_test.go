@@ -154,6 +154,11 @@ func TestBadConnectionsAreClosedAloneAndCounted(t *testing.T) {
 			_ = notify.Write(c, msg(notify.KindHello, "good"))
 			_ = notify.Write(c, msg(notify.KindQEMUCapabilitiesFile, "good"))
 		}, "agent-kind"},
+		// The agent asks about a guest's memory; a launcher only answers.
+		{"a launcher asking about guest memory", func(c net.Conn) {
+			_ = notify.Write(c, msg(notify.KindHello, "good"))
+			_ = notify.Write(c, msg(notify.KindGuestMemoryQuery, "good"))
+		}, "agent-kind"},
 		{"another VMI after hello", func(c net.Conn) {
 			_ = notify.Write(c, msg(notify.KindHello, "good"))
 			_ = notify.Write(c, msg(notify.KindGracefulShutdown, "u2"))
