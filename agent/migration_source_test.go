@@ -723,20 +723,28 @@ func TestTheResidentBoundHoldsOnlyWithoutSwap(t *testing.T) {
 			mg.suspended, mg.postCopied = make(chan struct{}), make(chan struct{})
 			c := ConvergingMigration{Migrator: mg, Domain: "ns_vm", Clock: clk, Log: log, Allowed: Allowed{AutoConverge: true, Pause: true},
 				Deadline: clk.Now().Add(15 * time.Second), ResidentBounds: a.residentBounds(log)}
-			st := &loopState{est: dirtyRateEstimate{result: SampleMeasured, rate: 31 * mib}}
-			if _, _, err := c.step(v1alpha1.MigrationModePreCopy, 0, st); err != nil {
-				t.Fatal(err)
-			}
-			clk.Step(2500 * time.Millisecond)
-			next, p, err := c.step(v1alpha1.MigrationModeAutoConverge, 2500*time.Millisecond, st)
-			if err != nil {
-				t.Fatal(err)
-			}
+			next, p := readTwiceInTheFirstPass(t, c, clk)
 			if next != tc.want {
 				t.Errorf("after %s: %s, want %s", p, next, tc.want)
 			}
 		})
 	}
+}
+
+// readTwiceInTheFirstPass steps c's loop at a reading and 2.5 s later, the guest's dirty rate
+// sampled at 31 MiB/s, and returns what the second decided.
+func readTwiceInTheFirstPass(t *testing.T, c ConvergingMigration, clk *clocktesting.FakeClock) (v1alpha1.MigrationMode, Progress) {
+	t.Helper()
+	st := &loopState{est: dirtyRateEstimate{result: SampleMeasured, rate: 31 << 20}}
+	if _, _, err := c.step(v1alpha1.MigrationModePreCopy, 0, st); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(2500 * time.Millisecond)
+	next, p, err := c.step(v1alpha1.MigrationModeAutoConverge, 2500*time.Millisecond, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return next, p
 }
 
 // TestTheLaunchersReadingOfTheGuestsRAMTightensTheBound: in the first pass the launcher's reading
@@ -776,15 +784,7 @@ func TestTheLaunchersReadingOfTheGuestsRAMTightensTheBound(t *testing.T) {
 			c := ConvergingMigration{Migrator: mg, Domain: "ns_vm", Clock: clk, Log: log, Allowed: Allowed{AutoConverge: true, Pause: true},
 				Deadline: clk.Now().Add(15 * time.Second), ResidentBounds: true,
 				GuestRAM: func() (uint64, uint64, bool) { asked++; return tc.resident * mib, tc.ram * mib, tc.answered }}
-			st := &loopState{est: dirtyRateEstimate{result: SampleMeasured, rate: 31 * mib}}
-			if _, _, err := c.step(v1alpha1.MigrationModePreCopy, 0, st); err != nil {
-				t.Fatal(err)
-			}
-			clk.Step(2500 * time.Millisecond)
-			next, p, err := c.step(v1alpha1.MigrationModeAutoConverge, 2500*time.Millisecond, st)
-			if err != nil {
-				t.Fatal(err)
-			}
+			next, p := readTwiceInTheFirstPass(t, c, clk)
 			if asked != tc.wantAsked {
 				t.Errorf("the launcher was asked %d times in two readings, want %d", asked, tc.wantAsked)
 			}
