@@ -199,8 +199,7 @@ func TestASIGTERMBoundsTheWaitForTheHandover(t *testing.T) {
 }
 
 // The agent's question about the guest's memory is answered on the same connection with what the
-// launcher reads, once per question and only for its own VMI; an answer is not a report, and a
-// reconnected agent does not get it again.
+// launcher reads, once per question and only for its own VMI.
 func TestALauncherAnswersHowMuchOfItsGuestsMemoryIsResident(t *testing.T) {
 	var c net.Conn
 	_, n := agentThatTells(t, func(conn net.Conn, _ net.Listener) { c = conn })
