@@ -65,6 +65,9 @@ type migrations struct {
 	// vmiUIDs are the VMIs found for migrations (by migration UID), so that a target that waits
 	// for its launcher does not read the VMI on every retry.
 	vmiUIDs map[string]knownVMI
+	// ended are the migrations from this node whose memory transfer ended (by UID, with when):
+	// a migration made ahead that follows one of them has its slot (status.evacuation.slotAfterUID).
+	ended map[string]time.Time
 }
 
 // knownVMI is the UID of a migration's VMI, beside the migration's namespace/name.
@@ -82,7 +85,7 @@ func (a *Agent) newMigrations(lb lifeboatclient.Interface, informers []lifeboati
 	m := &migrations{
 		a: a, lifeboat: lb, address: address,
 		queue:  workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "agent-migrations"}),
-		active: map[string]*activeMigration{}, vmiUIDs: map[string]knownVMI{},
+		active: map[string]*activeMigration{}, vmiUIDs: map[string]knownVMI{}, ended: map[string]time.Time{},
 	}
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
@@ -182,16 +185,61 @@ func (m *migrations) sync(ctx context.Context, key string) (time.Duration, error
 		return 0, nil
 	case mig.Status.TargetNode == node && mig.Status.Phase == v1alpha1.MigrationPreparingTarget:
 		return 0, m.prepareTarget(ctx, mig)
-	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationTargetReady && mig.WaitingForSlot():
+	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationTargetReady && mig.WaitingForSlot() && !m.transferEnded(mig.SlotAfter()):
 		// Made ahead of a free parallel-migration slot: its target is ready, and the evacuation
-		// controller's release of the slot (an update of the migration) brings it back here.
+		// controller's release of the slot (an update of the migration), or the end here of the
+		// migration it follows, brings it back here.
 		return 0, nil
 	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationTargetReady:
+		if mig.WaitingForSlot() {
+			m.a.cfg.Log.Info("starting a migration in the slot of the one it follows, whose transfer ended here", "migration", key, "follows", mig.SlotAfter())
+		}
 		return 0, m.startSource(ctx, mig)
 	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationRunning:
 		return m.recoverSource(ctx, mig)
 	}
 	return 0, nil
+}
+
+// endedMemory is how long this agent remembers that a migration's transfer ended: its follower
+// is started at once, and the controller's release comes well within this if it comes late.
+const endedMemory = 10 * time.Minute
+
+// transferDone records that the memory transfer of the migration with uid ended on this node,
+// and brings back the migration that follows it, which now has its slot.
+func (m *migrations) transferDone(uid string) {
+	now := m.a.cfg.Clock.Now()
+	m.mu.Lock()
+	for u, at := range m.ended {
+		if now.Sub(at) > endedMemory {
+			delete(m.ended, u)
+		}
+	}
+	m.ended[uid] = now
+	m.mu.Unlock()
+	for _, lister := range m.listers {
+		list, err := lister.List(labels.Everything())
+		if err != nil {
+			continue
+		}
+		for _, mig := range list {
+			if mig.SlotAfter() == uid {
+				m.queue.Add(mig.Namespace + "/" + mig.Name)
+			}
+		}
+	}
+}
+
+// transferEnded reports whether the memory transfer of the migration with uid ended on this
+// node; false for "".
+func (m *migrations) transferEnded(uid string) bool {
+	if uid == "" {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.ended[uid]
+	return ok
 }
 
 func (m *migrations) finishByKey(key string) {

@@ -244,6 +244,8 @@ func (m *migrations) runSource(ctx context.Context, mig *v1alpha1.VirtualMachine
 	// The moment libvirt's migration ended, apart from the status writes that follow: the
 	// drain benchmark reads the controllers' overhead from it.
 	log.Info("libvirt migration ended", "mode", mode, "err", result)
+	// Whatever the outcome, no more memory leaves for it: a migration following it has its slot.
+	m.transferDone(string(mig.UID))
 	where := ""
 	if result != nil {
 		outcome, seen := m.afterFailedCall(mig, vmi, mg, name, start, mode)
@@ -398,8 +400,13 @@ func (m *migrations) record(mig *v1alpha1.VirtualMachineInstanceMigration, vmi *
 			reason = "cancelled: " + reason
 		}
 	}
-	// The cause may have been recorded after this agent's copy of the migration was taken.
-	if fresh, err := m.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(mig.Namespace).Get(ctx, mig.Name, metav1.GetOptions{}); err == nil {
+	// The cause may have been recorded after this agent's copy of the migration was taken. The
+	// informer's copy has it unless it lags, and only then is it read afresh: a read at every
+	// migration's end would hold back, by a round trip, the next migration that waits for this
+	// one's slot.
+	if cached := m.cachedMigration(mig.Namespace, mig.Name); cached != nil && cached.UID == mig.UID && cached.Status.Cause != "" {
+		mig = cached
+	} else if fresh, err := m.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(mig.Namespace).Get(ctx, mig.Name, metav1.GetOptions{}); err == nil {
 		mig = fresh
 	}
 	// The VMI first: once the migration reads finished, the evacuation controller must already

@@ -164,3 +164,52 @@ func TestASourceWaitsForItsSlot(t *testing.T) {
 		t.Errorf("given its slot, the source agent's start: %v; want it to try (and find no launcher connected)", err)
 	}
 }
+
+// A migration made ahead that follows another (status.evacuation.slotAfterUID) starts when that
+// one's transfer ends on this node, without the controller's release; the end of any other
+// migration leaves it waiting.
+func TestAFollowerStartsWhenTheTransferItFollowsEndsHere(t *testing.T) {
+	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm"}}
+	vmi.Status.NodeName = "source"
+	mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"},
+		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"},
+		Status: v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: v1alpha1.MigrationTargetReady, SourceNode: "source", TargetNode: "target",
+			TargetProxy: &v1alpha1.MigrationProxy{Libvirt: "127.0.0.1:1", Memory: "127.0.0.1:2"},
+			Evacuation:  &v1alpha1.MigrationEvacuation{VMIUID: "uid-vm", WaitingForSlot: true, SlotAfterUID: "uid-first"}}}
+	a, client := newWritesAgent(t, "source", vmi, mig)
+	queue := a.migrations.queue
+	drain := func() {
+		for queue.Len() > 0 {
+			k, _ := queue.Get()
+			queue.Forget(k)
+			queue.Done(k)
+		}
+	}
+	drain()
+	client.ClearActions()
+
+	a.migrations.transferDone("uid-other")
+	if n := queue.Len(); n != 0 {
+		t.Errorf("another migration's end queued %d migrations, want none", n)
+	}
+	if _, err := a.migrations.sync(t.Context(), "ns/mig"); err != nil {
+		t.Errorf("a follower whose migration still runs: %v; want it left to wait", err)
+	}
+	if acts := client.Actions(); len(acts) != 0 {
+		t.Errorf("the source agent made %d calls for a follower whose migration still runs, want none: %v", len(acts), acts)
+	}
+
+	a.migrations.transferDone("uid-first")
+	if n := queue.Len(); n != 1 {
+		t.Fatalf("the followed migration's end queued %d migrations, want its follower", n)
+	}
+	if k, _ := queue.Get(); k != "ns/mig" {
+		t.Errorf("the followed migration's end queued %q, want ns/mig", k)
+	} else {
+		queue.Done(k)
+	}
+	_, err := a.migrations.sync(t.Context(), "ns/mig")
+	if err == nil || !strings.Contains(err.Error(), "not connected") {
+		t.Errorf("its slot freed here, the follower's start: %v; want it to try (and find no launcher connected)", err)
+	}
+}

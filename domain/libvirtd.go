@@ -307,10 +307,15 @@ func (d *Libvirtd) Pid() int {
 	return d.proc.cmd.Process.Pid
 }
 
+// readyPoll is how often waitReady tries the daemon's socket. A daemon listens some 30 ms after
+// it starts (more on a busy node); a migration target's start waits on this, so a coarser poll
+// would add most of a period to every target launcher's start, and a dial costs microseconds.
+const readyPoll = 5 * time.Millisecond
+
 // waitReady polls until the daemon answers on its socket, it exits, or ctx ends. A QEMU
 // connection is the test: it needs the daemon's QEMU driver to be up, not just the socket.
 func (d *Libvirtd) waitReady(ctx context.Context, p *daemonProc) error {
-	ticker := time.NewTicker(50 * time.Millisecond)
+	ticker := time.NewTicker(readyPoll)
 	defer ticker.Stop()
 	for {
 		if c, err := net.Dial("unix", d.Socket()); err == nil {

@@ -38,7 +38,10 @@ const (
 	ReasonSlotGranted = "EvacuationSlotGranted"
 	// ReasonWithdrawn: a migration made ahead went before it got a slot, its VMI no longer marked.
 	ReasonWithdrawn = "EvacuationMigrationWithdrawn"
-	globalKey       = "evacuations"
+	// ReasonFollows: a migration made ahead, its target ready, takes the slot of one under way
+	// when that one's transfer ends.
+	ReasonFollows = "EvacuationFollows"
+	globalKey     = "evacuations"
 )
 
 // Controller creates migrations for marked VMIs. The parallel limits are cluster-wide, so it
@@ -68,10 +71,11 @@ type Controller struct {
 }
 
 // written is a change to a migration this controller made: when, and whether it gave the
-// migration a slot (else it created it).
+// migration a slot or another's to follow (else it created it).
 type written struct {
 	at      time.Time
 	release bool
+	follow  bool
 }
 
 // Waiting for the cache to show created migrations: how often to look, and how long before
@@ -195,13 +199,24 @@ func (c *Controller) sync(ctx context.Context) (time.Duration, error) {
 	for _, m := range d.Release {
 		errs = append(errs, c.release(ctx, m))
 	}
-	for _, cand := range d.Create {
-		errs = append(errs, c.create(ctx, cand, false))
+	for _, f := range d.Follow {
+		errs = append(errs, c.follow(ctx, f))
 	}
-	for _, cand := range d.Prepare {
-		errs = append(errs, c.create(ctx, cand, true))
-	}
+	errs = append(errs, c.createAll(ctx, d.Create, false), c.createAll(ctx, d.Prepare, true))
 	return d.RetryAfter, errors.Join(errs...)
+}
+
+// createAll makes the candidates' migrations side by side: one after another, each waiting for
+// the API calls of those before it, the last of a drain's first round would start its target
+// that much later, and its slot would stand idle meanwhile.
+func (c *Controller) createAll(ctx context.Context, cands []Candidate, ahead bool) error {
+	errs := make([]error, len(cands))
+	var wg sync.WaitGroup
+	for i, cand := range cands {
+		wg.Go(func() { errs[i] = c.create(ctx, cand, ahead) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // create makes the migration and records its cause and deadline on it at once; ahead, it waits
@@ -284,6 +299,35 @@ func (c *Controller) release(ctx context.Context, m *v1alpha1.VirtualMachineInst
 	return nil
 }
 
+// follow has a migration made ahead take the slot of f.After when that one's transfer ends: its
+// source agent starts it then. Written only over a migration still waiting and following none.
+func (c *Controller) follow(ctx context.Context, f Follow) error {
+	m := f.Migration
+	err := c.writeStatus(ctx, m, func(m *v1alpha1.VirtualMachineInstanceMigration) error {
+		if !m.WaitingForSlot() || m.SlotAfter() != "" {
+			return errNothingToWrite
+		}
+		m.Status.Evacuation.SlotAfterUID = string(f.After.UID)
+		return nil
+	})
+	if apierrors.IsNotFound(err) || errors.Is(err, errNothingToWrite) {
+		return nil // gone, given a slot or following another meanwhile: the next look counts it so
+	}
+	if err != nil {
+		return fmt.Errorf("having migration %s/%s follow %s/%s: %w", m.Namespace, m.Name, f.After.Namespace, f.After.Name, err)
+	}
+	c.mu.Lock()
+	c.unseen[m.Namespace+"/"+m.Name] = written{at: c.now(), follow: true}
+	c.mu.Unlock()
+	c.recorder.Eventf(m, corev1.EventTypeNormal, ReasonFollows, "its target is ready: it takes the parallel-migration slot of migration %s/%s on node %s the moment that one's memory transfer ends",
+		f.After.Namespace, f.After.Name, m.Status.SourceNode)
+	c.log.Info("a migration made ahead follows one under way", "migration", m.Namespace+"/"+m.Name, "follows", f.After.Namespace+"/"+f.After.Name)
+	return nil
+}
+
+// errNothingToWrite ends a status write whose change no longer applies to the migration as it is.
+var errNothingToWrite = errors.New("nothing to write")
+
 // withdraw deletes a migration made ahead whose VMI is no longer marked: it moved nothing, and
 // the migration controller deletes its target pod as it goes.
 func (c *Controller) withdraw(ctx context.Context, m *v1alpha1.VirtualMachineInstanceMigration) error {
@@ -343,8 +387,8 @@ func (c *Controller) awaitingCache() bool {
 	for key, w := range c.unseen {
 		ns, name, _ := cache.SplitMetaNamespaceKey(key)
 		m, err := c.migrations.VirtualMachineInstanceMigrations(ns).Get(name)
-		shows := err == nil && m.EvacuatedVMI() != "" && (!w.release || !m.WaitingForSlot())
-		if shows || apierrors.IsNotFound(err) && w.release || c.now().Sub(w.at) > cacheMaxWait {
+		shows := err == nil && m.EvacuatedVMI() != "" && (!w.release || !m.WaitingForSlot()) && (!w.follow || !m.WaitingForSlot() || m.SlotAfter() != "")
+		if shows || apierrors.IsNotFound(err) && (w.release || w.follow) || c.now().Sub(w.at) > cacheMaxWait {
 			delete(c.unseen, key)
 		}
 	}

@@ -44,6 +44,11 @@ type Decision struct {
 	Prepare []Candidate
 	// Release are migrations made ahead that now have a slot and may move memory.
 	Release []*v1alpha1.VirtualMachineInstanceMigration
+	// Follow are migrations made ahead, their targets ready, each to take the slot of a
+	// migration under way from its node the moment that one's transfer ends
+	// (status.evacuation.slotAfterUID): their source agent starts them then, without waiting
+	// for this controller to see the end and release them.
+	Follow []Follow
 	// Withdraw are migrations made ahead whose VMI is no longer marked (or gone) before they got
 	// a slot: they have moved nothing, and go with their target pods.
 	Withdraw []*v1alpha1.VirtualMachineInstanceMigration
@@ -54,6 +59,11 @@ type Decision struct {
 	// AwaitingCapacity are marked VMIs whose last migration found no node for its target pod and
 	// that wait for the nodes or their free capacity to change; each with that migration.
 	AwaitingCapacity []Awaiting
+}
+
+// Follow is a migration made ahead and the migration under way whose slot it takes.
+type Follow struct {
+	Migration, After *v1alpha1.VirtualMachineInstanceMigration
 }
 
 // Awaiting is a marked VMI held back until capacity changes, and the migration that found none.
@@ -88,7 +98,14 @@ const (
 // freed slot before one made ahead; among equals, the one made ahead goes first, or it would
 // hold its prepared target while later ones pass it. Migrations are made ahead from a node only
 // once those with its slots have their targets ready: made together, the targets would compete
-// for the target node's CPU with the ones that can move memory first.
+// for the target node's CPU with the ones that can move memory first. A migration whose guest
+// already runs on its target (arrived) holds no slot.
+//
+// A migration made ahead whose target is ready and that gets no slot follows one under way from
+// its node that no other follows (the one that started first): when that one's transfer ends,
+// the slot is its own, whoever sees the end first (its source agent, or this plan). Only the
+// most urgent follow: none on a node where a new candidate ahead of them in the order waits.
+// Following is a promise: a more urgent candidate that comes later waits for the next slot.
 func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.VirtualMachineInstanceMigration, config *v1alpha1.LifeboatConfig, capacityChanged, now time.Time) Decision {
 	var d Decision
 	perCluster, perNode := limits(config)
@@ -103,6 +120,12 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 	for _, vmi := range vmis {
 		byKey[vmi.Namespace+"/"+vmi.Name] = vmi
 	}
+	byUID := map[string]*v1alpha1.VirtualMachineInstanceMigration{}
+	for _, m := range migrations {
+		byUID[string(m.UID)] = m
+	}
+	underway := map[string][]*v1alpha1.VirtualMachineInstanceMigration{} // by source node: moving memory
+	followed := map[string]bool{}                                        // UIDs of migrations under way that one made ahead follows
 	for _, m := range migrations {
 		key := m.Namespace + "/" + m.Spec.VMIName
 		evacuated := string(m.EvacuatedVMI())
@@ -124,16 +147,37 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 			if source == "" && byKey[key] != nil {
 				source = byKey[key].Status.NodeName
 			}
+			if after := m.SlotAfter(); after != "" && transferEnded(byUID[after], byKey) {
+				// It has the slot of the one it followed (its source agent may have started it
+				// already): only the wait in its status is left to clear.
+				if unwanted(m, byKey[key]) {
+					d.Withdraw = append(d.Withdraw, m)
+					continue
+				}
+				active++
+				outbound[source]++
+				d.Release = append(d.Release, m)
+				continue
+			}
 			if m.WaitingForSlot() {
+				if after := m.SlotAfter(); after != "" {
+					followed[after] = true
+				}
 				ahead++
 				aheadOutbound[source]++
 				waiting = append(waiting, m)
+				continue
+			}
+			if arrived(byKey[key], m) {
 				continue
 			}
 			active++
 			outbound[source]++
 			if targetPending(m) {
 				preparing[source]++
+			}
+			if m.Status.Phase == v1alpha1.MigrationRunning {
+				underway[source] = append(underway[source], m)
 			}
 		}
 	}
@@ -146,7 +190,7 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 	var entries []entry
 	for _, m := range waiting {
 		vmi := byKey[m.Namespace+"/"+m.Spec.VMIName]
-		if vmi == nil || string(vmi.UID) != string(m.EvacuatedVMI()) || !marked(vmi) || vmi.DeletionTimestamp != nil {
+		if unwanted(m, vmi) {
 			d.Withdraw = append(d.Withdraw, m)
 			continue
 		}
@@ -187,6 +231,7 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 	}
 	order := orderedBy(earliestDeadline, causePriority, madeAheadFirst, markedFirst, byName)
 	slices.SortStableFunc(entries, func(a, b entry) int { return order(a.Candidate, b.Candidate) })
+	blocked := map[string]bool{} // nodes where a new candidate waits for a slot
 	for _, e := range entries {
 		node := e.VMI.Status.NodeName
 		if e.ahead != nil && e.ahead.Status.SourceNode != "" {
@@ -211,9 +256,70 @@ func Plan(vmis []*v1alpha1.VirtualMachineInstance, migrations []*v1alpha1.Virtua
 			ahead++
 			aheadOutbound[node]++
 			d.Prepare = append(d.Prepare, e.Candidate)
+		case e.ahead == nil:
+			blocked[node] = true
+		case !blocked[node] && e.ahead.Status.Phase == v1alpha1.MigrationTargetReady && e.ahead.SlotAfter() == "":
+			if x := firstUnfollowed(underway[node], followed); x != nil {
+				followed[string(x.UID)] = true
+				d.Follow = append(d.Follow, Follow{Migration: e.ahead, After: x})
+			}
 		}
 	}
 	return d
+}
+
+// unwanted reports whether m, made ahead, is no longer its VMI's evacuation: the VMI is gone,
+// replaced, no longer marked or being deleted.
+func unwanted(m *v1alpha1.VirtualMachineInstanceMigration, vmi *v1alpha1.VirtualMachineInstance) bool {
+	return vmi == nil || string(vmi.UID) != string(m.EvacuatedVMI()) || !marked(vmi) || vmi.DeletionTimestamp != nil
+}
+
+// transferEnded reports whether migration x (nil: gone) moves no more memory: it ended, or its
+// guest runs on its target.
+func transferEnded(x *v1alpha1.VirtualMachineInstanceMigration, byKey map[string]*v1alpha1.VirtualMachineInstance) bool {
+	return x == nil || x.Status.Phase.Terminal() || arrived(byKey[x.Namespace+"/"+x.Spec.VMIName], x)
+}
+
+// firstUnfollowed is the migration under way that started first and that none follows yet; nil
+// if every one is followed.
+func firstUnfollowed(underway []*v1alpha1.VirtualMachineInstanceMigration, followed map[string]bool) *v1alpha1.VirtualMachineInstanceMigration {
+	var first *v1alpha1.VirtualMachineInstanceMigration
+	for _, m := range underway {
+		if followed[string(m.UID)] {
+			continue
+		}
+		if first == nil || startedBefore(m, first) {
+			first = m
+		}
+	}
+	return first
+}
+
+// startedBefore orders migrations under way by their start, then by name.
+func startedBefore(a, b *v1alpha1.VirtualMachineInstanceMigration) bool {
+	var at, bt time.Time
+	if a.Status.StartTimestamp != nil {
+		at = a.Status.StartTimestamp.Time
+	}
+	if b.Status.StartTimestamp != nil {
+		bt = b.Status.StartTimestamp.Time
+	}
+	if !at.Equal(bt) {
+		return at.Before(bt)
+	}
+	return a.Namespace+"/"+a.Name < b.Namespace+"/"+b.Name
+}
+
+// arrived reports whether m's guest already runs on its target, as its VMI records (the source
+// agent writes the VMI first, then the migration's phase). Its memory has moved: what is left is
+// that write, and its slot goes to the next migration now rather than one API round trip later,
+// at every hand-over of a drain.
+func arrived(vmi *v1alpha1.VirtualMachineInstance, m *v1alpha1.VirtualMachineInstanceMigration) bool {
+	if vmi == nil || m.Status.TargetNode == "" || vmi.Status.NodeName != m.Status.TargetNode {
+		return false
+	}
+	s := vmi.Status.MigrationState
+	return s != nil && s.MigrationUID == string(m.UID) && s.Completed
 }
 
 // targetPending reports whether an unfinished migration's target is not ready yet.

@@ -100,6 +100,18 @@ func madeAhead(m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMac
 	return m
 }
 
+// following is m, made ahead, taking the slot of the migration with UID after when it ends.
+func following(after string, m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMachineInstanceMigration {
+	m.Status.Evacuation.SlotAfterUID = after
+	return m
+}
+
+// startedAgo is m, under way, started ago before now.
+func startedAgo(ago time.Duration, m *v1alpha1.VirtualMachineInstanceMigration) *v1alpha1.VirtualMachineInstanceMigration {
+	m.Status.StartTimestamp = ptr.To(metav1.NewTime(now.Add(-ago)))
+	return m
+}
+
 func config(perCluster, perNode int32) *v1alpha1.LifeboatConfig {
 	return &v1alpha1.LifeboatConfig{Spec: v1alpha1.LifeboatConfigSpec{Migrations: v1alpha1.MigrationsConfig{
 		ParallelMigrationsPerCluster: ptr.To(perCluster), ParallelOutboundMigrationsPerNode: ptr.To(perNode),
@@ -121,6 +133,8 @@ func TestPlan(t *testing.T) {
 		// prepare are the candidates made ahead ("name:cause"); release and withdraw the
 		// migrations made ahead that get a slot or go.
 		prepare, release, withdraw []string
+		// follow are the migrations made ahead that follow one under way ("follower>followed").
+		follow []string
 	}{
 		{name: "a marked LiveMigrate VMI gets a migration with its cause",
 			vmis: []*v1alpha1.VirtualMachineInstance{markedVMI("a", "n1", "NodePressure", 30)}, want: []string{"a:NodePressure"}},
@@ -259,13 +273,48 @@ func TestPlan(t *testing.T) {
 				migration("p", "n1", v1alpha1.MigrationRunning, 0), migration("q", "n2", v1alpha1.MigrationRunning, 0),
 			},
 			config: config(2, 2), prepare: []string{"d0:Drain", "x:Drain"}},
-		{name: "while the slots are taken, those made ahead wait and no more are made",
+		{name: "while the slots are taken, those made ahead wait, the one with its target ready following one under way, and no more are made",
 			vmis: drainOf(6),
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
 				migration("d0", "n1", v1alpha1.MigrationRunning, 0), migration("d1", "n1", v1alpha1.MigrationRunning, 0),
 				madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0)), madeAhead(migration("d3", "n1", v1alpha1.MigrationScheduled, 0)),
 			},
+			config: config(5, 2), follow: []string{"d2-mig>d0-mig"}},
+		{name: "those made ahead with their targets ready follow the migrations under way, the one that started first first",
+			vmis: drainOf(4),
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				startedAgo(time.Second, migration("d0", "n1", v1alpha1.MigrationRunning, 0)), startedAgo(3*time.Second, migration("d1", "n1", v1alpha1.MigrationRunning, 0)),
+				madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0)), madeAhead(migration("d3", "n1", v1alpha1.MigrationTargetReady, 0)),
+			},
+			config: config(5, 2), follow: []string{"d2-mig>d1-mig", "d3-mig>d0-mig"}},
+		{name: "a migration under way has one follower",
+			vmis: drainOf(4),
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				migration("d0", "n1", v1alpha1.MigrationRunning, 0), migration("d1", "n1", v1alpha1.MigrationRunning, 0),
+				following("d0-mig-uid", madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0))), madeAhead(migration("d3", "n1", v1alpha1.MigrationTargetReady, 0)),
+			},
+			config: config(5, 2), follow: []string{"d3-mig>d1-mig"}},
+		{name: "a follower has the slot once the guest of the one it followed runs on its target, before a more urgent candidate",
+			vmis: append([]*v1alpha1.VirtualMachineInstance{markedVMI("d0", "n2", "Drain", 0, unmarked, ranOn("d0-mig-uid", true)), markedVMI("hot", "n1", "NodePressure", 30)}, drainOf(3)[1:]...),
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				targetOn("n2", migration("d0", "n1", v1alpha1.MigrationRunning, 0)), migration("d1", "n1", v1alpha1.MigrationRunning, 0),
+				following("d0-mig-uid", madeAhead(migration("d2", "n1", v1alpha1.MigrationRunning, 0))),
+			},
+			config: config(5, 2), release: []string{"d2-mig"}, prepare: []string{"hot:NodePressure"}},
+		{name: "none follows on a node where a more urgent new candidate waits for a slot",
+			vmis: append(drainOf(4), markedVMI("hot", "n1", "NodePressure", 30)),
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				migration("d0", "n1", v1alpha1.MigrationRunning, 0), migration("d1", "n1", v1alpha1.MigrationRunning, 0),
+				madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0)), madeAhead(migration("d3", "n1", v1alpha1.MigrationTargetReady, 0)),
+			},
 			config: config(5, 2)},
+		{name: "a follower whose VMI is no longer marked is withdrawn when the one it followed ends",
+			vmis: append(drainOf(2)[1:], markedVMI("d2", "n1", "Drain", 0, unmarked)),
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				migration("d0", "n1", v1alpha1.MigrationSucceeded, time.Second), migration("d1", "n1", v1alpha1.MigrationRunning, 0),
+				following("d0-mig-uid", madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0))),
+			},
+			config: config(5, 2), withdraw: []string{"d2-mig"}},
 		{name: "a freed slot goes to the one made ahead, and another is made ahead in its place",
 			vmis: drainOf(6)[1:],
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
@@ -273,6 +322,20 @@ func TestPlan(t *testing.T) {
 				madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0)), madeAhead(migration("d3", "n1", v1alpha1.MigrationScheduled, 0)),
 			},
 			config: config(5, 2), release: []string{"d2-mig"}, prepare: []string{"d4:Drain"}},
+		{name: "a migration whose guest runs on its target gives up its slot before its phase says so",
+			vmis: append([]*v1alpha1.VirtualMachineInstance{markedVMI("d0", "n2", "Drain", 0, unmarked, ranOn("d0-mig-uid", true))}, drainOf(6)[1:]...),
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				targetOn("n2", migration("d0", "n1", v1alpha1.MigrationRunning, 0)), migration("d1", "n1", v1alpha1.MigrationRunning, 0),
+				madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0)), madeAhead(migration("d3", "n1", v1alpha1.MigrationScheduled, 0)),
+			},
+			config: config(5, 2), release: []string{"d2-mig"}, prepare: []string{"d4:Drain"}},
+		{name: "a migration its VMI does not record complete on its target keeps its slot",
+			vmis: append([]*v1alpha1.VirtualMachineInstance{markedVMI("d0", "n1", "Drain", 0, ranOn("d0-mig-uid", false))}, drainOf(6)[1:]...),
+			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
+				targetOn("n2", migration("d0", "n1", v1alpha1.MigrationRunning, 0)), migration("d1", "n1", v1alpha1.MigrationRunning, 0),
+				madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0)), madeAhead(migration("d3", "n1", v1alpha1.MigrationScheduled, 0)),
+			},
+			config: config(5, 2), follow: []string{"d2-mig>d0-mig"}},
 		{name: "a freed slot goes to one made ahead before a new one marked earlier",
 			vmis: drainOf(6)[1:],
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
@@ -286,7 +349,7 @@ func TestPlan(t *testing.T) {
 				migration("d0", "n1", v1alpha1.MigrationRunning, 0),
 				madeAhead(migration("d2", "n1", v1alpha1.MigrationTargetReady, 0)), madeAhead(migration("d3", "n1", v1alpha1.MigrationTargetReady, 0)),
 			},
-			config: config(5, 2), want: []string{"hot:NodePressure"}},
+			config: config(5, 2), want: []string{"hot:NodePressure"}, follow: []string{"d2-mig>d0-mig"}},
 		{name: "made ahead for a VMI no longer marked, or gone: withdrawn; no other made ahead until they are gone",
 			vmis: append(drainOf(4)[1:2], markedVMI("d2", "n1", "Drain", 0, unmarked), markedVMI("d4", "n1", "Drain", 0)),
 			migrations: []*v1alpha1.VirtualMachineInstanceMigration{
@@ -302,7 +365,7 @@ func TestPlan(t *testing.T) {
 				changed = now.Add(-tc.capacityChanged)
 			}
 			d := Plan(tc.vmis, tc.migrations, tc.config, changed, now)
-			var got, external, awaiting, prepare, release, withdraw []string
+			var got, external, awaiting, prepare, release, withdraw, follow []string
 			for _, c := range d.Create {
 				got = append(got, fmt.Sprintf("%s:%s", c.VMI.Name, c.Cause))
 				if len(c.FailedOn) > 0 {
@@ -318,6 +381,9 @@ func TestPlan(t *testing.T) {
 			for _, m := range d.Withdraw {
 				withdraw = append(withdraw, m.Name)
 			}
+			for _, f := range d.Follow {
+				follow = append(follow, f.Migration.Name+">"+f.After.Name)
+			}
 			for _, v := range d.External {
 				external = append(external, v.Name)
 			}
@@ -332,7 +398,17 @@ func TestPlan(t *testing.T) {
 			if fmt.Sprint(prepare) != fmt.Sprint(tc.prepare) || fmt.Sprint(release) != fmt.Sprint(tc.release) || fmt.Sprint(withdraw) != fmt.Sprint(tc.withdraw) {
 				t.Errorf("prepare %v release %v withdraw %v; want %v %v %v", prepare, release, withdraw, tc.prepare, tc.release, tc.withdraw)
 			}
+			if fmt.Sprint(follow) != fmt.Sprint(tc.follow) {
+				t.Errorf("follow %v; want %v", follow, tc.follow)
+			}
 		})
+	}
+}
+
+// ranOn is a VMI whose status records the migration with UID uid, complete or not.
+func ranOn(uid string, completed bool) vmiOpt {
+	return func(v *v1alpha1.VirtualMachineInstance) {
+		v.Status.MigrationState = &v1alpha1.VirtualMachineInstanceMigrationState{MigrationUID: uid, Completed: completed}
 	}
 }
 

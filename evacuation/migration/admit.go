@@ -53,10 +53,8 @@ func Admit(m *v1alpha1.VirtualMachineInstanceMigration, all []*v1alpha1.VirtualM
 	if m.EvacuatedVMI() != "" {
 		return nil, 0
 	}
-	if m.Labels[v1alpha1.LabelEvacuation] == "true" {
-		if wait := recordWait - now.Sub(m.CreationTimestamp.Time); wait > 0 {
-			return nil, wait
-		}
+	if wait := RecordWait(m, now); wait > 0 {
+		return nil, wait
 	}
 	manual := 0
 	for _, f := range first {
@@ -68,6 +66,16 @@ func Admit(m *v1alpha1.VirtualMachineInstanceMigration, all []*v1alpha1.VirtualM
 		return &Refusal{RefusedManualLimit, fmt.Sprintf("%d manual migrations are already under way in the cluster, as many as spec.migrations.parallelManualMigrationsPerCluster allows; create it again once one has ended", manual)}, 0
 	}
 	return nil, 0
+}
+
+// RecordWait is how long m, labelled as an evacuation's and without its record yet, may still
+// wait for the evacuation controller to write it; 0 for any other migration, or once
+// recordWait has passed.
+func RecordWait(m *v1alpha1.VirtualMachineInstanceMigration, now time.Time) time.Duration {
+	if m.EvacuatedVMI() != "" || m.Labels[v1alpha1.LabelEvacuation] != "true" {
+		return 0
+	}
+	return max(recordWait-now.Sub(m.CreationTimestamp.Time), 0)
 }
 
 // ManualLimit is the cluster's limit on Manual migrations; config may be nil.

@@ -191,6 +191,12 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 	if m.DeletionTimestamp != nil {
 		return 0, c.cleanUp(ctx, m, target)
 	}
+	// The evacuation controller writes its record right after it makes the migration: a write
+	// here before it would conflict with it, and both would retry (in a drain, at the head of
+	// every first round). Its record's update brings the migration back.
+	if wait := RecordWait(m, time.Now()); wait > 0 {
+		return wait, nil
+	}
 	if !hasFinalizer(m) {
 		m.Finalizers = append(m.Finalizers, FinalizerCleanup)
 		if m, err = c.lifeboat.LifeboatV1alpha1().VirtualMachineInstanceMigrations(ns).Update(ctx, m, metav1.UpdateOptions{}); err != nil {

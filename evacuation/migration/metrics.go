@@ -48,7 +48,8 @@ func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	waiting := map[string]int{}
 	for _, m := range list {
 		counts[key{string(m.Status.Cause), string(m.Status.Phase)}]++
-		if m.WaitingForSlot() && !m.Status.Phase.Terminal() {
+		// A follower its source agent started is Running until the controller clears its wait.
+		if m.WaitingForSlot() && !m.Status.Phase.Terminal() && m.Status.Phase != v1alpha1.MigrationRunning {
 			waiting[m.Status.SourceNode]++
 		}
 		if m.Status.Deadline != nil && !m.Status.Phase.Terminal() {

@@ -540,8 +540,8 @@ func (w *drainWatch) report(b *testing.B, marked, libvirtEnd map[string]time.Tim
 		readyToRunning = append(readyToRunning, ph[v1alpha1.MigrationRunning].Sub(ph[v1alpha1.MigrationTargetReady]))
 		endToVMI = append(endToVMI, w.moved[vmi].Sub(end))
 	}
-	markToVMIM = w.queueFree(marked)
-	slotIdle := w.slotIdle(marked)
+	markToVMIM = w.queueFree(marked, libvirtEnd)
+	slotIdle := w.slotIdle(marked, libvirtEnd)
 	var sum time.Duration
 	for _, d := range migration {
 		sum += d
@@ -553,6 +553,16 @@ func (w *drainWatch) report(b *testing.B, marked, libvirtEnd map[string]time.Tim
 	// Migrations that succeeded though libvirt's call returned an error: each waited for the
 	// agent to learn where the guest went.
 	b.ReportMetric(float64(len(failedCalls)), "failed-calls/drain")
+	// Migrations made ahead that their source agent started as the transfer they followed ended,
+	// before the controller's release of their slot was seen.
+	followers := 0
+	for vmi := range marked {
+		a := w.succeeded(vmi)
+		if a.ahead && (a.released.IsZero() || a.phases[v1alpha1.MigrationRunning].Before(a.released)) {
+			followers++
+		}
+	}
+	b.ReportMetric(float64(followers), "agent-started/drain")
 	if len(failedCalls) > 0 {
 		slices.Sort(failedCalls)
 		fmt.Printf("drain: libvirt's call returned an error, the migration succeeded: %s\n", strings.Join(failedCalls, ", "))
@@ -685,7 +695,7 @@ func (w *drainWatch) printTimeline(first time.Time, libvirtEnd map[string]time.T
 		if t.IsZero() {
 			return "     -"
 		}
-		return fmt.Sprintf("%6.1f", t.Sub(first).Seconds())
+		return fmt.Sprintf("%6.3f", t.Sub(first).Seconds())
 	}
 	fmt.Println("drain: vmi       vmim  t-pod linked l-start l-caps a-conn  ready   slot running libvirt-end  moved succeeded")
 	for _, v := range vmis {
@@ -702,16 +712,17 @@ func (w *drainWatch) printTimeline(first time.Time, libvirtEnd map[string]time.T
 }
 
 // slotIdle is, for each migration in the order they started moving memory, how long its slot
-// stood idle: from the mark for the first drainParallel, from the end (phase Succeeded) of the
-// migration whose slot it took for the others, to its phase Running. A migration made ahead of a
-// free slot (its VMIM and target earlier) counts from the slot, as one made then does.
-func (w *drainWatch) slotIdle(marked map[string]time.Time) []time.Duration {
+// stood idle: from the mark for the first drainParallel, from the end of the transfer whose slot
+// it took for the others (libvirt's end in the source agent's log: a migration following it
+// starts then), to its phase Running. A migration made ahead of a free slot (its VMIM and
+// target earlier) counts from the slot, as one made then does.
+func (w *drainWatch) slotIdle(marked, libvirtEnd map[string]time.Time) []time.Duration {
 	var running, freed []time.Time
 	first := slices.MinFunc(mapValues(marked), time.Time.Compare)
 	for vmi := range marked {
 		a := w.succeeded(vmi)
 		running = append(running, a.phases[v1alpha1.MigrationRunning])
-		freed = append(freed, a.phases[v1alpha1.MigrationSucceeded])
+		freed = append(freed, libvirtEnd[vmi])
 	}
 	slices.SortFunc(running, time.Time.Compare)
 	slices.SortFunc(freed, time.Time.Compare)
@@ -727,10 +738,10 @@ func (w *drainWatch) slotIdle(marked map[string]time.Time) []time.Duration {
 }
 
 // queueFree is, for each migration, the time from when it could be made to when it was: from
-// the mark for the first drainParallel, from the end (phase Succeeded) of the migration whose
-// slot it took for the others, which wait in the evacuation controller's queue; negative for a
-// migration made ahead of its slot.
-func (w *drainWatch) queueFree(marked map[string]time.Time) []time.Duration {
+// the mark for the first drainParallel, from the end of the transfer whose slot it took for the
+// others, which wait in the evacuation controller's queue; negative for a migration made ahead
+// of its slot.
+func (w *drainWatch) queueFree(marked, libvirtEnd map[string]time.Time) []time.Duration {
 	type created struct {
 		vmi string
 		at  time.Time
@@ -739,7 +750,7 @@ func (w *drainWatch) queueFree(marked map[string]time.Time) []time.Duration {
 	var freed []time.Time
 	for vmi := range marked {
 		order = append(order, created{vmi, w.vmim[vmi]})
-		freed = append(freed, w.succeeded(vmi).phases[v1alpha1.MigrationSucceeded])
+		freed = append(freed, libvirtEnd[vmi])
 	}
 	slices.SortFunc(order, func(a, b created) int { return a.at.Compare(b.at) })
 	slices.SortFunc(freed, time.Time.Compare)

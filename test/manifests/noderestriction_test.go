@@ -123,6 +123,9 @@ func TestAnAgentWritesOnlyWhatBelongsToItsNode(t *testing.T) {
 	wantForbidden(t, "node A's agent giving its migration a slot", writeMigration(agentA, func(m *v1alpha1.VirtualMachineInstanceMigration) {
 		m.Status.Evacuation.WaitingForSlot = false
 	}), "the agent of node restrict-a may not give migration m a parallel-migration slot")
+	wantForbidden(t, "node A's agent having its migration take the slot of another", writeMigration(agentA, func(m *v1alpha1.VirtualMachineInstanceMigration) {
+		m.Status.Evacuation.SlotAfterUID = "uid-of-an-ended-migration"
+	}), "the agent of node restrict-a may not choose the migration whose slot migration m takes")
 
 	// The migration moves the VMI to node B: B's agent may write it from then on, and A's not.
 	if err := writeVMI(agentA, false, func(v *v1alpha1.VirtualMachineInstance) {

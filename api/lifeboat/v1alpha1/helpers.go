@@ -76,6 +76,15 @@ func (m *VirtualMachineInstanceMigration) WaitingForSlot() bool {
 	return m.Status.Evacuation != nil && m.Status.Evacuation.WaitingForSlot
 }
 
+// SlotAfter is the UID of the migration whose slot m, waiting for one, takes when that one's
+// transfer ends (status.evacuation.slotAfterUID); "" when m waits for the controller alone.
+func (m *VirtualMachineInstanceMigration) SlotAfter() string {
+	if !m.WaitingForSlot() {
+		return ""
+	}
+	return m.Status.Evacuation.SlotAfterUID
+}
+
 // ClaimInfo is what statuses record of volume's claim, or nil.
 func ClaimInfo(statuses []VolumeStatus, volume string) *PersistentVolumeClaimInfo {
 	for _, s := range statuses {

@@ -136,6 +136,14 @@ type MigrationEvacuation struct {
 	// TargetReady.
 	// +optional
 	WaitingForSlot bool `json:"waitingForSlot,omitempty"`
+	// SlotAfterUID, on a migration waiting for a slot whose target is ready, is the UID of a
+	// migration moving memory from the same node, whose slot this one takes when that one's
+	// transfer ends: its source agent, which runs both, starts this one at that moment instead
+	// of waiting for the controller to clear WaitingForSlot (which it then does). The
+	// evacuation controller sets it for the most urgent migrations waiting, one per migration
+	// under way.
+	// +optional
+	SlotAfterUID string `json:"slotAfterUID,omitempty"`
 }
 
 // MigrationProgress is a running migration's transfer, as libvirt reports it.
