@@ -33,10 +33,21 @@ type libvirtConn struct {
 // that does not open by ctx's end, or that the agent gives up on (guardedConn), is cut there and
 // its child killed, and its calls fail at once instead of waiting for a launcher that does not
 // answer.
+// listenWait bounds how long a dial waits for a launcher's socket to listen: a daemon listens
+// within tens of milliseconds of binding; one that does not by then is retried after DialDelay.
+const listenWait = time.Second
+
 func LibvirtDialer(relayDir string, log *slog.Logger) Dialer {
 	return func(ctx context.Context, socketPath, vmiUID string) (DomainConn, error) {
 		socket, err := podsocket.Open(socketPath)
 		if err != nil {
+			return nil, err
+		}
+		// The agent sees a new launcher's socket as its daemon binds it, often before it listens:
+		// a refused dial would wait DialDelay (half a second) on the connect every target's
+		// readiness waits for. The wait here is cheap, in process, before any client child starts.
+		if err := socket.AwaitListening(ctx, listenWait); err != nil {
+			socket.Close()
 			return nil, err
 		}
 		session, err := domain.SessionSocket(socket.Path())

@@ -65,9 +65,16 @@ type migrations struct {
 	// vmiUIDs are the VMIs found for migrations (by migration UID), so that a target that waits
 	// for its launcher does not read the VMI on every retry.
 	vmiUIDs map[string]knownVMI
-	// ended are the migrations from this node whose memory transfer ended (by UID, with when):
-	// a migration made ahead that follows one of them has its slot (status.evacuation.slotAfterUID).
-	ended map[string]time.Time
+	// ended are the migrations from this node whose memory transfer ended (by UID): a migration
+	// made ahead that follows one of them has its slot (status.evacuation.slotAfterUID).
+	ended map[string]endedTransfer
+}
+
+// endedTransfer is when a migration's transfer ended here, and the UID of the migration that
+// took its slot ("" while none has): a slot is taken once, whatever the statuses say.
+type endedTransfer struct {
+	at    time.Time
+	taken string
 }
 
 // knownVMI is the UID of a migration's VMI, beside the migration's namespace/name.
@@ -85,7 +92,7 @@ func (a *Agent) newMigrations(lb lifeboatclient.Interface, informers []lifeboati
 	m := &migrations{
 		a: a, lifeboat: lb, address: address,
 		queue:  workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "agent-migrations"}),
-		active: map[string]*activeMigration{}, vmiUIDs: map[string]knownVMI{}, ended: map[string]time.Time{},
+		active: map[string]*activeMigration{}, vmiUIDs: map[string]knownVMI{}, ended: map[string]endedTransfer{},
 	}
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
@@ -185,7 +192,7 @@ func (m *migrations) sync(ctx context.Context, key string) (time.Duration, error
 		return 0, nil
 	case mig.Status.TargetNode == node && mig.Status.Phase == v1alpha1.MigrationPreparingTarget:
 		return 0, m.prepareTarget(ctx, mig)
-	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationTargetReady && mig.WaitingForSlot() && !m.transferEnded(mig.SlotAfter()):
+	case mig.Status.SourceNode == node && mig.Status.Phase == v1alpha1.MigrationTargetReady && mig.WaitingForSlot() && !m.takeSlot(mig):
 		// Made ahead of a free parallel-migration slot: its target is ready, and the evacuation
 		// controller's release of the slot (an update of the migration), or the end here of the
 		// migration it follows, brings it back here.
@@ -210,12 +217,12 @@ const endedMemory = 10 * time.Minute
 func (m *migrations) transferDone(uid string) {
 	now := m.a.cfg.Clock.Now()
 	m.mu.Lock()
-	for u, at := range m.ended {
-		if now.Sub(at) > endedMemory {
+	for u, e := range m.ended {
+		if now.Sub(e.at) > endedMemory {
 			delete(m.ended, u)
 		}
 	}
-	m.ended[uid] = now
+	m.ended[uid] = endedTransfer{at: now}
 	m.mu.Unlock()
 	for _, lister := range m.listers {
 		list, err := lister.List(labels.Everything())
@@ -230,16 +237,22 @@ func (m *migrations) transferDone(uid string) {
 	}
 }
 
-// transferEnded reports whether the memory transfer of the migration with uid ended on this
-// node; false for "".
-func (m *migrations) transferEnded(uid string) bool {
-	if uid == "" {
+// takeSlot reports whether mig, made ahead, may start in the slot of the migration it follows:
+// that one's transfer ended on this node, and no other migration took its slot here.
+func (m *migrations) takeSlot(mig *v1alpha1.VirtualMachineInstanceMigration) bool {
+	after := mig.SlotAfter()
+	if after == "" {
 		return false
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, ok := m.ended[uid]
-	return ok
+	e, ok := m.ended[after]
+	if !ok || e.taken != "" && e.taken != string(mig.UID) {
+		return false
+	}
+	e.taken = string(mig.UID)
+	m.ended[after] = e
+	return true
 }
 
 func (m *migrations) finishByKey(key string) {

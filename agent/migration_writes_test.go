@@ -167,7 +167,8 @@ func TestASourceWaitsForItsSlot(t *testing.T) {
 
 // A migration made ahead that follows another (status.evacuation.slotAfterUID) starts when that
 // one's transfer ends on this node, without the controller's release; the end of any other
-// migration leaves it waiting.
+// migration leaves it waiting, and a second follower of the same one (statuses out of step)
+// does not take the slot too.
 func TestAFollowerStartsWhenTheTransferItFollowsEndsHere(t *testing.T) {
 	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm"}}
 	vmi.Status.NodeName = "source"
@@ -176,7 +177,9 @@ func TestAFollowerStartsWhenTheTransferItFollowsEndsHere(t *testing.T) {
 		Status: v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: v1alpha1.MigrationTargetReady, SourceNode: "source", TargetNode: "target",
 			TargetProxy: &v1alpha1.MigrationProxy{Libvirt: "127.0.0.1:1", Memory: "127.0.0.1:2"},
 			Evacuation:  &v1alpha1.MigrationEvacuation{VMIUID: "uid-vm", WaitingForSlot: true, SlotAfterUID: "uid-first"}}}
-	a, client := newWritesAgent(t, "source", vmi, mig)
+	second := mig.DeepCopy()
+	second.Name, second.UID = "second", "uid-second"
+	a, client := newWritesAgent(t, "source", vmi, mig, second)
 	queue := a.migrations.queue
 	drain := func() {
 		for queue.Len() > 0 {
@@ -200,16 +203,23 @@ func TestAFollowerStartsWhenTheTransferItFollowsEndsHere(t *testing.T) {
 	}
 
 	a.migrations.transferDone("uid-first")
-	if n := queue.Len(); n != 1 {
-		t.Fatalf("the followed migration's end queued %d migrations, want its follower", n)
+	if n := queue.Len(); n != 2 {
+		t.Fatalf("the followed migration's end queued %d migrations, want its two followers", n)
 	}
-	if k, _ := queue.Get(); k != "ns/mig" {
-		t.Errorf("the followed migration's end queued %q, want ns/mig", k)
-	} else {
-		queue.Done(k)
-	}
+	drain()
 	_, err := a.migrations.sync(t.Context(), "ns/mig")
 	if err == nil || !strings.Contains(err.Error(), "not connected") {
 		t.Errorf("its slot freed here, the follower's start: %v; want it to try (and find no launcher connected)", err)
+	}
+	client.ClearActions()
+	if _, err := a.migrations.sync(t.Context(), "ns/second"); err != nil {
+		t.Errorf("a second follower of the same migration: %v; want it left to wait", err)
+	}
+	if acts := client.Actions(); len(acts) != 0 {
+		t.Errorf("the source agent made %d calls for a second follower of one slot, want none: %v", len(acts), acts)
+	}
+	// The first tries again (its launcher was not connected): the slot is still its own.
+	if _, err := a.migrations.sync(t.Context(), "ns/mig"); err == nil || !strings.Contains(err.Error(), "not connected") {
+		t.Errorf("the follower's second try: %v; want it to try again", err)
 	}
 }

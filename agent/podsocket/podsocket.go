@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -118,6 +119,32 @@ func (s *Socket) Path() string { return fmt.Sprintf("/proc/self/fd/%d", s.f.Fd()
 
 // Close releases the socket file.
 func (s *Socket) Close() error { return s.f.Close() }
+
+// listenPoll is how often AwaitListening tries a socket that refuses connections.
+const listenPoll = 5 * time.Millisecond
+
+// AwaitListening returns once the socket accepts a connection (made and closed at once), trying
+// again while it refuses them, for at most within or until ctx ends. A daemon's socket file
+// appears when it binds, a moment before it listens: a connect in between is refused, though the
+// daemon is about to serve. Any other error returns at once.
+func (s *Socket) AwaitListening(ctx context.Context, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	for {
+		conn, err := (&net.Dialer{}).DialContext(ctx, "unix", s.Path())
+		if err == nil {
+			return conn.Close()
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(listenPoll):
+		}
+	}
+}
 
 // removeStale removes a socket file at path; nothing at path is fine.
 func removeStale(path string) error {

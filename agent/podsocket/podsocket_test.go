@@ -2,11 +2,16 @@ package podsocket
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestListenOpensTheSocketToThePodAndReplacesOnlyASocket(t *testing.T) {
@@ -73,4 +78,51 @@ func TestDialRefusesASymlinkToAnotherSocket(t *testing.T) {
 		t.Fatalf("Dial of the socket itself: %v", err)
 	}
 	c.Close()
+}
+
+// A socket bound but not yet listening (a daemon starting) refuses connections: AwaitListening
+// waits for it to listen, and gives up with the refusal if it never does within its bound.
+func TestAwaitListeningWaitsForABoundSocketToListen(t *testing.T) {
+	bound := func(t *testing.T) (fd int, path string) {
+		t.Helper()
+		path = filepath.Join(t.TempDir(), "libvirt-sock")
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+			t.Fatal(err)
+		}
+		return fd, path
+	}
+
+	fd, path := bound(t)
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	go func() {
+		time.Sleep(50 * time.Millisecond) // the daemon's start, between its bind and its listen
+		_ = unix.Listen(fd, 8)
+	}()
+	if err := s.AwaitListening(context.Background(), 5*time.Second); err != nil {
+		t.Errorf("a socket that listens 50 ms after it was bound: %v; want it reached", err)
+	}
+
+	_, never := bound(t)
+	s2, err := Open(never)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	start := time.Now()
+	err = s2.AwaitListening(context.Background(), 100*time.Millisecond)
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("a socket that never listens: %v; want the refusal", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("a socket that never listens held the wait %s, want about its bound of 100ms", took)
+	}
 }

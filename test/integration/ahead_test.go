@@ -157,8 +157,8 @@ func setParallelLimits(t *testing.T, perCluster, perNode int32) {
 // agents and kubelets. Three VMs marked for a drain from a node whose limit is one: one migration
 // moves memory; once its target is ready a second is made ahead, prepares its target and waits
 // at TargetReady, saying so, until the first ends; then it gets the slot and a third is made
-// ahead. The third, cancelled while it waits, goes with its target pod and leaves its VM as it
-// was.
+// ahead. While the first moves memory, the second follows it (status.evacuation.slotAfterUID).
+// The third, cancelled while it waits, goes with its target pod and leaves its VM as it was.
 func TestAMigrationMadeAheadWaitsForItsSlot(t *testing.T) {
 	ctx := context.Background()
 	ns := fmt.Sprintf("ahead-%d", time.Now().UnixNano())
@@ -218,6 +218,17 @@ func TestAMigrationMadeAheadWaitsForItsSlot(t *testing.T) {
 		return nil
 	})
 	onlyMigrations(t, ns, 0, "one made ahead for the node's one slot", "vm-a", "vm-b")
+
+	// The first moves memory: the one made ahead, its target ready, follows it (its source agent
+	// starts it the moment the first's transfer ends) and still waits for the slot.
+	now := metav1.Now()
+	a = updateMigrationStatus(t, a, func(x *v1alpha1.VirtualMachineInstanceMigration) {
+		x.Status.Phase, x.Status.StartTimestamp, x.Status.Mode = v1alpha1.MigrationRunning, &now, v1alpha1.MigrationModePreCopy
+	})
+	b = waitMigrationOf(t, ns, "vm-b", "following the first, under way", func(m *v1alpha1.VirtualMachineInstanceMigration) bool {
+		return m.SlotAfter() == string(a.UID)
+	})
+	kubewait.Event(t, cluster.Kube, ns, fields.Set{"involvedObject.name": b.Name, "reason": evacuate.ReasonFollows}, 10*time.Second)
 
 	// The first migration ends as its source agent ends it: the VM runs on the target.
 	succeed(t, a, target.name)
