@@ -128,16 +128,22 @@ func TestATargetReadsTheMigrationsVMIOnce(t *testing.T) {
 	}
 }
 
-// A migration made ahead of a free parallel-migration slot waits at TargetReady: its source
-// agent starts nothing (no call at all) until the evacuation controller gives it the slot.
-func TestASourceWaitsForItsSlot(t *testing.T) {
+// madeAhead is a VMI on node source and its migration to node target, made ahead of a free
+// parallel-migration slot and waiting at TargetReady, following the migration with UID after.
+func madeAhead(after string) (*v1alpha1.VirtualMachineInstance, *v1alpha1.VirtualMachineInstanceMigration) {
 	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm"}}
 	vmi.Status.NodeName = "source"
-	mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"},
+	return vmi, &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"},
 		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"},
 		Status: v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: v1alpha1.MigrationTargetReady, SourceNode: "source", TargetNode: "target",
 			TargetProxy: &v1alpha1.MigrationProxy{Libvirt: "127.0.0.1:1", Memory: "127.0.0.1:2"},
-			Evacuation:  &v1alpha1.MigrationEvacuation{VMIUID: "uid-vm", WaitingForSlot: true}}}
+			Evacuation:  &v1alpha1.MigrationEvacuation{VMIUID: "uid-vm", WaitingForSlot: true, SlotAfterUID: after}}}
+}
+
+// A migration made ahead of a free parallel-migration slot waits at TargetReady: its source
+// agent starts nothing (no call at all) until the evacuation controller gives it the slot.
+func TestASourceWaitsForItsSlot(t *testing.T) {
+	vmi, mig := madeAhead("")
 	a, client := newWritesAgent(t, "source", vmi, mig)
 	client.ClearActions()
 	if _, err := a.migrations.sync(t.Context(), "ns/mig"); err != nil {
@@ -170,13 +176,7 @@ func TestASourceWaitsForItsSlot(t *testing.T) {
 // migration leaves it waiting, and a second follower of the same one (statuses out of step)
 // does not take the slot too.
 func TestAFollowerStartsWhenTheTransferItFollowsEndsHere(t *testing.T) {
-	vmi := &v1alpha1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "vm", UID: "uid-vm"}}
-	vmi.Status.NodeName = "source"
-	mig := &v1alpha1.VirtualMachineInstanceMigration{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "mig", UID: "uid-mig"},
-		Spec: v1alpha1.VirtualMachineInstanceMigrationSpec{VMIName: "vm"},
-		Status: v1alpha1.VirtualMachineInstanceMigrationStatus{Phase: v1alpha1.MigrationTargetReady, SourceNode: "source", TargetNode: "target",
-			TargetProxy: &v1alpha1.MigrationProxy{Libvirt: "127.0.0.1:1", Memory: "127.0.0.1:2"},
-			Evacuation:  &v1alpha1.MigrationEvacuation{VMIUID: "uid-vm", WaitingForSlot: true, SlotAfterUID: "uid-first"}}}
+	vmi, mig := madeAhead("uid-first")
 	second := mig.DeepCopy()
 	second.Name, second.UID = "second", "uid-second"
 	a, client := newWritesAgent(t, "source", vmi, mig, second)

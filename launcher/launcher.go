@@ -254,35 +254,22 @@ func watchDomain(ctx context.Context, s *daemonSession, name string, podGrace in
 				continue
 			}
 			handoffs.Observe(s.Conn(), ev)
-			// The event says how the domain ended; asking libvirt afterwards may find the
-			// domain already undefined (after a migration away, at once).
-			code, done := ExitCodeFor(ev.State, ev.Reason)
-			if !done && ev.Type == domain.EventUndefined {
-				code, done = contract.ExitGuestPoweredOff, true
+			code, reason, end := domainEnd(ev, func() (domain.State, domain.Reason, error) { return s.Conn().State(name) })
+			if end == endUnknown && stopDue == nil {
+				// Gone since this event was sent: a late event (a busy node) must not say how,
+				// or a guest that left by migration would be reported powered off.
+				stopDue = time.After(confirmTimeout)
 			}
-			if !done {
-				state, reason, err := s.Conn().State(name)
-				switch {
-				case errors.Is(err, domain.ErrNotFound):
-					// Gone since this event was sent: a late event (a busy node) must not say
-					// how, or a guest that left by migration would be reported powered off.
-					if stopDue == nil {
-						stopDue = time.After(confirmTimeout)
-					}
-				case err == nil:
-					code, done = ExitCodeFor(state, reason)
-				}
-			}
-			if done {
-				if ev.Reason == domain.ReasonMigrated {
+			if end == endKnown {
+				if reason == domain.ReasonMigrated {
 					// The source daemon still confirms the migration to its peer; it undefines the
 					// domain when that is done, and must live until then.
 					awaitUndefined(s.Conn(), events, name, log)
 					handoffs.Wait(ctx)
 				}
-				s.notifier.Report(notify.KindDomainGone, time.Now(), 0, string(ev.Reason))
-				log.Info("domain gone", "event", ev.Type, "reason", ev.Reason, "exitCode", code)
-				if ev.Reason == domain.ReasonMigrated && podNet {
+				s.notifier.Report(notify.KindDomainGone, time.Now(), 0, string(reason))
+				log.Info("domain gone", "event", ev.Type, "reason", reason, "exitCode", code)
+				if reason == domain.ReasonMigrated && podNet {
 					awaitHandover(ctx, s.notifier, handoverBound(terminating, podGrace, time.Now()), sigterm, podGrace, log)
 				}
 				return code, nil
@@ -501,6 +488,40 @@ func exitCode(conn *domain.Conn, name string) (int, bool) {
 		return 0, false
 	}
 	return ExitCodeFor(state, reason)
+}
+
+// What an event tells of the domain's end (domainEnd).
+const (
+	endNot     = iota // it has not ended
+	endKnown          // it ended, and how
+	endUnknown        // it is gone, and its stop event, still to come, says how
+)
+
+// domainEnd is whether and how the domain has ended, from event ev or, where the event does not
+// say (a pause, an event read late), from its state now (current). The reason returned is the
+// one that decided: a migration away pauses the guest and then stops it, and a launcher that
+// reads the pause's event after the stop must see "Migrated", not the pause's "Migration", or it
+// exits before its hand-off runs the guest on the target and reports no migration to its agent.
+// Asking libvirt after the event may find the domain already undefined (after a migration away,
+// at once): then only the stop event can tell.
+func domainEnd(ev domain.Event, current func() (domain.State, domain.Reason, error)) (code int, reason domain.Reason, end int) {
+	if code, done := ExitCodeFor(ev.State, ev.Reason); done {
+		return code, ev.Reason, endKnown
+	}
+	if ev.Type == domain.EventUndefined {
+		return contract.ExitGuestPoweredOff, ev.Reason, endKnown
+	}
+	state, reason, err := current()
+	switch {
+	case errors.Is(err, domain.ErrNotFound):
+		return 0, "", endUnknown
+	case err != nil:
+		return 0, "", endNot
+	}
+	if code, done := ExitCodeFor(state, reason); done {
+		return code, reason, endKnown
+	}
+	return 0, "", endNot
 }
 
 // ExitCodeFor maps a domain's state to the launcher's exit code, if the domain has ended.
