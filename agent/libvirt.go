@@ -25,6 +25,10 @@ type libvirtConn struct {
 	switchOvers chan struct{}
 }
 
+// listenWait bounds how long a dial waits for a launcher's socket to listen: a daemon listens
+// within tens of milliseconds of binding; one that does not by then is retried after DialDelay.
+const listenWait = time.Second
+
 // LibvirtDialer connects to launchers' libvirt and follows their lifecycle events. A launcher's
 // socket is a file in its pod; it is opened as it is, never through a symlink (podsocket), and
 // held open while the connection lasts, as libvirt connects to it again for migrations. libvirt's
@@ -33,10 +37,6 @@ type libvirtConn struct {
 // that does not open by ctx's end, or that the agent gives up on (guardedConn), is cut there and
 // its child killed, and its calls fail at once instead of waiting for a launcher that does not
 // answer.
-// listenWait bounds how long a dial waits for a launcher's socket to listen: a daemon listens
-// within tens of milliseconds of binding; one that does not by then is retried after DialDelay.
-const listenWait = time.Second
-
 func LibvirtDialer(relayDir string, log *slog.Logger) Dialer {
 	return func(ctx context.Context, socketPath, vmiUID string) (DomainConn, error) {
 		socket, err := podsocket.Open(socketPath)

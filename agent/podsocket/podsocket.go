@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Listen listens on path for the launcher, whose user is not root: the socket is made
@@ -128,22 +129,25 @@ const listenPoll = 5 * time.Millisecond
 // appears when it binds, a moment before it listens: a connect in between is refused, though the
 // daemon is about to serve. Any other error returns at once.
 func (s *Socket) AwaitListening(ctx context.Context, within time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, within)
-	defer cancel()
-	for {
+	var refused error
+	err := wait.PollUntilContextTimeout(ctx, listenPoll, within, true, func(ctx context.Context) (bool, error) {
 		conn, err := (&net.Dialer{}).DialContext(ctx, "unix", s.Path())
 		if err == nil {
-			return conn.Close()
+			return true, conn.Close()
 		}
-		if !errors.Is(err, syscall.ECONNREFUSED) {
-			return err
+		switch {
+		case errors.Is(err, syscall.ECONNREFUSED):
+			refused = err
+			return false, nil
+		case ctx.Err() != nil:
+			return false, nil // the wait's end, which the poll reports
 		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(listenPoll):
-		}
+		return false, err
+	})
+	if wait.Interrupted(err) && refused != nil {
+		return errors.Join(refused, err)
 	}
+	return err
 }
 
 // removeStale removes a socket file at path; nothing at path is fine.

@@ -103,10 +103,8 @@ func TestAwaitListeningWaitsForABoundSocketToListen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	go func() {
-		time.Sleep(50 * time.Millisecond) // the daemon's start, between its bind and its listen
-		_ = unix.Listen(fd, 8)
-	}()
+	// The daemon's start, between its bind and its listen: it listens 50 ms after the wait began.
+	time.AfterFunc(50*time.Millisecond, func() { _ = unix.Listen(fd, 8) })
 	if err := s.AwaitListening(context.Background(), 5*time.Second); err != nil {
 		t.Errorf("a socket that listens 50 ms after it was bound: %v; want it reached", err)
 	}
